@@ -243,6 +243,68 @@ def test_a_cached_helper_held_by_an_objects_attribute_is_called_again_as_in_eage
     _CONFIG["scale"] = 2.0
 
 
+def _config_shift(k):
+    return _CONFIG["scale"] * k + 1
+
+
+class _HoldsACachedHelper(nn.Module):
+    """A module holding a cached helper as its own attribute (``self.f``, set in ``__init__``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = functools.lru_cache(maxsize=None)(_config_shift)
+
+    def forward(self, x):
+        return x * self.f(3)
+
+
+class _CachedStatics(nn.Module):
+    """A module whose class holds cached functions as a staticmethod and a classmethod."""
+
+    @staticmethod
+    @functools.lru_cache
+    def scale(k):
+        return _CONFIG["scale"] * k
+
+    @classmethod
+    @functools.cache
+    def shift(cls, k):
+        return _CONFIG["scale"] * k + 1
+
+    def forward(self, x):
+        return x * self.scale(3) + self.shift(2) + _CachedStatics.scale(1)
+
+
+def _clear_statics():
+    _CachedStatics.scale.cache_clear(), _CachedStatics.shift.cache_clear()
+
+
+@pytest.mark.parametrize("held", ["attribute", "submodule", "statics"])
+def test_a_cached_helper_the_module_holds_is_called_again_as_in_eager(held):
+    # Held by the jitted module (or a submodule) as an attribute, read from its clone while traced,
+    # no reader stood in for it: after a cache_clear() every compiled call kept the first result
+    # (x * 7 where eager gave x * 16). A cached staticmethod was refused as keyed by self.
+    if held == "statics":
+        model, clear = _CachedStatics(), _clear_statics
+    else:
+        inner = _HoldsACachedHelper()
+        model, clear = (inner if held == "attribute" else nn.Sequential(inner)), inner.f.cache_clear
+    clear()
+    jmodel = thunder_rs.jit(model)
+    for scale, cleared in ((2.0, False), (5.0, False), (5.0, True), (7.0, True), (7.0, False)):
+        _CONFIG["scale"] = scale
+        if cleared:
+            clear()
+        x = torch.ones(2)
+        torch.testing.assert_close(jmodel(x), model(x), rtol=0, atol=0)
+    if held == "statics":  # (the class's own, put back)
+        assert type(vars(_CachedStatics)["scale"].__func__) is functools._lru_cache_wrapper
+    else:
+        assert type(vars(inner)["f"]) is functools._lru_cache_wrapper
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 4  # the first; the CONFIG read when missed; 2 clears
+    _CONFIG["scale"] = 2.0
+
+
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
 
 

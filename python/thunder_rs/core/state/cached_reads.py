@@ -6,9 +6,11 @@ returned as a constant. Eager calls the function on every call: once its cache i
 (``helper.cache_clear()`` after a config change) or the entry is evicted, the function runs again
 and may return something else, which a compiled call would never see. So while a program is
 traced, a cached function it reads as a global, a closure variable or an attribute of an object
-it holds (not of a module: those are read from its clone) is replaced there by a reader
+it holds (of a module: in the clone the program runs) is replaced there by a reader
 (``stand_in_cached``, put back once no program is traced) that calls it and notes the arguments
-and the result of each call with plain arguments. One guard (``cached_guards``), first among the
+and the result of each call with plain arguments (or classes: a classmethod's); a class's cached
+staticmethod or classmethod is replaced on the class by one of a reader (``stand_in_cached_method``).
+One guard (``cached_guards``), first among the
 entry's, makes each of those calls on every call of the compiled program, as eager does (so a
 cleared cache is filled again outside any trace), and holds while each returns the same object
 (an equal plain value). A changed result compiles again, and the new trace holds it.
@@ -19,7 +21,8 @@ import functools
 from thunder_rs.core.state.guards import CellSource, GlobalsSource, ObjectSource, StateGuard, is_simple
 
 #: ``(holder, name, cached, reader)`` where a reader stands in for a cached function: ``holder`` a
-#: globals dict, or a closure cell with ``name`` None
+#: dict (globals, an instance's attributes), a closure cell with ``name`` None, or a class whose
+#: ``name`` held the staticmethod or classmethod ``cached`` (``reader``: the one put in its place)
 _bound: list = []
 #: id of a reader -> the reader
 _readers: dict = {}
@@ -35,7 +38,7 @@ class CachedReader:
 
     def __call__(self, *args, **kwargs):
         result = self.cached(*args, **kwargs)
-        if all(map(is_simple, args)) and all(map(is_simple, kwargs.values())):
+        if all(map(_plain, args)) and all(map(_plain, kwargs.values())):
             self.calls.setdefault((self.cached, args, tuple(kwargs.items())), result)
         return result
 
@@ -43,20 +46,44 @@ class CachedReader:
         return getattr(self.cached, name)
 
 
-def stand_in_cached(source, name: str, value, calls: dict) -> None:
+def _plain(value) -> bool:
+    """Whether a call's argument can be kept by the guard: a plain value, or a class (``cls``)."""
+    return is_simple(value) or isinstance(value, type)
+
+
+def stand_in_cached(source, name: str, value, calls: dict, holder=None) -> None:
     """If ``value``, read as ``name`` at ``source``, is a cached function held by a globals dict, a
-    closure cell or an object's attributes, puts a reader noting its calls into ``calls`` there until tracing ends."""
+    closure cell or an object's attributes, puts a reader noting its calls into ``calls`` there until
+    tracing ends. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
     if type(value) is not functools._lru_cache_wrapper:
         return
     reader = CachedReader(value, calls)
-    if isinstance(source, CellSource):
+    if holder is None and isinstance(source, CellSource):
         source.cell.cell_contents = reader
         _bound.append((source.cell, None, value, reader))
-    elif type(source) in (GlobalsSource, ObjectSource):  # (a module's attributes are read from its clone)
-        mapping = source.fixed()
+    else:
+        mapping = source.fixed() if holder is None and type(source) in (GlobalsSource, ObjectSource) else holder
         if isinstance(mapping, dict) and mapping.get(name) is value:
             mapping[name] = reader
             _bound.append((mapping, name, value, reader))
+    _readers[id(reader)] = reader
+
+
+def stand_in_cached_method(cls: type, name: str, calls: dict, codes: dict) -> None:
+    """If ``cls`` holds a cached function as the staticmethod or classmethod ``name`` (``@staticmethod``
+    over ``@functools.lru_cache``), puts one of a reader noting its calls into ``calls`` in its place on
+    the class that defines it until tracing ends, and notes its code in ``codes`` (code -> the cached
+    function: a call that misses the cache is seen, ``identity.cached_call``)."""
+    owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+    found = None if owner is None else vars(owner)[name]
+    if not isinstance(found, (staticmethod, classmethod)) or type(found.__func__) is not functools._lru_cache_wrapper:
+        return
+    cached = found.__func__
+    codes[getattr(cached.__wrapped__, "__code__", None)] = cached
+    reader = CachedReader(cached, calls)
+    stand_in = type(found)(reader)
+    setattr(owner, name, stand_in)
+    _bound.append((owner, name, found, stand_in))
     _readers[id(reader)] = reader
 
 
@@ -77,6 +104,9 @@ def put_back_cached() -> None:
         if name is None:
             if holder.cell_contents is reader:
                 holder.cell_contents = cached
+        elif isinstance(holder, type):
+            if vars(holder).get(name) is reader:
+                setattr(holder, name, cached)
         elif holder.get(name) is reader:
             holder[name] = cached
     _readers.clear()

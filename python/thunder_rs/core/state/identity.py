@@ -19,6 +19,7 @@ where an inner function also reads the receiver (it is a cell then).
 import builtins
 import dis
 import functools
+import inspect
 import opcode
 import sys
 import weakref
@@ -333,7 +334,8 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
         what = _IDENTITY_CALLS.get(_resolve(detail, globals_))
         return f"{what}({name})" if what is not None else None
     if kind == "method":
-        cached = isinstance(getattr(type(receiver), detail, None), functools._lru_cache_wrapper)
+        # (as found on the class: a cached staticmethod or classmethod is keyed by its arguments alone)
+        cached = isinstance(inspect.getattr_static(type(receiver), detail, None), functools._lru_cache_wrapper)
         return f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
     if kind == "key":
         cls = type(receiver)
