@@ -305,6 +305,60 @@ def test_a_cached_helper_the_module_holds_is_called_again_as_in_eager(held):
     _CONFIG["scale"] = 2.0
 
 
+class _Scales:
+    """A configuration object a cached helper is keyed by (its identity: no __hash__ of its own)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+@functools.lru_cache
+def _scale_of(scales):
+    return scales.scale * 2.0
+
+
+_SCALES = _Scales(1.0)
+
+
+class _KeyedByItsConfig(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = _Scales(1.0)
+
+    def forward(self, x):
+        return x * _scale_of(self.scales) + _scale_of(_SCALES)
+
+
+def test_a_cached_helper_keyed_by_an_object_of_lasting_state_is_called_again_as_in_eager():
+    # Called with objects it found in its cache (a module's config, a global one): no reader noted
+    # such a call, and after a cache_clear() every compiled call kept the first result.
+    model, _SCALES.scale = _KeyedByItsConfig(), 1.0
+    _scale_of(model.scales), _scale_of(_SCALES)
+    jmodel = thunder_rs.jit(model)
+    for scale, cleared in ((1.0, False), (3.0, False), (3.0, True), (4.0, True)):
+        model.scales.scale = _SCALES.scale = scale
+        if cleared:
+            _scale_of.cache_clear()
+        x = torch.ones(2)
+        torch.testing.assert_close(jmodel(x), model(x), rtol=0, atol=0)
+    _scale_of.cache_clear()
+
+
+def _scaled_by(x, scales):
+    return x * _scale_of(scales)  # the cached call of an argument
+
+
+def test_a_cached_helper_that_finds_an_argument_object_in_its_cache_is_refused_naming_the_line():
+    # Another object passed on a later call is looked up again by eager: the trace held what the
+    # first one returned (x * 2 where eager gave x * 6).
+    first, line = _Scales(1.0), _line_of("# the cached call of an argument", __file__)
+    _scale_of(first)
+    with pytest.raises(ThunderNotImplementedError, match=rf"_scale_of, cached by functools, is called at .*:{line} "):
+        thunder_rs.jit(_scaled_by)(torch.ones(2), first)
+    assert _scale_of(first) == 2.0 and _scale_of.cache_info().currsize == 1
+    _scale_of.cache_clear()
+
+
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
 
 

@@ -17,8 +17,12 @@ cleared cache is filled again outside any trace), and holds while each returns t
 """
 
 import functools
+import sys
 
-from thunder_rs.core.state.guards import CellSource, GlobalsSource, ObjectSource, StateGuard, is_simple
+from thunder_rs.core.state.guards import CellSource, GlobalsSource, InputSource, ObjectSource, StateGuard, is_simple
+from thunder_rs.core.state.hook import thread_state
+from thunder_rs.core.state.identity import READER_CODES
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: ``(holder, name, cached, reader)`` where a reader stands in for a cached function: ``holder`` a
 #: dict (globals, an instance's attributes), a closure cell with ``name`` None, or a class whose
@@ -30,25 +34,54 @@ _readers: dict = {}
 
 class CachedReader:
     """Calls ``cached`` and notes into ``calls`` (``(args, kwargs)`` -> result) each call whose
-    arguments are plain values."""
+    arguments are plain values, or, where the call found them in the cache, objects of lasting
+    state (``_lasting``); one that found other objects there is refused naming the line."""
 
     def __init__(self, cached, calls: dict):
         self.cached, self.calls = cached, calls
         functools.update_wrapper(self, cached)
 
     def __call__(self, *args, **kwargs):
+        hits = self.cached.cache_info().hits
         result = self.cached(*args, **kwargs)
-        if all(map(_plain, args)) and all(map(_plain, kwargs.values())):
-            self.calls.setdefault((self.cached, args, tuple(kwargs.items())), result)
+        values = (*args, *kwargs.values())
+        if not all(map(_plain, values)):
+            if self.cached.cache_info().hits == hits:  # (a miss: its code ran in the trace)
+                return result
+            if not all(_plain(v) or _lasting(v) for v in values):
+                raise _held_result_error(self.cached, sys._getframe(1))
+        self.calls.setdefault((self.cached, args, tuple(kwargs.items())), result)
         return result
 
     def __getattr__(self, name):  # (``cache_info``, ``cache_clear``, ``__wrapped__``)
         return getattr(self.cached, name)
 
 
+READER_CODES.add(CachedReader.__call__.__code__)
+
+
 def _plain(value) -> bool:
     """Whether a call's argument can be kept by the guard: a plain value, or a class (``cls``)."""
     return is_simple(value) or isinstance(value, type)
+
+
+def _lasting(value) -> bool:
+    """Whether ``value`` is an object the traced program found as lasting state (reached from a global,
+    a closure variable or a module), whose identity the entry's guards hold, not one of its arguments."""
+    observer = thread_state.observer
+    source = None if observer is None else observer.state.source_of(value)
+    return source is not None and not isinstance(source, InputSource)
+
+
+def _held_result_error(cached, caller) -> ThunderNotImplementedError:
+    name = getattr(cached, "__qualname__", repr(cached))
+    return ThunderNotImplementedError(
+        f"thunder_rs.jit: {name}, cached by functools, is called at {caller.f_code.co_filename}:{caller.f_lineno} "
+        "with an object it finds in its cache (one of the program's arguments, or made by it), while traced: the "
+        "trace would hold what it returned, where eager looks the object up again on every call. Pass plain "
+        f"values (numbers, strings, tuples of them) to {name}, or call it outside the jitted function and pass the "
+        "result in"
+    )
 
 
 def stand_in_cached(source, name: str, value, calls: dict, holder=None) -> None:
