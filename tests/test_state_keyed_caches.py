@@ -359,6 +359,34 @@ def test_a_cached_helper_that_finds_an_argument_object_in_its_cache_is_refused_n
     _scale_of.cache_clear()
 
 
+_BY_NAME = {"scale": _config_scale}
+_PARTIAL = functools.partial(_config_scale, 3)
+
+
+def _through_an_item(x):
+    return x * _BY_NAME["scale"](3)  # the cached helper read from a dict
+
+
+@pytest.mark.parametrize("program", [_through_an_item, lambda x: x * _PARTIAL()], ids=["item", "partial"])
+def test_a_cached_helper_called_through_a_path_no_reader_stands_in_is_refused(program):
+    # Read from a dict or called by a partial, it found its arguments in its cache: the trace held
+    # the result, and after a cache_clear() every compiled call kept it (6 where eager gave 15).
+    _config_scale.cache_clear(), _config_scale(3)
+    where = "_BY_NAME\\['scale'\\], read at" if program is _through_an_item else "held by the partial"
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"_config_scale, cached by functools \({where} .*\), is called"
+    ):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert _config_scale.cache_info().currsize == 1
+    _config_scale.cache_clear()
+    jprogram = thunder_rs.jit(program)  # a miss runs its code in the trace, read as eager reads it
+    for scale in (2.0, 5.0):
+        _CONFIG["scale"] = scale
+        _config_scale.cache_clear()
+        torch.testing.assert_close(jprogram(torch.ones(2)), program(torch.ones(2)), rtol=0, atol=0)
+    _CONFIG["scale"] = 2.0
+
+
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
 
 

@@ -32,25 +32,46 @@ _bound: list = []
 _readers: dict = {}
 
 
-class CachedReader:
-    """Calls ``cached`` and notes into ``calls`` (``(args, kwargs)`` -> result) each call whose
-    arguments are plain values, or, where the call found them in the cache, objects of lasting
-    state (``_lasting``); one that found other objects there is refused naming the line."""
+class CachedCalls:
+    """What one trace's readers saw: ``results``, ``(cached, args, kwargs)`` -> what the call
+    returned; ``watched``, id -> ``[cached, its cache's hits when the program read it, how many of
+    them the readers made, where it was read]`` for each cached function the program read (a hit
+    made otherwise, through a path no reader stands in, is refused: ``cached_guards``); ``codes``,
+    the observer's code -> cached function (a call that misses is seen: ``identity.cached_call``)."""
 
-    def __init__(self, cached, calls: dict):
+    def __init__(self, codes: dict):
+        self.results: dict = {}
+        self.watched: dict = {}
+        self.codes = codes
+
+    def watch(self, cached, where: str) -> None:
+        self.codes[getattr(cached.__wrapped__, "__code__", None)] = cached
+        if id(cached) not in self.watched:
+            self.watched[id(cached)] = [cached, cached.cache_info().hits, 0, where]
+
+
+class CachedReader:
+    """Calls ``cached`` and notes into ``calls`` (a ``CachedCalls``) each call whose arguments are
+    plain values, or, where the call found them in the cache, objects of lasting state
+    (``_lasting``); one that found other objects there is refused naming the line."""
+
+    def __init__(self, cached, calls: CachedCalls):
         self.cached, self.calls = cached, calls
         functools.update_wrapper(self, cached)
 
     def __call__(self, *args, **kwargs):
         hits = self.cached.cache_info().hits
         result = self.cached(*args, **kwargs)
+        hit = self.cached.cache_info().hits > hits
+        if hit and (watched := self.calls.watched.get(id(self.cached))) is not None:
+            watched[2] += 1
         values = (*args, *kwargs.values())
         if not all(map(_plain, values)):
-            if self.cached.cache_info().hits == hits:  # (a miss: its code ran in the trace)
+            if not hit:  # (its code ran in the trace)
                 return result
             if not all(_plain(v) or _lasting(v) for v in values):
                 raise _held_result_error(self.cached, sys._getframe(1))
-        self.calls.setdefault((self.cached, args, tuple(kwargs.items())), result)
+        self.calls.results.setdefault((self.cached, args, tuple(kwargs.items())), result)
         return result
 
     def __getattr__(self, name):  # (``cache_info``, ``cache_clear``, ``__wrapped__``)
@@ -84,12 +105,16 @@ def _held_result_error(cached, caller) -> ThunderNotImplementedError:
     )
 
 
-def stand_in_cached(source, name: str, value, calls: dict, holder=None) -> None:
-    """If ``value``, read as ``name`` at ``source``, is a cached function held by a globals dict, a
-    closure cell or an object's attributes, puts a reader noting its calls into ``calls`` there until
-    tracing ends. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
+def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, origin: str = "") -> None:
+    """If ``value``, read as ``name`` at ``source`` (by the code at ``origin``), is a cached function
+    held by a globals dict, a closure cell or an object's attributes, puts a reader noting its calls
+    into ``calls`` there until tracing ends; one held otherwise (an item of a dict, a partial's) is
+    watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
+    if type(value) is functools.partial and type(value.func) is functools._lru_cache_wrapper:
+        calls.watch(value.func, f"held by the partial {source.describe(name)}, read at {origin}")
     if type(value) is not functools._lru_cache_wrapper:
         return
+    calls.watch(value, f"{source.describe(name)}, read at {origin}")
     reader = CachedReader(value, calls)
     if holder is None and isinstance(source, CellSource):
         source.cell.cell_contents = reader
@@ -102,17 +127,18 @@ def stand_in_cached(source, name: str, value, calls: dict, holder=None) -> None:
     _readers[id(reader)] = reader
 
 
-def stand_in_cached_method(cls: type, name: str, calls: dict, codes: dict) -> None:
+def stand_in_cached_method(cls: type, name: str, calls: CachedCalls) -> None:
     """If ``cls`` holds a cached function as the staticmethod or classmethod ``name`` (``@staticmethod``
     over ``@functools.lru_cache``), puts one of a reader noting its calls into ``calls`` in its place on
-    the class that defines it until tracing ends, and notes its code in ``codes`` (code -> the cached
-    function: a call that misses the cache is seen, ``identity.cached_call``)."""
+    the class that defines it until tracing ends."""
     owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
     found = None if owner is None else vars(owner)[name]
-    if not isinstance(found, (staticmethod, classmethod)) or type(found.__func__) is not functools._lru_cache_wrapper:
+    if owner is None or not isinstance(found, (staticmethod, classmethod)):
+        return
+    if type(found.__func__) is not functools._lru_cache_wrapper:
         return
     cached = found.__func__
-    codes[getattr(cached.__wrapped__, "__code__", None)] = cached
+    calls.watch(cached, f"{owner.__qualname__}.{name}")
     reader = CachedReader(cached, calls)
     stand_in = type(found)(reader)
     setattr(owner, name, stand_in)
@@ -145,6 +171,17 @@ def put_back_cached() -> None:
     _readers.clear()
 
 
+def _unseen_hit_error(cached, where: str) -> ThunderNotImplementedError:
+    name = getattr(cached, "__qualname__", repr(cached))
+    return ThunderNotImplementedError(
+        f"thunder_rs.jit: {name}, cached by functools ({where}), is called while traced in a way thunder_rs does "
+        "not follow (an item of a dict or list, a functools.partial, a function that returns it) with arguments it "
+        "finds in its cache: that call runs no code, and the trace would hold what it returned, where eager calls it "
+        f"again on every call (and computes anew after {name}.cache_clear()). Call {name} by its name (a global, a "
+        "closure variable or an attribute), or call it outside the jitted function and pass the result in"
+    )
+
+
 def _returns(cached, args, kwargs, result) -> bool:
     try:
         now = cached(*args, **kwargs)
@@ -164,11 +201,16 @@ def _same_results(calls: tuple) -> tuple:
     return tuple([_returns(*call) for call in calls])
 
 
-def cached_guards(calls: dict) -> list:
-    """One guard on the calls noted by the readers: each cached function still returns what it did."""
-    if not calls:
+def cached_guards(calls: CachedCalls) -> list:
+    """One guard on the calls noted by the readers: each cached function still returns what it did.
+    Raises where a cached function the program read found arguments in its cache other than through
+    a reader: what it returned, the trace holds, and no guard would call it again."""
+    for cached, hits, seen, where in calls.watched.values():
+        if cached.cache_info().hits - hits > seen:
+            raise _unseen_hit_error(cached, where)
+    if not calls.results:
         return []
-    made = tuple((cached, args, dict(kwargs), result) for (cached, args, kwargs), result in calls.items())
+    made = tuple((cached, args, dict(kwargs), result) for (cached, args, kwargs), result in calls.results.items())
     labels = [_label(cached, args, kwargs) for cached, args, kwargs, _ in made]
 
     def show(same: tuple) -> str:

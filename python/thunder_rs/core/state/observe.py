@@ -56,7 +56,8 @@ from thunder_rs.core.state.callables import (
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
-from thunder_rs.core.state.cached_reads import cached_guards, original, stand_in_cached, stand_in_cached_method
+from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards, original
+from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
@@ -166,7 +167,7 @@ class Observer:
         self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
-        self._cached_results: dict = {}  # (cached, args, kwargs) -> what the call returned (``cached_reads``)
+        self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
@@ -515,7 +516,7 @@ class Observer:
                 if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
                     self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
-                stand_in_cached_method(type(obj), attr, self._cached_results, self._cached)
+                stand_in_cached_method(type(obj), attr, self._cached_results)
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if (source.key, attr) not in self._guards:
@@ -570,7 +571,7 @@ class Observer:
             return MISSING
         value = ClassSource(cls).fixed().get(attr, MISSING)
         if value is MISSING or hasattr(type(value), "__get__"):
-            stand_in_cached_method(cls, attr, self._cached_results, self._cached)  # (``Config.table(n)``)
+            stand_in_cached_method(cls, attr, self._cached_results)  # (``Config.table(n)``)
             return MISSING
         return self._keep(ClassSource(cls), attr, value, origin)
 
@@ -615,9 +616,7 @@ class Observer:
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
-            if type(value) is functools._lru_cache_wrapper:
-                self._cached[getattr(value.__wrapped__, "__code__", None)] = value
-                stand_in_cached(source, name, value, self._cached_results, holder)
+            stand_in_cached(source, name, value, self._cached_results, holder, origin)
         refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
