@@ -8,12 +8,18 @@ and may return something else, which a compiled call would never see. So while a
 traced, a cached function it reads as a global, a closure variable or an attribute of an object
 it holds (of a module: in the clone the program runs) is replaced there by a reader
 (``stand_in_cached``, put back once no program is traced) that calls it and notes the arguments
-and the result of each call with plain arguments (or classes: a classmethod's); a class's cached
-staticmethod or classmethod is replaced on the class by one of a reader (``stand_in_cached_method``).
-One guard (``cached_guards``), first among the
+and the result of each call with plain arguments (or classes: a classmethod's), or, for a call
+that finds them in the cache, objects of lasting state, whose identity the entry's guards hold
+(an argument object found in the cache is refused naming the line: another one, on a later call,
+would be looked up again). A class's cached staticmethod or classmethod is replaced on the class by
+one of a reader (``stand_in_cached_method``). One guard (``cached_guards``), first among the
 entry's, makes each of those calls on every call of the compiled program, as eager does (so a
 cleared cache is filled again outside any trace), and holds while each returns the same object
 (an equal plain value). A changed result compiles again, and the new trace holds it.
+
+Each cached function the program reads is watched (``CachedCalls``): a call that found its
+arguments in the cache other than through a reader (an item of a dict, a ``functools.partial``)
+is refused naming where it was read, once the trace is made.
 """
 
 import functools
