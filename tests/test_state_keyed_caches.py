@@ -243,6 +243,150 @@ def test_a_cached_helper_held_by_an_objects_attribute_is_called_again_as_in_eage
     _CONFIG["scale"] = 2.0
 
 
+def _config_shift(k):
+    return _CONFIG["scale"] * k + 1
+
+
+class _HoldsACachedHelper(nn.Module):
+    """A module holding a cached helper as its own attribute (``self.f``, set in ``__init__``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = functools.lru_cache(maxsize=None)(_config_shift)
+
+    def forward(self, x):
+        return x * self.f(3)
+
+
+class _CachedStatics(nn.Module):
+    """A module whose class holds cached functions as a staticmethod and a classmethod."""
+
+    @staticmethod
+    @functools.lru_cache
+    def scale(k):
+        return _CONFIG["scale"] * k
+
+    @classmethod
+    @functools.cache
+    def shift(cls, k):
+        return _CONFIG["scale"] * k + 1
+
+    def forward(self, x):
+        return x * self.scale(3) + self.shift(2) + _CachedStatics.scale(1)
+
+
+def _clear_statics():
+    _CachedStatics.scale.cache_clear(), _CachedStatics.shift.cache_clear()
+
+
+@pytest.mark.parametrize("held", ["attribute", "submodule", "statics"])
+def test_a_cached_helper_the_module_holds_is_called_again_as_in_eager(held):
+    # Held by the jitted module (or a submodule) as an attribute, read from its clone while traced,
+    # no reader stood in for it: after a cache_clear() every compiled call kept the first result
+    # (x * 7 where eager gave x * 16). A cached staticmethod was refused as keyed by self.
+    if held == "statics":
+        model, clear = _CachedStatics(), _clear_statics
+    else:
+        inner = _HoldsACachedHelper()
+        model, clear = (inner if held == "attribute" else nn.Sequential(inner)), inner.f.cache_clear
+    clear()
+    jmodel = thunder_rs.jit(model)
+    for scale, cleared in ((2.0, False), (5.0, False), (5.0, True), (7.0, True), (7.0, False)):
+        _CONFIG["scale"] = scale
+        if cleared:
+            clear()
+        x = torch.ones(2)
+        torch.testing.assert_close(jmodel(x), model(x), rtol=0, atol=0)
+    if held == "statics":  # (the class's own, put back)
+        assert type(vars(_CachedStatics)["scale"].__func__) is functools._lru_cache_wrapper
+    else:
+        assert type(vars(inner)["f"]) is functools._lru_cache_wrapper
+    assert thunder_rs.compile_stats(jmodel).cache_misses == 4  # the first; the CONFIG read when missed; 2 clears
+    _CONFIG["scale"] = 2.0
+
+
+class _Scales:
+    """A configuration object a cached helper is keyed by (its identity: no __hash__ of its own)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+@functools.lru_cache
+def _scale_of(scales):
+    return scales.scale * 2.0
+
+
+_SCALES = _Scales(1.0)
+
+
+class _KeyedByItsConfig(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = _Scales(1.0)
+
+    def forward(self, x):
+        return x * _scale_of(self.scales) + _scale_of(_SCALES)
+
+
+def test_a_cached_helper_keyed_by_an_object_of_lasting_state_is_called_again_as_in_eager():
+    # Called with objects it found in its cache (a module's config, a global one): no reader noted
+    # such a call, and after a cache_clear() every compiled call kept the first result.
+    model, _SCALES.scale = _KeyedByItsConfig(), 1.0
+    _scale_of(model.scales), _scale_of(_SCALES)
+    jmodel = thunder_rs.jit(model)
+    for scale, cleared in ((1.0, False), (3.0, False), (3.0, True), (4.0, True)):
+        model.scales.scale = _SCALES.scale = scale
+        if cleared:
+            _scale_of.cache_clear()
+        x = torch.ones(2)
+        torch.testing.assert_close(jmodel(x), model(x), rtol=0, atol=0)
+    _scale_of.cache_clear()
+
+
+def _scaled_by(x, scales):
+    return x * _scale_of(scales)  # the cached call of an argument
+
+
+def test_a_cached_helper_that_finds_an_argument_object_in_its_cache_is_refused_naming_the_line():
+    # Another object passed on a later call is looked up again by eager: the trace held what the
+    # first one returned (x * 2 where eager gave x * 6).
+    first, line = _Scales(1.0), _line_of("# the cached call of an argument", __file__)
+    _scale_of(first)
+    with pytest.raises(ThunderNotImplementedError, match=rf"_scale_of, cached by functools, is called at .*:{line} "):
+        thunder_rs.jit(_scaled_by)(torch.ones(2), first)
+    assert _scale_of(first) == 2.0 and _scale_of.cache_info().currsize == 1
+    _scale_of.cache_clear()
+
+
+_BY_NAME = {"scale": _config_scale}
+_PARTIAL = functools.partial(_config_scale, 3)
+
+
+def _through_an_item(x):
+    return x * _BY_NAME["scale"](3)  # the cached helper read from a dict
+
+
+@pytest.mark.parametrize("program", [_through_an_item, lambda x: x * _PARTIAL()], ids=["item", "partial"])
+def test_a_cached_helper_called_through_a_path_no_reader_stands_in_is_refused(program):
+    # Read from a dict or called by a partial, it found its arguments in its cache: the trace held
+    # the result, and after a cache_clear() every compiled call kept it (6 where eager gave 15).
+    _config_scale.cache_clear(), _config_scale(3)
+    where = "_BY_NAME\\['scale'\\], read at" if program is _through_an_item else "held by the partial"
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"_config_scale, cached by functools \({where} .*\), is called"
+    ):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert _config_scale.cache_info().currsize == 1
+    _config_scale.cache_clear()
+    jprogram = thunder_rs.jit(program)  # a miss runs its code in the trace, read as eager reads it
+    for scale in (2.0, 5.0):
+        _CONFIG["scale"] = scale
+        _config_scale.cache_clear()
+        torch.testing.assert_close(jprogram(torch.ones(2)), program(torch.ones(2)), rtol=0, atol=0)
+    _CONFIG["scale"] = 2.0
+
+
 # -- a rotary embedding that grows its tables (older HF Llama, GPT-NeoX, Falcon) -----------------
 
 

@@ -19,14 +19,16 @@ where an inner function also reads the receiver (it is a cell then).
 import builtins
 import dis
 import functools
+import inspect
 import opcode
 import sys
 import weakref
 from typing import NamedTuple
 
-from thunder_rs.core.state.cached_reads import CachedReader
 from thunder_rs.errors import ThunderNotImplementedError
 
+#: The code of the readers standing in for cached functions (``cached_reads``): not the caller's line.
+READER_CODES: set = set()
 #: Callables whose result is a module's identity when given one (by name, for the error).
 _IDENTITY_CALLS = {
     id: "id",
@@ -333,7 +335,8 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
         what = _IDENTITY_CALLS.get(_resolve(detail, globals_))
         return f"{what}({name})" if what is not None else None
     if kind == "method":
-        cached = isinstance(getattr(type(receiver), detail, None), functools._lru_cache_wrapper)
+        # (as found on the class: a cached staticmethod or classmethod is keyed by its arguments alone)
+        cached = isinstance(inspect.getattr_static(type(receiver), detail, None), functools._lru_cache_wrapper)
         return f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
     if kind == "key":
         cls = type(receiver)
@@ -383,7 +386,7 @@ def cached_call(cached, frame, calls: list) -> None:
     cleared after tracing. Otherwise noted in ``calls`` as ``(cached, line, refused)``: a stand-in
     the result holds is found after tracing (``escapes``), which names that line."""
     caller = frame.f_back
-    while caller is not None and caller.f_code is CachedReader.__call__.__code__:
+    while caller is not None and caller.f_code in READER_CODES:
         caller = caller.f_back  # (the stand-in the program called, ``cached_reads``)
     where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "an unknown line"
     refused = any(type(x).__name__ in _STAND_INS for x in frame.f_locals.values())

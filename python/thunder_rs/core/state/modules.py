@@ -23,6 +23,7 @@ import torch.nn.utils.stateless as stateless
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from thunder_rs.core.state.cached_reads import original as stood_in_for
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
 from thunder_rs.core.state.guards import MISSING
 from thunder_rs.core.state.param_metadata import MetadataCheck
@@ -346,6 +347,7 @@ def attribute_writes(pairs: list) -> list:
                 continue
             if name in _HOOK_STORES:
                 continue
+            value = stood_in_for(value)  # (a cached function's reader, put there while traced: not a write)
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
         writes.extend((original, name, MISSING) for name in before if name not in now)

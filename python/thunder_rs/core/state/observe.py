@@ -56,14 +56,10 @@ from thunder_rs.core.state.callables import (
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
-from thunder_rs.core.state.cached_reads import cached_guards, original, stand_in_cached
+from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards, original
+from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.clocks import refuse_bound_clock
-from thunder_rs.core.state.code_reads import (
-    ALL_ATTRIBUTES,
-    code_reads,
-    library_module,
-    stored_by_calls,
-)
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
@@ -171,7 +167,7 @@ class Observer:
         self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
-        self._cached_results: dict = {}  # (cached, args, kwargs) -> what the call returned (``cached_reads``)
+        self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
@@ -474,9 +470,10 @@ class Observer:
         if value is MISSING:
             return self._class_attribute(obj, source, attr, origin)
         if module:
+            value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
-            return self._keep(source, attr, value, origin)
+            return self._keep(source, attr, value, origin, holder=mapping)
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)
 
@@ -519,6 +516,7 @@ class Observer:
                 if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
                     self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
+                stand_in_cached_method(type(obj), attr, self._cached_results)
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if (source.key, attr) not in self._guards:
@@ -573,6 +571,7 @@ class Observer:
             return MISSING
         value = ClassSource(cls).fixed().get(attr, MISSING)
         if value is MISSING or hasattr(type(value), "__get__"):
+            stand_in_cached_method(cls, attr, self._cached_results)  # (``Config.table(n)``)
             return MISSING
         return self._keep(ClassSource(cls), attr, value, origin)
 
@@ -582,7 +581,7 @@ class Observer:
             source = self._module_sources[id(g)] = GlobalsSource(g, g.get("__name__", "?"))
         return source
 
-    def _keep(self, source, name: str, value, origin: str, guard: bool = True):
+    def _keep(self, source, name: str, value, origin: str, guard: bool = True, holder=None):
         """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
         way); returns it if reads may go on from it.
 
@@ -595,12 +594,12 @@ class Observer:
         known = self._kept.get(kept)
         if known is not None and known[0] is value and (known[1] is None or known[1] is self.state.containers.reading):
             return known[2]
-        out = self._keep_first(source, name, value, origin, guard)
+        out = self._keep_first(source, name, value, origin, guard, holder)
         if self.state.containers.settled(source):
             self._kept[kept] = (value, self.state.containers.reading if type(value) is dict else None, out)
         return out
 
-    def _keep_first(self, source, name: str, value, origin: str, guard: bool):
+    def _keep_first(self, source, name: str, value, origin: str, guard: bool, holder=None):
         value = original(value)  # (a cached function's stand-in read again)
         if isinstance(value, TensorProxy):
             return MISSING
@@ -617,9 +616,7 @@ class Observer:
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
-            if type(value) is functools._lru_cache_wrapper:
-                self._cached[getattr(value.__wrapped__, "__code__", None)] = value
-                stand_in_cached(source, name, value, self._cached_results)
+            stand_in_cached(source, name, value, self._cached_results, holder, origin)
         refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a

@@ -30,7 +30,7 @@ import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
-from thunder_rs.core.state.cached_reads import is_cached_reader
+from thunder_rs.core.state.cached_reads import is_cached_reader, original
 from thunder_rs.core.state.clocks import is_clock_reader
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
@@ -138,7 +138,7 @@ class MethodGuard:
         self.cls, self.name, self.origin = cls, name, origin
         # A classmethod reads as a new bound method each time: compare what it binds.
         self.bound = isinstance(inspect.getattr_static(cls, name, None), classmethod)
-        self.expected = self._now()
+        self.expected = original(self._now())  # (a cached staticmethod's stand-in while traced: ``cached_reads``)
 
     def _now(self):
         found = getattr(self.cls, self.name, MISSING)
