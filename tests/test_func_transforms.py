@@ -187,3 +187,20 @@ def test_a_transform_of_untraced_arguments_over_a_traced_closure_is_an_eager_cal
     exactly(jitted(w), program(w))
     x0.mul_(2)
     exactly(jitted(w), program(w))
+
+
+def test_repeated_compiles_of_a_transform_share_one_fallback_symbol():
+    # Each compile recorded a new symbol holding a copy of the function: the registry grew with
+    # every compile (new shapes, cache evictions). One symbol per transform, the function held by
+    # the trace (freed with it).
+    from thunder_rs.core.lang import fallback
+
+    def program(x):
+        return torch.func.jacrev(lambda x: x.sin() * x.sum())(x)
+
+    thunder_rs.jit(program)(torch.randn(2))
+    registered = len(fallback.FALLBACK_IMPLS)
+    for n in range(3, 9):
+        x = torch.randn(n)
+        exactly(thunder_rs.jit(program)(x), program(x))
+    assert len(fallback.FALLBACK_IMPLS) == registered

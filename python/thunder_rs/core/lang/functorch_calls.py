@@ -182,6 +182,46 @@ def _untraced(fn):
     return run
 
 
+class _Call:
+    """What one recorded eager call runs: ``make(function)`` on the call's tensors put back among
+    its constant arguments. The trace holds it as a constant argument of the call (freed with the
+    trace), so that every compile of a transform shares one fallback symbol (``_runner``)."""
+
+    __slots__ = ("make", "template", "positions", "constants", "spec", "name", "devices", "grad_enabled")
+
+    def __init__(self, make, template, positions, constants, spec, name, devices, grad_enabled):
+        self.make, self.template, self.positions, self.constants, self.spec = make, template, positions, constants, spec
+        self.name, self.devices, self.grad_enabled = name, devices, grad_enabled
+
+    def __call__(self, given: tuple):
+        flat = list(self.constants)
+        for i, t in zip(self.positions, given):
+            flat[i] = t
+        call_args, call_kwargs = tree_unflatten(flat, self.spec)
+        bound = closures.filled(self.template, given[len(self.positions) :])
+        return _untraced(self.make(bound))(*call_args, **call_kwargs)
+
+
+#: fallback name (``torch.func.jacrev``) -> the one callable its symbol runs, ``run(call, *tensors)``.
+_RUNNERS: dict = {}
+
+
+def _runner(name: str):
+    """The callable the fallback symbol ``name`` runs: the ``_Call`` it is given, on its tensors."""
+    run = _RUNNERS.get(name)
+    if run is None:
+
+        def run(call, *given):
+            return call(given)
+
+        module, _, short = name.rpartition(".")
+        run.__name__ = run.__qualname__ = short
+        run.__module__ = module
+        META_RULES[run] = _on_fake_tensors
+        run = _RUNNERS.setdefault(name, run)
+    return run
+
+
 def eager_call(make, func, name: str, args: tuple, kwargs: dict):
     """Records ``make(func)(*args, **kwargs)`` as an eager fallback named ``name`` that takes the
     call's tensors and the traced tensors ``func``'s closure holds (``closures``); real tensors the
@@ -200,29 +240,15 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
     constants = [None if i in set(positions) else x for i, x in enumerate(leaves)]
     template = closures.with_slots(func, captured) if captured else func  # (the call keeps no proxy)
     del func, captured
-
-    def run(*given):
-        flat = list(constants)
-        for i, t in zip(positions, given):
-            flat[i] = t
-        call_args, call_kwargs = tree_unflatten(flat, spec)
-        bound = closures.filled(template, given[len(positions) :])
-        return _untraced(make(bound))(*call_args, **call_kwargs)
-
-    module, _, short = name.rpartition(".")
-    run.__name__ = run.__qualname__ = short
-    run.__module__ = module
     devices = [t.device if isinstance(t, torch.Tensor) else None for t in tensors]
-    META_RULES[run] = _on_fake_tensors(run, name, devices, torch.is_grad_enabled())
+    call = _Call(make, template, positions, constants, spec, name, devices, torch.is_grad_enabled())
     try:
         with torch._C.DisableTorchFunction():  # (as a torch call's handler runs)
-            return user_fallback(run, tensors, {})
+            return user_fallback(_runner(name), (call, *tensors), {})
     except Exception as e:
         if isinstance(e.__cause__, _Refused):
             raise ThunderNotImplementedError(str(e.__cause__)) from None
         raise
-    finally:
-        del META_RULES[run]
 
 
 def _fake(x, device):
@@ -237,32 +263,28 @@ class _Refused(Exception):
     wraps what it raises, this included, in an error of the same kind)."""
 
 
-def _on_fake_tensors(run, name: str, devices: list, grad_enabled: bool):
-    """The output metadata of ``run``: the call on fake tensors of the traced ones (on their
-    devices), next to the real tensors the function reads itself (a module's parameters), which
-    meta tensors could not meet. Where those give the result a gradient (they require grad),
+def _on_fake_tensors(call: _Call, *metas):
+    """The output metadata of ``call``: the call on fake tensors of the traced ones (on
+    their devices), next to the real tensors the function reads itself (a module's parameters),
+    which meta tensors could not meet. Where those give the result a gradient (they require grad),
     eager's result would carry it to them, which the trace's call cannot: refused."""
-
-    def meta(*metas):
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(grad_enabled):
-            fakes = [_fake(m, d) for m, d in zip(metas, devices)]
-            try:
-                out = run(*fakes)
-            except ThunderError as e:
-                if not isinstance(e.__cause__ or e, ThunderError) or "thunder_rs proxy" not in str(e):
-                    raise
-                raise _Refused(
-                    f"{name} at {user_location()}: the function computes with a traced tensor that is not one of its "
-                    "arguments (a closure over a value of the jitted program); an eager call of the transform "
-                    "cannot see it. Pass it as an argument of the transformed function"
-                ) from None
-        if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(call.grad_enabled):
+        fakes = [_fake(m, d) for m, d in zip(metas, call.devices)]
+        try:
+            out = call(tuple(fakes))
+        except ThunderError as e:
+            if not isinstance(e.__cause__ or e, ThunderError) or "thunder_rs proxy" not in str(e):
+                raise
             raise _Refused(
-                f"{name} at {user_location()}: the function reads tensors that require grad besides its arguments "
-                "(a module's parameters, a captured tensor); eager's result carries gradients to them, which "
-                "thunder_rs's eager call of the transform cannot. Pass them as arguments (torch.func.functional_call), "
-                "or detach them"
-            )
-        return out
-
-    return meta
+                f"{call.name} at {user_location()}: the function computes with a traced tensor that is not one of its "
+                "arguments (a closure over a value of the jitted program); an eager call of the transform "
+                "cannot see it. Pass it as an argument of the transformed function"
+            ) from None
+    if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+        raise _Refused(
+            f"{call.name} at {user_location()}: the function reads tensors that require grad besides its arguments "
+            "(a module's parameters, a captured tensor); eager's result carries gradients to them, which "
+            "thunder_rs's eager call of the transform cannot. Pass them as arguments (torch.func.functional_call), "
+            "or detach them"
+        )
+    return out
