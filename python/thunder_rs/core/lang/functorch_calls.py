@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures
+from thunder_rs.core.lang import closures, python_effects
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -237,6 +237,7 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
             f"{name} of values batched by torch.vmap at {user_location()}: thunder_rs runs the transform eagerly, "
             "on whole tensors, so the torch.vmap around it must run so too; here it cannot"
         )
+    _refuse_side_effects(func, name)
     constants = [None if i in set(positions) else x for i, x in enumerate(leaves)]
     template = closures.with_slots(func, captured) if captured else func  # (the call keeps no proxy)
     del func, captured
@@ -249,6 +250,19 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
         if isinstance(e.__cause__, _Refused):
             raise ThunderNotImplementedError(str(e.__cause__)) from None
         raise
+
+
+def _refuse_side_effects(func, name: str) -> None:
+    """Refuses a function that writes Python state outside itself (``python_effects``): the eager
+    call runs it once more than eager while compiling, and again in the backward."""
+    what = python_effects.side_effect(func)
+    if what is not None:
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: the transformed function has a Python side effect ({what}); thunder_rs "
+            "runs it once more than eager while compiling (on fake tensors, for its output's shapes) and again in "
+            "the backward, so the effect would happen more often than in eager. Move it out of the transformed "
+            'function, or use torch.compile(backend="thunder_rs")'
+        )
 
 
 def _fake(x, device):
