@@ -187,3 +187,84 @@ def test_a_transform_of_untraced_arguments_over_a_traced_closure_is_an_eager_cal
     exactly(jitted(w), program(w))
     x0.mul_(2)
     exactly(jitted(w), program(w))
+
+
+def test_repeated_compiles_of_a_transform_share_one_fallback_symbol():
+    # Each compile recorded a new symbol holding a copy of the function: the registry grew with
+    # every compile (new shapes, cache evictions). One symbol per transform, the function held by
+    # the trace (freed with it).
+    from thunder_rs.core.lang import fallback
+
+    def program(x):
+        return torch.func.jacrev(lambda x: x.sin() * x.sum())(x)
+
+    thunder_rs.jit(program)(torch.randn(2))
+    registered = len(fallback.FALLBACK_IMPLS)
+    for n in range(3, 9):
+        x = torch.randn(n)
+        exactly(thunder_rs.jit(program)(x), program(x))
+    assert len(fallback.FALLBACK_IMPLS) == registered
+
+
+def test_a_transformed_function_with_python_side_effects_is_refused_with_the_line():
+    # The eager call runs the function once more than eager while compiling (on fake tensors)
+    # and again in a backward: a counter, a list append or a print would happen more often.
+    calls = []
+    count = 0
+
+    def appends(x):
+        calls.append(1)
+        return (x.sin() * x).sum()
+
+    def counts(x):
+        nonlocal count
+        count += 1
+        return (x.sin() * x).sum()
+
+    def prints(x):
+        print("called")
+        return (x.sin() * x).sum()
+
+    stats = {"n": 0}
+
+    def item(x):
+        stats["n"] += 1
+        return (x.sin() * x).sum()
+
+    def assigns_global(x):
+        global _last_size
+        _last_size = x.shape[0]
+        return (x.sin() * x).sum()
+
+    x = torch.randn(3)
+    cases = {
+        appends: "calls calls.append",
+        counts: "assigns the nonlocal count",
+        prints: "calls print",
+        item: "writes into stats",
+        assigns_global: "assigns the global _last_size",
+    }
+    for fn, what in cases.items():
+        torch.func.grad(fn)(x)  # eager: once per call
+        where = rf"{fn.__name__} at .*:\d+ {what}"
+        with pytest.raises(
+            NotImplementedError, match=rf"torch\.func\.grad at .*_transforms\.py:\d+: .*effect \(.*{where}\)"
+        ):
+            thunder_rs.jit(lambda x: torch.func.grad(fn)(x))(x)
+        with pytest.raises(NotImplementedError, match=r"torch\.func\.jacrev at .*side effect"):
+            thunder_rs.jit(lambda x: torch.func.jacrev(fn)(x))(x)
+    assert (len(calls), count, stats["n"]) == (1, 1, 1)  # (refused before running it)
+
+
+def test_functions_that_only_compute_with_local_state_are_not_refused():
+    scale = {"s": 2.0}  # read, never written
+
+    def local_state(x):
+        parts = []
+        parts.append(x.sin())
+        out = {}
+        out["y"] = parts[0] * scale["s"]
+        return out["y"].sum()
+
+    x = torch.randn(3)
+    exactly(thunder_rs.jit(lambda x: torch.func.grad(local_state)(x))(x), torch.func.grad(local_state)(x))

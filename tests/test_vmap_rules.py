@@ -1,5 +1,6 @@
 """``torch.vmap`` inside a jitted program over the ops of torch.func's tutorials (views, reductions,
-joins, matmul/linear, convolution, pooling, batch_norm, dropout, cross_entropy): each batched call
+joins, matmul/linear, convolution, pooling, batch_norm, layer_norm, group_norm, embedding, einsum,
+scaled_dot_product_attention, dropout, cross_entropy): each batched call
 against eager's vmap of the same function, values and gradients, over several in_dims/out_dims,
 and model ensembling (``stack_module_state`` + ``functional_call``) of an MLP and a small CNN."""
 
@@ -141,6 +142,45 @@ CASES = [
         (0, 0, None),
         (r(3, 6, 4), torch.randint(0, 4, (3, 6)), torch.rand(4) + 0.1),
     ),
+    ("embedding", lambda i, w: F.embedding(i, w), (0, None), (torch.randint(0, 6, (3, 4)), r(6, 5))),
+    (
+        "embedding-padding-idx",
+        lambda i, w: F.embedding(i, w, padding_idx=0),
+        (1, None),
+        (torch.randint(0, 6, (2, 3, 4)), r(6, 5)),
+    ),
+    ("embedding-batched-table", lambda i, w: F.embedding(i, w), (0, 0), (torch.randint(0, 6, (3, 2, 4)), r(3, 6, 5))),
+    ("embedding-shared-indices", lambda i, w: F.embedding(i, w), (None, 0), (torch.randint(0, 6, (4,)), r(3, 6, 5))),
+    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b), (0, None, None), (r(3, 2, 4, 5), r(4), r(4))),
+    (
+        "group_norm-batched-affine",
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+        (None, 0, 0),
+        (r(2, 4, 5), r(3, 4), r(3, 4)),
+    ),
+    ("group_norm-no-affine", lambda x: F.group_norm(x, 3), 1, (r(2, 3, 6, 4),)),
+    ("einsum", lambda a, b: torch.einsum("ij,jk->ik", a, b), (0, None), (r(3, 4, 5), r(5, 2))),
+    ("einsum-implicit", lambda a, b: torch.einsum("bij,bjk", a, b), (0, 0), (r(3, 2, 4, 5), r(3, 2, 5, 2))),
+    ("einsum-ellipsis-list", lambda a, b: torch.einsum("...i,i->...", [a, b]), (1, 0), (r(4, 3, 5), r(3, 5))),
+    ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), 0, (r(3, 2, 4, 8), r(3, 2, 5, 8), r(3, 2, 5, 8))),
+    (
+        "sdpa-causal-shared-keys",
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (0, None, None),
+        (r(3, 2, 2, 4, 8), r(2, 2, 4, 8), r(2, 2, 4, 8)),
+    ),
+    (
+        "sdpa-batched-mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        0,
+        (r(3, 2, 4, 8), r(3, 2, 5, 8), r(3, 2, 5, 8), torch.randn(3, 4, 5)),
+    ),
+    (
+        "sdpa-shared-bool-mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (0, 0, 0, None),
+        (r(3, 2, 4, 8), r(3, 2, 5, 8), r(3, 2, 5, 8), torch.rand(4, 5) > 0.3),
+    ),
     (
         "nll_loss-sum",
         lambda x, y: F.nll_loss(x, y, reduction="sum"),
@@ -168,6 +208,17 @@ def test_nested_vmaps_with_out_dims_match_eager(out_dims):
         return torch.vmap(inner, in_dims=(1, 0), out_dims=out_dims)(x, w)
 
     same_as_eager(f, r(4, 3, 5, 2), r(3, 2, 6))
+
+
+def test_nested_vmaps_of_einsum_embedding_and_group_norm_match_eager():
+    def f(a, b, i, w, x, gw):
+        def inner(a, b, i, w, x, gw):
+            return torch.einsum("ij,jk", a, b).mean() + F.embedding(i, w).mean() * F.group_norm(x, 2, gw).mean()
+
+        inner = torch.vmap(inner, in_dims=(0, None, 0, 0, None, 0))
+        return torch.vmap(inner, in_dims=(1, 0, None, 0, 0, None))(a, b, i, w, x, gw)
+
+    same_as_eager(f, r(2, 3, 4, 5), r(3, 5, 6), torch.randint(0, 6, (2, 4)), r(3, 2, 6, 5), r(3, 2, 4, 3), r(2, 4))
 
 
 class MLP(nn.Module):

@@ -1,6 +1,7 @@
 """Batching rules of ``torch.vmap`` over traced tensors for the layers of ``torch.func``'s model
 ensembling and per-sample programs (``core.lang.vmap``): matmul and linear, convolution, pooling,
-batch_norm, dropout, cross_entropy and nll_loss.
+batch_norm, layer_norm, group_norm, embedding, einsum, scaled_dot_product_attention, dropout,
+cross_entropy and nll_loss.
 
 - matmul broadcasts its batch dims, so the operands' level dims are its leading batch dims
   (a vector operand is made a matrix first, as matmul does);
@@ -15,8 +16,13 @@ batch_norm, dropout, cross_entropy and nll_loss.
   ``randomness="error"`` refuses (the same error here);
 - cross_entropy and nll_loss fold the levels into the batch dim with ``reduction="none"`` and
   reduce per example as eager's reduction does (the mean over the weights of the targets that are
-  not ignored).
+  not ignored);
+- group_norm folds the levels into the batch dim, embedding looks batched indices up in one
+  table (a batched table: each example's rows gathered from its own), einsum gives the levels
+  subscripts of their own, scaled_dot_product_attention folds them into a leading batch dim.
 """
+
+import string
 
 import torch
 import torch.nn.functional as F
@@ -274,3 +280,94 @@ def _label_loss(func, args, kwargs):
     else:
         counted = torch.where(kept, weight[torch.where(kept, pt, 0)], 0).to(losses.dtype)
     return wrap(total / (counted.sum(dims) if dims else counted), depth)
+
+
+# -- embedding, group_norm, einsum -----------------------------------------------------------------
+
+
+@batching_rule(F.embedding)
+def _embedding(func, args, kwargs):
+    """Batched indices into one table: the physical indices looked up at once. A batched table:
+    each example's rows gathered from its own table (the same copy; its gradient sums as
+    embedding's does)."""
+    names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+    defaults = {"padding_idx": None, "max_norm": None, "norm_type": 2.0, "scale_grad_by_freq": False, "sparse": False}
+    bound = _bind(names, defaults, args, kwargs)
+    idx, w = bound["input"], bound["weight"]
+    if bound["max_norm"] is not None:
+        raise refusal(func, "max_norm, which renormalises the table in place")
+    if bound["sparse"]:
+        raise refusal(func, "sparse gradients")
+    if levels_of(w) == 0:
+        options = (bound["padding_idx"], None, bound["norm_type"], bound["scale_grad_by_freq"], False)
+        return wrap(func(idx.physical, w, *options), idx.levels)
+    if bound["padding_idx"] is not None or bound["scale_grad_by_freq"]:
+        raise refusal(func, "a batched table with padding_idx or scale_grad_by_freq")
+    depth = max(levels_of(idx), levels_of(w))
+    pw, pi = full(w, depth).flatten(0, depth - 1), full(idx, depth)
+    rows = pi.reshape(pw.shape[0], -1).long()
+    out = torch.gather(pw, 1, rows.unsqueeze(-1).expand(-1, -1, pw.shape[-1]))
+    return wrap(out.reshape((*pi.shape, pw.shape[-1])), depth)
+
+
+@batching_rule(F.group_norm)
+def _group_norm(func, args, kwargs):
+    """Each example normalised per group: the levels fold into the batch dim; batched affine
+    parameters applied after the normalisation, as for layer_norm."""
+    bound = _bind(
+        ("input", "num_groups", "weight", "bias", "eps"), {"weight": None, "bias": None, "eps": 1e-5}, args, kwargs
+    )
+    x, w, b = bound["input"], bound["weight"], bound["bias"]
+    if x.ndim < 2:
+        raise refusal(func, f"a {x.ndim}-d input")
+    depth = max(levels_of(x), levels_of(w), levels_of(b))
+    affine = levels_of(w) == 0 and levels_of(b) == 0
+    px = full(x, depth)
+    out = func(px.flatten(0, depth), bound["num_groups"], w if affine else None, b if affine else None, bound["eps"])
+    out = wrap(out.unflatten(0, tuple(px.shape[: depth + 1])), depth)
+    if affine:
+        return out
+    shape = (x.shape[1], *(1,) * (x.ndim - 2))
+    out = out if w is None else batched_call(torch.mul, (out, w.reshape(shape)), {})
+    return out if b is None else batched_call(torch.add, (out, b.reshape(shape)), {})
+
+
+@batching_rule(torch.einsum)
+def _einsum(func, args, kwargs):
+    """The level dims as subscripts of their own, leading each batched operand and the output."""
+    equation, operands = args[0], tuple(args[1:])
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or kwargs:
+        raise refusal(func, "the sublist form")
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    if not arrow:  # (implicit: the subscripts seen once, in order, after the ellipsis' dims)
+        letters = [c for c in lhs if c.isalpha()]
+        rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    depth = max(map(levels_of, operands))
+    batch = "".join([c for c in string.ascii_letters if c not in equation][:depth])
+    if len(batch) < depth:
+        raise refusal(func, "an equation using every letter")
+    terms = [batch + t if levels_of(x) else t for t, x in zip(lhs.split(","), operands)]
+    physicals = [full(x, depth) if levels_of(x) else x for x in operands]
+    return wrap(func(f"{','.join(terms)}->{batch}{rhs}", *physicals), depth)
+
+
+@batching_rule(F.scaled_dot_product_attention)
+def _attention(func, args, kwargs):
+    """Attention over the last two dims: the levels fold into a leading batch dim of every operand
+    (a mask padded to the query's rank first); dropout draws, refused as dropout is."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+    bound = _bind(names, defaults, args, kwargs)
+    if bound["dropout_p"]:
+        raise random_error(func) if randomness() == "error" else refusal(func, "dropout under torch.vmap")
+    q, k, v, mask = bound["query"], bound["key"], bound["value"], bound["attn_mask"]
+    depth = max(map(levels_of, (q, k, v, mask)))
+    fold = lambda t: full(t, depth).flatten(0, depth - 1)  # noqa: E731
+    if mask is not None and levels_of(mask):
+        mask = wrap(physical(mask, levels_of(mask), max(mask.ndim, q.ndim)), levels_of(mask))
+    options = {key: bound[key] for key in ("dropout_p", "is_causal", "scale", "enable_gqa")}
+    out = func(fold(q), fold(k), fold(v), None if mask is None else fold(mask) if levels_of(mask) else mask, **options)
+    return wrap(out.unflatten(0, tuple(full(q, depth).shape[:depth])), depth)

@@ -602,6 +602,11 @@ def _kept_tensors(captures: Captures, inputs) -> dict:
     return kept
 
 
+def _observed_facts(observer) -> tuple:
+    """The size checks, container sites and interruption the observer saw while tracing."""
+    return observer.size_checks, observer.state.containers.sites(), observer.state.interrupted
+
+
 def acquire(
     fn,
     flat_inputs: list,
@@ -636,7 +641,7 @@ def acquire(
         raise
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
     modules_called = list(observer.modules_called.values())
-    size_checks, sites, interrupted = observer.size_checks, observer.state.containers.sites(), observer.state.interrupted
+    size_checks, sites, interrupted = _observed_facts(observer)
     del observer
     kept = _kept_tensors(captures, inputs)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(

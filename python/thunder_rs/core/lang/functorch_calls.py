@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures
+from thunder_rs.core.lang import closures, python_effects
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -182,6 +182,46 @@ def _untraced(fn):
     return run
 
 
+class _Call:
+    """What one recorded eager call runs: ``make(function)`` on the call's tensors put back among
+    its constant arguments. The trace holds it as a constant argument of the call (freed with the
+    trace), so that every compile of a transform shares one fallback symbol (``_runner``)."""
+
+    __slots__ = ("make", "template", "positions", "constants", "spec", "name", "devices", "grad_enabled")
+
+    def __init__(self, make, template, positions, constants, spec, name, devices, grad_enabled):
+        self.make, self.template, self.positions, self.constants, self.spec = make, template, positions, constants, spec
+        self.name, self.devices, self.grad_enabled = name, devices, grad_enabled
+
+    def __call__(self, given: tuple):
+        flat = list(self.constants)
+        for i, t in zip(self.positions, given):
+            flat[i] = t
+        call_args, call_kwargs = tree_unflatten(flat, self.spec)
+        bound = closures.filled(self.template, given[len(self.positions) :])
+        return _untraced(self.make(bound))(*call_args, **call_kwargs)
+
+
+#: fallback name (``torch.func.jacrev``) -> the one callable its symbol runs, ``run(call, *tensors)``.
+_RUNNERS: dict = {}
+
+
+def _runner(name: str):
+    """The callable the fallback symbol ``name`` runs: the ``_Call`` it is given, on its tensors."""
+    run = _RUNNERS.get(name)
+    if run is None:
+
+        def run(call, *given):
+            return call(given)
+
+        module, _, short = name.rpartition(".")
+        run.__name__ = run.__qualname__ = short
+        run.__module__ = module
+        META_RULES[run] = _on_fake_tensors
+        run = _RUNNERS.setdefault(name, run)
+    return run
+
+
 def eager_call(make, func, name: str, args: tuple, kwargs: dict):
     """Records ``make(func)(*args, **kwargs)`` as an eager fallback named ``name`` that takes the
     call's tensors and the traced tensors ``func``'s closure holds (``closures``); real tensors the
@@ -197,32 +237,32 @@ def eager_call(make, func, name: str, args: tuple, kwargs: dict):
             f"{name} of values batched by torch.vmap at {user_location()}: thunder_rs runs the transform eagerly, "
             "on whole tensors, so the torch.vmap around it must run so too; here it cannot"
         )
+    _refuse_side_effects(func, name)
     constants = [None if i in set(positions) else x for i, x in enumerate(leaves)]
     template = closures.with_slots(func, captured) if captured else func  # (the call keeps no proxy)
     del func, captured
-
-    def run(*given):
-        flat = list(constants)
-        for i, t in zip(positions, given):
-            flat[i] = t
-        call_args, call_kwargs = tree_unflatten(flat, spec)
-        bound = closures.filled(template, given[len(positions) :])
-        return _untraced(make(bound))(*call_args, **call_kwargs)
-
-    module, _, short = name.rpartition(".")
-    run.__name__ = run.__qualname__ = short
-    run.__module__ = module
     devices = [t.device if isinstance(t, torch.Tensor) else None for t in tensors]
-    META_RULES[run] = _on_fake_tensors(run, name, devices, torch.is_grad_enabled())
+    call = _Call(make, template, positions, constants, spec, name, devices, torch.is_grad_enabled())
     try:
         with torch._C.DisableTorchFunction():  # (as a torch call's handler runs)
-            return user_fallback(run, tensors, {})
+            return user_fallback(_runner(name), (call, *tensors), {})
     except Exception as e:
         if isinstance(e.__cause__, _Refused):
             raise ThunderNotImplementedError(str(e.__cause__)) from None
         raise
-    finally:
-        del META_RULES[run]
+
+
+def _refuse_side_effects(func, name: str) -> None:
+    """Refuses a function that writes Python state outside itself (``python_effects``): the eager
+    call runs it once more than eager while compiling, and again in the backward."""
+    what = python_effects.side_effect(func)
+    if what is not None:
+        raise ThunderNotImplementedError(
+            f"{name} at {user_location()}: the transformed function has a Python side effect ({what}); thunder_rs "
+            "runs it once more than eager while compiling (on fake tensors, for its output's shapes) and again in "
+            "the backward, so the effect would happen more often than in eager. Move it out of the transformed "
+            'function, or use torch.compile(backend="thunder_rs")'
+        )
 
 
 def _fake(x, device):
@@ -237,32 +277,28 @@ class _Refused(Exception):
     wraps what it raises, this included, in an error of the same kind)."""
 
 
-def _on_fake_tensors(run, name: str, devices: list, grad_enabled: bool):
-    """The output metadata of ``run``: the call on fake tensors of the traced ones (on their
-    devices), next to the real tensors the function reads itself (a module's parameters), which
-    meta tensors could not meet. Where those give the result a gradient (they require grad),
+def _on_fake_tensors(call: _Call, *metas):
+    """The output metadata of ``call``: the call on fake tensors of the traced ones (on
+    their devices), next to the real tensors the function reads itself (a module's parameters),
+    which meta tensors could not meet. Where those give the result a gradient (they require grad),
     eager's result would carry it to them, which the trace's call cannot: refused."""
-
-    def meta(*metas):
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(grad_enabled):
-            fakes = [_fake(m, d) for m, d in zip(metas, devices)]
-            try:
-                out = run(*fakes)
-            except ThunderError as e:
-                if not isinstance(e.__cause__ or e, ThunderError) or "thunder_rs proxy" not in str(e):
-                    raise
-                raise _Refused(
-                    f"{name} at {user_location()}: the function computes with a traced tensor that is not one of its "
-                    "arguments (a closure over a value of the jitted program); an eager call of the transform "
-                    "cannot see it. Pass it as an argument of the transformed function"
-                ) from None
-        if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(call.grad_enabled):
+        fakes = [_fake(m, d) for m, d in zip(metas, call.devices)]
+        try:
+            out = call(tuple(fakes))
+        except ThunderError as e:
+            if not isinstance(e.__cause__ or e, ThunderError) or "thunder_rs proxy" not in str(e):
+                raise
             raise _Refused(
-                f"{name} at {user_location()}: the function reads tensors that require grad besides its arguments "
-                "(a module's parameters, a captured tensor); eager's result carries gradients to them, which "
-                "thunder_rs's eager call of the transform cannot. Pass them as arguments (torch.func.functional_call), "
-                "or detach them"
-            )
-        return out
-
-    return meta
+                f"{call.name} at {user_location()}: the function computes with a traced tensor that is not one of its "
+                "arguments (a closure over a value of the jitted program); an eager call of the transform "
+                "cannot see it. Pass it as an argument of the transformed function"
+            ) from None
+    if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+        raise _Refused(
+            f"{call.name} at {user_location()}: the function reads tensors that require grad besides its arguments "
+            "(a module's parameters, a captured tensor); eager's result carries gradients to them, which "
+            "thunder_rs's eager call of the transform cannot. Pass them as arguments (torch.func.functional_call), "
+            "or detach them"
+        )
+    return out

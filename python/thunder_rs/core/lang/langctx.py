@@ -594,6 +594,8 @@ class LanguageMode(TorchFunctionMode):
             raise _forward_ad_error(func)
         if types != _PROXY_TYPES and any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
+        if func is torch.einsum and len(args) == 2 and isinstance(args[1], (list, tuple)):
+            return func(args[0], *args[1], **kwargs)  # (operands in a list: torch sees their types so)
         if kwargs.get("requires_grad") and func not in RANDOM and thread_state.inside == 0 and func is not _FLAG_SETTER:
             return _made_leaf(func, args, kwargs, TensorProxy in types)
         if func in RANDOM:

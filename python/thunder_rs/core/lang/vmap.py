@@ -80,8 +80,9 @@ def refusal(func, why: str):
     name = getattr(func, "__name__", str(func))
     return ThunderNotImplementedError(
         f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; elementwise ops, "
-        "views, reductions, joins, matmul/linear, convolution, pooling, batch_norm in eval, dropout in eval, "
-        "cross_entropy/nll_loss, new_* creation and indexing are batched while tracing"
+        "views, reductions, joins, matmul/linear, einsum, convolution, pooling, batch_norm in eval, layer_norm, "
+        "group_norm, embedding, scaled_dot_product_attention, dropout in eval, cross_entropy/nll_loss, new_* "
+        "creation and indexing are batched while tracing"
     )
 
 
