@@ -644,6 +644,8 @@ def acquire(
     positions = inputs.positions
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
+    for stale, _ in stale_saves:  # (the trace input whose version eager's error counts from)
+        stale.place({p._input_vid: k for k, p in enumerate(traced)})
     del out, writes, repeated, inputs, traced
     captured = captures.release()
     _check_no_escape(made, trace, sites, placed)  # first: a stored tensor is the more precise reason

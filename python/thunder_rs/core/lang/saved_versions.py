@@ -50,6 +50,7 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.saved_errors import AT_CALL, StaleSave, node_name, type_name, where_note
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
     SAVES_EVERY_TENSOR,
@@ -58,26 +59,23 @@ from thunder_rs.core.lang.saved_ops import (
     SAVES_NOTHING,
 )
 from thunder_rs.core.lang.symint import SymInt
-from thunder_rs.errors import ThunderNotImplementedError
 
 _functorch = torch._C._functorch
 _active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
 _is_grad_enabled = torch.is_grad_enabled
-_HINT = (
-    "Hint: the tensor was saved for the backward of {saver} and written in place by {writer} at {where}, inside "
-    "a thunder_rs-compiled call, as eager's autograd would have refused; change the in-place operation to an "
-    "out-of-place one, or clone the tensor before it"
-)
+#: The node eager's autograd gives a base written through a view of it
+_COPY_SLICES = ("torch::autograd::CopySlices", 0)
 
 
 class _Tensor:
     """A tensor of a noted call as it was then, standing for its proxy once the call is indexed
     (a proxy kept would keep a view alive, which every write to its root then recomputes)."""
 
-    __slots__ = ("root", "shape", "strides", "dtype", "device", "requires_grad")
+    __slots__ = ("root", "view", "shape", "strides", "dtype", "device", "requires_grad")
 
     def __init__(self, p, real: bool = False):
         self.root = p if real else _root(p)
+        self.view = p._base is not None if real else p._view is not None
         self.shape = tuple(_hint(n) for n in p.shape)
         self.strides = (None if p.is_contiguous() else tuple(p.stride())) if real else _strides(p)
         self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
@@ -114,6 +112,13 @@ class SavedVersions:
         self.stale: list[tuple] = []
         #: ``(func, (args, kwargs))`` the call in progress runs its op on (``note_arguments``)
         self.arguments: tuple | None = None
+        #: per memory: the call that made it, and its output that is the memory's tensor
+        self.makers: dict[int, tuple] = {}
+        #: per memory: the node eager's autograd gave it at its last write autograd saw (``_COPY_SLICES``,
+        #: or the writing call and its tensor, which a run again names); None where unknown
+        self.nodes: dict[int, tuple | None] = {}
+        #: the memories written by the call in progress, whose node that call gives (``wrote``)
+        self.writing: list[int] = []
 
     def index(self) -> None:
         calls, self.calls = self.calls, []
@@ -121,13 +126,34 @@ class SavedVersions:
             for call in calls:
                 made: dict = {}
                 call.args = _described(call.args, made)
+                taken = {id(t.root) for t in made.values()}
                 call.outs = tuple(_described(o, made) for o in call.outs)
                 for key in {id(t.root) for t in made.values()}:
                     self.pending.setdefault(key, []).append(call)
+                for o in call.outs:  # (an in-place call returns the tensor it took: not its maker)
+                    if not o.view and id(o.root) not in taken:
+                        self.makers.setdefault(id(o.root), (call, o))
 
-    def written(self, root, op: str, counted: bool) -> None:
+    def wrote(self, func, arguments: tuple, out) -> None:
+        """The call in progress (``func`` of ``arguments``, returning ``out``) wrote ``writing``."""
+        keys, self.writing = self.writing, []
+        made: dict = {}
+        with DisableTorchFunctionSubclass():
+            args = _described(arguments, made)
+            call = _Call(func, args, tuple(_described(o, made) for o in _leaves(out, TensorProxy)), ())
+        for key in keys:
+            dst = next((t for t in made.values() if id(t.root) == key and not t.view), None)
+            if dst is not None:
+                self.nodes[key] = (call, dst)
+
+    def written(self, root, op: str, counted: bool, node: str | None = None) -> None:
         self.index()
         key = id(root)
+        if node == "view":
+            self.nodes[key] = _COPY_SLICES
+        elif node == "call":
+            self.nodes[key] = None
+            self.writing.append(key)
         version = self.versions.get(key, 0)
         self.versions[key] = version + counted
         for call in self.pending.pop(key, ()):
@@ -145,9 +171,39 @@ class SavedVersions:
         values it computed, through which a backward reaches it. Forgets the calls and proxies."""
         out = []
         for call, saved, key, version, op, where, why in self.stale:
-            out.append((_error(call, saved, version, self.versions[key], op, where, why), call.vids))
+            node = None if why is not None else self.node(call, saved, key)
+            error = StaleSave(
+                saved,
+                node,
+                version,
+                self.versions[key],
+                where_note(call.name, op, where),
+                _refusal(call, saved, op, where, why),
+                saved.root._input_vid,
+            )
+            out.append((error, call.vids))
         self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
+        self.makers, self.nodes = {}, {}
         return tuple(out)
+
+    def node(self, call: _Call, saved: _Tensor, key: int):
+        """The node eager's error names for ``saved`` (``saved_errors``): the saving call's for one
+        of its outputs; for one of its inputs, its own ``grad_fn`` at the backward."""
+        if call.func is None:  # (a custom Function's node: its class name and ``Backward``)
+            i = next((i for i, o in enumerate(call.outs) if o.root is saved.root and not saved.view), None)
+            if i is not None:
+                return call.label.removesuffix(".apply").rsplit(".", 1)[-1], i
+        elif any(o is saved for o in call.outs):
+            return _node_of(call, saved)
+        if saved.view:  # (a view of memory written since: autograd makes its node again)
+            return ("AsStrided", 0) if saved.requires_grad or key in self.nodes else None
+        if key in self.nodes:
+            node = self.nodes[key]
+            return node if node is None or type(node[0]) is str else _node_of(*node)
+        made = self.makers.get(key)
+        if made is not None:
+            return _node_of(*made) if made[1].requires_grad else None
+        return AT_CALL if saved.root._input_vid is not None else None
 
 
 @contextlib.contextmanager
@@ -175,10 +231,12 @@ def note_call(func, args: tuple, kwargs: dict, out) -> None:
     if state is None:
         return
     noted, state.arguments = state.arguments, None
+    arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
+    if state.writing:
+        state.wrote(func, arguments, out)
     if _is_grad_enabled():
         outs = _leaves(out, TensorProxy)
         if outs:
-            arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
             state.calls.append(_Call(func, arguments, outs, tuple(o._vid for o in outs)))
 
 
@@ -196,12 +254,14 @@ def note_saved(name: str, saved: tuple, outs: tuple) -> None:
     state.calls.append(_Call(None, saved, outs, tuple(o._vid for o in outs), kept, name))
 
 
-def written(dst, op: str, counted: bool = True) -> None:
+def written(dst, op: str, counted: bool = True, node: str | None = None) -> None:
     """An in-place write into ``dst``, which bumps eager's version counter of its memory unless
-    not ``counted`` (a write through ``.data``: eager's backward then reads the new values)."""
+    not ``counted`` (a write through ``.data``: eager's backward then reads the new values), and
+    gives it the autograd node ``node``: none, ``"view"`` (``CopySlices``) or ``"call"`` (that of
+    the program's call in progress)."""
     state = _active.get()
     if state is not None:
-        state.written(_root(dst), op, counted)
+        state.written(_root(dst), op, counted, node)
 
 
 def _root(p):
@@ -401,14 +461,7 @@ def _run(call: _Call, device: str):
     storages: dict = {}
     made: dict = {}
     try:
-        with (
-            _untransformed(),
-            _no_autocast(device),
-            DisableTorchFunction(),
-            torch.enable_grad(),
-            warnings.catch_warnings(),
-        ):
-            warnings.simplefilter("ignore")
+        with _probing(device):
             args, kwargs = _stand_ins(call.args, storages, made, device)
             before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
             results = _leaves(call.func(*args, **kwargs), torch.Tensor)
@@ -417,6 +470,51 @@ def _run(call: _Call, device: str):
             return storages, _saved_storages(results, before)
     except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
         return None
+
+
+@contextlib.contextmanager
+def _probing(device: str):
+    """The state a call is run again in (``_run``, ``_node_of``): eager's autograd, no transform,
+    no autocast cast again, no torch function override, no warning."""
+    with (
+        _untransformed(),
+        _no_autocast(device),
+        DisableTorchFunction(),
+        torch.enable_grad(),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+#: The most elements a call's tensors may hold to be run again on the CPU to name a node
+#: (``_node_of``; the error's path only, where a meta run would import sympy: seconds)
+_NAMING_ELEMENTS = 1 << 22
+
+
+def _node_of(call: _Call, t: _Tensor) -> tuple | None:
+    """``(name, output number)`` of the node eager's autograd gives ``t`` (one of ``call``'s
+    outputs, or the tensor the call writes in place) as eager's error names it: from the call run
+    again on tensors of zeros (CPU ones where small enough, else meta); None where it runs on
+    neither or ``t`` gets no node."""
+    small = sum(math.prod(u.shape) for u in call.tensors()) <= _NAMING_ELEMENTS
+    at = next((i for i, o in enumerate(call.outs) if o is t), None)
+    for device in ("cpu", "meta") if small else ("meta", "cpu"):
+        state = _GENERATOR.get_state()
+        made: dict = {}
+        try:
+            with _probing(device):
+                args, kwargs = _stand_ins(call.args, {}, made, device)
+                results = _leaves(call.func(*args, **kwargs), torch.Tensor)
+                got = made.get(id(t)) if at is None or id(t) in made else results[at]
+                if got is None or got.grad_fn is None:
+                    return None
+                return node_name(got.grad_fn.name()), got.output_nr
+        except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
+            continue
+        finally:
+            _GENERATOR.set_state(state)
+    return None
 
 
 def _no_autocast(device: str):
@@ -506,44 +604,14 @@ _UNSEEN = (
 )
 
 
-def _error(call: _Call, saved, version: int, now: int, op: str, where: str, why: str | None):
-    """The error eager's backward raises for ``call``'s node; a ``ThunderNotImplementedError``
-    (``why``) where eager's answer is unknown, or eager computes from values written unseen."""
-    kind = _type_name(saved.dtype, saved.device)
-    if why is not None:
-        return ThunderNotImplementedError(
-            f"backward: {call.name} "
-            + why.format(op=op, where=where, tensor=f"[{kind} {list(saved.shape)}]")
-            + ". Clone the tensor before writing it, or write it after the backward"
-        )
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an inplace operation: "
-        f"[{kind} {list(saved.shape)}] is at version {now}; expected version {version} instead. "
-        + _HINT.format(saver=call.name, writer=op, where=where)
+def _refusal(call: _Call, saved, op: str, where: str, why: str | None) -> str | None:
+    """The text of the ``ThunderNotImplementedError`` the backward raises instead of eager's error
+    (``why``): eager's answer is unknown, or eager computes from values written unseen."""
+    if why is None:
+        return None
+    tensor = f"[{type_name(saved.dtype, saved.device)} {list(saved.shape)}]"
+    return (
+        f"backward: {call.name} "
+        + why.format(op=op, where=where, tensor=tensor)
+        + ". Clone the tensor before writing it, or write it after the backward"
     )
-
-
-def _type_name(dtype: torch.dtype, device: torch.device) -> str:
-    """Eager's name of a tensor's type in the error: the legacy name (``torch.FloatTensor``,
-    ``torch.cuda.HalfTensor``) where the dtype has one, else the backend's (``CPUBFloat16Type``)."""
-    with DisableTorchFunction():
-        name = torch.empty(0, dtype=dtype).type()  # (torch.BFloat16Tensor, torch.ComplexFloatTensor)
-    cuda = device.type == "cuda"
-    if dtype in _LEGACY_NAMED:
-        return name.replace("torch.", "torch.cuda.", 1) if cuda else name
-    return f"{'CUDA' if cuda else 'CPU'}{name.removeprefix('torch.').removesuffix('Tensor')}Type"
-
-
-_LEGACY_NAMED = frozenset(
-    {
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-)

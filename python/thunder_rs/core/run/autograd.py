@@ -15,6 +15,7 @@ import torch
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import torch_overrides
+from thunder_rs.core.lang.saved_errors import inputs_at_call, state_at_call
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
@@ -229,6 +230,7 @@ def grad_function(
     unreached = _Unreached(reads, compile_backward)
     cotangents_of = _cotangent_picker(grad_positions)
     outputs_at = _Outputs(grad_positions, differentiable)
+    stale_inputs = inputs_at_call(stale)  # (the versions of the memories eager's errors count from)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -238,6 +240,8 @@ def grad_function(
                 program.keep(ctx, inputs)  # before the forward draws from the generators
             else:
                 ctx.inputs = None  # see _differentiated
+            if stale_inputs:
+                ctx.at_call = state_at_call(inputs, stale_inputs)
             outputs, residuals = forward(*inputs)
             flat = _own_views((outputs,) if single else tuple(outputs), inputs)
             _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
@@ -255,7 +259,7 @@ def grad_function(
             if saved is None:
                 raise RuntimeError(_FREED)
             if stale and ctx.unpack is None:
-                _raise_stale(stale, grads)
+                _raise_stale(stale, grads, getattr(ctx, "at_call", None))
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
             saved = _unpacked(ctx, saved)
@@ -270,13 +274,14 @@ def grad_function(
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _raise_stale(stale: tuple, grads: tuple) -> None:
-    """Raises the error of a node whose saved tensors the program wrote, where the backward
-    reaches one of the outputs computed from it (a cotangent that is not None: with several
-    differentiable outputs, cotangents are not materialised)."""
+def _raise_stale(stale: tuple, grads: tuple, at_call: dict | None) -> None:
+    """Raises the error of a node whose saved tensors the program wrote (``saved_errors.StaleSave``),
+    where the backward reaches one of the outputs computed from it (a cotangent that is not None:
+    with several differentiable outputs, cotangents are not materialised); ``at_call``: the
+    versions of the inputs at the call (``state_at_call``)."""
     for error, positions in stale:
         if any(grads[i] is not None for i in positions):
-            raise type(error)(*error.args)
+            raise error.error(at_call)
 
 
 class _RaisingBackward(torch.autograd.Function):
@@ -298,12 +303,12 @@ class _RaisingBackward(torch.autograd.Function):
         raise type(ctx.error)(*ctx.error.args)
 
 
-def _raising_backward(flat: tuple, stale: tuple) -> tuple:
+def _raising_backward(flat: tuple, stale: tuple, at_call: dict) -> tuple:
     """``flat`` with the outputs ``stale`` names (their first error each) raising in a backward."""
     errors: dict = {}
     for error, positions in stale:
         for i in positions:
-            errors.setdefault(i, error)
+            errors.setdefault(i, error.error(at_call))
     return tuple(_RaisingBackward.apply(o, errors[i]) if i in errors else o for i, o in enumerate(flat))
 
 
@@ -479,7 +484,10 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale
                 raise
         if writes:
             raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
-        return _raising_backward(program.flat(*inputs), stale) if stale else program.flat(*inputs)
+        if not stale:
+            return program.flat(*inputs)
+        at_call = state_at_call(inputs, inputs_at_call(stale))
+        return _raising_backward(program.flat(*inputs), stale, at_call)
 
     if single:
         return lambda *inputs: call(*inputs)[0]
