@@ -129,3 +129,63 @@ def _one_tensor_ops() -> dict:
 #: Ops that take one tensor and return one: ``(saves its tensor, saves its result)`` as eager's node
 #: does (``saved_aten``), whichever of them a write reaches.
 ONE_TENSOR_OPS = _one_tensor_ops()
+
+
+def _wrappers() -> dict:
+    """``{function: (saves, saves in place or None, position of its ``inplace`` argument or None)}``
+    of the Python functions (``torch.nn.functional``'s activations, softmax) and composite builtins
+    whose call runs one of ``saved_aten``'s ops on its tensor, or its in-place variant where
+    ``inplace`` is true (none where the functional op saves its tensor, as ``ONE_TENSOR_OPS``)."""
+    saves = {
+        name: flags
+        for names, flags in (
+            (saved_aten.SAVES_NONE, (False, False)),
+            (saved_aten.SAVES_SELF, (True, False)),
+            (saved_aten.SAVES_RESULT, (False, True)),
+            (saved_aten.SAVES_SELF_AND_RESULT, (True, True)),
+        )
+        for name in names
+    }
+    wrapped = {
+        F.relu: ("relu", 1),
+        F.elu: ("elu", 2),
+        F.celu: ("celu", 2),
+        F.hardtanh: ("hardtanh", 3),
+        F.hardsigmoid: ("hardsigmoid", 1),
+        F.hardswish: ("hardswish", 1),
+        F.leaky_relu: ("leaky_relu", 2),
+        F.mish: ("mish", 1),
+        F.silu: ("silu", 1),
+        F.threshold: ("threshold", 3),
+        F.sigmoid: ("sigmoid", None),
+        F.tanh: ("tanh", None),
+        F.glu: ("glu", None),
+        # (a dtype casts the tensor first, autocast before the call: the result is saved either way)
+        F.softmax: ("_softmax", None),
+        F.softmin: ("_softmax", None),  # (of the tensor's negation, which saves nothing)
+        F.log_softmax: ("_log_softmax", None),
+        torch.softmax: ("_softmax", None),
+        torch.log_softmax: ("_log_softmax", None),
+        _T.softmax: ("_softmax", None),
+        _T.log_softmax: ("_log_softmax", None),
+    }
+    return {func: (saves[name], None if saves[name][0] else saves[name], at) for func, (name, at) in wrapped.items()}
+
+
+#: Functions that run one of ``ONE_TENSOR_OPS``'s ops on their one tensor (``wrapped_saves``).
+WRAPPERS = _wrappers()
+
+
+def wrapped_saves(func, args: tuple, kwargs: dict) -> tuple | None:
+    """``(saves its tensor, saves its result)`` of a call of one of ``WRAPPERS`` (``ONE_TENSOR_OPS``'s
+    answer for the op it runs); None for another function, or an ``inplace`` not a bool."""
+    entry = WRAPPERS.get(func)
+    if entry is None:
+        return None
+    saves, saves_in_place, at = entry
+    if at is None:
+        return saves
+    inplace = kwargs.get("inplace", args[at] if len(args) > at else False)
+    if type(inplace) is not bool:
+        return None
+    return saves_in_place if inplace else saves

@@ -57,6 +57,7 @@ from thunder_rs.core.lang.saved_ops import (
     SAVES_EVERY_TENSOR_ON_CUDA,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
+    wrapped_saves,
 )
 from thunder_rs.core.lang.symint import SymInt
 
@@ -382,10 +383,10 @@ def _saved_by(call: _Call):
 def _one_tensor_op(call: _Call) -> dict | None:
     """What eager saves of a call of an op of ``saved_ops.ONE_TENSOR_OPS`` on its first positional
     argument, the only tensor it takes, returning one: None for any other call."""
-    saves = ONE_TENSOR_OPS.get(call.func)
+    args, kwargs = call.args
+    saves = ONE_TENSOR_OPS.get(call.func) or wrapped_saves(call.func, args, kwargs)
     if saves is None or len(call.outs) != 1:
         return None
-    args, _ = call.args
     tensors = _leaves(call.args, _Tensor)
     if len(tensors) != 1 or not args or args[0] is not tensors[0]:
         return None
