@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunder_rs
 from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
-from thunder_rs.core.lang.saved_versions import eager_saves
+from thunder_rs.core.lang.saved_versions import eager_saves, taken_as_saved
+from thunder_rs.torch import fused_attention
 from thunder_rs.errors import ThunderNotImplementedError
 
 LEADING = "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -384,6 +386,42 @@ def _transposed_view_saved(x):
     return z.sum()
 
 
+def _linear_of_3d_input_then_write(x, w):
+    h = x * 1
+    y = F.linear(h, w)  # saves a [10, 3] view of h
+    h.add_(1)
+    return y.sum()
+
+
+def _attention_math_path_then_write_query(q, k, v):
+    q = q * 1
+    out = F.scaled_dot_product_attention(q, k, v)  # (v's head size differs: the math path, which saves a copy of q)
+    q.mul_(2)
+    return out.sum()
+
+
+def _attention_math_path_then_write_value(q, k, v):
+    v = v * 1
+    out = F.scaled_dot_product_attention(q, k, v)  # (the math path saves a [2, 4, 16] view of v)
+    v.mul_(2)
+    return out.sum()
+
+
+def _attention_under_math_kernel_then_write_query(q, k, v):
+    q = q * 1
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v)
+    q.mul_(2)  # (after the context: the kernel was chosen as the call ran)
+    return out.sum()
+
+
+def _attention_mask_requiring_grad_then_write_query(q, k, v, mask):
+    q = q * 1
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (a mask requiring grad: the math path)
+    q.mul_(2)
+    return out.sum()
+
+
 CASES = {
     "sin saves its input": (_sin_then_write, [_x(3)]),
     "add saves nothing": (_add_then_write, [_x(3)]),
@@ -430,6 +468,23 @@ CASES = {
     "a custom Function's output written": (_custom_function_output_written, [_x(3)]),
     "a custom Function's saved output written": (_custom_function_saved_output_written, [_x(3)]),
     "a transposed view saved": (_transposed_view_saved, [_x(2, 3)]),
+    "linear saves a view of its 3-d input": (_linear_of_3d_input_then_write, [_x(2, 5, 3), _x(4, 3)]),
+    "attention's math path, its query written": (
+        _attention_math_path_then_write_query,
+        [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 16)],
+    ),
+    "attention's math path, its value written": (
+        _attention_math_path_then_write_value,
+        [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 16)],
+    ),
+    "attention under sdpa_kernel(MATH), its query written": (
+        _attention_under_math_kernel_then_write_query,
+        [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8)],
+    ),
+    "attention with a mask requiring grad, its query written": (
+        _attention_mask_requiring_grad_then_write_query,
+        [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(4, 4)],
+    ),
     "a non-leaf input saved, then written": (_input_saved_then_written, [_non_leaf(3), _x(3)]),
     "a non-leaf input saved, then written under no_grad": (_input_saved_then_written_under_no_grad, [_non_leaf(3)]),
     "a view of a non-leaf input saved": (_view_of_input_saved_then_written, [_non_leaf(3)]),
@@ -674,3 +729,27 @@ def _tensors(value):
     if isinstance(value, dict):
         return _tensors(list(value.values()))
     return []
+
+
+def _fake_cuda(*shapes, dtype):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        made = [torch.empty(shape, device="cuda", dtype=dtype, requires_grad=True) for shape in shapes]
+        return made, torch.empty(shapes[0][:-1] + shapes[2][-1:], device="cuda", dtype=dtype)
+
+
+def test_attention_on_cuda_is_taken_as_its_kernel_saves(monkeypatch):
+    """On CUDA (fake tensors), attention saves what the kernel torch chooses saves: every tensor
+    for a fused kernel (the choice replaced, as without a GPU none is available), and the math
+    path's tensors where torch takes it (float64, which no fused kernel takes): eager's math path
+    on the CPU, which does not upcast float64."""
+    (q, k, v), out = _fake_cuda((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), dtype=torch.float64)
+    cpu = [torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    with sdpa_kernel(SDPBackend.MATH):
+        math_saves = eager_saves(F.scaled_dot_product_attention, tuple(cpu), {})
+    assert math_saves == {2}  # (v; the query and key are saved scaled, as copies)
+    assert taken_as_saved(F.scaled_dot_product_attention, (q, k, v), {}, (out,)) == math_saves
+    (q, k, v), out = _fake_cuda((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), dtype=torch.bfloat16)
+    monkeypatch.setattr(fused_attention, "_choose", lambda *args: fused_attention.FLASH)
+    assert taken_as_saved(F.scaled_dot_product_attention, (q, k, v), {}, (out,)) == {0, 1, 2, 3}

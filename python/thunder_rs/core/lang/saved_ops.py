@@ -92,14 +92,20 @@ SAVES_NO_OUTPUT = frozenset(
     }
 )
 
-#: Ops whose eager kernel depends on the device: fused attention (CPU's flash kernel and CUDA's)
-#: saves the query, key, value, mask and output where the meta run takes the math path, which saves
-#: a scaled copy of the query and the value; cuDNN's RNNs (``_VF.lstm`` on CUDA) save their input,
-#: weights, states and output. They are taken to save every tensor they take and return: a write
-#: to one of them raises eager's error at the backward, also where eager's kernel would not have
-#: saved it (the math path of attention: an error, never another gradient).
-SAVES_EVERY_TENSOR = frozenset({F.scaled_dot_product_attention})
+#: Ops whose eager kernel depends on the device: cuDNN's RNNs (``_VF.lstm`` on CUDA) save their
+#: input, weights, states and output. They are taken to save every tensor they take and return: a
+#: write to one of them raises eager's error at the backward.
 SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu})
+
+#: Ops whose eager kernel, and so what it saves, torch chooses by the tensors' device, dtype and
+#: layout, and its switches: ``{op: (choose, composite)}``. ``choose(*args, **kwargs)`` (tensors as
+#: ``saved_versions`` describes them) says whether eager runs a fused kernel, taken to save every
+#: tensor it takes and returns (fused attention, CPU's flash kernel and CUDA's, saves the query,
+#: key, value, mask and output), or its composite (False), which a run again answers for under
+#: ``composite()`` (attention's math path saves a scaled copy of the query, and the value). None, or
+#: a failure, is taken as fused: an error where eager's might not raise, never another gradient.
+#: Registered by the layer that knows the kernels (``thunder_rs.torch.fused_attention``).
+KERNEL_CHOICES: dict = {}
 
 
 def _one_tensor_ops() -> dict:

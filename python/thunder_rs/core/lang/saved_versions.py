@@ -53,7 +53,7 @@ from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.saved_errors import AT_CALL, StaleSave, node_name, type_name, where_note
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
-    SAVES_EVERY_TENSOR,
+    KERNEL_CHOICES,
     SAVES_EVERY_TENSOR_ON_CUDA,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
@@ -86,12 +86,14 @@ class _Call:
     """One of the program's torch calls made with grad on: its arguments and outputs (proxies,
     ``_Tensor``s once indexed), and, once asked, the memories (root ids) eager saves of them."""
 
-    __slots__ = ("label", "func", "args", "outs", "vids", "saved")
+    __slots__ = ("label", "func", "args", "outs", "vids", "saved", "fused")
 
     def __init__(self, func, args: tuple, outs: tuple, vids: tuple, saved: dict | None = None, label: str = ""):
         self.func, self.args, self.outs, self.vids, self.label = func, args, outs, vids, label
         #: ``{root id: the saved _Tensor}``; None until asked; False when eager's answer is unknown
         self.saved = saved
+        #: for an op of ``KERNEL_CHOICES``: whether eager ran a fused kernel, as the switches were
+        self.fused: bool | None = None
 
     @property
     def name(self) -> str:
@@ -238,7 +240,13 @@ def note_call(func, args: tuple, kwargs: dict, out) -> None:
     if _is_grad_enabled():
         outs = _leaves(out, TensorProxy)
         if outs:
-            state.calls.append(_Call(func, arguments, outs, tuple(o._vid for o in outs)))
+            call = _Call(func, arguments, outs, tuple(o._vid for o in outs))
+            choice = KERNEL_CHOICES.get(func)
+            if choice is not None:  # (the switches the call ran under: a context may end before a write)
+                with DisableTorchFunctionSubclass():
+                    if any(o.requires_grad for o in outs):
+                        call.fused = _fused(choice[0], arguments)
+            state.calls.append(call)
 
 
 def note_saved(name: str, saved: tuple, outs: tuple) -> None:
@@ -314,7 +322,20 @@ def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
     saved = _probe(call, {id(t): i for i, t in enumerate(made.values())})
     if saved is False:
         raise RuntimeError(f"{_name(func)} runs on neither CPU nor meta tensors")
-    return saved
+    return frozenset(saved)
+
+
+def taken_as_saved(func, args: tuple, kwargs: dict, outs: tuple) -> frozenset:
+    """The positions (as ``eager_saves``'s, ``outs`` the call's outputs) of the tensors a write finds
+    a call of ``func`` saved: the tables', a kernel choice's or a run again's answer."""
+    made: dict = {}
+    described = _described((args, kwargs), made, torch.Tensor)
+    call = _Call(func, described, tuple(_described(o, made, torch.Tensor) for o in outs), ())
+    saved = _saved_by(call)
+    if saved is False:
+        raise RuntimeError(f"{_name(func)} runs on neither CPU nor meta tensors")
+    roots = {id(t.root) for t in saved.values()}
+    return frozenset(i for i, t in enumerate(made.values()) if id(t.root) in roots)
 
 
 def _name(func) -> str:
@@ -353,8 +374,10 @@ def _saved_by(call: _Call):
     answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
     if call.func is None or not any(t.requires_grad for t in call.tensors()):
         return {}
-    if call.func in SAVES_EVERY_TENSOR or (
-        call.func in SAVES_EVERY_TENSOR_ON_CUDA and any(t.device.type == "cuda" for t in call.tensors())
+    cuda = any(t.device.type == "cuda" for t in call.tensors())
+    choice = KERNEL_CHOICES.get(call.func)
+    if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (
+        choice is not None and (call.fused if call.fused is not None else _fused(choice[0], call.args))
     ):
         return {id(t.root): t for t in reversed(call.tensors())}
     known = _one_tensor_op(call)
@@ -370,14 +393,27 @@ def _saved_by(call: _Call):
         index.setdefault(id(t), len(index))
     saved = _ANSWERS.get(key) if key is not None else None
     if saved is None:
-        saved = _probe(call, index)
+        # (the composite eager runs on CUDA: run on meta tensors, not the CPU's, whose math path
+        # differs: attention upcasts half precision on the CPU only)
+        with contextlib.nullcontext() if choice is None else choice[1]():
+            saved = _probe(call, index, choice is not None and cuda)
         if key is not None:
             if len(_ANSWERS) >= _KEPT:
                 _ANSWERS.clear()
             _ANSWERS[key] = saved
     if saved is False:
         return False
-    return {id(t.root): t for k, t in tensors.items() if index[k] in saved}
+    return {id(t.root): _as_saved(t, saved[index[k]]) for k, t in tensors.items() if index[k] in saved}
+
+
+def _as_saved(t: _Tensor, shape: tuple | None) -> _Tensor:
+    """``t``, or the view of its memory of ``shape`` eager's node saved (``_view_shape``)."""
+    if shape is None or (shape == t.shape and t.view):
+        return t
+    view = object.__new__(_Tensor)
+    view.root, view.view, view.shape, view.strides = t.root, True, shape, None
+    view.dtype, view.device, view.requires_grad = t.dtype, t.device, t.requires_grad
+    return view
 
 
 def _one_tensor_op(call: _Call) -> dict | None:
@@ -409,7 +445,8 @@ class _Unkeyed(Exception):
 def _key(value, index: dict):
     """The metadata of ``value`` that what eager saves depends on; ``index`` numbers its tensors."""
     if isinstance(value, _Tensor):
-        return (index.setdefault(id(value), len(index)), value.shape, value.strides, value.dtype, value.requires_grad)
+        number = index.setdefault(id(value), len(index))
+        return (number, value.shape, value.strides, value.dtype, value.device, value.requires_grad)
     if type(value) in (tuple, list, torch.Size):
         return (type(value), *(_key(v, index) for v in value))
     if type(value) is dict:
@@ -421,21 +458,33 @@ def _key(value, index: dict):
     raise _Unkeyed
 
 
-def _probe(call: _Call, index: dict):
-    """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
+def _fused(choose, arguments: tuple) -> bool:
+    """Whether eager runs a fused kernel for a call of ``arguments`` (proxies, or ``_Tensor``s;
+    ``saved_ops.KERNEL_CHOICES``), which saves every tensor: also where that is unknown (``choose``
+    answers None, or fails)."""
+    args, kwargs = arguments
+    try:
+        return choose(*args, **kwargs) is not False
+    except Exception:  # noqa: BLE001 (no answer: taken as saving everything, never less than eager)
+        return True
+
+
+def _probe(call: _Call, index: dict, on_meta: bool = False):
+    """``{number: None, or the shape of the view of it saved}`` of the call's tensors (``index``)
+    whose memory eager's autograd saves, from the
     call run on small enough CPU tensors of zeros (what autograd saves does not depend on the
     values; CPU kernels are C++, where a first meta run imports sympy, and for some ops
     ``torch._dynamo``, through their Python meta kernels), else on meta tensors, or on the other
     of the two where the first refuses (an op that reads values: indexing with a mask, which has
     no meta kernel; one that refuses zeros); False where neither runs."""
-    small = sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
+    small = not on_meta and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
     found = _run_cpu(call) if small else _run(call, "meta")
     if found is None:
         found = _run(call, "meta") if small else None
     if found is None:
         return False
     storages, saved = found
-    return frozenset(index[id(storages[s])] for s in saved if s in storages)
+    return {index[id(storages[s])]: shape for s, shape in saved.items() if s in storages}
 
 
 #: The most elements a call's tensors may hold to be run again on the CPU (``_probe``).
@@ -457,8 +506,9 @@ _GENERATOR = torch.default_generator
 
 
 def _run(call: _Call, device: str):
-    """``(storages, saved)``: the call run on ``device``, its tensors by storage and the storages its
-    autograd nodes saved; None where it fails there."""
+    """``(storages, saved)``: the call run on ``device``, its tensors by storage and, per storage
+    its autograd nodes saved, the shape of the view of it they saved (None: the tensor itself);
+    None where it fails there."""
     storages: dict = {}
     made: dict = {}
     try:
@@ -468,9 +518,23 @@ def _run(call: _Call, device: str):
             results = _leaves(call.func(*args, **kwargs), torch.Tensor)
             for t, described in zip(results, call.outs):
                 storages.setdefault(_storage(t), described)
-            return storages, _saved_storages(results, before)
+            stand = {_storage(t): t for t in (*results, *made.values())}
+            saved = _saved_storages(results, before)
+            return storages, {s: _view_shape(t, stand.get(s)) for s, t in saved.items()}
     except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
         return None
+
+
+def _view_shape(saved, stand_in) -> tuple | None:
+    """The shape of ``saved`` where it is a view of ``stand_in`` (a node saved ``x.view(...)``:
+    eager's error names that view), else None."""
+    if stand_in is None or (saved.shape, saved.stride(), saved.storage_offset()) == (
+        stand_in.shape,
+        stand_in.stride(),
+        stand_in.storage_offset(),
+    ):
+        return None
+    return tuple(saved.shape)
 
 
 @contextlib.contextmanager
@@ -569,10 +633,10 @@ def _storage(t) -> int:
     return t.untyped_storage()._cdata
 
 
-def _saved_storages(results: tuple, inputs: set) -> set:
+def _saved_storages(results: tuple, inputs: set) -> dict:
     """The storages of the tensors the autograd nodes behind ``results`` saved, up to the nodes
-    of the inputs (``inputs``: their ids)."""
-    found: set = set()
+    of the inputs (``inputs``: their ids), each with the first tensor saved of it."""
+    found: dict = {}
     seen: set = set()
     stack = [t.grad_fn for t in results if t.grad_fn is not None]
     while stack:
@@ -586,9 +650,11 @@ def _saved_storages(results: tuple, inputs: set) -> set:
                     value = getattr(node, name)
                 except RuntimeError:  # (freed, or written by the call itself: no value to match)
                     continue
-                found.update(_storage(t) for t in _leaves(value, torch.Tensor))
+                for t in _leaves(value, torch.Tensor):
+                    found.setdefault(_storage(t), t)
         if isinstance(node, torch.autograd.function.BackwardCFunction):
-            found.update(_storage(t) for t in node.saved_tensors)
+            for t in node.saved_tensors:
+                found.setdefault(_storage(t), t)
         stack.extend(n for n, _ in node.next_functions)
     return found
 
