@@ -7,7 +7,8 @@ counter), except the updates a kernel makes of arguments it writes where autogra
 that updates them leaves that backward valid, which reads them only in eval mode);
 ``inplace.assign`` says which writes are such updates (``tracked=False``, unless ``versioned``).
 A write through ``.data``, whose tensor has a counter of its own, is noted as a write eager's
-backward does not check but reads: the compiled backward refuses it (``saved_versions``).
+backward does not check but reads: the compile refuses it where a backward from the program's
+outputs reaches a node that saved the tensor (``saved_versions``).
 """
 
 import weakref

@@ -48,15 +48,16 @@ class StaleSave:
     the tensor's type and shape, ``node`` (``(name, output number)``, ``AT_CALL`` or None), the
     versions of its memory at the save and now counted from the call's, and where it was written.
     ``refusal``: the text of a ``ThunderNotImplementedError`` raised instead, where eager's answer is
-    unknown or eager computes from values written unseen. ``input``: the position among the call's
-    inputs of the trace input whose memory it is (``place``), whose version the counts start from."""
+    unknown or eager computes from values written unseen (``at_compile``: raised by the compile of
+    a program whose outputs reach the node). ``input``: the position among the call's inputs of the
+    trace input whose memory it is (``place``), whose version the counts start from."""
 
-    __slots__ = ("kind", "shape", "node", "version", "now", "note", "refusal", "input", "input_vid")
+    __slots__ = ("kind", "shape", "node", "version", "now", "note", "refusal", "input", "input_vid", "at_compile")
 
-    def __init__(self, saved, node, version: int, now: int, note: str, refusal: str | None, input_vid):
+    def __init__(self, saved, node, version: int, now: int, note: str, refusal, input_vid, at_compile=False):
         self.kind, self.shape = type_name(saved.dtype, saved.device), list(saved.shape)
         self.node, self.version, self.now, self.note, self.refusal = node, version, now, note, refusal
-        self.input, self.input_vid = None, input_vid
+        self.input, self.input_vid, self.at_compile = None, input_vid, at_compile
         _hint()  # (eager's, learned while tracing: not inside the backward)
 
     def place(self, positions: dict) -> None:

@@ -2,7 +2,8 @@
 again (``saved_versions``): the calls most programs write the results of in place
 (``nn.ReLU(inplace=True)`` after a Linear, a convolution or a batch norm; ``out += identity``),
 and the one-tensor aten ops, whose node saves their tensor, their result, both or neither as
-``derivatives.yaml`` says (``saved_aten``: ``ONE_TENSOR_OPS``, checked against eager by
+``derivatives.yaml`` says (``saved_aten``: ``ONE_TENSOR_OPS``, and the Python functions that run
+one of them, ``F.relu``, ``F.softmax``: ``WRAPPERS``; checked against eager by
 ``tests/test_saved_aten.py``).
 
 Of the others only answers that no tensor, or no output, is saved are kept: an op here is never
@@ -11,7 +12,8 @@ views, or a cast copy under autocast) is still eager's own answer.
 ``tests/test_inplace_saved_versions.py`` checks every entry against that answer
 (``saved_versions.eager_saves``). Except for the ops whose eager kernel, and so what it saves,
 depends on the device and its libraries, which a run on meta or CPU tensors does not choose as
-eager does (``SAVES_EVERY_TENSOR``)."""
+eager does (``SAVES_EVERY_TENSOR_ON_CUDA``), or which torch chooses by their metadata and switches
+(``KERNEL_CHOICES``: attention)."""
 
 import types
 

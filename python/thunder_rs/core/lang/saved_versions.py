@@ -37,7 +37,11 @@ while a program is traced:
 A call that runs neither on (small enough) CPU tensors of zeros nor on meta tensors is taken to
 save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
 that says so, rather than a gradient that may differ from eager's. Custom ``autograd.Function``s
-say what they save themselves (``ctx.save_for_backward``: ``note_saved``).
+say what they save themselves (``ctx.save_for_backward``: ``note_saved``). A write through
+``.data`` to a saved tensor, which eager's backward reads unchecked, is refused by the compile
+where a backward from the outputs reaches the node. The error's text (``saved_errors``) names the
+node the tensor is an output of as eager's does (``node``: the calls run again for it, on this
+path only), and counts versions from the trace inputs' versions at the call.
 """
 
 import contextlib
@@ -183,6 +187,7 @@ class SavedVersions:
                 where_note(call.name, op, where),
                 _refusal(call, saved, op, where, why),
                 saved.root._input_vid,
+                why is _UNSEEN,
             )
             out.append((error, call.vids))
         self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
@@ -665,20 +670,20 @@ _UNKNOWN = (
     "refuses a gradient that may differ from eager's"
 )
 _UNSEEN = (
-    "saved {tensor} for its backward, and {op} at {where} writes it through .data, which eager's backward then "
-    "reads (a .data write bumps no version it checks); thunder_rs computes the gradient from the values the "
-    "forward saw, so it refuses one that would differ from eager's"
+    "thunder_rs.jit: {op} at {where} writes through .data {tensor}, which {saver} saved for its backward, and a "
+    "backward from the call's outputs reaches that node: eager's backward reads the values written (a .data write "
+    "bumps no version it checks), whereas the compiled backward would compute the gradient from the values the "
+    "forward saw"
 )
 
 
 def _refusal(call: _Call, saved, op: str, where: str, why: str | None) -> str | None:
-    """The text of the ``ThunderNotImplementedError`` the backward raises instead of eager's error
-    (``why``): eager's answer is unknown, or eager computes from values written unseen."""
+    """The text of the ``ThunderNotImplementedError`` raised instead of eager's error (``why``):
+    by the backward where eager's answer is unknown; by the compile where eager computes from
+    values written unseen (``.data``)."""
     if why is None:
         return None
     tensor = f"[{type_name(saved.dtype, saved.device)} {list(saved.shape)}]"
-    return (
-        f"backward: {call.name} "
-        + why.format(op=op, where=where, tensor=tensor)
-        + ". Clone the tensor before writing it, or write it after the backward"
-    )
+    text = why.format(op=op, where=where, tensor=tensor, saver=call.name)
+    prefix = "" if why is _UNSEEN else f"backward: {call.name} "
+    return prefix + text + ". Clone the tensor before writing it, or write it after the backward"
