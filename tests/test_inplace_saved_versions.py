@@ -767,3 +767,19 @@ def test_attention_on_cuda_is_taken_as_its_kernel_saves(monkeypatch):
     (q, k, v), out = _fake_cuda((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), dtype=torch.bfloat16)
     monkeypatch.setattr(fused_attention, "_choose", lambda *args: fused_attention.FLASH)
     assert taken_as_saved(F.scaled_dot_product_attention, (q, k, v), {}, (out,)) == {0, 1, 2, 3}
+
+
+def test_the_versions_are_read_at_each_call():
+    """The versions in the error count from the input's version at each call, as eager's: a second
+    call (a cache hit) with an input the caller wrote more often gives eager's numbers again."""
+    jfn = thunder_rs.jit(_input_saved_then_written)
+    for times in (3, 5):
+        messages = []
+        for fn in (_input_saved_then_written, jfn):
+            x, w = _written_before(3, times=times)(), torch.randn(3, requires_grad=True)
+            with pytest.raises(RuntimeError, match=LEADING) as caught:
+                fn(x, w).backward()
+            messages.append(str(caught.value))
+        assert messages[1].startswith(messages[0]), messages
+        assert f"is at version {times + 1}; expected version {times} instead" in messages[0]
+    assert thunder_rs.compile_stats(jfn).cache_misses == 1
