@@ -771,15 +771,39 @@ def test_attention_on_cuda_is_taken_as_its_kernel_saves(monkeypatch):
 
 def test_the_versions_are_read_at_each_call():
     """The versions in the error count from the input's version at each call, as eager's: a second
-    call (a cache hit) with an input the caller wrote more often gives eager's numbers again."""
+    call (a cache hit) with an input the caller wrote more often gives eager's numbers again, and
+    the caller's writes between the call and the backward count too."""
     jfn = thunder_rs.jit(_input_saved_then_written)
-    for times in (3, 5):
+    for times, after in ((3, 0), (5, 0), (3, 2)):
         messages = []
         for fn in (_input_saved_then_written, jfn):
             x, w = _written_before(3, times=times)(), torch.randn(3, requires_grad=True)
+            out = fn(x, w)
+            for _ in range(after):
+                x.mul_(2)
             with pytest.raises(RuntimeError, match=LEADING) as caught:
-                fn(x, w).backward()
+                out.backward()
             messages.append(str(caught.value))
         assert messages[1].startswith(messages[0]), messages
-        assert f"is at version {times + 1}; expected version {times} instead" in messages[0]
+        assert f"is at version {times + 1 + after}; expected version {times} instead" in messages[0]
     assert thunder_rs.compile_stats(jfn).cache_misses == 1
+
+
+@pytest.mark.parametrize("make", [_x(3, grad=False), _non_leaf(3)], ids=["leaf", "non_leaf"])
+def test_an_input_written_after_the_call_gives_eagers_text(make):
+    """An input the call saved, written by the caller before the backward: eager's text, the node
+    being the input's own (a non-leaf's last in-place op) and none for a leaf."""
+
+    def f(x, w):
+        return x * w
+
+    messages = []
+    for fn in (f, thunder_rs.jit(f)):
+        torch.manual_seed(0)
+        x, w = make(), torch.randn(3, requires_grad=True)
+        out = fn(x, w)
+        x.mul_(2)
+        with pytest.raises(RuntimeError, match=LEADING) as caught:
+            out.sum().backward()
+        messages.append(str(caught.value))
+    assert messages[1].startswith(messages[0]), messages

@@ -65,20 +65,44 @@ class StaleSave:
         self.input = positions.get(self.input_vid)
 
     def error(self, at_call: dict | None = None) -> Exception:
-        """The error, the input's ``(version, grad_fn, output number)`` at the call in ``at_call``
-        (``state_at_call``) where its memory is a trace input's."""
+        """The error, the input's ``(version, grad_fn, output number, tensor)`` at the call in
+        ``at_call`` (``state_at_call``) where its memory is a trace input's."""
         if self.refusal is not None:
             return ThunderNotImplementedError(self.refusal)
-        base, grad_fn, output = (at_call or {}).get(self.input, (0, None, 0))
+        base, grad_fn, output, tensor = (at_call or {}).get(self.input, (0, None, 0, None))
+        # (the caller's writes since the call: the call's write-back bumped the version once)
+        later = 0 if tensor is None else max(0, tensor._version - base - 1)
         node = self.node
         if node == AT_CALL:
             node = None if grad_fn is None else (node_name(grad_fn.name()), output)
         which = "" if node is None else f", which is output {node[1]} of {node[0]},"
         hint = _ANOMALY_ON if torch.is_anomaly_enabled() else _hint()
         return RuntimeError(
-            f"{_LEADING}[{self.kind} {self.shape}]{which} is at version {base + self.now}; expected version "
+            f"{_LEADING}[{self.kind} {self.shape}]{which} is at version {base + self.now + later}; expected version "
             f"{base + self.version} instead. {hint}{self.note}"
         )
+
+
+_RESIDUAL = (
+    " (thunder_rs: a tensor a compiled call saved for its backward; change the in-place operation to an "
+    "out-of-place one, or run it after the backward)"
+)
+
+
+def residual_error(r, then: int, inputs) -> RuntimeError:
+    """Eager's error for the tensor ``r`` a compiled call saved, at version ``then`` then: the
+    node it is an output of is its ``grad_fn`` where it is one of the call's ``inputs`` (eager's
+    saved original); none is named for another (eager names the node of the op inside that saved
+    it, which the compiled call does not know)."""
+    node = r.grad_fn
+    which = ""
+    if node is not None and inputs is not None and any(r is t for t in inputs):
+        which = f", which is output {r.output_nr} of {node_name(node.name())},"
+    hint = _ANOMALY_ON if torch.is_anomaly_enabled() else _hint()
+    return RuntimeError(
+        f"{_LEADING}[{type_name(r.dtype, r.device)} {list(r.shape)}]{which} is at version {r._version}; expected "
+        f"version {then} instead. {hint}{_RESIDUAL}"
+    )
 
 
 def inputs_at_call(stale: tuple) -> tuple:
@@ -88,8 +112,9 @@ def inputs_at_call(stale: tuple) -> tuple:
 
 
 def state_at_call(inputs: tuple, positions: tuple) -> dict:
-    """``{position: (version, grad_fn, output number)}`` of the inputs at ``positions``."""
-    return {k: (inputs[k]._version, inputs[k].grad_fn, inputs[k].output_nr) for k in positions}
+    """``{position: (version, grad_fn, output number, tensor)}`` of the inputs at ``positions``
+    (the tensor, whose version at the backward counts the caller's writes since)."""
+    return {k: (inputs[k]._version, inputs[k].grad_fn, inputs[k].output_nr, inputs[k]) for k in positions}
 
 
 @functools.cache

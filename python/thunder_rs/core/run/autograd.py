@@ -15,7 +15,7 @@ import torch
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import torch_overrides
-from thunder_rs.core.lang.saved_errors import inputs_at_call, state_at_call
+from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
@@ -108,7 +108,7 @@ class _Packed:
         self.value = value
 
 
-def _check_versions(saved, versions) -> None:
+def _check_versions(saved, versions, inputs) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values."""
@@ -116,12 +116,7 @@ def _check_versions(saved, versions) -> None:
         return
     for r, then in zip(saved, versions):
         if then >= 0 and r._version != then:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{r.type()} {list(r.shape)}] is at version {r._version}; expected version {then} instead (a tensor "
-                "a thunder_rs-compiled call saved for its backward). Hint: change the in-place operation to an "
-                "out-of-place one, or run it after the backward"
-            )
+            raise residual_error(r, then, inputs)
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -166,7 +161,7 @@ def _unpacked(ctx, saved: list) -> list:
     if ctx.unpack is not None:
         saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
     else:
-        _check_versions(saved, ctx.versions)
+        _check_versions(saved, ctx.versions, ctx.inputs)
     if _keep_graph():
         return list(saved)
     ctx.residuals = ctx.inputs = None
@@ -450,7 +445,7 @@ def _differentiated(ctx, program, grads) -> tuple:
     again as torch calls, which autograd records (``core.differentiable``)."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
-    _check_versions(ctx.residuals, ctx.versions)
+    _check_versions(ctx.residuals, ctx.versions, ctx.inputs)
     grads = program.gradients(ctx, grads)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None
