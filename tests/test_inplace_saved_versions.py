@@ -28,6 +28,11 @@ def _non_leaf(*shape):
     return lambda: torch.randn(*shape, requires_grad=True) * 1
 
 
+def _view_input(*shape, grad=True):
+    """A view (the first half) of a tensor twice as long: a non-leaf where ``grad``."""
+    return lambda: (torch.randn(2 * shape[0], *shape[1:], requires_grad=grad) * 1)[: shape[0]]
+
+
 def _written_before(*shape, grad=False, times=3):
     """A tensor the caller wrote in place ``times`` times before the call (at that version)."""
 
@@ -488,6 +493,12 @@ CASES = {
     "a non-leaf input saved, then written": (_input_saved_then_written, [_non_leaf(3), _x(3)]),
     "a non-leaf input saved, then written under no_grad": (_input_saved_then_written_under_no_grad, [_non_leaf(3)]),
     "a view of a non-leaf input saved": (_view_of_input_saved_then_written, [_non_leaf(3)]),
+    "an input that is a view, saved, then written": (_input_saved_then_written, [_view_input(3), _x(3)]),
+    "an input that is a view, written under no_grad": (_input_saved_then_written_under_no_grad, [_view_input(3)]),
+    "an input that is a view of a tensor needing no grad": (
+        _input_saved_then_written,
+        [_view_input(3, grad=False), _x(3)],
+    ),
     # eager's versions: an input the caller wrote before the call counts from its version then
     "an input at version 3 saved, then written": (_input_saved_then_written, [_written_before(3), _x(3)]),
     "a non-leaf input at version 3, then written": (_input_saved_then_written, [_written_before(3, grad=True), _x(3)]),

@@ -52,12 +52,17 @@ class StaleSave:
     a program whose outputs reach the node). ``input``: the position among the call's inputs of the
     trace input whose memory it is (``place``), whose version the counts start from."""
 
-    __slots__ = ("kind", "shape", "node", "version", "now", "note", "refusal", "input", "input_vid", "at_compile")
+    __slots__ = (
+        *("kind", "shape", "node", "version", "now", "note", "refusal"),
+        *("input", "input_vid", "at_compile", "whole"),
+    )
 
     def __init__(self, saved, node, version: int, now: int, note: str, refusal, input_vid, at_compile=False):
         self.kind, self.shape = type_name(saved.dtype, saved.device), list(saved.shape)
         self.node, self.version, self.now, self.note, self.refusal = node, version, now, note, refusal
         self.input, self.input_vid, self.at_compile = None, input_vid, at_compile
+        #: the saved tensor is the trace input itself (not a view the program took of it)
+        self.whole = input_vid is not None and not saved.view
         _hint()  # (eager's, learned while tracing: not inside the backward)
 
     def place(self, positions: dict) -> None:
@@ -73,6 +78,9 @@ class StaleSave:
         # (the caller's writes since the call: the call's write-back bumped the version once)
         later = 0 if tensor is None else max(0, tensor._version - base - 1)
         node = self.node
+        recorded = node is not None and node != AT_CALL  # (a write autograd saw, in the program)
+        if self.whole and tensor is not None and tensor._base is not None and (tensor.requires_grad or recorded):
+            node = ("AsStrided", 0)  # (an input that is a view in eager: autograd makes its node again)
         if node == AT_CALL:
             node = None if grad_fn is None else (node_name(grad_fn.name()), output)
         which = "" if node is None else f", which is output {node[1]} of {node[0]},"
