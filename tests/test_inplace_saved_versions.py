@@ -482,6 +482,10 @@ CASES = {
         _attention_math_path_then_write_value,
         [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 16)],
     ),
+    "attention of 3-d tensors, its query written": (  # (CPU's flash kernel saves [1, 2, 4, 8] views)
+        _attention_then_write_query,
+        [_x(2, 4, 8), _x(2, 4, 8), _x(2, 4, 8)],
+    ),
     "attention under sdpa_kernel(MATH), its query written": (
         _attention_under_math_kernel_then_write_query,
         [_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8)],

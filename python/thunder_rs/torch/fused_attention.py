@@ -512,8 +512,9 @@ def _empty(meta):
     return made.requires_grad_() if requires_grad and dtype.is_floating_point else made
 
 
-def _math_path():
-    return torch.nn.attention.sdpa_kernel(SDPBackend.MATH)
+def _chosen_kernel(fused: bool):
+    """The kernel eager chose for a call run again: the CPU's flash kernel, or the math path."""
+    return torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION if fused else SDPBackend.MATH)
 
 
-KERNEL_CHOICES[torch.nn.functional.scaled_dot_product_attention] = (_runs_fused, _math_path)
+KERNEL_CHOICES[torch.nn.functional.scaled_dot_product_attention] = (_runs_fused, _chosen_kernel)

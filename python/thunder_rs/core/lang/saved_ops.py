@@ -104,8 +104,9 @@ SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF
 #: ``saved_versions`` describes them) says whether eager runs a fused kernel, taken to save every
 #: tensor it takes and returns (fused attention, CPU's flash kernel and CUDA's, saves the query,
 #: key, value, mask and output), or its composite (False), which a run again answers for under
-#: ``composite()`` (attention's math path saves a scaled copy of the query, and the value). None, or
-#: a failure, is taken as fused: an error where eager's might not raise, never another gradient.
+#: ``composite(fused)`` (attention's math path saves a scaled copy of the query, and the value; a run
+#: of small CPU tensors under the fused kernel says which views of them it saves). None, or a
+#: failure, is taken as fused: an error where eager's might not raise, never another gradient.
 #: Registered by the layer that knows the kernels (``thunder_rs.torch.fused_attention``).
 KERNEL_CHOICES: dict = {}
 

@@ -381,16 +381,17 @@ def _saved_by(call: _Call):
         return {}
     cuda = any(t.device.type == "cuda" for t in call.tensors())
     choice = KERNEL_CHOICES.get(call.func)
-    if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (
-        choice is not None and (call.fused if call.fused is not None else _fused(choice[0], call.args))
-    ):
-        return {id(t.root): t for t in reversed(call.tensors())}
+    fused = None if choice is None else call.fused if call.fused is not None else _fused(choice[0], call.args)
+    # (a fused kernel's run again on small CPU tensors says which views of them it saves)
+    fused_on_cpu = fused and not cuda and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
+    if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (fused and not fused_on_cpu):
+        return _every_tensor(call)
     known = _one_tensor_op(call)
     if known is not None:
         return known
     index: dict = {}
     try:
-        key = (call.func, _key(call.args, index))
+        key = (call.func, fused, _key(call.args, index))
     except (_Unkeyed, TypeError):  # (an argument eager's answer may depend on: asked each time)
         key = None
     tensors = {id(t): t for t in call.tensors()}
@@ -398,10 +399,13 @@ def _saved_by(call: _Call):
         index.setdefault(id(t), len(index))
     saved = _ANSWERS.get(key) if key is not None else None
     if saved is None:
-        # (the composite eager runs on CUDA: run on meta tensors, not the CPU's, whose math path
-        # differs: attention upcasts half precision on the CPU only)
-        with contextlib.nullcontext() if choice is None else choice[1]():
-            saved = _probe(call, index, choice is not None and cuda)
+        # (the kernel chosen as the call ran; its composite on CUDA: run on meta tensors, not the
+        # CPU's, whose math path differs: attention upcasts half precision on the CPU only)
+        with contextlib.nullcontext() if choice is None else choice[1](fused):
+            found = _run_cpu(call) if fused_on_cpu else None
+            saved = _probe(call, index, choice is not None and cuda) if not fused_on_cpu else _numbered(found, index)
+        if fused_on_cpu and saved is False:
+            return _every_tensor(call)
         if key is not None:
             if len(_ANSWERS) >= _KEPT:
                 _ANSWERS.clear()
@@ -409,6 +413,10 @@ def _saved_by(call: _Call):
     if saved is False:
         return False
     return {id(t.root): _as_saved(t, saved[index[k]]) for k, t in tensors.items() if index[k] in saved}
+
+
+def _every_tensor(call: _Call) -> dict:
+    return {id(t.root): t for t in reversed(call.tensors())}
 
 
 def _as_saved(t: _Tensor, shape: tuple | None) -> _Tensor:
@@ -486,6 +494,11 @@ def _probe(call: _Call, index: dict, on_meta: bool = False):
     found = _run_cpu(call) if small else _run(call, "meta")
     if found is None:
         found = _run(call, "meta") if small else None
+    return _numbered(found, index)
+
+
+def _numbered(found, index: dict):
+    """``_probe``'s answer from a run's (``_run``), False where it did not run."""
     if found is None:
         return False
     storages, saved = found
