@@ -391,6 +391,22 @@ def _transposed_view_saved(x):
     return z.sum()
 
 
+def _sin_of_unbind_output_then_write_base(x):
+    y = x * 1
+    u = torch.unbind(y)
+    z = u[1].sin()  # (eager refuses the use of one of several views once their base is written)
+    y.mul_(2)
+    return z.sum()
+
+
+def _sin_of_chunk_then_write_base_under_no_grad(x):
+    _, b = x.chunk(2)
+    z = b.sin()
+    with torch.no_grad():
+        x.mul_(2)
+    return z.sum()
+
+
 def _linear_of_3d_input_then_write(x, w):
     h = x * 1
     y = F.linear(h, w)  # saves a [10, 3] view of h
@@ -473,6 +489,8 @@ CASES = {
     "a custom Function's output written": (_custom_function_output_written, [_x(3)]),
     "a custom Function's saved output written": (_custom_function_saved_output_written, [_x(3)]),
     "a transposed view saved": (_transposed_view_saved, [_x(2, 3)]),
+    "one of unbind's views saved, its base written": (_sin_of_unbind_output_then_write_base, [_x(3, 2)]),
+    "one of chunk's views of a leaf saved, the leaf written": (_sin_of_chunk_then_write_base_under_no_grad, [_x(4, 2)]),
     "linear saves a view of its 3-d input": (_linear_of_3d_input_then_write, [_x(2, 5, 3), _x(4, 3)]),
     "attention's math path, its query written": (
         _attention_math_path_then_write_query,

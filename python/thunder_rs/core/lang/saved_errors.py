@@ -35,6 +35,14 @@ _SUFFIX = re.compile(r"Backward(\d*)$")
 
 #: ``StaleSave.node`` of a tensor whose node is the trace input's ``grad_fn`` at the call
 AT_CALL = "at call"
+#: ``StaleSave.node[0]`` of one of several views a call made (``(MULTI_VIEW, name, output number)``),
+#: whose use eager refuses once their memory is written
+MULTI_VIEW = "multi view"
+_MULTI_VIEW = (
+    "Output {} of {} is a view and its base or another view of its base has been modified inplace. This view is "
+    "the output of a function that returns multiple views. Such functions do not allow the output views to be "
+    "modified inplace. You should replace the inplace operation by an out-of-place one."
+)
 
 
 def node_name(name: str) -> str:
@@ -78,6 +86,8 @@ class StaleSave:
         # (the caller's writes since the call: the call's write-back bumped the version once)
         later = 0 if tensor is None else max(0, tensor._version - base - 1)
         node = self.node
+        if node is not None and node[0] == MULTI_VIEW:
+            return RuntimeError(_MULTI_VIEW.format(node[2], node[1]) + self.note)
         recorded = node is not None and node != AT_CALL  # (a write autograd saw, in the program)
         if self.whole and tensor is not None and tensor._base is not None and (tensor.requires_grad or recorded):
             node = ("AsStrided", 0)  # (an input that is a view in eager: autograd makes its node again)

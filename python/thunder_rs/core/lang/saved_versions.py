@@ -48,13 +48,14 @@ import contextlib
 import contextvars
 import math
 import warnings
+import weakref
 
 import torch
 from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang.saved_errors import AT_CALL, StaleSave, node_name, type_name, where_note
+from thunder_rs.core.lang.saved_errors import AT_CALL, MULTI_VIEW, StaleSave, node_name, type_name, where_note
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
     KERNEL_CHOICES,
@@ -76,11 +77,13 @@ class _Tensor:
     """A tensor of a noted call as it was then, standing for its proxy once the call is indexed
     (a proxy kept would keep a view alive, which every write to its root then recomputes)."""
 
-    __slots__ = ("root", "view", "shape", "strides", "dtype", "device", "requires_grad")
+    __slots__ = ("root", "view", "shape", "strides", "dtype", "device", "requires_grad", "multi")
 
     def __init__(self, p, real: bool = False):
         self.root = p if real else _root(p)
         self.view = p._base is not None if real else p._view is not None
+        #: for one of the views a call made several of (``unbind``, ``chunk``): that call and its output
+        self.multi: tuple | None = None
         self.shape = tuple(_hint(n) for n in p.shape)
         self.strides = (None if p.is_contiguous() else tuple(p.stride())) if real else _strides(p)
         self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
@@ -126,6 +129,9 @@ class SavedVersions:
         self.nodes: dict[int, tuple | None] = {}
         #: the memories written by the call in progress, whose node that call gives (``wrote``)
         self.writing: list[int] = []
+        #: per proxy (its id) that is one of the views a call made several of: ``(a weak reference
+        #: to it, the call, its output)``; eager refuses their use once their memory is written
+        self.multi_views: dict[int, tuple] = {}
 
     def index(self) -> None:
         calls, self.calls = self.calls, []
@@ -133,8 +139,16 @@ class SavedVersions:
             for call in calls:
                 made: dict = {}
                 call.args = _described(call.args, made)
+                for pid, t in made.items():
+                    entry = self.multi_views.get(pid)
+                    if entry is not None and entry[0]() is not None:  # (alive: the id is still its)
+                        t.multi = entry[1:]
                 taken = {id(t.root) for t in made.values()}
+                proxies = call.outs
                 call.outs = tuple(_described(o, made) for o in call.outs)
+                if len(call.outs) > 1 and all(o.view for o in call.outs) and len({id(o.root) for o in call.outs}) == 1:
+                    for p, o in zip(proxies, call.outs):
+                        self.multi_views[id(p)] = (weakref.ref(p), call, o)
                 for key in {id(t.root) for t in made.values()}:
                     self.pending.setdefault(key, []).append(call)
                 for o in call.outs:  # (an in-place call returns the tensor it took: not its maker)
@@ -191,7 +205,7 @@ class SavedVersions:
             )
             out.append((error, call.vids))
         self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
-        self.makers, self.nodes = {}, {}
+        self.makers, self.nodes, self.multi_views = {}, {}, {}
         return tuple(out)
 
     def node(self, call: _Call, saved: _Tensor, key: int):
@@ -204,7 +218,12 @@ class SavedVersions:
         elif any(o is saved for o in call.outs):
             return _node_of(call, saved)
         if saved.view:  # (a view of memory written since: autograd makes its node again)
-            return ("AsStrided", 0) if saved.requires_grad or key in self.nodes else None
+            if not (saved.requires_grad or key in self.nodes):
+                return None
+            if saved.multi is not None:  # (which eager refuses for one of several views a call made)
+                node = _node_of(*saved.multi)
+                return None if node is None else (MULTI_VIEW, *node)
+            return ("AsStrided", 0)
         if key in self.nodes:
             node = self.nodes[key]
             return node if node is None or type(node[0]) is str else _node_of(*node)
@@ -425,7 +444,7 @@ def _as_saved(t: _Tensor, shape: tuple | None) -> _Tensor:
         return t
     view = object.__new__(_Tensor)
     view.root, view.view, view.shape, view.strides = t.root, True, shape, None
-    view.dtype, view.device, view.requires_grad = t.dtype, t.device, t.requires_grad
+    view.dtype, view.device, view.requires_grad, view.multi = t.dtype, t.device, t.requires_grad, None
     return view
 
 
