@@ -287,3 +287,42 @@ def test_an_input_written_after_the_call_gives_eagers_text(make):
             out.sum().backward()
         messages.append(str(caught.value))
     assert messages[1].startswith(messages[0]), messages
+
+
+def _write_one_of_chunks(x):
+    y = x * 1
+    _, b = y.chunk(2)
+    b.mul_(2)
+    return y.sum()
+
+
+def _write_one_of_unbinds(x):
+    y = x * 1
+    u = y.unbind(0)
+    u[1].add_(1)
+    return y.sum()
+
+
+def _write_one_of_chunks_under_no_grad(x):
+    y = x * 1
+    _, b = y.chunk(2)
+    with torch.no_grad():
+        b.mul_(2)
+    return y.sum()
+
+
+@pytest.mark.parametrize("fn", [_write_one_of_chunks, _write_one_of_unbinds, _write_one_of_chunks_under_no_grad])
+def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):
+    """Eager refuses, at the write, a write autograd sees into one of several views a call made of
+    memory that requires grad ('Output 1 of Split is a view and is being modified inplace'); the
+    compiled call ran it. Under no_grad both run."""
+    x = torch.randn(4, 3, requires_grad=True)
+    try:
+        expected = fn(x)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as caught:
+            thunder_rs.jit(fn)(x)
+        assert str(caught.value).startswith(str(e)), (str(e), str(caught.value))
+        assert "at " + __file__ in str(caught.value)
+        return
+    torch.testing.assert_close(thunder_rs.jit(fn)(x), expected)

@@ -43,6 +43,12 @@ _MULTI_VIEW = (
     "the output of a function that returns multiple views. Such functions do not allow the output views to be "
     "modified inplace. You should replace the inplace operation by an out-of-place one."
 )
+#: Eager's error for a write autograd sees into one of several views a call made
+MULTI_VIEW_WRITTEN = (
+    "Output {} of {} is a view and is being modified inplace. This view is the output of a function that returns "
+    "multiple views. Such functions do not allow the output views to be modified inplace. You should replace the "
+    "inplace operation by an out-of-place one."
+)
 
 
 def node_name(name: str) -> str:

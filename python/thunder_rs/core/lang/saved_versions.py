@@ -55,7 +55,15 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang.saved_errors import AT_CALL, MULTI_VIEW, StaleSave, node_name, type_name, where_note
+from thunder_rs.core.lang.saved_errors import (
+    AT_CALL,
+    MULTI_VIEW,
+    MULTI_VIEW_WRITTEN,
+    StaleSave,
+    node_name,
+    type_name,
+    where_note,
+)
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
     KERNEL_CHOICES,
@@ -65,6 +73,7 @@ from thunder_rs.core.lang.saved_ops import (
     wrapped_saves,
 )
 from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.errors import ThunderRuntimeError
 
 _functorch = torch._C._functorch
 _active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
@@ -295,6 +304,22 @@ def written(dst, op: str, counted: bool = True, node: str | None = None) -> None
     state = _active.get()
     if state is not None:
         state.written(_root(dst), op, counted, node)
+        if node == "view":
+            _refuse_multi_view(state, dst, op)
+
+
+def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
+    """Raises eager's error for a write autograd sees into one of several views a call made
+    (``unbind``, ``chunk``) of memory that requires grad."""
+    entry = state.multi_views.get(id(dst))
+    if entry is None or entry[0]() is not dst:
+        return
+    with DisableTorchFunctionSubclass():
+        if not _root(dst).requires_grad:
+            return
+    node = _node_of(*entry[1:])
+    if node is not None:
+        raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
 
 
 def _root(p):
