@@ -14,11 +14,11 @@ call (``x.mul_(2)`` three times: version 3) saved and written inside counts from
 eager's, read from the tensor at each call of a program with such a node (``at_call``).
 """
 
-import functools
 import re
 
 import torch
 from torch._C import DisableTorchFunction
+from torch.utils._python_dispatch import _disable_current_modes
 
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -141,21 +141,30 @@ def state_at_call(inputs: tuple, positions: tuple) -> dict:
     return {k: (inputs[k]._version, inputs[k].grad_fn, inputs[k].output_nr, inputs[k]) for k in positions}
 
 
-@functools.cache
 def _hint() -> str:
     """Eager's hint after its error without anomaly detection (its text varies between torch
-    versions), from eager's own error."""
-    x = torch.zeros(1, requires_grad=True)
-    try:
-        with DisableTorchFunction(), torch._C._DisableFuncTorch(), torch.enable_grad():
-            with torch.autograd.set_detect_anomaly(False):
-                y = x * 1
-                z = y.sin()
-                y.mul_(2)
-                z.backward()
-    except RuntimeError as e:
-        return str(e).partition(" instead. ")[2]
-    return ""
+    versions), from eager's own error, learned once (outside any dispatch mode a program may run
+    under: ``FakeTensorMode``)."""
+    if not _HINTS:
+        try:
+            with DisableTorchFunction(), torch._C._DisableFuncTorch(), torch.enable_grad():
+                with torch.autograd.set_detect_anomaly(False), _disable_current_modes():
+                    y = torch.zeros(1, requires_grad=True) * 1
+                    z = y.sin()
+                    y.mul_(2)
+                    z.backward()
+        except RuntimeError as e:
+            _HINTS.append(str(e).partition(" instead. ")[2])
+        except Exception:  # noqa: BLE001 (no eager error to learn it from here: the hint torch 2.15 gives)
+            return _HINT
+    return _HINTS[0] if _HINTS else _HINT
+
+
+_HINTS: list = []
+_HINT = (
+    "Hint: enable anomaly detection to find the operation that failed to compute its gradient, with "
+    "torch.autograd.set_detect_anomaly(True, check_nan=False)."
+)
 
 
 def where_note(saver: str, writer: str, where: str) -> str:
