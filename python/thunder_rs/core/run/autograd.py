@@ -141,10 +141,14 @@ def _as_written_inputs(ctx, inputs, flat, written) -> None:
             ctx.versions[i] = inputs[k]._version + 1
 
 
-def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = ()) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
     ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
-    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them."""
+    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them;
+    the inputs at ``stale_inputs`` as they were at the call (``saved_errors.state_at_call``: the
+    forward writes none of them, the call's write-backs come after it)."""
+    if stale_inputs:
+        ctx.at_call = state_at_call(inputs, stale_inputs)
     ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
@@ -215,9 +219,8 @@ def grad_function(
     and other tensors) gives no gradient, as eager's ``None``, to the inputs only the others read
     (with zeros, AdamW's weight decay and moments moved a parameter no loss used).
 
-    ``stale``: ``(error, flat output positions)`` per autograd node eager would have made whose
-    saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
-    those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks.
+    ``stale``: ``(error, flat output positions)`` per node eager would have made whose saved tensors the
+    program wrote in place (``saved_versions``): a backward reaching one raises it, unless under saved-tensor hooks.
     """
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -235,11 +238,9 @@ def grad_function(
                 program.keep(ctx, inputs)  # before the forward draws from the generators
             else:
                 ctx.inputs = None  # see _differentiated
-            if stale_inputs:
-                ctx.at_call = state_at_call(inputs, stale_inputs)
             outputs, residuals = forward(*inputs)
             flat = _own_views((outputs,) if single else tuple(outputs), inputs)
-            _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
+            _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
