@@ -39,6 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state, symfloat
+from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.state.offsets import can_guard, guard_offset
@@ -473,3 +475,46 @@ def fused_attention(query, key, value, attn_mask, dropout_p: float, is_causal: b
         f"{_OP}: torch chooses the attention backend {SDPBackend(backend).name} for this "
         "call, which thunder_rs does not record"
     )
+
+
+# -- what eager's kernel saves (``core.lang.saved_versions``) ---------------------------------------
+
+
+def _runs_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Whether eager runs a fused kernel for an attention call of these tensors (the program's
+    proxies, or ``saved_versions``'s descriptions), which saves every tensor it takes and returns,
+    or its math path (False); None on another device. On CUDA, the choice of the kernel recorded
+    (``_choose``, kept); on the CPU, ``_fused_sdp_choice`` of empty tensors."""
+    metas = [None if t is None else _at_hints(_meta(t)) for t in (query, key, value, attn_mask)]
+    dropout_p, is_causal, enable_gqa = float(dropout_p), bool(is_causal), bool(enable_gqa)
+    device = query.device.type
+    if device == "cuda":
+        return _choose(metas, dropout_p, is_causal, scale, enable_gqa) != MATH
+    if device != "cpu":
+        return None
+    with torch._C.DisableTorchFunction(), torch.enable_grad():
+        q, k, v, m = (None if meta is None else _empty(meta) for meta in metas)
+        choice = torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return choice != MATH
+
+
+def _meta(t):
+    """``_metadata`` of a proxy, or of ``saved_versions``'s description of a tensor (offset 0)."""
+    if isinstance(t, TensorProxy):
+        return _metadata(t)
+    return (tuple(t.shape), t.strides or contiguous_strides(t.shape), 0, t.dtype, t.device, t.requires_grad)
+
+
+def _empty(meta):
+    """A CPU tensor of ``meta``, its memory unwritten (only its metadata is read)."""
+    shape, strides, _, dtype, _, requires_grad = meta
+    made = torch.empty_strided(shape, strides, dtype=dtype, device="cpu")
+    return made.requires_grad_() if requires_grad and dtype.is_floating_point else made
+
+
+def _chosen_kernel(fused: bool):
+    """The kernel eager chose for a call run again: the CPU's flash kernel, or the math path."""
+    return torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION if fused else SDPBackend.MATH)
+
+
+KERNEL_CHOICES[torch.nn.functional.scaled_dot_product_attention] = (_runs_fused, _chosen_kernel)

@@ -203,7 +203,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
         elif copy and whole:
             value, expanded = _copied(dst, value), broadcasts
     if tracked if versioned is None else versioned:
-        saved_writes.written(dst, op)
+        saved_writes.written(dst, op, value, tracked)
     tracked = tracked and not views.detached(dst)
     if tracked:
         _leaf_check(op, dst)

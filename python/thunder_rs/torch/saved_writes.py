@@ -7,10 +7,13 @@ counter), except the updates a kernel makes of arguments it writes where autogra
 that updates them leaves that backward valid, which reads them only in eval mode);
 ``inplace.assign`` says which writes are such updates (``tracked=False``, unless ``versioned``).
 A write through ``.data``, whose tensor has a counter of its own, is noted as a write eager's
-backward does not check but reads: the compiled backward refuses it (``saved_versions``).
+backward does not check but reads: the compile refuses it where a backward from the program's
+outputs reaches a node that saved the tensor (``saved_versions``).
 """
 
 import weakref
+
+import torch
 
 from thunder_rs.core.lang import saved_versions
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH
@@ -20,10 +23,19 @@ from thunder_rs.torch import views
 _OWN_COUNTER: weakref.WeakSet = weakref.WeakSet()
 
 
-def written(dst, op: str) -> None:
-    """An in-place write into ``dst`` by ``op`` that eager counts (see the module doc)."""
+def written(dst, op: str, value=None, tracked: bool = True) -> None:
+    """An in-place write of ``value`` into ``dst`` by ``op`` that eager counts (see the module doc),
+    with the autograd node it gives ``dst``'s memory in eager: none where autograd does not see it
+    (not ``tracked``, under ``no_grad``, through ``.detach()``, of tensors that require no grad),
+    ``CopySlices`` where it writes through a view, else the node of the call that writes it."""
     link = dst._view
-    saved_versions.written(dst, op, link is None or not any(step in _OWN_COUNTER for step in link.steps))
+    counted = link is None or not any(step in _OWN_COUNTER for step in link.steps)
+    node = None
+    if tracked and counted and torch.is_grad_enabled() and not views.detached(dst):
+        with torch._C.DisableTorchFunctionSubclass():
+            grad = views.root_of(dst).requires_grad or getattr(value, "requires_grad", False)
+        node = None if not grad else "call" if link is None else "view"
+    saved_versions.written(dst, op, counted, node)
 
 
 def _data_view(detach):

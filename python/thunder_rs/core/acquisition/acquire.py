@@ -652,6 +652,8 @@ def acquire(
     positions = inputs.positions
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
+    for stale, _ in stale_saves:  # (the trace input whose version eager's error counts from)
+        stale.place({p._input_vid: k for k, p in enumerate(traced)})
     del out, writes, repeated, inputs, traced
     stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
     captured = captures.release()

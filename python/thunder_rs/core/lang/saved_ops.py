@@ -2,7 +2,8 @@
 again (``saved_versions``): the calls most programs write the results of in place
 (``nn.ReLU(inplace=True)`` after a Linear, a convolution or a batch norm; ``out += identity``),
 and the one-tensor aten ops, whose node saves their tensor, their result, both or neither as
-``derivatives.yaml`` says (``saved_aten``: ``ONE_TENSOR_OPS``, checked against eager by
+``derivatives.yaml`` says (``saved_aten``: ``ONE_TENSOR_OPS``, and the Python functions that run
+one of them, ``F.relu``, ``F.softmax``: ``WRAPPERS``; checked against eager by
 ``tests/test_saved_aten.py``).
 
 Of the others only answers that no tensor, or no output, is saved are kept: an op here is never
@@ -11,7 +12,8 @@ views, or a cast copy under autocast) is still eager's own answer.
 ``tests/test_inplace_saved_versions.py`` checks every entry against that answer
 (``saved_versions.eager_saves``). Except for the ops whose eager kernel, and so what it saves,
 depends on the device and its libraries, which a run on meta or CPU tensors does not choose as
-eager does (``SAVES_EVERY_TENSOR``)."""
+eager does (``SAVES_EVERY_TENSOR_ON_CUDA``), or which torch chooses by their metadata and switches
+(``KERNEL_CHOICES``: attention)."""
 
 import types
 
@@ -92,14 +94,21 @@ SAVES_NO_OUTPUT = frozenset(
     }
 )
 
-#: Ops whose eager kernel depends on the device: fused attention (CPU's flash kernel and CUDA's)
-#: saves the query, key, value, mask and output where the meta run takes the math path, which saves
-#: a scaled copy of the query and the value; cuDNN's RNNs (``_VF.lstm`` on CUDA) save their input,
-#: weights, states and output. They are taken to save every tensor they take and return: a write
-#: to one of them raises eager's error at the backward, also where eager's kernel would not have
-#: saved it (the math path of attention: an error, never another gradient).
-SAVES_EVERY_TENSOR = frozenset({F.scaled_dot_product_attention})
+#: Ops whose eager kernel depends on the device: cuDNN's RNNs (``_VF.lstm`` on CUDA) save their
+#: input, weights, states and output. They are taken to save every tensor they take and return: a
+#: write to one of them raises eager's error at the backward.
 SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu})
+
+#: Ops whose eager kernel, and so what it saves, torch chooses by the tensors' device, dtype and
+#: layout, and its switches: ``{op: (choose, composite)}``. ``choose(*args, **kwargs)`` (tensors as
+#: ``saved_versions`` describes them) says whether eager runs a fused kernel, taken to save every
+#: tensor it takes and returns (fused attention, CPU's flash kernel and CUDA's, saves the query,
+#: key, value, mask and output), or its composite (False), which a run again answers for under
+#: ``composite(fused)`` (attention's math path saves a scaled copy of the query, and the value; a run
+#: of small CPU tensors under the fused kernel says which views of them it saves). None, or a
+#: failure, is taken as fused: an error where eager's might not raise, never another gradient.
+#: Registered by the layer that knows the kernels (``thunder_rs.torch.fused_attention``).
+KERNEL_CHOICES: dict = {}
 
 
 def _one_tensor_ops() -> dict:
@@ -129,3 +138,63 @@ def _one_tensor_ops() -> dict:
 #: Ops that take one tensor and return one: ``(saves its tensor, saves its result)`` as eager's node
 #: does (``saved_aten``), whichever of them a write reaches.
 ONE_TENSOR_OPS = _one_tensor_ops()
+
+
+def _wrappers() -> dict:
+    """``{function: (saves, saves in place or None, position of its ``inplace`` argument or None)}``
+    of the Python functions (``torch.nn.functional``'s activations, softmax) and composite builtins
+    whose call runs one of ``saved_aten``'s ops on its tensor, or its in-place variant where
+    ``inplace`` is true (none where the functional op saves its tensor, as ``ONE_TENSOR_OPS``)."""
+    saves = {
+        name: flags
+        for names, flags in (
+            (saved_aten.SAVES_NONE, (False, False)),
+            (saved_aten.SAVES_SELF, (True, False)),
+            (saved_aten.SAVES_RESULT, (False, True)),
+            (saved_aten.SAVES_SELF_AND_RESULT, (True, True)),
+        )
+        for name in names
+    }
+    wrapped = {
+        F.relu: ("relu", 1),
+        F.elu: ("elu", 2),
+        F.celu: ("celu", 2),
+        F.hardtanh: ("hardtanh", 3),
+        F.hardsigmoid: ("hardsigmoid", 1),
+        F.hardswish: ("hardswish", 1),
+        F.leaky_relu: ("leaky_relu", 2),
+        F.mish: ("mish", 1),
+        F.silu: ("silu", 1),
+        F.threshold: ("threshold", 3),
+        F.sigmoid: ("sigmoid", None),
+        F.tanh: ("tanh", None),
+        F.glu: ("glu", None),
+        # (a dtype casts the tensor first, autocast before the call: the result is saved either way)
+        F.softmax: ("_softmax", None),
+        F.softmin: ("_softmax", None),  # (of the tensor's negation, which saves nothing)
+        F.log_softmax: ("_log_softmax", None),
+        torch.softmax: ("_softmax", None),
+        torch.log_softmax: ("_log_softmax", None),
+        _T.softmax: ("_softmax", None),
+        _T.log_softmax: ("_log_softmax", None),
+    }
+    return {func: (saves[name], None if saves[name][0] else saves[name], at) for func, (name, at) in wrapped.items()}
+
+
+#: Functions that run one of ``ONE_TENSOR_OPS``'s ops on their one tensor (``wrapped_saves``).
+WRAPPERS = _wrappers()
+
+
+def wrapped_saves(func, args: tuple, kwargs: dict) -> tuple | None:
+    """``(saves its tensor, saves its result)`` of a call of one of ``WRAPPERS`` (``ONE_TENSOR_OPS``'s
+    answer for the op it runs); None for another function, or an ``inplace`` not a bool."""
+    entry = WRAPPERS.get(func)
+    if entry is None:
+        return None
+    saves, saves_in_place, at = entry
+    if at is None:
+        return saves
+    inplace = kwargs.get("inplace", args[at] if len(args) > at else False)
+    if type(inplace) is not bool:
+        return None
+    return saves_in_place if inplace else saves

@@ -37,47 +37,62 @@ while a program is traced:
 A call that runs neither on (small enough) CPU tensors of zeros nor on meta tensors is taken to
 save every tensor it takes and returns; its backward then raises a ``ThunderNotImplementedError``
 that says so, rather than a gradient that may differ from eager's. Custom ``autograd.Function``s
-say what they save themselves (``ctx.save_for_backward``: ``note_saved``).
+say what they save themselves (``ctx.save_for_backward``: ``note_saved``). A write through
+``.data`` to a saved tensor, which eager's backward reads unchecked, is refused by the compile
+where a backward from the outputs reaches the node. The error's text (``saved_errors``) names the
+node the tensor is an output of as eager's does (``node``: the calls run again for it, on this
+path only), and counts versions from the trace inputs' versions at the call.
 """
 
 import contextlib
 import contextvars
 import math
 import warnings
+import weakref
 
 import torch
 from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.saved_errors import (
+    AT_CALL,
+    MULTI_VIEW,
+    MULTI_VIEW_WRITTEN,
+    StaleSave,
+    node_name,
+    type_name,
+    where_note,
+)
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
-    SAVES_EVERY_TENSOR,
+    KERNEL_CHOICES,
     SAVES_EVERY_TENSOR_ON_CUDA,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
+    wrapped_saves,
 )
 from thunder_rs.core.lang.symint import SymInt
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import ThunderRuntimeError
 
 _functorch = torch._C._functorch
 _active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
 _is_grad_enabled = torch.is_grad_enabled
-_HINT = (
-    "Hint: the tensor was saved for the backward of {saver} and written in place by {writer} at {where}, inside "
-    "a thunder_rs-compiled call, as eager's autograd would have refused; change the in-place operation to an "
-    "out-of-place one, or clone the tensor before it"
-)
+#: The node eager's autograd gives a base written through a view of it
+_COPY_SLICES = ("torch::autograd::CopySlices", 0)
 
 
 class _Tensor:
     """A tensor of a noted call as it was then, standing for its proxy once the call is indexed
     (a proxy kept would keep a view alive, which every write to its root then recomputes)."""
 
-    __slots__ = ("root", "shape", "strides", "dtype", "device", "requires_grad")
+    __slots__ = ("root", "view", "shape", "strides", "dtype", "device", "requires_grad", "multi")
 
     def __init__(self, p, real: bool = False):
         self.root = p if real else _root(p)
+        self.view = p._base is not None if real else p._view is not None
+        #: for one of the views a call made several of (``unbind``, ``chunk``): that call and its output
+        self.multi: tuple | None = None
         self.shape = tuple(_hint(n) for n in p.shape)
         self.strides = (None if p.is_contiguous() else tuple(p.stride())) if real else _strides(p)
         self.dtype, self.device, self.requires_grad = p.dtype, p.device, p.requires_grad
@@ -87,12 +102,14 @@ class _Call:
     """One of the program's torch calls made with grad on: its arguments and outputs (proxies,
     ``_Tensor``s once indexed), and, once asked, the memories (root ids) eager saves of them."""
 
-    __slots__ = ("label", "func", "args", "outs", "vids", "saved")
+    __slots__ = ("label", "func", "args", "outs", "vids", "saved", "fused")
 
     def __init__(self, func, args: tuple, outs: tuple, vids: tuple, saved: dict | None = None, label: str = ""):
         self.func, self.args, self.outs, self.vids, self.label = func, args, outs, vids, label
         #: ``{root id: the saved _Tensor}``; None until asked; False when eager's answer is unknown
         self.saved = saved
+        #: for an op of ``KERNEL_CHOICES``: whether eager ran a fused kernel, as the switches were
+        self.fused: bool | None = None
 
     @property
     def name(self) -> str:
@@ -114,6 +131,16 @@ class SavedVersions:
         self.stale: list[tuple] = []
         #: ``(func, (args, kwargs))`` the call in progress runs its op on (``note_arguments``)
         self.arguments: tuple | None = None
+        #: per memory: the call that made it, and its output that is the memory's tensor
+        self.makers: dict[int, tuple] = {}
+        #: per memory: the node eager's autograd gave it at its last write autograd saw (``_COPY_SLICES``,
+        #: or the writing call and its tensor, which a run again names); None where unknown
+        self.nodes: dict[int, tuple | None] = {}
+        #: the memories written by the call in progress, whose node that call gives (``wrote``)
+        self.writing: list[int] = []
+        #: per proxy (its id) that is one of the views a call made several of: ``(a weak reference
+        #: to it, the call, its output)``; eager refuses their use once their memory is written
+        self.multi_views: dict[int, tuple] = {}
 
     def index(self) -> None:
         calls, self.calls = self.calls, []
@@ -121,13 +148,42 @@ class SavedVersions:
             for call in calls:
                 made: dict = {}
                 call.args = _described(call.args, made)
+                for pid, t in made.items():
+                    entry = self.multi_views.get(pid)
+                    if entry is not None and entry[0]() is not None:  # (alive: the id is still its)
+                        t.multi = entry[1:]
+                taken = {id(t.root) for t in made.values()}
+                proxies = call.outs
                 call.outs = tuple(_described(o, made) for o in call.outs)
+                if len(call.outs) > 1 and all(o.view for o in call.outs) and len({id(o.root) for o in call.outs}) == 1:
+                    for p, o in zip(proxies, call.outs):
+                        self.multi_views[id(p)] = (weakref.ref(p), call, o)
                 for key in {id(t.root) for t in made.values()}:
                     self.pending.setdefault(key, []).append(call)
+                for o in call.outs:  # (an in-place call returns the tensor it took: not its maker)
+                    if not o.view and id(o.root) not in taken:
+                        self.makers.setdefault(id(o.root), (call, o))
 
-    def written(self, root, op: str, counted: bool) -> None:
+    def wrote(self, func, arguments: tuple, out) -> None:
+        """The call in progress (``func`` of ``arguments``, returning ``out``) wrote ``writing``."""
+        keys, self.writing = self.writing, []
+        made: dict = {}
+        with DisableTorchFunctionSubclass():
+            args = _described(arguments, made)
+            call = _Call(func, args, tuple(_described(o, made) for o in _leaves(out, TensorProxy)), ())
+        for key in keys:
+            dst = next((t for t in made.values() if id(t.root) == key and not t.view), None)
+            if dst is not None:
+                self.nodes[key] = (call, dst)
+
+    def written(self, root, op: str, counted: bool, node: str | None = None) -> None:
         self.index()
         key = id(root)
+        if node == "view":
+            self.nodes[key] = _COPY_SLICES
+        elif node == "call":
+            self.nodes[key] = None
+            self.writing.append(key)
         version = self.versions.get(key, 0)
         self.versions[key] = version + counted
         for call in self.pending.pop(key, ()):
@@ -145,9 +201,45 @@ class SavedVersions:
         values it computed, through which a backward reaches it. Forgets the calls and proxies."""
         out = []
         for call, saved, key, version, op, where, why in self.stale:
-            out.append((_error(call, saved, version, self.versions[key], op, where, why), call.vids))
+            node = None if why is not None else self.node(call, saved, key)
+            error = StaleSave(
+                saved,
+                node,
+                version,
+                self.versions[key],
+                where_note(call.name, op, where),
+                _refusal(call, saved, op, where, why),
+                saved.root._input_vid,
+                why is _UNSEEN,
+            )
+            out.append((error, call.vids))
         self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
+        self.makers, self.nodes, self.multi_views = {}, {}, {}
         return tuple(out)
+
+    def node(self, call: _Call, saved: _Tensor, key: int):
+        """The node eager's error names for ``saved`` (``saved_errors``): the saving call's for one
+        of its outputs; for one of its inputs, its own ``grad_fn`` at the backward."""
+        if call.func is None:  # (a custom Function's node: its class name and ``Backward``)
+            i = next((i for i, o in enumerate(call.outs) if o.root is saved.root and not saved.view), None)
+            if i is not None:
+                return call.label.removesuffix(".apply").rsplit(".", 1)[-1], i
+        elif any(o is saved for o in call.outs):
+            return _node_of(call, saved)
+        if saved.view:  # (a view of memory written since: autograd makes its node again)
+            if not (saved.requires_grad or key in self.nodes):
+                return None
+            if saved.multi is not None:  # (which eager refuses for one of several views a call made)
+                node = _node_of(*saved.multi)
+                return None if node is None else (MULTI_VIEW, *node)
+            return ("AsStrided", 0)
+        if key in self.nodes:
+            node = self.nodes[key]
+            return node if node is None or type(node[0]) is str else _node_of(*node)
+        made = self.makers.get(key)
+        if made is not None:
+            return _node_of(*made) if made[1].requires_grad else None
+        return AT_CALL if saved.root._input_vid is not None else None
 
 
 @contextlib.contextmanager
@@ -175,11 +267,19 @@ def note_call(func, args: tuple, kwargs: dict, out) -> None:
     if state is None:
         return
     noted, state.arguments = state.arguments, None
+    arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
+    if state.writing:
+        state.wrote(func, arguments, out)
     if _is_grad_enabled():
         outs = _leaves(out, TensorProxy)
         if outs:
-            arguments = noted[1] if noted is not None and noted[0] is func else (args, kwargs)
-            state.calls.append(_Call(func, arguments, outs, tuple(o._vid for o in outs)))
+            call = _Call(func, arguments, outs, tuple(o._vid for o in outs))
+            choice = KERNEL_CHOICES.get(func)
+            if choice is not None:  # (the switches the call ran under: a context may end before a write)
+                with DisableTorchFunctionSubclass():
+                    if any(o.requires_grad for o in outs):
+                        call.fused = _fused(choice[0], arguments)
+            state.calls.append(call)
 
 
 def note_saved(name: str, saved: tuple, outs: tuple) -> None:
@@ -196,12 +296,30 @@ def note_saved(name: str, saved: tuple, outs: tuple) -> None:
     state.calls.append(_Call(None, saved, outs, tuple(o._vid for o in outs), kept, name))
 
 
-def written(dst, op: str, counted: bool = True) -> None:
+def written(dst, op: str, counted: bool = True, node: str | None = None) -> None:
     """An in-place write into ``dst``, which bumps eager's version counter of its memory unless
-    not ``counted`` (a write through ``.data``: eager's backward then reads the new values)."""
+    not ``counted`` (a write through ``.data``: eager's backward then reads the new values), and
+    gives it the autograd node ``node``: none, ``"view"`` (``CopySlices``) or ``"call"`` (that of
+    the program's call in progress)."""
     state = _active.get()
     if state is not None:
-        state.written(_root(dst), op, counted)
+        state.written(_root(dst), op, counted, node)
+        if node == "view":
+            _refuse_multi_view(state, dst, op)
+
+
+def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
+    """Raises eager's error for a write autograd sees into one of several views a call made
+    (``unbind``, ``chunk``) of memory that requires grad."""
+    entry = state.multi_views.get(id(dst))
+    if entry is None or entry[0]() is not dst:
+        return
+    with DisableTorchFunctionSubclass():
+        if not _root(dst).requires_grad:
+            return
+    node = _node_of(*entry[1:])
+    if node is not None:
+        raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
 
 
 def _root(p):
@@ -253,7 +371,20 @@ def eager_saves(func, args: tuple, kwargs: dict) -> frozenset:
     saved = _probe(call, {id(t): i for i, t in enumerate(made.values())})
     if saved is False:
         raise RuntimeError(f"{_name(func)} runs on neither CPU nor meta tensors")
-    return saved
+    return frozenset(saved)
+
+
+def taken_as_saved(func, args: tuple, kwargs: dict, outs: tuple) -> frozenset:
+    """The positions (as ``eager_saves``'s, ``outs`` the call's outputs) of the tensors a write finds
+    a call of ``func`` saved: the tables', a kernel choice's or a run again's answer."""
+    made: dict = {}
+    described = _described((args, kwargs), made, torch.Tensor)
+    call = _Call(func, described, tuple(_described(o, made, torch.Tensor) for o in outs), ())
+    saved = _saved_by(call)
+    if saved is False:
+        raise RuntimeError(f"{_name(func)} runs on neither CPU nor meta tensors")
+    roots = {id(t.root) for t in saved.values()}
+    return frozenset(i for i, t in enumerate(made.values()) if id(t.root) in roots)
 
 
 def _name(func) -> str:
@@ -292,16 +423,19 @@ def _saved_by(call: _Call):
     answer is kept per op and arguments' metadata (a model's repeated layers run once)."""
     if call.func is None or not any(t.requires_grad for t in call.tensors()):
         return {}
-    if call.func in SAVES_EVERY_TENSOR or (
-        call.func in SAVES_EVERY_TENSOR_ON_CUDA and any(t.device.type == "cuda" for t in call.tensors())
-    ):
-        return {id(t.root): t for t in reversed(call.tensors())}
+    cuda = any(t.device.type == "cuda" for t in call.tensors())
+    choice = KERNEL_CHOICES.get(call.func)
+    fused = None if choice is None else call.fused if call.fused is not None else _fused(choice[0], call.args)
+    # (a fused kernel's run again on small CPU tensors says which views of them it saves)
+    fused_on_cpu = fused and not cuda and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
+    if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (fused and not fused_on_cpu):
+        return _every_tensor(call)
     known = _one_tensor_op(call)
     if known is not None:
         return known
     index: dict = {}
     try:
-        key = (call.func, _key(call.args, index))
+        key = (call.func, fused, _key(call.args, index))
     except (_Unkeyed, TypeError):  # (an argument eager's answer may depend on: asked each time)
         key = None
     tensors = {id(t): t for t in call.tensors()}
@@ -309,23 +443,43 @@ def _saved_by(call: _Call):
         index.setdefault(id(t), len(index))
     saved = _ANSWERS.get(key) if key is not None else None
     if saved is None:
-        saved = _probe(call, index)
+        # (the kernel chosen as the call ran; its composite on CUDA: run on meta tensors, not the
+        # CPU's, whose math path differs: attention upcasts half precision on the CPU only)
+        with contextlib.nullcontext() if choice is None else choice[1](fused):
+            found = _run_cpu(call) if fused_on_cpu else None
+            saved = _probe(call, index, choice is not None and cuda) if not fused_on_cpu else _numbered(found, index)
+        if fused_on_cpu and saved is False:
+            return _every_tensor(call)
         if key is not None:
             if len(_ANSWERS) >= _KEPT:
                 _ANSWERS.clear()
             _ANSWERS[key] = saved
     if saved is False:
         return False
-    return {id(t.root): t for k, t in tensors.items() if index[k] in saved}
+    return {id(t.root): _as_saved(t, saved[index[k]]) for k, t in tensors.items() if index[k] in saved}
+
+
+def _every_tensor(call: _Call) -> dict:
+    return {id(t.root): t for t in reversed(call.tensors())}
+
+
+def _as_saved(t: _Tensor, shape: tuple | None) -> _Tensor:
+    """``t``, or the view of its memory of ``shape`` eager's node saved (``_view_shape``)."""
+    if shape is None or (shape == t.shape and t.view):
+        return t
+    view = object.__new__(_Tensor)
+    view.root, view.view, view.shape, view.strides = t.root, True, shape, None
+    view.dtype, view.device, view.requires_grad, view.multi = t.dtype, t.device, t.requires_grad, None
+    return view
 
 
 def _one_tensor_op(call: _Call) -> dict | None:
     """What eager saves of a call of an op of ``saved_ops.ONE_TENSOR_OPS`` on its first positional
     argument, the only tensor it takes, returning one: None for any other call."""
-    saves = ONE_TENSOR_OPS.get(call.func)
+    args, kwargs = call.args
+    saves = ONE_TENSOR_OPS.get(call.func) or wrapped_saves(call.func, args, kwargs)
     if saves is None or len(call.outs) != 1:
         return None
-    args, _ = call.args
     tensors = _leaves(call.args, _Tensor)
     if len(tensors) != 1 or not args or args[0] is not tensors[0]:
         return None
@@ -348,7 +502,8 @@ class _Unkeyed(Exception):
 def _key(value, index: dict):
     """The metadata of ``value`` that what eager saves depends on; ``index`` numbers its tensors."""
     if isinstance(value, _Tensor):
-        return (index.setdefault(id(value), len(index)), value.shape, value.strides, value.dtype, value.requires_grad)
+        number = index.setdefault(id(value), len(index))
+        return (number, value.shape, value.strides, value.dtype, value.device, value.requires_grad)
     if type(value) in (tuple, list, torch.Size):
         return (type(value), *(_key(v, index) for v in value))
     if type(value) is dict:
@@ -360,21 +515,38 @@ def _key(value, index: dict):
     raise _Unkeyed
 
 
-def _probe(call: _Call, index: dict):
-    """The numbers (``index``) of the call's tensors whose memory eager's autograd saves, from the
+def _fused(choose, arguments: tuple) -> bool:
+    """Whether eager runs a fused kernel for a call of ``arguments`` (proxies, or ``_Tensor``s;
+    ``saved_ops.KERNEL_CHOICES``), which saves every tensor: also where that is unknown (``choose``
+    answers None, or fails)."""
+    args, kwargs = arguments
+    try:
+        return choose(*args, **kwargs) is not False
+    except Exception:  # noqa: BLE001 (no answer: taken as saving everything, never less than eager)
+        return True
+
+
+def _probe(call: _Call, index: dict, on_meta: bool = False):
+    """``{number: None, or the shape of the view of it saved}`` of the call's tensors (``index``)
+    whose memory eager's autograd saves, from the
     call run on small enough CPU tensors of zeros (what autograd saves does not depend on the
     values; CPU kernels are C++, where a first meta run imports sympy, and for some ops
     ``torch._dynamo``, through their Python meta kernels), else on meta tensors, or on the other
     of the two where the first refuses (an op that reads values: indexing with a mask, which has
     no meta kernel; one that refuses zeros); False where neither runs."""
-    small = sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
+    small = not on_meta and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
     found = _run_cpu(call) if small else _run(call, "meta")
     if found is None:
         found = _run(call, "meta") if small else None
+    return _numbered(found, index)
+
+
+def _numbered(found, index: dict):
+    """``_probe``'s answer from a run's (``_run``), False where it did not run."""
     if found is None:
         return False
     storages, saved = found
-    return frozenset(index[id(storages[s])] for s in saved if s in storages)
+    return {index[id(storages[s])]: shape for s, shape in saved.items() if s in storages}
 
 
 #: The most elements a call's tensors may hold to be run again on the CPU (``_probe``).
@@ -396,27 +568,80 @@ _GENERATOR = torch.default_generator
 
 
 def _run(call: _Call, device: str):
-    """``(storages, saved)``: the call run on ``device``, its tensors by storage and the storages its
-    autograd nodes saved; None where it fails there."""
+    """``(storages, saved)``: the call run on ``device``, its tensors by storage and, per storage
+    its autograd nodes saved, the shape of the view of it they saved (None: the tensor itself);
+    None where it fails there."""
     storages: dict = {}
     made: dict = {}
     try:
-        with (
-            _untransformed(),
-            _no_autocast(device),
-            DisableTorchFunction(),
-            torch.enable_grad(),
-            warnings.catch_warnings(),
-        ):
-            warnings.simplefilter("ignore")
+        with _probing(device):
             args, kwargs = _stand_ins(call.args, storages, made, device)
             before = {id(t.grad_fn) for t in made.values() if t.grad_fn is not None}  # (an in-place op rebases)
             results = _leaves(call.func(*args, **kwargs), torch.Tensor)
             for t, described in zip(results, call.outs):
                 storages.setdefault(_storage(t), described)
-            return storages, _saved_storages(results, before)
+            stand = {_storage(t): t for t in (*results, *made.values())}
+            saved = _saved_storages(results, before)
+            return storages, {s: _view_shape(t, stand.get(s)) for s, t in saved.items()}
     except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
         return None
+
+
+def _view_shape(saved, stand_in) -> tuple | None:
+    """The shape of ``saved`` where it is a view of ``stand_in`` (a node saved ``x.view(...)``:
+    eager's error names that view), else None."""
+    if stand_in is None or (saved.shape, saved.stride(), saved.storage_offset()) == (
+        stand_in.shape,
+        stand_in.stride(),
+        stand_in.storage_offset(),
+    ):
+        return None
+    return tuple(saved.shape)
+
+
+@contextlib.contextmanager
+def _probing(device: str):
+    """The state a call is run again in (``_run``, ``_node_of``): eager's autograd, no transform,
+    no autocast cast again, no torch function override, no warning."""
+    with (
+        _untransformed(),
+        _no_autocast(device),
+        DisableTorchFunction(),
+        torch.enable_grad(),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+#: The most elements a call's tensors may hold to be run again on the CPU to name a node
+#: (``_node_of``; the error's path only, where a meta run would import sympy: seconds)
+_NAMING_ELEMENTS = 1 << 22
+
+
+def _node_of(call: _Call, t: _Tensor) -> tuple | None:
+    """``(name, output number)`` of the node eager's autograd gives ``t`` (one of ``call``'s
+    outputs, or the tensor the call writes in place) as eager's error names it: from the call run
+    again on tensors of zeros (CPU ones where small enough, else meta); None where it runs on
+    neither or ``t`` gets no node."""
+    small = sum(math.prod(u.shape) for u in call.tensors()) <= _NAMING_ELEMENTS
+    at = next((i for i, o in enumerate(call.outs) if o is t), None)
+    for device in ("cpu", "meta") if small else ("meta", "cpu"):
+        state = _GENERATOR.get_state()
+        made: dict = {}
+        try:
+            with _probing(device):
+                args, kwargs = _stand_ins(call.args, {}, made, device)
+                results = _leaves(call.func(*args, **kwargs), torch.Tensor)
+                got = made.get(id(t)) if at is None or id(t) in made else results[at]
+                if got is None or got.grad_fn is None:
+                    return None
+                return node_name(got.grad_fn.name()), got.output_nr
+        except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
+            continue
+        finally:
+            _GENERATOR.set_state(state)
+    return None
 
 
 def _no_autocast(device: str):
@@ -470,10 +695,10 @@ def _storage(t) -> int:
     return t.untyped_storage()._cdata
 
 
-def _saved_storages(results: tuple, inputs: set) -> set:
+def _saved_storages(results: tuple, inputs: set) -> dict:
     """The storages of the tensors the autograd nodes behind ``results`` saved, up to the nodes
-    of the inputs (``inputs``: their ids)."""
-    found: set = set()
+    of the inputs (``inputs``: their ids), each with the first tensor saved of it."""
+    found: dict = {}
     seen: set = set()
     stack = [t.grad_fn for t in results if t.grad_fn is not None]
     while stack:
@@ -487,9 +712,11 @@ def _saved_storages(results: tuple, inputs: set) -> set:
                     value = getattr(node, name)
                 except RuntimeError:  # (freed, or written by the call itself: no value to match)
                     continue
-                found.update(_storage(t) for t in _leaves(value, torch.Tensor))
+                for t in _leaves(value, torch.Tensor):
+                    found.setdefault(_storage(t), t)
         if isinstance(node, torch.autograd.function.BackwardCFunction):
-            found.update(_storage(t) for t in node.saved_tensors)
+            for t in node.saved_tensors:
+                found.setdefault(_storage(t), t)
         stack.extend(n for n, _ in node.next_functions)
     return found
 
@@ -500,50 +727,20 @@ _UNKNOWN = (
     "refuses a gradient that may differ from eager's"
 )
 _UNSEEN = (
-    "saved {tensor} for its backward, and {op} at {where} writes it through .data, which eager's backward then "
-    "reads (a .data write bumps no version it checks); thunder_rs computes the gradient from the values the "
-    "forward saw, so it refuses one that would differ from eager's"
+    "thunder_rs.jit: {op} at {where} writes through .data {tensor}, which {saver} saved for its backward, and a "
+    "backward from the call's outputs reaches that node: eager's backward reads the values written (a .data write "
+    "bumps no version it checks), whereas the compiled backward would compute the gradient from the values the "
+    "forward saw"
 )
 
 
-def _error(call: _Call, saved, version: int, now: int, op: str, where: str, why: str | None):
-    """The error eager's backward raises for ``call``'s node; a ``ThunderNotImplementedError``
-    (``why``) where eager's answer is unknown, or eager computes from values written unseen."""
-    kind = _type_name(saved.dtype, saved.device)
-    if why is not None:
-        return ThunderNotImplementedError(
-            f"backward: {call.name} "
-            + why.format(op=op, where=where, tensor=f"[{kind} {list(saved.shape)}]")
-            + ". Clone the tensor before writing it, or write it after the backward"
-        )
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an inplace operation: "
-        f"[{kind} {list(saved.shape)}] is at version {now}; expected version {version} instead. "
-        + _HINT.format(saver=call.name, writer=op, where=where)
-    )
-
-
-def _type_name(dtype: torch.dtype, device: torch.device) -> str:
-    """Eager's name of a tensor's type in the error: the legacy name (``torch.FloatTensor``,
-    ``torch.cuda.HalfTensor``) where the dtype has one, else the backend's (``CPUBFloat16Type``)."""
-    with DisableTorchFunction():
-        name = torch.empty(0, dtype=dtype).type()  # (torch.BFloat16Tensor, torch.ComplexFloatTensor)
-    cuda = device.type == "cuda"
-    if dtype in _LEGACY_NAMED:
-        return name.replace("torch.", "torch.cuda.", 1) if cuda else name
-    return f"{'CUDA' if cuda else 'CPU'}{name.removeprefix('torch.').removesuffix('Tensor')}Type"
-
-
-_LEGACY_NAMED = frozenset(
-    {
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-)
+def _refusal(call: _Call, saved, op: str, where: str, why: str | None) -> str | None:
+    """The text of the ``ThunderNotImplementedError`` raised instead of eager's error (``why``):
+    by the backward where eager's answer is unknown; by the compile where eager computes from
+    values written unseen (``.data``)."""
+    if why is None:
+        return None
+    tensor = f"[{type_name(saved.dtype, saved.device)} {list(saved.shape)}]"
+    text = why.format(op=op, where=where, tensor=tensor, saver=call.name)
+    prefix = "" if why is _UNSEEN else f"backward: {call.name} "
+    return prefix + text + ". Clone the tensor before writing it, or write it after the backward"

@@ -15,6 +15,7 @@ import torch
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import torch_overrides
+from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.userframe import user_location
@@ -109,7 +110,7 @@ class _Packed:
         self.value = value
 
 
-def _check_versions(saved, versions) -> None:
+def _check_versions(saved, versions, inputs) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values."""
@@ -117,12 +118,7 @@ def _check_versions(saved, versions) -> None:
         return
     for r, then in zip(saved, versions):
         if then >= 0 and r._version != then:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{r.type()} {list(r.shape)}] is at version {r._version}; expected version {then} instead (a tensor "
-                "a thunder_rs-compiled call saved for its backward). Hint: change the in-place operation to an "
-                "out-of-place one, or run it after the backward"
-            )
+            raise residual_error(r, then, inputs)
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -147,10 +143,14 @@ def _as_written_inputs(ctx, inputs, flat, written) -> None:
             ctx.versions[i] = inputs[k]._version + 1
 
 
-def _keep_residuals(ctx, residuals, hooks, inputs, flat, written) -> None:
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = ()) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
     ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
-    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them."""
+    With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them;
+    the inputs at ``stale_inputs`` as they were at the call (``saved_errors.state_at_call``: the
+    forward writes none of them, the call's write-backs come after it)."""
+    if stale_inputs:
+        ctx.at_call = state_at_call(inputs, stale_inputs)
     ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
@@ -167,7 +167,7 @@ def _unpacked(ctx, saved: list) -> list:
     if ctx.unpack is not None:
         saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
     else:
-        _check_versions(saved, ctx.versions)
+        _check_versions(saved, ctx.versions, ctx.inputs)
     if _keep_graph():
         return list(saved)
     ctx.residuals = ctx.inputs = None
@@ -232,6 +232,7 @@ def grad_function(
     unreached = _Unreached(reads, compile_backward)
     cotangents_of = _cotangent_picker(grad_positions)
     outputs_at = _Outputs(grad_positions, differentiable)
+    stale_inputs = inputs_at_call(stale)  # (the versions of the memories eager's errors count from)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -245,7 +246,7 @@ def grad_function(
             flat = (outputs,) if single else tuple(outputs)
             if viewable != () or _function_modes():  # (none of them may be a view: nothing to read)
                 flat = _own_views(flat, inputs, viewable)
-            _keep_residuals(ctx, residuals, hooks, inputs, flat, written)
+            _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -260,7 +261,7 @@ def grad_function(
             if saved is None:
                 raise RuntimeError(_FREED)
             if stale and ctx.unpack is None:
-                _raise_stale(stale, grads)
+                _raise_stale(stale, grads, getattr(ctx, "at_call", None))
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
                 return _differentiated(ctx, program, grads)
             saved = _unpacked(ctx, saved)
@@ -275,13 +276,14 @@ def grad_function(
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _raise_stale(stale: tuple, grads: tuple) -> None:
-    """Raises the error of a node whose saved tensors the program wrote, where the backward
-    reaches one of the outputs computed from it (a cotangent that is not None: with several
-    differentiable outputs, cotangents are not materialised)."""
+def _raise_stale(stale: tuple, grads: tuple, at_call: dict | None) -> None:
+    """Raises the error of a node whose saved tensors the program wrote (``saved_errors.StaleSave``),
+    where the backward reaches one of the outputs computed from it (a cotangent that is not None:
+    with several differentiable outputs, cotangents are not materialised); ``at_call``: the
+    versions of the inputs at the call (``state_at_call``)."""
     for error, positions in stale:
         if any(grads[i] is not None for i in positions):
-            raise type(error)(*error.args)
+            raise error.error(at_call)
 
 
 class _RaisingBackward(torch.autograd.Function):
@@ -303,12 +305,12 @@ class _RaisingBackward(torch.autograd.Function):
         raise type(ctx.error)(*ctx.error.args)
 
 
-def _raising_backward(flat: tuple, stale: tuple) -> tuple:
+def _raising_backward(flat: tuple, stale: tuple, at_call: dict) -> tuple:
     """``flat`` with the outputs ``stale`` names (their first error each) raising in a backward."""
     errors: dict = {}
     for error, positions in stale:
         for i in positions:
-            errors.setdefault(i, error)
+            errors.setdefault(i, error.error(at_call))
     return tuple(_RaisingBackward.apply(o, errors[i]) if i in errors else o for i, o in enumerate(flat))
 
 
@@ -450,7 +452,7 @@ def _differentiated(ctx, program, grads) -> tuple:
     again as torch calls, which autograd records (``core.differentiable``)."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
-    _check_versions(ctx.residuals, ctx.versions)
+    _check_versions(ctx.residuals, ctx.versions, ctx.inputs)
     grads = program.gradients(ctx, grads)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None
@@ -484,7 +486,10 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale
                 raise
         if writes:
             raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
-        return _raising_backward(program.flat(*inputs), stale) if stale else program.flat(*inputs)
+        if not stale:
+            return program.flat(*inputs)
+        at_call = state_at_call(inputs, inputs_at_call(stale))
+        return _raising_backward(program.flat(*inputs), stale, at_call)
 
     if single:
         return lambda *inputs: call(*inputs)[0]

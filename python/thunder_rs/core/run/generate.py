@@ -185,11 +185,14 @@ def _unread(acquired) -> tuple:
 
 def _stale(acquired, grad_positions: list) -> tuple:
     """Per call whose saved tensors the program wrote in place (``saved_versions``): eager's error
-    and the flat outputs through which a backward reaches the call's node."""
+    and the flat outputs through which a backward reaches the call's node. A node whose saved
+    tensor was written through ``.data``, which eager's backward reads, is refused here."""
     stale = []
     for error, vids in acquired.stale_saves:
         reached = acquired.trace.outputs_reaching(list(vids), list(grad_positions))
         if reached:
+            if error.at_compile:
+                raise error.error()
             stale.append((error, frozenset(reached)))
     return tuple(stale)
 
