@@ -94,7 +94,7 @@ class TracedValue:
                 self.outputs.append((i, TracedValue(tuple(leaf), extras)))
                 leaves[i] = None
             elif type(leaf) is SymFloat:  # a float of sizes: its value, the sizes specialised
-                leaves[i] = float(leaf)
+                leaves[i] = leaf.value()
             elif type(leaf) is Text:  # printed text of sizes: this call's
                 self.outputs.append((i, TracedText(leaf, extras)))
                 leaves[i] = None

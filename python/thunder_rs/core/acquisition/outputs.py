@@ -90,7 +90,7 @@ class _Templater:
             self.flat.append(x)
             return _Slot(len(self.flat) - 1)
         if type(x) is SymFloat:  # a float of sizes as a result: its value, the sizes specialised
-            return float(x)
+            return x.value()  # (a ``numpy.float64`` where it is one)
         if type(x) is SymbolicSize or (type(x) is torch.Size and any(type(s) is SymInt for s in x)):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
