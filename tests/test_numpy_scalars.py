@@ -187,3 +187,20 @@ def test_a_numpy_float64_and_a_python_float_are_keys_of_their_own():
     stats = thunder_rs.compile_stats(jfn)
     assert stats.cache_misses == 3, stats.miss_reasons
     assert stats.miss_reasons[2].startswith("s: a float64 input -> a float input; compiled with symbolic floats s")
+
+
+@pytest.mark.parametrize("kind", [np.float64, np.float32, np.int64, np.bool_])
+def test_a_returned_numpy_scalar_is_the_scalar(kind):
+    # The trace returned its value as a constant of Python's type (a float for np.float64).
+    fns = {
+        "in a tuple": lambda x, s: (x * 2, s),
+        "in a list": lambda x, s: [x * 2, s],
+        "alone": lambda x, s: s,
+    }
+    for fn in fns.values():
+        jfn = thunder_rs.jit(fn)
+        for value in (1, 2, 3):
+            s = kind(value)
+            got, expected = jfn(torch.ones(2), s), fn(torch.ones(2), s)
+            got_s, expected_s = (got, expected) if type(expected) is kind else (got[1], expected[1])
+            assert type(got_s) is type(expected_s) and got_s == expected_s
