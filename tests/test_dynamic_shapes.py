@@ -172,7 +172,8 @@ def test_an_int_a_cache_counts_with_is_a_size_once_seen_changing():
     assert stats.cache_misses == 3, stats.miss_reasons
     assert "cache.seen" in stats.miss_reasons[1].split("compiled with symbolic sizes")[1]
     assert "fail a guard of the trace (-t3 + 8 >= 0" in stats.miss_reasons[2]
-    decided = f"-t3 + 8 >= 0 fails (t1 = cache.keys.shape[1] = 4, t3 = cache.seen = 9), decided at {line_of(window_step, 'late =')};"
+    where = line_of(window_step, "late =")
+    decided = f"-t3 + 8 >= 0 fails (t1 = cache.keys.shape[1] = 4, t3 = cache.seen = 9), decided at {where};"
     assert decided in stats.miss_reasons[2], stats.miss_reasons[2]
 
 
