@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
-from thunder_rs.core.lang.printed_text import Text, formatting, resolved, stop_formatting
+from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import is_size
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
@@ -36,6 +36,8 @@ _builtin_print = builtins.print
 def _print(*args, **kwargs):
     recorded = _prints.get()
     if recorded is None or thread_state.inside:
+        if recorded is not None:  # (text of sizes it formats holds placeholders: their values)
+            args, kwargs = at_hints((args, kwargs))
         return _builtin_print(*args, **kwargs)
     for leaf in pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, str) and "TensorProxy(t" in leaf:

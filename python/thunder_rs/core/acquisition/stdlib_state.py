@@ -64,7 +64,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
-from thunder_rs.core.lang.printed_text import Text, resolved
+from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
@@ -262,6 +262,7 @@ def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, st
     recorded = recorded_effects()
     frame = _program_frame(sys._getframe(1), max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
     if frame is None:
+        msg, args = at_hints((msg, args))  # (placeholders of sizes: their values, as traced)
         return _logger_log(self, level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
     _refuse_formatted((msg,), f"logging ({self.name!r})", frame)
     if exc_info:

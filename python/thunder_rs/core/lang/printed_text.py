@@ -88,3 +88,23 @@ def resolved(value):
     if kind is dict:
         return {k: resolved(v) for k, v in value.items()}
     return value
+
+
+def at_hints(value):
+    """``value`` (as ``resolved`` takes) with each placeholder the text of its size when traced: for
+    a ``print`` or logging call made while no trace records it (thunder_rs's own code running the
+    program's), which prints as eager would have on this call."""
+    sizes = _formatted.get()
+    if not sizes:
+        return value
+    kind = type(value)
+    if kind is str:
+        text = _text(value, sizes)
+        if type(text) is str:
+            return text
+        return "".join(p if type(p) is str else p[1](p[0].expr.hint) for p in text.parts)
+    if kind in (tuple, list):
+        return kind(map(at_hints, value))
+    if kind is dict:
+        return {k: at_hints(v) for k, v in value.items()}
+    return value
