@@ -454,9 +454,10 @@ def linear_grad(input, weight, bias=None):
         # Eager's linear of a contiguous input of 3 or more dims is ``addmm`` of its rows
         # (``_flatten_nd_linear``): the bias's gradient sums the rows of the gradient reshaped, a
         # contiguous copy where it is no view of them (an attention's transposed key gradient), in
-        # that order; summing the strided gradient over its batch dims adds in another order.
+        # that order; summing the strided gradient over its batch dims adds in another order. (The
+        # gradient's layout is not known here: views are laid out after the backward is built.)
         flattened = input.ndim >= 3 and bias.ndim == 1 and _contiguous(input)
-        put_grad(bias, sum_to(ltorch.reshape(g, (rows, weight.shape[0])) if flattened else g, bias.shape))
+        put_grad(bias, sum_to(ltorch.flatten(g, 0, -2) if flattened else g, bias.shape))
     return out
 
 
