@@ -47,7 +47,8 @@ into the steps that compiled and the others:
                                 these parts predict, steadier than `ratio` when eager's own time moves
 
 `--clock cpu` times the paired steps by the process's CPU time instead, which leaves out the time
-other processes of a shared machine hold the cores.
+other processes of a shared machine hold the cores; so it does the batch run's per-call and first-call
+times (its wall times, `*_s`, stay wall times).
 """
 
 import argparse
@@ -250,10 +251,10 @@ def per_call_us(calls: dict, x, repeats: int = 41) -> dict:
         for _ in range(repeats):
             for name, call in calls.items():
                 sync()
-                start = time.perf_counter_ns()
+                start = CLOCK()
                 call(x)
                 sync()
-                samples[name].append((time.perf_counter_ns() - start) / 1e3)
+                samples[name].append((CLOCK() - start) * 1e6)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
@@ -288,15 +289,15 @@ def run_batch(backends: dict) -> dict:
 
 
 def first_call_s(jfn, x) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     with torch.no_grad():
         jfn(x)
     sync()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 def first_calls(model, config, repeats: int = 5) -> dict:
-    """Median wall time of the call that compiles with the batch size symbolic (the second size a
+    """Median time (``CLOCK``) of the call that compiles with the batch size symbolic (the second size a
     fresh jit sees) and of a static compile's first call at that size."""
     small, x = gpt.random_tokens(config, 1, 32).to(DEVICE), gpt.random_tokens(config, 2, 32).to(DEVICE)
     symbolic, static = [], []

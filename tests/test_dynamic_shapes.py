@@ -167,13 +167,14 @@ def test_an_int_a_cache_counts_with_is_a_size_once_seen_changing():
         assert seen == eager_seen == compiled.seen == eager.seen
         torch.testing.assert_close(compiled.keys, eager.keys)
     stats = thunder_rs.compile_stats(jf)
-    # the prompt; a step; the count seen changing (symbolic); the branch at 10
-    assert stats.cache_misses == 4, stats.miss_reasons
-    assert "cache.seen changed from 5 to 6" in stats.miss_reasons[2]
-    assert "fail a guard of the trace (-t1 + 8 >= 0" in stats.miss_reasons[3]
-    decided = f"-t1 + 8 >= 0 fails (t1 = cache.seen = 9), decided at {line_of(window_step, 'late =')};"
-    assert decided in stats.miss_reasons[3], stats.miss_reasons[3]
-    assert "cache.seen" in stats.miss_reasons[2].split("compiled with symbolic sizes")[1]
+    # the prompt; a step, the count seen changing from 0 to 5 (symbolic at once, as an int
+    # argument would be); the branch at 10
+    assert stats.cache_misses == 3, stats.miss_reasons
+    assert "cache.seen" in stats.miss_reasons[1].split("compiled with symbolic sizes")[1]
+    assert "fail a guard of the trace (-t3 + 8 >= 0" in stats.miss_reasons[2]
+    where = line_of(window_step, "late =")
+    decided = f"-t3 + 8 >= 0 fails (t1 = cache.keys.shape[1] = 4, t3 = cache.seen = 9), decided at {where};"
+    assert decided in stats.miss_reasons[2], stats.miss_reasons[2]
 
 
 def test_sizes_0_and_1_stay_constant():

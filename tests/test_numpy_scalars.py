@@ -1,7 +1,12 @@
 """NumPy scalars as arguments of a jitted function, against eager: torch reads one where it takes
 a number as the Python number of its value (``core.lang.numpy_scalars``), so results and dtypes
 match eager's (``bf16 * np.float32(0.5)`` stays bfloat16, ``int32 * np.float16(2)`` is float32),
-and a call is keyed by the scalar's type and value: a new object of a value seen before hits."""
+and a call is keyed by the scalar's type and value: a new object of a value seen before hits. An
+``np.float64`` seen to change is a float input, as a Python float is: two compiles for every value.
+"""
+
+import math
+import warnings
 
 import numpy as np
 import pytest
@@ -66,7 +71,7 @@ def test_numpy_scalar_dropout_p():
     torch.testing.assert_close(jfn(x, np.float64(0.1)), fn(x, np.float64(0.1)), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", [np.float64, np.float32, np.int64])
+@pytest.mark.parametrize("kind", [np.float32, np.float16, np.int64])
 def test_numpy_scalar_keyed_by_type_and_value(kind):
     x = torch.randn(4)
     jfn = thunder_rs.jit(lambda x, s: x * s)
@@ -120,3 +125,82 @@ def test_numpy_scalars_in_other_calls(name):
     got, expected = thunder_rs.jit(fn)(x), fn(x)
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+FLOAT64_PROGRAMS = {
+    "arithmetic": lambda x, s: x * s + s**2 - x / (1 - s),
+    "bfloat16 stays": lambda x, s: x.bfloat16() * s + s * x.bfloat16(),
+    "full": lambda x, s: torch.full((4,), s) + x,
+    "alpha": lambda x, s: x.add(x.flip(0), alpha=-s),
+    "math": lambda x, s: x * math.sqrt(s) + math.log(s),
+    "its class": lambda x, s: x * 2 if isinstance(s, np.floating) and s.__class__ is np.float64 else x,
+    "tensor of it": lambda x, s: torch.tensor(s) + x,
+    "negated": lambda x, s: x.clamp(min=-s, max=s),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOAT64_PROGRAMS))
+def test_a_changing_numpy_float64_is_a_float_input_as_a_python_float(name):
+    # Keyed by value, each np.float64 compiled again (5 compiles here); as a float input, two.
+    fn = FLOAT64_PROGRAMS[name]
+    jfn, x = thunder_rs.jit(fn), torch.randn(4)
+    for value in (0.25, 0.5, 0.75, 2.0, 0.3):
+        got, expected = jfn(x, np.float64(value)), fn(x, np.float64(value))
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
+    assert "compiled with symbolic floats s" in thunder_rs.compile_stats(jfn).miss_reasons[1]
+
+
+NUMPY_SEMANTICS = {
+    "divided by zero": lambda x, s: x * (1 / s),  # inf (a RuntimeWarning), not ZeroDivisionError
+    "overflowing": lambda x, s: x * (s * 1e308),
+    "fractional power of a negative": lambda x, s: x * (s**0.5),  # nan, not complex
+    "item": lambda x, s: x * s.item(),
+    "floor division": lambda x, s: x * (s // 0.25),
+    "repr": lambda x, s: (x * s, repr(s), f"{s}"),
+}
+
+
+@pytest.mark.parametrize("name", list(NUMPY_SEMANTICS))
+def test_a_numpy_float64_input_computes_as_numpy_does(name):
+    fn = NUMPY_SEMANTICS[name]
+    jfn, x = thunder_rs.jit(fn), torch.randn(4)
+    for value in (0.5, 0.25, 0.0, -1.0, 10.0, 0.75):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got, expected = jfn(x, np.float64(value)), fn(x, np.float64(value))
+        if type(expected) is tuple:  # (with NumPy's texts: "np.float64(0.5)")
+            assert got[1:] == expected[1:]
+            got, expected = got[0], expected[0]
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_numpy_float64_and_a_python_float_are_keys_of_their_own():
+    jfn, x = thunder_rs.jit(lambda x, s: x * s), torch.randn(4)
+    for value in (0.25, 0.5, 0.75):
+        jfn(x, np.float64(value))
+    assert thunder_rs.cache_misses(jfn) == 2
+    jfn(x, 0.75)  # a float where the entry takes a np.float64: another key, symbolic at once
+    jfn(x, 0.5)
+    jfn(x, np.float64(0.1))
+    stats = thunder_rs.compile_stats(jfn)
+    assert stats.cache_misses == 3, stats.miss_reasons
+    assert stats.miss_reasons[2].startswith("s: a float64 input -> a float input; compiled with symbolic floats s")
+
+
+@pytest.mark.parametrize("kind", [np.float64, np.float32, np.int64, np.bool_])
+def test_a_returned_numpy_scalar_is_the_scalar(kind):
+    # The trace returned its value as a constant of Python's type (a float for np.float64).
+    fns = {
+        "in a tuple": lambda x, s: (x * 2, s),
+        "in a list": lambda x, s: [x * 2, s],
+        "alone": lambda x, s: s,
+    }
+    for fn in fns.values():
+        jfn = thunder_rs.jit(fn)
+        for value in (1, 2, 3):
+            s = kind(value)
+            got, expected = jfn(torch.ones(2), s), fn(torch.ones(2), s)
+            got_s, expected_s = (got, expected) if type(expected) is kind else (got[1], expected[1])
+            assert type(got_s) is type(expected_s) and got_s == expected_s

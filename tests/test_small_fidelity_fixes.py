@@ -132,3 +132,27 @@ def test_complex_values_of_an_input_that_requires_grad_are_computed_with_the_vec
         cotangent = torch.randn(expected.shape, dtype=expected.dtype, generator=gen)
         (e,), (g,) = (torch.autograd.grad(out, a, cotangent) for out in (expected, actual))
         assert torch.equal(e, g)
+
+
+def test_a_linear_bias_gradient_sums_the_rows_as_eager_s_addmm_does():
+    # Eager's linear of a contiguous 3-D input is addmm of its rows: the bias's gradient sums the
+    # gradient reshaped to rows, a contiguous copy where an attention's key gradient arrives
+    # transposed. The trace summed the strided gradient over its batch dims, in another order: the
+    # key bias's gradient (zero up to rounding) differed in every sample, and BERT's training drifted.
+    torch.manual_seed(0)
+    lin_q, lin_k = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def attention(x):
+        b, t, _ = x.shape
+        q = lin_q(x).view(b, t, 4, 8).transpose(1, 2)
+        k = lin_k(x).view(b, t, 4, 8).transpose(1, 2)
+        return torch.softmax(q @ k.transpose(-1, -2), -1).sum((0, 1))
+
+    jfn = thunder_rs.jit(attention)
+    for seed in range(3):
+        x = torch.randn(3, 10, 32, generator=torch.Generator().manual_seed(seed))
+        g = torch.randn(10, 10, generator=torch.Generator().manual_seed(seed + 10))
+        expected = torch.autograd.grad(attention(x), [lin_k.bias, lin_k.weight, lin_q.bias], g)
+        got = torch.autograd.grad(jfn(x), [lin_k.bias, lin_k.weight, lin_q.bias], g)
+        for a, e in zip(got, expected):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)

@@ -56,8 +56,9 @@ def test_gpt_training_step_matches_eager_with_the_backward_folded():
     # transposes, a cat and a reshape (a view of the cat's output) instead of 3 transposes, 3
     # reshapes (copies) and a cat, and each linear layer's weight gradient is one call instead
     # of reshape, t, reshape and matmul. The transposes stay before the cat: after it, the
-    # reshape would copy what the cat wrote.
-    assert len(calls(backward)) <= 62, backward
+    # reshape would copy what the cat wrote. Each linear layer's bias gradient sums its gradient
+    # flattened to rows (a view here), as eager's addmm does (8 calls: 61 -> 69).
+    assert len(calls(backward)) <= 69, backward
     note = views_note(thunder_rs.last_backward_traces(jmodel))
     assert "flattened-product x9, cat-of-reshapes x2" in note and "cat-of-transposes" not in note, note
 

@@ -42,7 +42,8 @@ from thunder_rs.torch.common import (
 )
 from thunder_rs.torch.linalg import column_major, mm_product, opaque, row_major
 from thunder_rs.torch.symbols import ltorch, torchsymbol
-from thunder_rs.core.lang.symint import same_shape
+from thunder_rs.core.lang.eager_layouts import eager_strides
+from thunder_rs.core.lang.symint import identical, same_shape
 
 T = torch.Tensor
 
@@ -443,15 +444,36 @@ def linear_grad(input, weight, bias=None):
     # row-major (its transpose is not column-major: mm_mat2_backward's plain product, transposed).
     if input.requires_grad:
         put_grad(input, mm_product(g, weight, input.ndim == 2 and column_major(input)))
+    rows = math.prod(input.shape[:-1])
     if weight.requires_grad:
         # One product over the flattened batch: (out, rows) @ (rows, in).
-        rows = math.prod(input.shape[:-1])
         g2 = ltorch.reshape(g, (rows, weight.shape[0]))
         x2 = ltorch.reshape(input, (rows, weight.shape[1]))
         put_grad(weight, mm_product(ltorch.t(g2), x2, not row_major(weight)))
     if bias is not None and bias.requires_grad:
-        put_grad(bias, sum_to(g, bias.shape))
+        # Eager's linear of a contiguous input of 3 or more dims is ``addmm`` of its rows
+        # (``_flatten_nd_linear``): the bias's gradient sums the rows of the gradient reshaped, a
+        # contiguous copy where it is no view of them (an attention's transposed key gradient), in
+        # that order; summing the strided gradient over its batch dims adds in another order. (The
+        # gradient's layout is not known here: views are laid out after the backward is built.)
+        flattened = input.ndim >= 3 and bias.ndim == 1 and _contiguous(input)
+        put_grad(bias, sum_to(ltorch.flatten(g, 0, -2) if flattened else g, bias.shape))
     return out
+
+
+def _contiguous(p) -> bool:
+    """Whether eager's tensor for proxy ``p`` is contiguous, its strides compared as data (a
+    symbolic size is not decided on: a stride that is some other expression of it reads as not)."""
+    strides = eager_strides(p)
+    if strides is None:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(p.shape), reversed(strides)):
+        if not identical(size, 1):
+            if not identical(stride, expected):
+                return False
+            expected = expected * size
+    return True
 
 
 @register_grad(ltorch.embedding)

@@ -5,11 +5,12 @@ import types
 import weakref
 from typing import cast
 
+import numpy
 import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.layouts import describe
-from thunder_rs.core.state.guards import freeze, is_simple
+from thunder_rs.core.state.guards import NUMPY_SCALARS, freeze, is_simple
 from thunder_rs.core.state.tensor_guards import META_NAMES, NOT_A_LEAF, meta_source
 from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.lang.recorder import refuse_unlike_strided
@@ -319,6 +320,8 @@ def _show(key) -> str:
     """A leaf key in words."""
     if type(key) is tuple and len(key) == 2 and key[0] is float:
         return "a float input" if key[1] is None else repr(float.fromhex(key[1]))
+    if type(key) is tuple and len(key) == 2 and key[0] in NUMPY_SCALARS:  # (its type, its bits)
+        return f"a {key[0].__name__} input" if key[1] is None else repr(numpy.frombuffer(key[1], key[0])[0])
     if type(key) is tuple and len(key) == 2 and key[0] is _Generator and type(key[1]) is torch.device:
         return f"a torch.Generator on {key[1]}"
     if type(key) is tuple and len(key) in (1, 2) and isinstance(key[0], type):

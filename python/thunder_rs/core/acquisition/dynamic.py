@@ -249,13 +249,14 @@ def _float_changed(guard, flat) -> bool:
 
 def _int_changed(guard, flat) -> bool:
     """Whether ``guard`` (failing) read an int of an argument object or a module (a count of the
-    tokens seen) that is another int now, both from 2 up (0 and 1 stay constant, as sizes do)."""
+    tokens seen) that is another int now, from 2 up (0 and 1 stay constant, as sizes do; a count
+    going from 1 to 2 is marked then, as an int argument is)."""
     if type(guard) is not Guard or type(guard.expected) is not int:
         return False
     if not isinstance(guard.source, InputSource) and type(guard.source) is not ModuleSource:
         return False
     now = guard.read(flat)
-    return type(now) is int and guard.expected >= 2 and now >= 2
+    return type(now) is int and now >= 2
 
 
 def held_changes(guards, flat) -> dict | None:

@@ -7,7 +7,9 @@ dicts of its arguments.
 trace; the wrapper prints as before in every other case). Tensors among the arguments become
 extra outputs of the trace, and the compiled call prints after running, with that call's values.
 Text that already holds a formatted stand-in (``print(f"{loss}")``) cannot be printed with later
-values: that is refused with an error naming the line.
+values: that is refused with an error naming the line. Text of symbolic sizes made only to be
+printed (``print(f"T={x.shape[1]}")``) holds placeholders that every call fills with its sizes
+(``core.lang.printed_text``).
 """
 
 import builtins
@@ -19,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
+from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import is_size
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
@@ -33,6 +36,8 @@ _builtin_print = builtins.print
 def _print(*args, **kwargs):
     recorded = _prints.get()
     if recorded is None or thread_state.inside:
+        if recorded is not None:  # (text of sizes it formats holds placeholders: their values)
+            args, kwargs = at_hints((args, kwargs))
         return _builtin_print(*args, **kwargs)
     for leaf in pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, str) and "TensorProxy(t" in leaf:
@@ -40,7 +45,7 @@ def _print(*args, **kwargs):
                 f"print: the text printed at {user_location()} formats a traced tensor (an f-string or str() of it), "
                 "which a compiled call cannot print with later values; pass the tensor to print as an argument"
             )
-    recorded.append((args, kwargs))
+    recorded.append(resolved((args, kwargs)))
     return None
 
 
@@ -48,11 +53,12 @@ def recording_prints(prints: list):
     """Records the program's ``print`` calls into ``prints`` while the returned token is set."""
     if builtins.print is not _print:
         builtins.print = _print
-    return _prints.set(prints)
+    return _prints.set(prints), formatting([])
 
 
 def stop_recording_prints(token) -> None:
-    _prints.reset(token)
+    _prints.reset(token[0])
+    stop_formatting(token[1])
 
 
 def recorded_effects() -> list | None:
@@ -76,7 +82,7 @@ class TracedValue:
 
     def __init__(self, value, extras: list, kept: dict | None = None):
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
-        self.outputs: list[tuple[int, "int | TracedValue"]] = []
+        self.outputs: list[tuple[int, "int | TracedValue | TracedText"]] = []
         for i, leaf in enumerate(leaves):
             if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
                 leaves[i] = kept[id(leaf)]
@@ -90,7 +96,10 @@ class TracedValue:
                 self.outputs.append((i, TracedValue(tuple(leaf), extras)))
                 leaves[i] = None
             elif type(leaf) is SymFloat:  # a float of sizes: its value, the sizes specialised
-                leaves[i] = float(leaf)
+                leaves[i] = leaf.value()
+            elif type(leaf) is Text:  # printed text of sizes: this call's
+                self.outputs.append((i, TracedText(leaf, extras)))
+                leaves[i] = None
         self.leaves = leaves
 
     def get(self, extras):
@@ -98,8 +107,25 @@ class TracedValue:
             return pytree.tree_unflatten(self.leaves, self.spec)
         leaves = list(self.leaves)
         for i, output in self.outputs:
-            leaves[i] = torch.Size(output.get(extras)) if type(output) is TracedValue else extras[output]
+            kind = type(output)
+            if kind is int:
+                leaves[i] = extras[output]
+            else:
+                leaves[i] = torch.Size(output.get(extras)) if kind is TracedValue else output.get(extras)
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+class TracedText:
+    """Printed text holding symbolic sizes (a ``printed_text.Text``): each size an extra output of
+    the trace, and ``get(extras)`` the text eager makes of a call's sizes."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, text: Text, extras: list):
+        self.parts: list = [p if type(p) is str else (TracedValue(p[0], extras), p[1]) for p in text.parts]
+
+    def get(self, extras) -> str:
+        return "".join(p if type(p) is str else p[1](p[0].get(extras)) for p in self.parts)
 
 
 class PrintCall:

@@ -27,13 +27,18 @@ constant.
 
 from typing import Any, NamedTuple
 
+import numpy
+
 from thunder_rs.core.acquisition.cache import leaf_key
 from thunder_rs.core.acquisition.dynamic import FLOAT as FLOAT_ATTR
 from thunder_rs.core.lang import float_guards
 from thunder_rs.core.lang.symfloat import specialised_inputs
 
-#: A float argument's place in a key where the trace takes it as an input: any float matches.
+#: A float argument's place in a key where the trace takes it as an input: any float matches
+#: (``(numpy.float64, None)`` for a NumPy double, ``core.lang.numpy_scalars``).
 FLOAT = (float, None)
+#: The types of the float arguments a trace may take as inputs (their keys: ``(type, bits)``).
+FLOAT_TYPES = (float, numpy.float64)
 
 
 class ArgFloat(NamedTuple):
@@ -57,7 +62,7 @@ class FloatSpecialised(Exception):
 
 
 def _is_float_key(k) -> bool:
-    return type(k) is tuple and len(k) == 2 and k[0] is float
+    return type(k) is tuple and len(k) == 2 and k[0] in FLOAT_TYPES
 
 
 def widen(key, positions):
@@ -66,7 +71,7 @@ def widen(key, positions):
         return key
     leaves = list(key[1])
     for i in positions:
-        leaves[i] = FLOAT
+        leaves[i] = (leaves[i][0], None)
     return (key[0], tuple(leaves), *key[2:])
 
 
@@ -74,7 +79,7 @@ def widened(key) -> tuple:
     """The positions where ``key`` holds ``FLOAT``: the floats its entry takes as inputs."""
     if type(key) is not tuple or len(key) < 3:
         return ()
-    return tuple(i for i, k in enumerate(key[1]) if k is FLOAT or k == FLOAT)
+    return tuple(i for i, k in enumerate(key[1]) if k is FLOAT or (_is_float_key(k) and k[1] is None))
 
 
 def changed_floats(old_key, new_key) -> set:
@@ -115,8 +120,8 @@ class FloatArgs:
         leaves = list(key[1])
         n = len(leaves)
         for i in self.wide:  # (leaf keys are tuples: a float's is ``(float, hex)``)
-            if i < n and leaves[i][0] is float:
-                leaves[i] = FLOAT
+            if i < n and leaves[i][0] in FLOAT_TYPES:
+                leaves[i] = FLOAT if leaves[i][0] is float else (leaves[i][0], None)
         return (key[0], tuple(leaves), *key[2:])
 
     def wanted(self, mode, key, flat, earlier_keys):
@@ -127,7 +132,9 @@ class FloatArgs:
             for old in earlier_keys:
                 if old is not None:
                     self.marked.update(changed_floats(old, key))
-        floats = [i for i in sorted(self.marked) if i < len(flat) and type(flat[i]) is float and i not in self.constant]
+        floats = [
+            i for i in sorted(self.marked) if i < len(flat) and type(flat[i]) in FLOAT_TYPES and i not in self.constant
+        ]
         return widen(key, floats) if floats else key
 
     def held(self, held: dict | None) -> dict | None:
@@ -249,7 +256,8 @@ class FloatGuard:
         self.decisions = tuple(decisions)
         self.floats = tuple(floats)  # ``(ArgFloat or HeldFloat, value id)``
         scope: dict = {}
-        reads = ", ".join(f"{vid}: {at.code(j, scope)}" for j, (at, vid) in enumerate(self.floats))
+        # (a ``numpy.float64`` read as the float it is: its comparisons answer ``numpy.bool_``)
+        reads = ", ".join(f"{vid}: float({at.code(j, scope)})" for j, (at, vid) in enumerate(self.floats))
         exec(compile(f"def read(flat):\n    return {{{reads}}}\n", "<thunder_rs float guards>", "exec"), scope)
         self._read = scope["read"]
         #: ``{value id: the user's name}`` (``FloatArgs.labels``)

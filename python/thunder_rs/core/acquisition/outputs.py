@@ -28,6 +28,7 @@ from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+_PLAIN_TYPES = frozenset(_PLAIN)
 #: What a rebuilt object shares with the trace-time one rather than copies.
 _SHARED = (
     *_PLAIN,
@@ -90,7 +91,7 @@ class _Templater:
             self.flat.append(x)
             return _Slot(len(self.flat) - 1)
         if type(x) is SymFloat:  # a float of sizes as a result: its value, the sizes specialised
-            return float(x)
+            return x.value()  # (a ``numpy.float64`` where it is one)
         if type(x) is SymbolicSize or (type(x) is torch.Size and any(type(s) is SymInt for s in x)):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
@@ -225,7 +226,9 @@ def is_size(x) -> bool:
 
 
 def _is_proxy_holder(leaf) -> bool:
-    return not isinstance(leaf, (torch.Tensor, *_PLAIN))
+    # (exactly a plain type: a subclass of one, a ``numpy.float64`` or an ``IntEnum``, is returned as
+    # the object it is, where the trace would return the plain value)
+    return type(leaf) not in _PLAIN_TYPES and not isinstance(leaf, torch.Tensor)
 
 
 def flatten_output(out, inputs: list):
@@ -256,5 +259,5 @@ def flatten_output(out, inputs: list):
 
 def is_plain(out) -> bool:
     """Outputs the generated code can return as they are: a leaf, or a flat tuple/list of leaves."""
-    leaf = lambda x: isinstance(x, (torch.Tensor, bool, int, float)) or x is None  # noqa: E731
+    leaf = lambda x: isinstance(x, torch.Tensor) or type(x) in (bool, int, float) or x is None  # noqa: E731
     return leaf(out) or (type(out) in (tuple, list) and all(leaf(x) for x in out))

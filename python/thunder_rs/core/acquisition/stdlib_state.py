@@ -64,6 +64,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
 from thunder_rs.core.state.cached_reads import put_back_cached
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
@@ -237,6 +238,8 @@ class LogCall:
 
     def effect(self, extras: list):
         self.arguments = TracedValue(self.arguments, extras)
+        if type(self.msg) is Text:
+            self.msg = TracedValue(self.msg, extras)
         return self
 
     def apply(self, extras, flat) -> None:
@@ -246,7 +249,7 @@ class LogCall:
             self.level,
             path,
             line,
-            self.msg,
+            self.msg.get(extras) if type(self.msg) is TracedValue else self.msg,
             self.arguments.get(extras),
             None,
             function,
@@ -260,6 +263,7 @@ def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, st
     recorded = recorded_effects()
     frame = _program_frame(sys._getframe(1), max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
     if frame is None:
+        msg, args = at_hints((msg, args))  # (placeholders of sizes: their values, as traced)
         return _logger_log(self, level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
     _refuse_formatted((msg,), f"logging ({self.name!r})", frame)
     if exc_info:
@@ -272,7 +276,7 @@ def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, st
         "Stack (most recent call last):\n" + "".join(traceback.format_stack(frame)).rstrip("\n") if stack_info else None
     )
     where = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-    recorded.append(LogCall(self, level, msg, args, where, extra, sinfo))
+    recorded.append(LogCall(self, level, resolved(msg), resolved(args), where, extra, sinfo))
     return None
 
 

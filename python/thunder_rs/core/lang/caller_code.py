@@ -14,12 +14,19 @@ A float read from a tensor and passed straight to ``int`` (``int(t.item())``: to
 ``torch_choice`` draws a random index so) is used only as that int: the read's check compares the
 int, not the float, which differs on every draw (``only_truncated``).
 
+A size formatted straight into an argument of ``print`` or of a logging method (``log.info(f"T={T}")``,
+``logging.warning``) reaches only that call, which tracing records and every compiled call makes
+again: the text is made again by each call from its sizes (``printed_text``, ``only_printed``).
+
 The caller's bytecode tells: from the instruction at hand, only loads and string building up to a
 call whose callable (the instruction starting where the call's source starts) is the function.
 """
 
+import builtins
 import dis
 import functools
+import logging
+import sys
 
 import torch
 
@@ -41,6 +48,10 @@ _BUILDING = frozenset(
     }
 )
 _CALLS = frozenset({"PRECALL", "CALL"})
+# From Python 3.12, ``LOAD_ATTR`` loads a method with its object when the low bit of its argument is set.
+_METHOD_FLAG = sys.version_info >= (3, 12)
+#: The methods of a ``logging.Logger`` (and functions of ``logging``) that log a message.
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "fatal", "log"})
 
 
 @functools.lru_cache(maxsize=512)
@@ -121,3 +132,88 @@ def only_truncated(frame) -> bool:
         return False
     builtins = frame.f_builtins
     return frame.f_globals.get("int", builtins.get("int")) is int
+
+
+def _loaded(load, frame):
+    """The object a ``LOAD_GLOBAL``, ``LOAD_FAST`` or ``LOAD_DEREF`` of ``frame`` loads (None for
+    another instruction)."""
+    if load.opname == "LOAD_GLOBAL":
+        return frame.f_globals.get(load.argval, frame.f_builtins.get(load.argval))
+    if load.opname in ("LOAD_FAST", "LOAD_DEREF"):
+        return frame.f_locals.get(load.argval)
+    return None
+
+
+def _pops_pushes(ins, after_precall: bool) -> tuple[int, int] | None:
+    """How many values ``ins`` takes off the stack and puts on it, for the instructions that may
+    come between printed text and its call (loads, subscripts, string building, calls); None for
+    any other (a jump, a store, unpacking)."""
+    name, arg = ins.opname, ins.arg
+    if name in ("LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"):
+        return 0, 1
+    if name == "LOAD_GLOBAL":
+        return 0, 1 + (arg & 1)  # (and a NULL before a callable)
+    if name == "LOAD_ATTR":
+        return 1, 1 + (arg & 1 if _METHOD_FLAG else 0)
+    if name == "LOAD_METHOD":
+        return 1, 2
+    if name in ("BINARY_SUBSCR", "BINARY_OP"):
+        return 2, 1
+    if name == "FORMAT_VALUE":
+        return 1 + bool(arg & 4), 1
+    if name in ("BUILD_STRING", "BUILD_TUPLE", "BUILD_LIST"):
+        return arg, 1
+    if name == "PRECALL":
+        return arg, 0
+    if name == "CALL":
+        return (2, 1) if after_precall else (arg + 2, 1)
+    if name in ("CACHE", "KW_NAMES", "NOP"):
+        return 0, 0
+    return None
+
+
+def only_printed(frame) -> bool:
+    """Whether the instruction ``frame`` runs makes text that reaches nothing but a call of
+    ``print`` or of a logging method of a ``logging.Logger`` or of ``logging`` named where it is
+    called, as one of its arguments or joined into one by an f-string (see the module doc): the
+    stack from there on, through straight-line loads, calls and string building, until an
+    instruction takes the text."""
+    instructions, index = _instructions(frame.f_code)
+    k = index.get(frame.f_lasti)
+    if k is None or instructions[k].positions is None or instructions[k].positions.lineno is None:
+        return False
+    depth, after_precall = 1, False  # values on the stack from the text up
+    for c in range(k + 1, len(instructions)):
+        ins = instructions[c]
+        effect = _pops_pushes(ins, after_precall)
+        if effect is None:
+            return False
+        pops, pushes = effect
+        if pops >= depth:  # ``ins`` takes the text
+            if ins.opname == "BUILD_STRING":
+                depth = pushes
+            elif ins.opname in _CALLS and not (ins.opname == "CALL" and after_precall):
+                return _is_print_or_log(instructions, _callable_load(instructions, k, ins), frame)
+            elif ins.opname != "FORMAT_VALUE" or ins.arg != 0:  # (an f-string's piece as it is)
+                return False
+        else:
+            depth += pushes - pops
+        after_precall = ins.opname == "PRECALL" or (after_precall and ins.opname == "CACHE")
+    return False
+
+
+def _is_print_or_log(instructions, j, frame) -> bool:
+    """Whether the instruction at ``j`` loads the builtin ``print``, or a logging method of a
+    ``logging.Logger`` or of ``logging`` that the instruction before it loads by name."""
+    if j is None:
+        return False
+    load = instructions[j]
+    if load.opname == "LOAD_GLOBAL":
+        return load.argval == "print" and _loaded(load, frame) is builtins.print
+    if load.opname not in ("LOAD_ATTR", "LOAD_METHOD") or load.argval not in _LOG_METHODS or not j:
+        return False
+    owner = instructions[j - 1]
+    if owner.positions is None or owner.positions[::2] != load.positions[::2]:
+        return False
+    held = _loaded(owner, frame)
+    return held is logging or isinstance(held, logging.Logger)

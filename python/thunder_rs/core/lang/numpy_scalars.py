@@ -8,10 +8,20 @@ float32), an ``np.complex64`` a complex. A traced call hands ltorch those number
 (``as_python``); the calls that make a tensor from data (``torch.tensor(np.float16(1))`` is
 float16) keep the scalar, as eager's do. A NumPy scalar argument is keyed by its type and the
 bits of its value (``state.guards.freeze``): each value compiles once.
+
+An ``np.float64`` argument is a Python float to its arithmetic as well (a ``float`` subclass whose
+operations round as Python's), so it is a float argument like a float (``acquisition.float_args``):
+once seen to change, the next compile takes it as a float input, a ``SymFloat`` that answers as a
+``numpy.float64`` (``SymFloat.numpy``), and every value hits that entry (keyed ``(numpy.float64,
+None)``: a Python float there is another key). ``np.float32`` and ``np.float16`` round their
+arithmetic to their own precision, which the trace's double operations would not: they stay keyed
+by value.
 """
 
 import numpy
 import torch
+
+from thunder_rs.core.lang.symfloat import SymFloat
 
 #: NumPy's scalar types, each with the Python type torch reads its value as.
 PYTHON_TYPE: dict[type, type] = {
@@ -40,9 +50,16 @@ def _python(x):
     return x if convert is None else convert(x)
 
 
+def _kept(x):
+    return x.value() if type(x) is SymFloat and x.numpy else x
+
+
 def as_python(func, args, kwargs) -> tuple:
     """``(args, kwargs)`` of a torch call with NumPy scalars (also in a list or tuple, a size) the
-    Python numbers torch reads them as."""
-    if func in KEEPS_SCALARS or not (_has_scalar(args) or (kwargs and _has_scalar(kwargs.values()))):
+    Python numbers torch reads them as; a call making a tensor from data keeps them, and takes a
+    ``numpy.float64`` float input's value (``torch.tensor(s)`` is float64, specialised)."""
+    if func in KEEPS_SCALARS:
+        return tuple(map(_kept, args)), {k: _kept(v) for k, v in kwargs.items()}
+    if not (_has_scalar(args) or (kwargs and _has_scalar(kwargs.values()))):
         return args, kwargs
     return tuple(map(_python, args)), {k: _python(v) for k, v in kwargs.items()}

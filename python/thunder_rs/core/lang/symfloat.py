@@ -340,8 +340,13 @@ _SPECIALISED: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_specia
 
 
 def float_input(vid: int, hint: float) -> "SymFloat":
-    """The symbolic float of the trace's float input ``vid`` (``Recorder.float_input``), at ``hint``."""
-    return SymFloat((ARG, vid, hint), hint)
+    """The symbolic float of the trace's float input ``vid`` (``Recorder.float_input``), at ``hint``
+    (a ``numpy.float64``'s answers as one: ``SymFloat.numpy``)."""
+    if type(hint) is float:
+        return SymFloat((ARG, vid, hint), hint)
+    made = SymFloat((ARG, vid, float(hint)), float(hint))
+    made.numpy = True
+    return made
 
 
 class specialised_inputs:
@@ -557,6 +562,8 @@ class SymFloat(torch.SymFloat):
     # SymFloat has not: the value when traced, and a node that names what torch asked of it.
     hint: float = 0.0
     node = _NODE  # type: ignore[assignment]
+    #: Whether it is a ``numpy.float64`` float input or computed from one with numbers (see below).
+    numpy = False
 
     def __init__(self, ops, hint: float):
         self.ops = ops
@@ -566,12 +573,27 @@ class SymFloat(torch.SymFloat):
     # thunder_rs its own (as ``SymInt`` does).
     @property  # type: ignore[misc]
     def __class__(self):
-        return SymFloat if _internal(sys._getframe(1)) else float
+        if _internal(sys._getframe(1)):
+            return SymFloat
+        return numpy.float64 if self.numpy else float
 
     def value(self) -> float:
         """The float itself: the sizes it reads specialised to their hints."""
         _specialise(self.ops)
-        return self.hint
+        return numpy.float64(self.hint) if self.numpy else self.hint
+
+    # A float input the caller passed as a ``numpy.float64`` (``core.lang.numpy_scalars``): NumPy's
+    # double arithmetic is Python's, bit for bit, where it is finite, so its operations with numbers
+    # stay symbolic (``numpy``: their results are ``numpy.float64`` too), and torch reads the
+    # caller's scalar as the float it is. Where Python would raise (``1 / s`` at 0.0 is ``inf`` with
+    # a ``RuntimeWarning`` in NumPy, a power that overflows ``inf``, a negative base to a fractional
+    # power ``nan``) the operation is NumPy's own on the value, specialised. The program sees
+    # ``numpy.float64`` as its class, and its value where it needs a NumPy scalar's (``s.item()``,
+    # ``s.dtype``, ``repr(s)``, ``s // 2``).
+    def __getattr__(self, name):
+        if not self.numpy or name.startswith("_") or _internal(sys._getframe(1)) or not hasattr(numpy.float64, name):
+            raise AttributeError(name)
+        return getattr(self.value(), name)
 
     def _thunder_type_read(self, site: str, exact: bool) -> None:
         type_read(self.ops, site, exact)
@@ -580,13 +602,17 @@ class SymFloat(torch.SymFloat):
     # (``T ** -0.5 * x`` is ``x * T ** -0.5``); with anything else the value is specialised.
     def _arith(self, other, symbol, reflected=False):
         o = operand(other)
-        if o is None:
+        kind = self.numpy or getattr(other, "numpy", False) is True
+        if o is None or (kind and not _finite_in_numpy(symbol, (o[1], self.hint) if reflected else (self.hint, o[1]))):
             if isinstance(other, torch.Tensor):
                 return NotImplemented
             op = OPERATORS[symbol]
             return op(other, self.value()) if reflected else op(self.value(), other)
         mine = (self.ops, self.hint)
-        return combine(symbol, o, mine) if reflected else combine(symbol, mine, o)
+        made = combine(symbol, o, mine) if reflected else combine(symbol, mine, o)
+        if kind and type(made) is SymFloat:
+            made.numpy = True
+        return made
 
     def __add__(self, other):
         return self._arith(other, "+")
@@ -621,7 +647,9 @@ class SymFloat(torch.SymFloat):
         return self._arith(other, "**", reflected=True)
 
     def __neg__(self):
-        return SymFloat(("neg", self.ops), -self.hint)
+        made = SymFloat(("neg", self.ops), -self.hint)
+        made.numpy = self.numpy
+        return made
 
     def __pos__(self):
         return self
@@ -655,7 +683,7 @@ class SymFloat(torch.SymFloat):
         return bool(self.value()) if answer is None else answer
 
     def __float__(self):
-        return self.value()
+        return float(self.value())
 
     def __int__(self):
         return int(self.value())
@@ -686,6 +714,16 @@ class SymFloat(torch.SymFloat):
         if _internal(frame):
             return text(self.ops)
         return format(self.hint if only_assert_message(frame) else self.value(), spec)
+
+
+def _finite_in_numpy(symbol: str, operands: tuple) -> bool:
+    """Whether NumPy's ``a <symbol> b`` of a ``numpy.float64`` is a finite double without a warning,
+    where Python's float operation gives the same."""
+    try:
+        with numpy.errstate(all="raise"):
+            return type(OPERATORS[symbol](numpy.float64(operands[0]), operands[1])) is numpy.float64
+    except (FloatingPointError, ZeroDivisionError, OverflowError):
+        return False
 
 
 def _specialising(name: str, function=None):

@@ -31,7 +31,8 @@ import torch
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import set_size_wrapper
 from thunder_rs.core.lang import symfloat
-from thunder_rs.core.lang.caller_code import only_assert_message
+from thunder_rs.core.lang import printed_text
+from thunder_rs.core.lang.caller_code import only_assert_message, only_printed
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -316,24 +317,35 @@ class SymInt(torch.SymInt):
     # Text the program makes from a size (``f"{T} tokens"``, ``repr(T)``, ``str([T])``) holds its
     # value: specialised. Text thunder_rs makes (the messages of its checks, formatted whether they
     # fail or not) shows the expression and specialises nothing; the message of a ``torch._assert``,
-    # read only when it fails as traced, shows the value and specialises nothing (``caller_code``).
+    # read only when it fails as traced, shows the value and specialises nothing (``caller_code``);
+    # text only printed or logged is made again by each call (``printed_text``).
     def __repr__(self):
         frame = sys._getframe(1)
         if _internal(frame):
             return f"SymInt({self.expr}, hint={self.expr.hint})"
-        return repr(self.expr.hint if only_assert_message(frame) else self.__index__())
+        return _printed(self, frame, repr) or repr(self.expr.hint if only_assert_message(frame) else self.__index__())
 
     def __str__(self):
         frame = sys._getframe(1)
         if _internal(frame):
             return str(self.expr)
-        return str(self.expr.hint if only_assert_message(frame) else self.__index__())
+        return _printed(self, frame, "") or str(self.expr.hint if only_assert_message(frame) else self.__index__())
 
     def __format__(self, spec):
         frame = sys._getframe(1)
         if _internal(frame):
             return str(self.expr)
-        return format(self.expr.hint if only_assert_message(frame) else self.__index__(), spec)
+        text = _printed(self, frame, spec)
+        return text or format(self.expr.hint if only_assert_message(frame) else self.__index__(), spec)
+
+
+def _printed(size: "SymInt", frame, spec) -> str | None:
+    """A placeholder for the text of ``size`` made with ``spec`` (``repr`` for ``repr``) where the
+    program only prints or logs it (``printed_text``); None elsewhere."""
+    render = printed_text.renderer(None if spec is repr else spec)
+    if render is None or not printed_text.recording() or not only_printed(frame):
+        return None
+    return printed_text.placeholder(size, render)
 
 
 _SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*"}
@@ -529,6 +541,8 @@ def _size_texts(sizes, frame) -> list:
     ``torch._assert`` message, the expression for thunder_rs's."""
     if _internal(frame):
         return [str(s.expr) if type(s) is SymInt else str(s) for s in sizes]
+    if printed_text.recording() and only_printed(frame):
+        return [(type(s) is SymInt and printed_text.placeholder(s, repr)) or str(s) for s in sizes]
     hint = only_assert_message(frame)
     return [str((s.expr.hint if hint else s.__index__()) if type(s) is SymInt else s) for s in sizes]
 

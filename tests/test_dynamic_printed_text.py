@@ -1,0 +1,76 @@
+"""Text of symbolic sizes that a program only prints or logs (``core.lang.printed_text``): each
+call prints and logs eager's text, made from its own sizes, and the sizes stay symbolic (two
+compiles for every length); text put to any other use still holds the size's value (a compile
+per size), as eager's text does."""
+
+import logging
+
+import torch
+
+import thunder_rs
+
+log = logging.getLogger("thunder_rs.tests.printed")
+
+
+def misses(jfn) -> int:
+    return thunder_rs.compile_stats(jfn).cache_misses
+
+
+def printing(x):
+    print(f"batch {x.shape}, {x.shape[0]:>4} rows, {x.size(0)!r}", x.shape[1], str(x.shape), sep="|")
+    print("rows", str(x.size(0)), f"{x.shape[0]}", x.size(0), end=";\n")
+    return x * 2
+
+
+def test_sizes_formatted_into_print_are_each_calls_and_stay_symbolic(capsys):
+    jf = thunder_rs.jit(printing)
+    sizes = [2, 3, 5, 9, 3]
+    for n in sizes:
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jf(x), x * 2)
+    got = capsys.readouterr().out
+    for n in sizes:
+        printing(torch.randn(n, 4))
+    assert got == capsys.readouterr().out
+    assert misses(jf) == 2
+
+
+def logging_sizes(x):
+    log.info(f"rows {x.shape[0]} of {str(x.shape)}")
+    logger = logging.getLogger("thunder_rs.tests.printed")
+    logger.warning("%s and %d", f"{x.shape!r}", x.shape[0])
+    log.debug(f"off at INFO: {x.shape}")
+    return x + 1
+
+
+def test_sizes_formatted_into_logging_are_each_calls_and_stay_symbolic(caplog):
+    jf = thunder_rs.jit(logging_sizes)
+    sizes = [2, 3, 6, 4]
+    with caplog.at_level(logging.INFO, logger=log.name):
+        for n in sizes:
+            jf(torch.randn(n, 3))
+        got = [(r.levelname, r.getMessage(), r.lineno) for r in caplog.records if r.name == log.name]
+        caplog.clear()
+        for n in sizes:
+            logging_sizes(torch.randn(n, 3))
+        expected = [(r.levelname, r.getMessage(), r.lineno) for r in caplog.records if r.name == log.name]
+    assert got == expected and len(got) == 2 * len(sizes)
+    assert misses(jf) == 2
+
+
+def text_kept(x):
+    label = f"rows {x.shape[0]}"  # stored, then printed and returned: its value
+    print(label)
+    return x * 2, label + "!", f"{str(x.shape[0]):>8}|"
+
+
+def test_text_put_to_other_uses_holds_the_value(capsys):
+    jf = thunder_rs.jit(text_kept)
+    for n in [2, 3, 4]:
+        x = torch.randn(n, 2)
+        got, expected = jf(x), text_kept(x)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:]
+    out = capsys.readouterr().out.splitlines()
+    assert out[::2] == out[1::2] == ["rows 2", "rows 3", "rows 4"]
+    assert misses(jf) == 3
