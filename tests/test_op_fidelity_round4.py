@@ -7,6 +7,8 @@ test found a few ulps off.
   ``sqrt(scale)`` each before their product; the decomposition scaled the product.
 - ``F.pad`` replicate and reflect gradients in bfloat16 and float16: eager's backward kernels add
   each output element's gradient into its source in the input's dtype, one at a time.
+- ``masked_fill`` with a tensor value: the value's gradient sums the selected cotangent elements as
+  one row (``masked_select``), as eager's ``masked_fill_backward``.
 """
 
 from __future__ import annotations
@@ -97,3 +99,16 @@ def test_index_padding_gradient_of_a_channels_last_input(dtype):
     x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(4)).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last)
     assert_bit_equal_to_eager(lambda x: F.pad(x, (4, 3, 3, 2), mode="replicate"), [x])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_shape", [(37, 53), (53,)])
+def test_masked_fill_gradient_of_a_tensor_value(dtype, mask_shape):
+    """Eager's ``masked_fill_backward`` sums ``grad.masked_select(mask)``, the selected elements
+    as one row; the compiled backward summed ``where(mask, grad, 0)``, grouping the additions
+    otherwise (float64 an ulp off)."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 53, generator=gen).to(dtype)
+    mask = torch.rand(mask_shape, generator=gen) > 0.4
+    value = torch.tensor(0.5, dtype=dtype)
+    assert_bit_equal_to_eager(lambda x, mask, value: x.masked_fill(mask, value), [x, mask, value])
