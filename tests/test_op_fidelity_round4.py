@@ -10,6 +10,7 @@ test found a few ulps off.
 - ``masked_fill`` with a tensor value: the value's gradient sums the selected cotangent elements as
   one row (``masked_select``), as eager's ``masked_fill_backward``.
 - ``torch.cross`` and ``torch.linalg.cross`` gradients: cross products, as eager's formula.
+- ``torch.renorm``: eager's ``renorm_backward``, in the accumulate dtype.
 """
 
 from __future__ import annotations
@@ -133,3 +134,15 @@ def test_cross_gradients(dtype, program, shapes):
     gen = torch.Generator().manual_seed(6)
     a, b = (torch.randn(shape, generator=gen, dtype=dtype) for shape in shapes)
     assert_bit_equal_to_eager(program, [a, b])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("p", "dim", "maxnorm"), [(2, 0, 1.5), (1, 1, 2.0), (3, -1, 1.0), (1.5, 1, 0.5), (0.5, 0, 8.0)]
+)
+def test_renorm(dtype, p, dim, maxnorm):
+    """Eager's ``renorm_backward`` works in the accumulate dtype (float64 for float32 on the CPU)
+    and rounds once; the VJP of the decomposition rounded each step in the input's dtype. In half
+    precision the forward's norms and factors are float32, rounded once, as eager's kernel."""
+    x = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(8)).to(dtype)
+    assert_bit_equal_to_eager(lambda x: torch.renorm(x, p, dim, maxnorm), [x])
