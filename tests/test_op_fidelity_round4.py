@@ -11,6 +11,7 @@ test found a few ulps off.
   one row (``masked_select``), as eager's ``masked_fill_backward``.
 - ``torch.cross`` and ``torch.linalg.cross`` gradients: cross products, as eager's formula.
 - ``torch.renorm``: eager's ``renorm_backward``, in the accumulate dtype.
+- ``F.embedding_bag`` sum and mean gradients: eager's backward kernels.
 """
 
 from __future__ import annotations
@@ -146,3 +147,56 @@ def test_renorm(dtype, p, dim, maxnorm):
     precision the forward's norms and factors are float32, rounded once, as eager's kernel."""
     x = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(8)).to(dtype)
     assert_bit_equal_to_eager(lambda x: torch.renorm(x, p, dim, maxnorm), [x])
+
+
+_BAGS = {
+    "mean": dict(mode="mean"),
+    "mean_padding": dict(mode="mean", padding_idx=3),
+    "sum_weights": dict(mode="sum", per_sample="weights"),
+    "sum_last_offset": dict(mode="sum", include_last_offset=True),
+    "mean_2d": dict(mode="mean", two_d=True),
+    "sum_2d_weights_padding": dict(mode="sum", two_d=True, per_sample="weights", padding_idx=-2),
+}
+
+
+def _bag_program_and_inputs(dtype, case):
+    spec = dict(_BAGS[case])
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(10, 33, generator=gen).to(dtype)
+    indices = torch.randint(0, 10, (24,), generator=gen)
+    indices[::5] = 3  # (repeated rows, and the padding row where there is one)
+    offsets = torch.tensor([0, 2, 2, 9, 17, 24] if spec.get("include_last_offset") else [0, 2, 2, 9, 17])
+    two_d = spec.pop("two_d", False)
+    per_sample = spec.pop("per_sample", None)
+    inputs = [weight] + ([torch.rand(24, generator=gen).to(dtype)] if per_sample else [])
+    if two_d:
+        indices, offsets = indices.reshape(4, 6), None
+        inputs = [inputs[0]] + [w.reshape(4, 6) for w in inputs[1:]]
+
+    def program(weight, per_sample_weights=None):
+        return F.embedding_bag(indices, weight, offsets, per_sample_weights=per_sample_weights, **spec)
+
+    return program, inputs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(_BAGS))
+def test_embedding_bag_gradients(dtype, case):
+    """Eager's backward kernels add each looked-up row's cotangent into the weight in the order of
+    the sorted indices (BLAS ``axpy``, a mean's ``1 / size`` rounded to the dtype first) and take a
+    dot product per sample for the per-sample weights; the VJP of the decomposition rounded
+    otherwise (float32/float64 ulps), and with grad the forward ran as the decomposition (ulps)."""
+    program, inputs = _bag_program_and_inputs(dtype, case)
+    assert_bit_equal_to_eager(program, inputs)
+
+
+@pytest.mark.parametrize("case", list(_BAGS))
+def test_embedding_bag_gradient_decompositions(case):
+    """The gradient symbols' decompositions (what a fusion executor runs) give eager's gradients
+    within float64's tolerance."""
+    program, inputs = _bag_program_and_inputs(torch.float64, case)
+    expected = _run(program, inputs, 0)
+    with decomposing():
+        actual = _run(thunder_rs.jit(program), inputs, 0)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)
