@@ -1,6 +1,6 @@
 """Inductor regions compute what eager computes where eager's kernels read their operands in a
 particular way: Python numbers meeting half-precision tensors (``executors.inductor_half``) and
-gelu at +inf where eager runs oneDNN's kernel (``inductor_claims``)."""
+gelu at +inf where eager runs oneDNN's kernel (``inductor_claims.gelu_as_eager``)."""
 
 import math
 
@@ -52,31 +52,65 @@ def _gelu(x, y):
 SPECIAL = [math.inf, -math.inf, math.nan, 0.0, -0.0, 1e30, -1e30, 3.0, -3.0, 10.0, -10.0, 1e-30]
 
 
+def _assert_gelu_as_eager(actual, expected):
+    """Eager's value wherever the input is special (+-inf, NaN, zeros, huge): NaN where eager's
+    is; elsewhere within the dtype's tolerance (Inductor's erf is not oneDNN's)."""
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    assert torch.equal(actual.isnan(), expected.isnan())
+    special = ~expected.isfinite() | (expected.abs() > 1e20) | (expected == 0)
+    assert torch.equal(actual[special & ~expected.isnan()], expected[special & ~expected.isnan()])
+
+
+def _gelu_of_transposed(x, y):
+    return torch.nn.functional.gelu(x.t() * y) * y
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gelu_at_inf_is_eagers(dtype):
-    """Where eager's gelu runs oneDNN's kernel (contiguous float32 or bfloat16 on a CPU with
-    AVX-512), its value at +inf is NaN; Inductor's kernel gave inf. Such a gelu stays with the
-    torch executor (the rest of the program still compiles by Inductor); values and gradient are
-    eager's, NaN where eager's are."""
+@pytest.mark.parametrize("program", [_gelu, _gelu_of_transposed])
+def test_gelu_in_a_region_is_eagers_at_inf(dtype, program):
+    """Where eager's gelu runs oneDNN's kernel (a contiguous float32 or bfloat16 tensor on a CPU
+    with AVX-512), its value at +inf is NaN, where Inductor's kernel gives inf; of a transposed
+    tensor eager's own kernel gives inf. The gelu compiles inside the region (it was left to the
+    torch executor, splitting the region), with eager's value at +inf for the layout the graph
+    gives its input; the gradient is Inductor's gelu_backward, within the dtype's rounding."""
     x = torch.tensor(SPECIAL * 3, dtype=dtype)
-    y = torch.ones_like(x, requires_grad=True)
+    x = x.reshape(1, -1) if program is _gelu_of_transposed else x
+    y = torch.ones(x.shape[::-1] if program is _gelu_of_transposed else x.shape, dtype=dtype, requires_grad=True)
     ye = y.detach().clone().requires_grad_()
-    jfn = thunder_rs.jit(_gelu, executors=["inductor"])
-    actual, expected = jfn(x, y), _gelu(x, ye)
-    torch.testing.assert_close(actual, expected, equal_nan=True, rtol=0, atol=0)
+    jfn = thunder_rs.jit(program, executors=["inductor"])
+    actual, expected = jfn(x, y), program(x, ye)
+    _assert_gelu_as_eager(actual, expected)
+    forward = thunder_rs.last_traces(jfn)[-1]
+    assert [r.name for r in forward.regions()] == ["inductor_fusion0"] and "ltorch.gelu" in forward.regions()[
+        0
+    ].symbol_names
     torch.autograd.backward(actual, torch.ones_like(actual))
     torch.autograd.backward(expected, torch.ones_like(expected))
-    # The backward region is Inductor's gelu_backward: eager's formula, within float32's rounding.
     torch.testing.assert_close(y.grad, ye.grad, equal_nan=True)
     assert thunder_rs.last_backward_traces(jfn)[-1].regions()
 
 
-def test_a_gelu_left_to_eager_keeps_sizes_symbolic(monkeypatch):
-    """The claim's decision on gelu is taken outside tracing, where a symbolic size is not compared:
-    it reads dtype and device only. (Was: the checker asked for the input's layout, which failed on
-    a symbolic shape, and the program compiled once per length from then on.) Regions run their
-    eager functions here: claiming and the compile count are what is checked."""
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_gelu_in_a_region_follows_the_onednn_switch():
+    """With ``torch.backends.mkldnn.enabled`` off eager's gelu of +inf is inf (aten's kernel): the
+    region compiled with it on (NaN) is not reused; back on, the first is."""
+    x, y = torch.tensor(SPECIAL * 3), torch.ones(len(SPECIAL) * 3)
+    jfn = thunder_rs.jit(_gelu, executors=["inductor"])
+    _assert_gelu_as_eager(jfn(x, y), _gelu(x, y))
+    with torch.backends.mkldnn.flags(enabled=False):
+        expected = _gelu(x, y)
+        assert expected[0] == math.inf
+        _assert_gelu_as_eager(jfn(x, y), expected)
+    _assert_gelu_as_eager(jfn(x, y), _gelu(x, y))
+
+
+def test_a_gelu_in_a_region_keeps_sizes_symbolic(monkeypatch):
+    """The claim of gelu reads nothing of its input's sizes (its value at +inf is decided when the
+    region's graph is traced, on its layout there). (Was: a checker asked for the input's layout,
+    which failed on a symbolic shape, and the program compiled once per length from then on.)
+    Regions run their eager functions here: claiming and the compile count are what is checked."""
     from thunder_rs.executors import inductor_ex
 
     monkeypatch.setattr(inductor_ex.InductorExecutor, "fuse", lambda self, region: region.function)
@@ -85,6 +119,9 @@ def test_a_gelu_left_to_eager_keeps_sizes_symbolic(monkeypatch):
         x, y = torch.randn(2, n), torch.randn(2, n)
         torch.testing.assert_close(jfn(x, y), _gelu(x, y), equal_nan=True, rtol=0, atol=0)
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+    assert [r.symbol_names for r in thunder_rs.last_traces(jfn)[-1].regions()] == [
+        ["ltorch.mul", "ltorch.gelu", "ltorch.mul"]
+    ]
 
 
 def _sizes(x):
@@ -102,3 +139,21 @@ def test_a_symbolic_size_meets_a_half_tensor_as_in_eager():
         for i, (actual, expected) in enumerate(zip(jfn(x), _sizes(x))):
             assert torch.equal(actual, expected), (n, i)
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
+
+
+def _with_alpha(x, y):
+    return torch.add(x * 2, y, alpha=0.3), torch.sub(x, y * 3, alpha=1.7), x.add(y[0], alpha=-2.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_add_and_sub_with_alpha_in_a_region_are_one_fma_as_eager(dtype):
+    """Eager's CPU kernel computes ``input + alpha * other`` as ``fma(other, alpha, input)``;
+    Inductor's lowering multiplied, then added (1 ulp off in 1 of 5 elements). The region's graph
+    calls ``prims.fma`` there."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 1000, generator=gen, dtype=dtype), torch.randn(3, 1000, generator=gen, dtype=dtype)
+    jfn = thunder_rs.jit(_with_alpha, executors=["inductor"])
+    for actual, expected in zip(jfn(x, y), _with_alpha(x, y), strict=True):
+        assert torch.equal(actual, expected), (actual - expected).abs().max()
+    assert [r.name for r in thunder_rs.last_traces(jfn)[-1].regions()] == ["inductor_fusion0"]

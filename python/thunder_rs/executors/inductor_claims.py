@@ -6,12 +6,15 @@ A family is claimed only when listed, so that a new family (a new file of ltorch
 eager until someone has checked it against Inductor.
 """
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from thunder_rs.torch import SYMBOLS
-from thunder_rs.torch.onednn import gelu_may_differ_at_inf
+from thunder_rs.torch.onednn import tensor_gelu_at_inf
 
 #: Prim families (``prims.TABLE``) whose prims are pure tensor functions.
 PRIM_FAMILIES = frozenset({"Unary", "Binary", "Elementwise", "Shape", "Reduce", "Scan", "Linalg", "Conv", "Index"})
@@ -165,12 +168,53 @@ def _raises_unless_eager(grad_output, input, negative_slope, self_is_result=Fals
     return not (self_is_result and negative_slope < 0)
 
 
-def _gelu_inf_as_eager(input, approximate="none") -> bool:
-    """Eager's gelu of +inf is NaN where oneDNN computes it (a contiguous float32 or bfloat16
-    tensor on the CPU, with AVX-512), inf in Inductor's kernel: a gelu eager may run so stays
-    with the torch executor (eager's call, exact whatever the layout; the layout of a symbolic
-    shape is not decided outside tracing)."""
-    return not gelu_may_differ_at_inf(input, approximate)
+def gelu_as_eager(input, approximate="none"):
+    """``ltorch.gelu`` in an Inductor region: Inductor's gelu, with eager's value at +inf where
+    eager's gelu of a tensor of this layout runs oneDNN's kernel (NaN with AVX-512, where
+    Inductor's kernel gives inf; elsewhere within float32's rounding of eager's). Decided while
+    the region is traced to its FX graph, on the layout the graph gives the tensor (eager's), with
+    ``torch.backends.mkldnn.enabled`` as the region's call reads it (``CompiledRegion``)."""
+    out = torch.nn.functional.gelu(input, approximate=approximate)
+    value = tensor_gelu_at_inf(input, approximate)
+    return out if value is None else torch.where(input == math.inf, value, out)
+
+
+def _fused_alpha(input, other, alpha) -> bool:
+    """Whether eager's CPU kernel computes ``input + alpha * other`` as one FMA that Inductor's
+    lowering (a multiply, then an add) would round twice: float32 or float64 tensors of one dtype
+    and a constant ``alpha``, while the region is traced to its FX graph (fake tensors; run
+    eagerly, the torch call is eager's). (Half precision is left to the lowering: eager's kernel
+    there is not one FMA in float32 of the rounded alpha, 4 in 1000 bfloat16 sums apart.)"""
+    return (
+        type(alpha) in (int, float)
+        and alpha != 1
+        and isinstance(other, torch.Tensor)
+        and is_fake(input)
+        and input.dtype in (torch.float32, torch.float64)
+        and other.dtype == input.dtype
+        and input.device.type == other.device.type == "cpu"
+    )
+
+
+def _fma(input, other, alpha):
+    input, other = torch.broadcast_tensors(input, other)
+    return torch.ops.prims.fma(other, torch.scalar_tensor(alpha, dtype=input.dtype), input)
+
+
+def add_as_eager(input, other, *, alpha=1):
+    """``torch.add`` in an Inductor region: with an ``alpha``, eager's ``fma(other, alpha, input)``."""
+    return _fma(input, other, alpha) if _fused_alpha(input, other, alpha) else torch.add(input, other, alpha=alpha)
+
+
+def sub_as_eager(input, other, *, alpha=1):
+    """``torch.sub`` in an Inductor region: with an ``alpha``, eager's ``fma(other, -alpha, input)``."""
+    return _fma(input, other, -alpha) if _fused_alpha(input, other, alpha) else torch.sub(input, other, alpha=alpha)
+
+
+#: Symbols whose region implementation is not the torch executor's, by name (called as functions).
+REGION_FUNCTIONS = {"ltorch.gelu": gelu_as_eager, "ltorch.add": add_as_eager, "ltorch.sub": sub_as_eager}
+#: Symbols whose region implementation reads ``torch.backends.mkldnn.enabled`` when traced.
+SWITCH_READERS = frozenset({"ltorch.gelu"})
 
 
 def _is_int(n) -> bool:
@@ -189,23 +233,25 @@ CHECKERS = {
     "ltorch.upsample_backward": _upsample_backward_scales_exact,
     "convolution_backward": _nonempty_convolution,
     "ltorch.leaky_relu_backward": _raises_unless_eager,
-    "ltorch.gelu": _gelu_inf_as_eager,
 }
 
 
-def claimed_keys(torch_impls: Mapping, prim_table) -> dict:
-    """``{key: checker or None}`` for the keys of ``torch_impls`` (the torch executor's
-    ``Implementation`` records) the Inductor executor claims: those whose torch implementation
-    has no checker."""
+def claimed_implementations(torch_impls: Mapping, prim_table) -> list:
+    """The Inductor executor's ``Implementation`` records: those of the keys of ``torch_impls``
+    (the torch executor's records) it claims, which have no checker there, with Inductor's
+    checker, its region function where it has one (``REGION_FUNCTIONS``) and no in-place form
+    (regions are compiled whole)."""
     names = {info.name for info in prim_table if info.family in PRIM_FAMILIES} | PRIMS
     keys = {name: name for name in names}
     for sym in SYMBOLS:
         if sym.__module__.removeprefix("thunder_rs.torch.") in SYMBOL_FAMILIES and not sym.opaque:
             keys[sym.symbol_id] = sym.symbol_name
-    claimed = {}
+    claimed = []
     for key, name in keys.items():
         impl = torch_impls.get(key)
         if impl is None or impl.checker is not None or name in NOT_CLAIMED:
             continue
-        claimed[key] = CHECKERS.get(name)
+        if name in REGION_FUNCTIONS:
+            impl = replace(impl, fn=REGION_FUNCTIONS[name], method=None, method_args=None)
+        claimed.append(replace(impl, checker=CHECKERS.get(name), inplace_method=None))
     return claimed

@@ -56,7 +56,7 @@ from thunder_rs.core.run.front import process_caches
 from thunder_rs.core.base.logs import inductor_logger
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors import inductor_cache
-from thunder_rs.executors.inductor_claims import claimed_keys
+from thunder_rs.executors.inductor_claims import SWITCH_READERS, claimed_implementations
 from thunder_rs.executors.inductor_half import numbers_read_as_eager
 from thunder_rs.executors.inductor_symbolic import compile_symbolic, has_floats, is_symbolic
 from thunder_rs.executors.torch_ex import torch_ex
@@ -282,6 +282,14 @@ def _with_resolved(run):
     return lambda args: run(_resolved(args))
 
 
+def _artifact_key(region) -> str:
+    """The region's key for its compiled artifacts: with ``torch.backends.mkldnn.enabled`` where
+    its graph depends on it (``SWITCH_READERS``)."""
+    if not any(name in SWITCH_READERS for name in region.symbol_names):
+        return region.key
+    return f"{region.key}|mkldnn={torch._C._get_mkldnn_enabled()}"
+
+
 def _symbolic_run(region, args):
     """``run(args) -> tuple``: the region compiled with its symbolic sizes (``inductor_symbolic``),
     for the sizes its guards hold for."""
@@ -292,7 +300,7 @@ def _symbolic_run(region, args):
         artifact = compile_symbolic(
             region.function, args, region.input_shapes, make_fx, compile_graph, _decompositions()
         )
-    _symbolic.setdefault(region.key, []).append(artifact)
+    _symbolic.setdefault(_artifact_key(region), []).append(artifact)
     return artifact.run
 
 
@@ -300,7 +308,7 @@ def _symbolic_reused(region, args):
     """The ``run`` of an artifact compiled with the region's symbolic sizes whose guards hold for
     ``args``, or None."""
     resolved = _resolved(args) if _lazy_bits(args) else None
-    for artifact in reversed(_symbolic.get(region.key, ())):
+    for artifact in reversed(_symbolic.get(_artifact_key(region), ())):
         if artifact.serves(args if resolved is None else resolved):
             return artifact.run if resolved is None else _with_resolved(artifact.run)
     return None
@@ -418,7 +426,7 @@ def _compiled_or_eager(region, args):
             if is_symbolic(region.input_shapes) or has_floats(args, region.input_shapes):
                 run = _symbolic_run(region, args)
             else:
-                run = _compile_function(region.function, args, region.key)
+                run = _compile_function(region.function, args, _artifact_key(region))
     except Exception as e:  # noqa: BLE001 (any Inductor failure leaves the eager calls, which are exact)
         warnings.warn(
             f"thunder_rs inductor executor: {region.name} ({len(region.symbol_names)} symbols) runs "
@@ -474,10 +482,13 @@ class CompiledRegion:
     """The callable ``fuse`` returns: the region's outputs, computed by the Inductor kernel
     compiled for its inputs' layout (compiled on the first call with each layout)."""
 
-    __slots__ = ("region", "_last", "_floats")
+    __slots__ = ("region", "_last", "_floats", "_reads_switch")
 
     def __init__(self, region):
         self.region = region
+        #: whether its graph depends on ``torch.backends.mkldnn.enabled`` (``gelu_as_eager``):
+        #: then the switch is part of its layout, read on every call
+        self._reads_switch = any(name in SWITCH_READERS for name in region.symbol_names)
         #: whether its floats are inputs of its graph (``inductor_floats``), known on its first call
         self._floats: bool | None = None
         #: (layout, run) of the last call, one object so that threads never pair a layout with
@@ -488,6 +499,8 @@ class CompiledRegion:
         if self._floats is None:
             self._floats = has_floats(args, self.region.input_shapes)
         key = layout(args, self._floats)
+        if self._reads_switch:
+            key = (key, torch._C._get_mkldnn_enabled())
         last_layout, run = self._last
         if key != last_layout:
             run = _compile_region(self.region, args, (self.region.key, key))
@@ -507,15 +520,8 @@ class InductorExecutor(FusionExecutor):
 
     def __init__(self, name: str = "inductor"):
         super().__init__(name)
-        # The torch executor's implementations (region code calls them) with Inductor's checkers,
-        # without in-place forms (regions are compiled whole).
-        torch_impls = torch_ex.registry.snapshot()
-        self.registry.register(
-            *(
-                replace(torch_impls[key], checker=checker, inplace_method=None)
-                for key, checker in claimed_keys(torch_impls, prims.TABLE).items()
-            )
-        )
+        # The torch executor's implementations (region code calls them) with Inductor's checkers.
+        self.registry.register(*claimed_implementations(torch_ex.registry.snapshot(), prims.TABLE))
 
     def fuse(self, region: Region) -> CompiledRegion:
         return CompiledRegion(region)

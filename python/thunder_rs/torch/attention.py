@@ -164,6 +164,10 @@ def scaled_dot_product_attention(
         key = _repeat_heads(op, key, query.shape[-3], "key")
         value = _repeat_heads(op, value, query.shape[-3], "value")
     clang.broadcast_shapes(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    if query.device.type == "cpu" and not _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa):
+        # eager's CPU math kernel scales query and key by sqrt(scale) each, not the scores
+        grouped = enable_gqa and query.ndim >= 3
+        return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
     if scale is None:
         scale = 1.0 / symfloat.sqrt(query.shape[-1])
     key_t = prims.transpose(key, (*range(key.ndim - 2), key.ndim - 1, key.ndim - 2))

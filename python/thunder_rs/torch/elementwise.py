@@ -335,6 +335,19 @@ def masked_fill(a, mask, value):
     return where(mask, clang.maybe_convert(value, a.dtype), a)
 
 
+def _masked_sum(g, mask):
+    return g.masked_select(mask).sum()
+
+
+@torchsymbol(_masked_sum, name="masked_sum")
+def masked_sum(g, mask):
+    """The sum of ``g``'s elements where ``mask`` (broadcast together): eager's
+    ``masked_fill_backward``, ``g.masked_select(mask).sum()``, which the torch executor runs (the
+    selected elements summed as one row; this decomposition's sum with zeros between them
+    groups the additions otherwise, an ulp off)."""
+    return ltorch.sum(where(mask, g, 0))
+
+
 @register_grad(masked_fill)
 def masked_fill_grad(a, mask, value):
     """Eager's: ``grad.masked_fill(mask, 0)``, a new contiguous tensor (the decomposition's
@@ -344,7 +357,7 @@ def masked_fill_grad(a, mask, value):
     if a.requires_grad:
         put_grad(a, sum_to(masked_fill(g, mask, 0), a.shape))
     if isinstance(value, torch.Tensor) and value.requires_grad:
-        put_grad(value, ltorch.sum(where(mask, g, 0)).to(value.dtype))
+        put_grad(value, masked_sum(g, mask).to(value.dtype))
     return out
 
 

@@ -372,6 +372,133 @@ def embedding_bag(
     return ltorch.where(ltorch.unsqueeze(sizes == 0, 1), 0.0, total / ltorch.unsqueeze(sizes, 1))
 
 
+_MODE_NUMBERS = {"sum": 0, "mean": 1, "max": 2}
+
+
+def _eager_bag_weight_grad(grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    """Eager's weight gradient of ``torch.embedding_bag``: its bags' bookkeeping from
+    ``_embedding_bag`` (which depends on the indices and offsets only), then its backward kernel."""
+    aten = torch.ops.aten
+    indices, offsets = indices.contiguous(), offsets.contiguous()  # (as eager's embedding_bag passes them)
+    bags = aten._embedding_bag(
+        weight, indices, offsets, False, mode, False, per_sample_weights, include_last_offset, padding_idx
+    )
+    _, offset2bag, bag_size, maximum_indices = bags
+    return aten._embedding_bag_backward(
+        grad,
+        indices,
+        offsets,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        weight.shape[0],
+        False,
+        mode,
+        False,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@torchsymbol(_eager_bag_weight_grad, name="embedding_bag_weight_grad")
+def embedding_bag_weight_grad(
+    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+):
+    """The gradient of a sum or mean ``embedding_bag``'s weight: each looked-up row gets its bag's
+    cotangent (divided by the bag's size for a mean, times its per-sample weight), added into the
+    weight's row. The torch executor runs eager's kernel, which adds them in the order of the
+    sorted indices with its BLAS's ``axpy`` (this decomposition's ``index_add`` rounded otherwise)."""
+    count = grad.shape[0]
+    starts = ltorch.narrow(offsets, 0, 0, count) if include_last_offset else offsets
+    bag = _bag_of_each(indices, starts, count)
+    rows = ltorch.index_select(grad, 0, bag)
+    valid = None if padding_idx < 0 else prims.ne(indices, padding_idx)
+    if per_sample_weights is not None:
+        rows = rows * ltorch.unsqueeze(per_sample_weights, 1)
+    if mode == _MODE_NUMBERS["mean"]:
+        ones = ltorch.ones(indices.shape, dtype=grad.dtype, device=grad.device)
+        members = ones if valid is None else ltorch.where(valid, ones, 0.0)
+        sizes = ltorch.index_add(ltorch.zeros((count,), dtype=grad.dtype, device=grad.device), 0, bag, members)
+        rows = rows / ltorch.unsqueeze(ltorch.index_select(ltorch.clamp(sizes, 1), 0, bag), 1)
+    if valid is not None:
+        rows = ltorch.where(ltorch.unsqueeze(valid, 1), rows, 0.0)
+    return ltorch.index_add(ltorch.zeros(weight.shape, dtype=grad.dtype, device=grad.device), 0, indices, rows)
+
+
+def _eager_bag_sample_weights_grad(
+    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+):
+    """Eager's gradient of ``torch.embedding_bag``'s per-sample weights: its bags' bookkeeping from
+    ``_embedding_bag``, then its backward kernel (a dot product per sample)."""
+    aten = torch.ops.aten
+    indices, offsets = indices.contiguous(), offsets.contiguous()  # (as eager's embedding_bag passes them)
+    bags = aten._embedding_bag(
+        weight, indices, offsets, False, mode, False, per_sample_weights, include_last_offset, padding_idx
+    )
+    return aten._embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, bags[1], mode, padding_idx)
+
+
+@torchsymbol(_eager_bag_sample_weights_grad, name="embedding_bag_sample_weights_grad")
+def embedding_bag_sample_weights_grad(
+    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+):
+    """The gradient of a sum ``embedding_bag``'s per-sample weights: each sample's looked-up row
+    times its bag's cotangent, summed over the features (zero for the padding index)."""
+    count = grad.shape[0]
+    starts = ltorch.narrow(offsets, 0, 0, count) if include_last_offset else offsets
+    bag = _bag_of_each(indices, starts, count)
+    dots = ltorch.sum(ltorch.index_select(grad, 0, bag) * ltorch.embedding(indices, weight), 1)
+    return dots if padding_idx < 0 else ltorch.where(prims.ne(indices, padding_idx), dots, 0.0)
+
+
+@register_grad(ltorch.embedding_bag)
+def embedding_bag_grad(
+    input,
+    weight,
+    offsets=None,
+    max_norm=None,
+    norm_type=2,
+    scale_grad_by_freq=False,
+    mode="mean",
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=None,
+):
+    """Eager's gradients for sum and mean bags (``embedding_bag_weight_grad``,
+    ``embedding_bag_sample_weights_grad``); the VJP of the decomposition for max bags."""
+    out = ltorch.embedding_bag(
+        input,
+        weight,
+        offsets,
+        max_norm,
+        norm_type,
+        scale_grad_by_freq,
+        mode,
+        sparse,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+    )
+    if mode == "max":
+        return out
+    indices, sample_weights = input, per_sample_weights
+    if input.ndim == 2:  # (F.embedding_bag's bags of equal length)
+        indices = ltorch.reshape(input, (input.numel(),))
+        offsets = prims.iota(input.shape[0], 0, input.shape[1], input.device, input.dtype)
+        if per_sample_weights is not None:
+            sample_weights = ltorch.reshape(per_sample_weights, (input.numel(),))
+    padding = -1 if padding_idx is None else padding_idx % weight.shape[0]
+    bags = (indices, offsets, _MODE_NUMBERS[mode], sample_weights, include_last_offset, padding)
+    g = get_grad(out)
+    if weight.requires_grad:
+        put_grad(weight, embedding_bag_weight_grad(g, weight, *bags))
+    if per_sample_weights is not None and per_sample_weights.requires_grad:
+        grad = embedding_bag_sample_weights_grad(g, weight, *bags)
+        put_grad(per_sample_weights, ltorch.reshape(grad, tuple(per_sample_weights.shape)))
+    return out
+
+
 def _packed_sequences(*args, **kwargs):
     raise ThunderNotImplementedError(
         f"torch.nn.utils.rnn.pack_padded_sequence: packing at {user_location()} inside a traced program; a packed "

@@ -23,7 +23,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.autograd import with_zero_gradient
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import is_int, require_tensor, kept
+from thunder_rs.torch.common import LOW_PRECISION, is_int, kept, require_tensor
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
 from thunder_rs.torch.linalg import singular_values
@@ -259,9 +259,37 @@ def renorm(input, p, dim, maxnorm):
         ThunderRuntimeError,
     )
     d = clang.canonicalize_dim(input.ndim, dim, op)
-    norms = linalg_vector_norm(input, p, [i for i in range(input.ndim) if i != d], True)
+    # (eager's norm and factor of half precision in float32, the factor rounded once)
+    wide = torch.float32 if input.dtype in LOW_PRECISION else None
+    norms = linalg_vector_norm(input, p, [i for i in range(input.ndim) if i != d], True, dtype=wide)
     factor = ltorch.where(ltorch.gt(norms, maxnorm), ltorch.true_divide(maxnorm, add(norms, 1e-7)), 1.0)
     return ltorch.mul(input, clang.maybe_convert(factor, input.dtype))
+
+
+def _accumulate_dtype(x):
+    """ATen's ``toAccumulateType`` of ``x``'s dtype on its device: on the CPU float32 sums in float64."""
+    if x.dtype in LOW_PRECISION:
+        return torch.float32
+    return torch.float64 if x.device.type == "cpu" else x.dtype
+
+
+@register_grad(ltorch.renorm)
+def renorm_grad(input, p, dim, maxnorm):
+    """Eager's ``renorm_backward``: the norms and ``sum(input * grad)`` over the other dims in the
+    accumulate dtype (float64 for float32 on the CPU), ``norm_backward`` of them, and
+    ``maxnorm * invnorm * (grad - invnorm * nb)`` rounded to the gradient's dtype where the norm
+    exceeds ``maxnorm``. (The VJP of the decomposition rounded in the input's dtype.)"""
+    out = ltorch.renorm(input, p, dim, maxnorm)
+    g = get_grad(out)
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.renorm")
+    dims = [i for i in range(input.ndim) if i != d]
+    acc = _accumulate_dtype(input)
+    norm = linalg_vector_norm(input, p, dims, True, dtype=acc)
+    nb = norm_backward(ltorch.sum(ltorch.mul(input, g), dims, True, dtype=acc), input, float(p), norm, dims)
+    invnorm = ltorch.reciprocal(add(norm, 1e-7))
+    grad = ltorch.mul(ltorch.mul(invnorm, maxnorm), sub(g, ltorch.mul(invnorm, nb)))
+    put_grad(input, ltorch.where(ltorch.gt(norm, maxnorm), ltorch.to(grad, g.dtype), g))
+    return out
 
 
 def _not_nan(x):

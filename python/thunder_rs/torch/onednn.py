@@ -21,7 +21,7 @@ from thunder_rs.core.state.guards import StateGuard
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.torch.strides import strides_of
 
-__all__ = ["gelu_at_inf", "gelu_may_differ_at_inf"]
+__all__ = ["gelu_at_inf", "gelu_may_differ_at_inf", "tensor_gelu_at_inf"]
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -85,3 +85,14 @@ def gelu_may_differ_at_inf(input, approximate: str) -> bool:
     if not _may_take_onednn(input, approximate) or not _read_switch():
         return False
     return _gelu_of_inf(input.dtype, approximate) != math.inf
+
+
+def tensor_gelu_at_inf(x: torch.Tensor, approximate: str) -> float | None:
+    """``gelu_at_inf`` for a tensor (a fake one while a region is traced to its FX graph): from its
+    own layout and the switch as it is now. A symbolic size is 2 or more."""
+    if not _may_take_onednn(x, approximate) or all(type(n) is int and n == 1 for n in x.shape):
+        return None
+    if not (x.is_contiguous() and _read_switch()):
+        return None
+    value = _gelu_of_inf(x.dtype, approximate)
+    return None if value == math.inf else value

@@ -286,12 +286,13 @@ def _index_pad_grad(symbol, mode: str, input, pad):
     """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward`` kernels: each
     output element's gradient added into its source element in the output's row-major order
     (a ``scatter_add`` over the flattened padded dims), so that the sums round as eager's. Half
-    precision, whose kernels round otherwise, and symbolic sizes keep the decomposition's VJP."""
+    precision adds one element at a time too, in its own dtype (``_serial_sum``); symbolic sizes
+    keep the decomposition's VJP."""
     out = symbol(input, pad)
     k = len(pad) // 2
     sizes, amounts = tuple(input.shape[-k:]), [(pad[2 * i], pad[2 * i + 1]) for i in reversed(range(k))]
     known = all(type(n) is int for n in (*input.shape, *pad))
-    if not (input.requires_grad and input.dtype in (torch.float32, torch.float64) and known) or out is input:
+    if not (input.requires_grad and input.dtype.is_floating_point and known) or out is input:
         return out
     lead, n_out = tuple(input.shape[:-k]), tuple(out.shape[-k:])
     flat = None
@@ -301,11 +302,27 @@ def _index_pad_grad(symbol, mode: str, input, pad):
         flat = index if flat is None else flat + index
     flat = ltorch.reshape(ltorch.expand(flat, (*lead, *n_out)), (*lead, math.prod(n_out)))
     g = ltorch.reshape(get_grad(out), (*lead, math.prod(n_out)))
-    zeros = ltorch.zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
-    grad = ltorch.reshape(ltorch.scatter_add(zeros, len(lead), flat, g), tuple(input.shape))
+    if input.dtype in (torch.float32, torch.float64):
+        zeros = ltorch.zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
+        grad = ltorch.reshape(ltorch.scatter_add(zeros, len(lead), flat, g), tuple(input.shape))
+    else:
+        grad = _serial_sum(flat, g, input, math.prod(sizes))
     layout = _suggested(input)  # (eager's kernel writes a channels_last input's gradient so)
     put_grad(input, grad if layout == torch.contiguous_format else grad.contiguous(memory_format=layout))
     return out
+
+
+def _serial_sum(flat, g, input, plane: int):
+    """The gradient of a half-precision ``input`` from ``g`` (its planes' output elements, row-major)
+    added in that order into the positions ``flat`` gives, each sum rounded to the dtype: eager's
+    kernels ``+=`` in bfloat16 and float16. (Its ``scatter_add`` sums these dtypes in float32, one
+    rounding.) An accumulating ``index_put`` over one flat dim adds serially, in index order."""
+    planes = math.prod(input.shape) // plane if plane else 0
+    offsets = ltorch.reshape(ltorch.arange(planes, device=input.device) * plane, (*flat.shape[:-1], 1))
+    index = ltorch.reshape(flat + offsets, (flat.numel(),))
+    zeros = ltorch.zeros((planes * plane,), dtype=input.dtype, device=input.device)
+    summed = ltorch.index_put(zeros, (index,), ltorch.reshape(g, (g.numel(),)), True)
+    return ltorch.reshape(summed, tuple(input.shape))
 
 
 @register_grad(ltorch.reflection_pad)

@@ -331,6 +331,16 @@ def _cross(op: str, input, other, dim):
         ThunderRuntimeError,
     )
     a, b = clang.expand_to(input, shape), clang.expand_to(other, shape)
+    return _cross_of(a, b, d)
+
+
+def _cross_dim(op: str, input, other, dim) -> int:
+    """The dim ``_cross`` takes the product along (canonical; checked there)."""
+    shape = clang.broadcast_shapes(op, input.shape, other.shape)
+    return clang.canonicalize_dim(len(shape), list(shape).index(3) if dim is None else dim, op)
+
+
+def _cross_of(a, b, d: int):
     return sub(
         ltorch.mul(ltorch.roll(a, -1, d), ltorch.roll(b, -2, d)),
         ltorch.mul(ltorch.roll(a, -2, d), ltorch.roll(b, -1, d)),
@@ -345,6 +355,32 @@ def cross(input, other, dim=None, *, out=None):
 @torchsymbol(LA.cross)
 def linalg_cross(input, other, *, dim=-1, out=None):
     return _cross("ltorch.linalg_cross", input, other, dim)
+
+
+def _put_cross_gradients(out, input, other, d: int) -> None:
+    """Eager's: ``linalg_cross(other.conj(), grad)`` and ``linalg_cross(grad, input.conj())``, each
+    summed to its input's shape, so that the products round as its kernel's (it contracts each
+    component's first product and the subtraction into one FMA; the decomposition's VJP
+    differentiated the rolls and products instead)."""
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, sum_to(ltorch.linalg_cross(ltorch.conj(other), g, dim=d), input.shape))
+    if other.requires_grad:
+        put_grad(other, sum_to(ltorch.linalg_cross(g, ltorch.conj(input), dim=d), other.shape))
+
+
+@register_grad(ltorch.cross)
+def cross_grad(input, other, dim=None, *, out=None):
+    result = ltorch.cross(input, other, dim)
+    _put_cross_gradients(result, input, other, _cross_dim("ltorch.cross", input, other, dim))
+    return result
+
+
+@register_grad(ltorch.linalg_cross)
+def linalg_cross_grad(input, other, *, dim=-1, out=None):
+    result = ltorch.linalg_cross(input, other, dim=dim)
+    _put_cross_gradients(result, input, other, _cross_dim("ltorch.linalg_cross", input, other, dim))
+    return result
 
 
 @torchsymbol(LA.vecdot)
