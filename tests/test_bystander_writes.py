@@ -265,3 +265,64 @@ def test_a_signal_handler_run_before_a_config_with_a_python_getattribute_is_read
     finally:
         signal.signal(signal.SIGUSR1, previous)
         ALIASES.names["hidden"] = "hidden_size"
+
+
+class _Style:
+    def __init__(self):
+        self.tag = "a"
+
+
+STYLE = _Style()
+
+
+class _Log(list):
+    """A list whose Python ``__copy__`` reads a global object (the program never copies it)."""
+
+    def __copy__(self):
+        return _Log(x for x in self if STYLE.tag)
+
+
+def _collects_or_signalled(x):
+    y = x * SETTINGS.scale  # SETTINGS is guarded whole from here
+    if SETTINGS.signalled:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    else:
+        gc.collect()
+    return y
+
+
+@pytest.mark.parametrize("bystander", ["gc callback", "signal handler"])
+def test_what_a_bystander_sets_is_kept_without_observing_its_copy(bystander, no_automatic_collections):
+    # What the program found is kept with a copy of the bystander's list (``bystanders.fold``): its
+    # ``__copy__``, run after the thread was marked inside no more, was observed as the program's and
+    # STYLE.tag guarded; each change of it recompiled.
+    if bystander == "signal handler" and not hasattr(signal, "SIGUSR1"):
+        pytest.skip("POSIX signals")
+    runs: list = []
+
+    def logs(*args):
+        if bystander == "signal handler" or args[0] == "stop":
+            runs.append(1)
+            SETTINGS.log = _Log([len(runs)])
+
+    SETTINGS.signalled = bystander == "signal handler"
+    if SETTINGS.signalled:
+        previous = signal.signal(signal.SIGUSR1, logs)
+    else:
+        gc.callbacks.append(logs)
+    try:
+        jf = thunder_rs.jit(_collects_or_signalled)
+        for tag in "bcd":
+            x = torch.randn(3)
+            torch.testing.assert_close(jf(x), x * 2.0, rtol=0, atol=0)
+            assert SETTINGS.log == [len(runs)] and type(SETTINGS.log) is _Log
+            STYLE.tag = tag
+    finally:
+        if SETTINGS.signalled:
+            signal.signal(signal.SIGUSR1, previous)
+        else:
+            gc.callbacks.remove(logs)
+        for name in ("log", "signalled"):
+            vars(SETTINGS).pop(name, None)
+        STYLE.tag = "a"
+    assert _misses(jf) == ["first call"]
