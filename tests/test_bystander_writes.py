@@ -207,3 +207,122 @@ def test_a_module_count_the_program_read_before_a_gc_callback_changed_it_is_read
             torch.testing.assert_close(jm(x), expected, rtol=0, atol=0)
     finally:
         gc.callbacks.remove(count)
+
+
+class _Aliases:
+    def __init__(self):
+        self.names = {"hidden": "hidden_size"}
+
+
+ALIASES = _Aliases()
+
+
+class _AliasedConfig:
+    """A config whose Python ``__getattribute__`` reads a global object (transformers'
+    ``PretrainedConfig`` reads its ``attribute_map`` and, in a mixin, a module's logger)."""
+
+    def __init__(self):
+        self.hidden_size, self.width = 3.0, 5.0
+        self.handled = 0
+
+    def __getattribute__(self, name):
+        return super().__getattribute__(ALIASES.names.get(name, name))
+
+
+CONFIG = _AliasedConfig()
+
+
+def _signalled_before_reading_the_config(x):
+    os.kill(os.getpid(), signal.SIGUSR1)  # (a signal arriving before the program reads CONFIG)
+    return x * CONFIG.hidden
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_a_signal_handler_run_before_a_config_with_a_python_getattribute_is_read():
+    # The copy of the program's state taken before the handler ran read CONFIG's ``__dict__``
+    # through its ``__getattribute__``, observed as the program's: it added ALIASES while the
+    # state objects were iterated ("dictionary changed size during iteration").
+    handled: list = []
+
+    def handler(signum, frame):
+        CONFIG.handled += 1  # (through its ``__getattribute__``, as a handler reading a config)
+        handled.append(signum)
+
+    CONFIG.handled = 0
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        x = torch.randn(3)
+        expected = _signalled_before_reading_the_config(x)
+        assert CONFIG.handled == len(handled) == 1
+        jf = thunder_rs.jit(_signalled_before_reading_the_config)
+        for _ in range(3):
+            torch.testing.assert_close(jf(x), expected, rtol=0, atol=0)
+            assert CONFIG.handled == len(handled)  # set once per run of the handler, as in eager
+        ALIASES.names["hidden"] = "width"  # what the program read through ALIASES is guarded
+        torch.testing.assert_close(jf(x), x * 5.0, rtol=0, atol=0)
+        assert CONFIG.handled == len(handled)
+        assert signal.getsignal(signal.SIGUSR1) is handler
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        ALIASES.names["hidden"] = "hidden_size"
+
+
+class _Style:
+    def __init__(self):
+        self.tag = "a"
+
+
+STYLE = _Style()
+
+
+class _Log(list):
+    """A list whose Python ``__copy__`` reads a global object (the program never copies it)."""
+
+    def __copy__(self):
+        return _Log(x for x in self if STYLE.tag)
+
+
+def _collects_or_signalled(x):
+    y = x * SETTINGS.scale  # SETTINGS is guarded whole from here
+    if SETTINGS.signalled:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    else:
+        gc.collect()
+    return y
+
+
+@pytest.mark.parametrize("bystander", ["gc callback", "signal handler"])
+def test_what_a_bystander_sets_is_kept_without_observing_its_copy(bystander, no_automatic_collections):
+    # What the program found is kept with a copy of the bystander's list (``bystanders.fold``): its
+    # ``__copy__``, run after the thread was marked inside no more, was observed as the program's and
+    # STYLE.tag guarded; each change of it recompiled.
+    if bystander == "signal handler" and not hasattr(signal, "SIGUSR1"):
+        pytest.skip("POSIX signals")
+    runs: list = []
+
+    def logs(*args):
+        if bystander == "signal handler" or args[0] == "stop":
+            runs.append(1)
+            SETTINGS.log = _Log([len(runs)])
+
+    SETTINGS.signalled = bystander == "signal handler"
+    if SETTINGS.signalled:
+        previous = signal.signal(signal.SIGUSR1, logs)
+    else:
+        gc.callbacks.append(logs)
+    try:
+        jf = thunder_rs.jit(_collects_or_signalled)
+        for tag in "bcd":
+            x = torch.randn(3)
+            torch.testing.assert_close(jf(x), x * 2.0, rtol=0, atol=0)
+            assert SETTINGS.log == [len(runs)] and type(SETTINGS.log) is _Log
+            STYLE.tag = tag
+    finally:
+        if SETTINGS.signalled:
+            signal.signal(signal.SIGUSR1, previous)
+        else:
+            gc.callbacks.remove(logs)
+        for name in ("log", "signalled"):
+            vars(SETTINGS).pop(name, None)
+        STYLE.tag = "a"
+    assert _misses(jf) == ["first call"]

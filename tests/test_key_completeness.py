@@ -247,3 +247,37 @@ def test_a_python_attribute_of_a_module_parameter_is_read_as_eager_reads_it():
             model.lin.weight.scale = scale
         torch.testing.assert_close(jm(x), model(x), rtol=0, atol=0)
     assert "tensor[2, 2].scale changed from 3.0 to 4.0" in thunder_rs.compile_stats(jm).miss_reasons[-1]
+
+
+class _Style:
+    def __init__(self):
+        self.tag = "a"
+
+
+STYLE = _Style()
+
+
+class _Viewed:
+    """An object whose Python ``__getattribute__`` reads a global object."""
+
+    def __getattribute__(self, name):
+        STYLE.tag  # noqa: B018 (a read, as a config's alias map or logger)
+        return super().__getattribute__(name)
+
+
+def _scaled_if_configured(x):
+    return x * 2 if x.cfg is not None else x * 3
+
+
+def test_a_tensor_attributes_value_is_guarded_without_observing_its_getattribute():
+    # The observer read ``x.cfg``'s attributes outside its own work: the ``__getattribute__`` that read
+    # ran as the program's, and STYLE.tag, which the program never reads, was guarded (each change recompiled).
+    jf, cfg = thunder_rs.jit(_scaled_if_configured), _Viewed()
+    try:
+        for tag in "bcd":
+            torch.testing.assert_close(jf(_tagged(cfg=cfg)), _scaled_if_configured(_tagged(cfg=cfg)), rtol=0, atol=0)
+            STYLE.tag = tag
+        assert thunder_rs.compile_stats(jf).miss_reasons == ["first call"]
+        torch.testing.assert_close(jf(_tagged(cfg=None)), _tagged(cfg=None) * 3, rtol=0, atol=0)  # (still guarded)
+    finally:
+        STYLE.tag = "a"

@@ -155,13 +155,17 @@ def interrupting(code):
     changes to the traced program's state taken as found (``snapshot``, ``fold``)."""
 
     def run(*args):
-        images = snapshot()
+        # Inside first: ``snapshot`` and ``fold`` are thunder_rs's own work (an object's Python
+        # ``__getattribute__`` run by them, observed, added state objects while they were iterated).
         thread_state.inside += 1
         try:
-            return code(*args)
+            images = snapshot()
+            try:
+                return code(*args)
+            finally:
+                fold(images)
         finally:
             thread_state.inside -= 1
-            fold(images)
 
     return run
 

@@ -43,9 +43,11 @@ def _enter(phase: str, info: dict) -> None:
 def _leave(phase: str, info: dict) -> None:
     if phase == "stop" and _collecting.marked:
         _collecting.marked = False
-        thread_state.inside -= 1
         images, _collecting.images = _collecting.images, None
-        fold(images)
+        try:
+            fold(images)  # (inside: the copies it keeps may run a container's Python ``__copy__``)
+        finally:
+            thread_state.inside -= 1
 
 
 def keep_out() -> None:

@@ -70,13 +70,13 @@ def _dispatch_c_call(frame, function, importing: bool):
         refuse_c_call(frame, function)
 
 
-def own_work(handle, *args) -> None:
+def own_work(handle, *args):
     """``handle(*args)``, the observer's work, inside thunder_rs: its bytecode walks (a ``next``
     per instruction) and reads of state are not the program's, so the standard library's hooks for
     the program (``stdlib_state``) let them through at once."""
     _thread.inside += 1
     try:
-        handle(*args)
+        return handle(*args)
     finally:
         _thread.inside -= 1
 

@@ -791,7 +791,7 @@ def _tensor_attribute(at, name: str):
     observer = thread_state.observer
     if observer is None:
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
-    return observer.tensor_attribute(at, name)
+    return own_work(observer.tensor_attribute, at, name)  # (the attributes it reads: not the program's reads)
 
 
 TENSOR_ATTRIBUTE_READS[0] = _tensor_attribute
