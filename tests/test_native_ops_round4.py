@@ -321,8 +321,11 @@ def test_embedding_bag_offsets_are_checked_on_each_call(decompose: bool) -> None
     fn = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum")  # noqa: E731
     jfn = thunder_rs.jit(fn)
     for bad in (torch.tensor([1, 3]), torch.tensor([0, 3, 9]), torch.tensor([0, 5, 3])):
-        with pytest.raises(RuntimeError):
-            fn(weight, indices, bad)
+        if bad[0] == 0 and bad[-1] <= len(indices):  # (decreasing: eager's kernel reads past its bags, and
+            pass  # raises or not by what memory holds there: "Expected i < index_size" in one run, nothing in another)
+        else:
+            with pytest.raises(RuntimeError):
+                fn(weight, indices, bad)
         with pytest.raises(RuntimeError):
             _decomposed(fn, weight, indices, bad) if decompose else jfn(weight.requires_grad_(), indices, bad)
     last = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum", include_last_offset=True)  # noqa: E731

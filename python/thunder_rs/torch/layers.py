@@ -466,7 +466,8 @@ def embedding_bag_grad(
     padding_idx=None,
 ):
     """Eager's gradients for sum and mean bags (``embedding_bag_weight_grad``,
-    ``embedding_bag_sample_weights_grad``); the VJP of the decomposition for max bags."""
+    ``embedding_bag_sample_weights_grad``); the VJP of the decomposition for max bags and for
+    gradients scaled by the frequency."""
     out = ltorch.embedding_bag(
         input,
         weight,
@@ -480,7 +481,7 @@ def embedding_bag_grad(
         include_last_offset,
         padding_idx,
     )
-    if mode == "max":
+    if mode == "max" or scale_grad_by_freq:  # (eager's kernels here take no frequency scaling)
         return out
     indices, sample_weights = input, per_sample_weights
     if input.ndim == 2:  # (F.embedding_bag's bags of equal length)
