@@ -635,8 +635,8 @@ def acquire(
         _hint_compiler_disable(e)
         raise
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
-    modules_called = list(observer.modules_called.values())
-    size_checks, sites, interrupted = observer.size_checks, observer.state.containers.sites(), observer.state.interrupted
+    modules_called, state = list(observer.modules_called.values()), observer.state
+    size_checks, sites, interrupted = observer.size_checks, state.containers.sites(), state.interrupted
     del observer
     kept = _kept_tensors(captures, inputs)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
