@@ -83,7 +83,9 @@ class MetadataCheck:
 
     def __call__(self, tensors: list) -> ParameterMetadata:
         last = self._last
-        same = last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
+        same = tensors is last[0] or (
+            last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
+        )
         if same and last[1] and _holds(last[1], tensors):
             return last[2]
         metadata = interned(_read(tensors))
