@@ -5,6 +5,8 @@ directly to the stores where it can be (no module write that would make the call
 slots), and the calls compute as eager."""
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 import thunder_rs
-from thunder_rs.core.state.slot_reads import SlotReads
+from thunder_rs.core.state.slot_reads import MAX_CHECKS, SlotReads
 from user_models_round3 import TiedLanguageModel
 
 
@@ -101,11 +103,15 @@ def test_a_tied_slot_written_after_the_identity_check_was_built_unties_as_eager(
         torch.testing.assert_close(out, functional_call(eager, params, (tokens,), tie_weights=tie_weights))
 
 
+def _slots(model):
+    unique = tuple((d, n) for m in model.modules() for d in (m._parameters, m._buffers) for n in d)
+    bias = next(i for i, (d, n) in enumerate(unique) if d is model.fc._parameters and n == "bias")
+    return SlotReads(unique, ()), bias
+
+
 def test_the_identity_check_is_built_when_calls_repeat_and_never_for_new_tensors():
     model = Net()
-    unique = tuple((d, n) for m in model.modules() for d in (m._parameters, m._buffers) for n in d)
-    slots = SlotReads(unique, ())
-    bias = next(i for i, (d, n) in enumerate(unique) if d is model.fc._parameters and n == "bias")
+    slots, bias = _slots(model)
     first = slots.read()
     second = slots.read()
     assert second is not first and second == first  # (the same tensors twice: the check is built)
@@ -116,3 +122,19 @@ def test_the_identity_check_is_built_when_calls_repeat_and_never_for_new_tensors
     for _ in range(3):  # (new tensors on every call: each call reads the slots)
         model.fc._parameters["bias"] = nn.Parameter(torch.zeros(3))
         assert slots.read()[bias] is model.fc.bias
+
+
+def test_a_failed_identity_check_holds_no_tensor_and_checks_stop_after_max_checks():
+    model = Net()
+    slots, bias = _slots(model)
+    old = weakref.ref(model.fc.bias)
+    slots.read(), slots.read()
+    model.fc._parameters["bias"] = nn.Parameter(torch.zeros(3))
+    assert slots.read()[bias] is model.fc.bias
+    gc.collect()
+    assert old() is None
+    for _ in range(MAX_CHECKS + 2):  # (alternating tensors: each pair of equal reads builds a check)
+        model.fc._parameters["bias"] = nn.Parameter(torch.zeros(3))
+        for _ in range(3):
+            assert slots.read()[bias] is model.fc.bias
+    assert slots._made == MAX_CHECKS and slots._check is None

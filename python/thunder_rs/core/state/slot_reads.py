@@ -5,7 +5,8 @@ tensors compared by identity with the last call's in another ~1.1 us (``Metadata
 two calls in a row found the same tensors, a function generated for them checks each slot by
 identity (``d0['weight'] is t0 and ...``, the slots tied to another included) and the call reuses
 the last call's list: ~14 ns a slot, no list built. Any slot holding another tensor (or none)
-takes the read, as slots given new tensors on every call (``functional_call``) always do.
+takes the read, as slots given new tensors on every call (``functional_call``) always do; a
+binding generates at most ``MAX_CHECKS`` of them.
 
 The tensors' metadata is not checked here: ``p.data = t``, ``requires_grad_`` or ``resize_``
 keep the tensor in its slot (``param_metadata.MetadataCheck`` checks them on every call).
@@ -18,17 +19,27 @@ from itertools import starmap
 from operator import getitem, is_
 
 
+#: How many identity checks one binding generates at most (~1 ms each at 100 slots, once calls
+#: repeat): slots whose tensors keep changing (``functional_call`` between plain calls) then
+#: always take the read.
+MAX_CHECKS = 8
+
+
 class SlotReads:
     """The tensors of ``unique`` (``(store, name)`` per distinct tensor) and of the ``tied`` slots
-    (``(store, name, index)``: the slot holds ``unique[index]``'s tensor), as the last call found
-    them, with the function that tells whether the slots still hold them."""
+    (``(store, name, index)``: the slot holds ``unique[index]``'s tensor) as the last call read
+    them, with the generated check that the slots still hold them (and the tensors it checks)."""
 
-    __slots__ = ("_last", "tied", "unique")
+    __slots__ = ("_check", "_last", "_made", "tied", "unique")
 
     def __init__(self, unique: tuple, tied: tuple):
         self.unique, self.tied = unique, tied
-        #: (the last call's tensors, the generated identity check of them or None)
-        self._last: tuple[list | None, Callable[[], bool] | None] = (None, None)
+        #: the tensors of the last read (None before it, or after a tied slot was untied)
+        self._last: list | None = None
+        #: (the generated identity check, the tensors it checks), None while there is none: dropped
+        #: when it fails, so that it holds no tensor the slots no longer do
+        self._check: tuple[Callable[[], bool], list] | None = None
+        self._made = 0
 
     def read(self) -> list | None:
         """The unique slots' tensors (a list the caller must not change: the next call may return
@@ -36,21 +47,22 @@ class SlotReads:
         ``functional_call(model, {"emb.weight": w}, tie_weights=False)`` puts ``w`` into one slot
         of a tied pair by writing its store, which moves no ``write_epoch``, and the trace, reading
         the tied tensor once, would run the other slot's layer on ``w`` too."""
-        tensors, same = self._last
-        if same is not None:
+        check = self._check
+        if check is not None:
             try:
-                if same():
-                    return tensors
+                if check[0]():
+                    return check[1]
             except KeyError:  # (a slot emptied by writing its store: the read says so)
                 pass
+            self._check = None
         now = list(starmap(getitem, self.unique))
         if any(d.get(n) is not now[i] for d, n, i in self.tied):
-            self._last = (None, None)
+            self._last = None
             return None
-        if tensors is not None and len(tensors) == len(now) and all(map(is_, now, tensors)):
-            self._last = (now, _identity_check(self.unique, self.tied, now))
-        else:
-            self._last = (now, None)
+        last, self._last = self._last, now
+        if last is not None and self._made < MAX_CHECKS and len(last) == len(now) and all(map(is_, now, last)):
+            self._made += 1
+            self._check = (_identity_check(self.unique, self.tied, now), now)
         return now
 
 
