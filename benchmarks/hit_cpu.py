@@ -8,7 +8,8 @@ more than a key field costs. Reports the key and its lookup for one and two tens
 (``fast_key_fn``), and per call under ``no_grad``, jitted and eager and their ratio: two small
 functions and a ``Linear`` called with tensors (the positional fast path), then calls the general
 path keys (``call_paths``): a keyword bool, an int, None, a tuple of tensor pairs, the ``Linear``
-by keyword, a module of 100 parameters writing a KV cache passed as an argument in place
+by keyword, a module of 100 parameters using one ``Linear`` (the per-call reads and checks of its
+parameters), one writing a KV cache passed as an argument in place
 (``k_cache[:, pos] = k``: the write-back's check that no parameter or buffer shares the cache's
 memory; called with tensors, then with the int ``pos`` too, which the general path keys), and a
 two-layer Llama called as Hugging Face calls it (``input_ids=``, ``attention_mask=``,
@@ -71,6 +72,18 @@ class _KVCacheWriter(torch.nn.Module):
         return k_cache[:, : pos + 1].sum(1)
 
 
+class _Params100(torch.nn.Module):
+    """100 parameters (50 ``Linear(4, 4)``, the first one used): a call's cost of reading and
+    checking a module's parameters, as a decode step pays it once per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(50))
+
+    def forward(self, x):
+        return self.layers[0](x)
+
+
 def _llama():
     """A two-layer Llama with seeded weights and its keyword batch, or None without transformers."""
     try:
@@ -114,6 +127,7 @@ def main() -> None:
         ("None arg", _masked, (a, None), {}),
         ("tuple of 2 pairs", _pairs, (a, ((a, b), (b, a))), {}),
         ("Linear by keyword", lin, (), {"input": a}),
+        ("module of 100 params", _Params100(), (a,), {}),
         ("KV cache, 100 params", _KVCacheWriter(), (a, torch.zeros(4, 8, 4)), {}),
         ("KV cache, 100 params, pos", _KVCacheWriter(), (a, torch.zeros(4, 8, 4), 3), {}),
     ]

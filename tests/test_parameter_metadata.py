@@ -153,3 +153,22 @@ def test_tensors_new_on_every_call_build_no_guards():
         assert check._last[1] is None
     assert metadata is check([torch.randn(2, requires_grad=True)])
     assert metadata is not check([torch.randn(5, requires_grad=True)])  # (sizes are in the key)
+
+
+@pytest.mark.parametrize("mode_free", [True, False], ids=["checked_in_no_grad", "checked_with_grad_mode_on"])
+def test_requires_grad_toggled_under_no_grad_misses_the_guards(monkeypatch, mode_free):
+    """Under ``no_grad`` the guards are checked as they are where this torch's read requires_grad
+    in any grad mode (``_mode_free``), else with grad mode turned on for the check."""
+    check = param_metadata.MetadataCheck()
+    tensors = [nn.Parameter(torch.randn(3)), torch.randn(2)]
+    first = check(tensors)
+    assert check(tensors) is first and check._last[1] not in (None, param_metadata._UNGUARDABLE)
+    monkeypatch.setattr(param_metadata, "_mode_free", [mode_free])
+    with torch.no_grad():
+        assert check(tensors) is first
+        tensors[0].requires_grad_(False)
+        frozen = check(tensors)
+        assert frozen is not first and frozen.per_tensor[0][2] is False
+        tensors[1].requires_grad_(True)
+        assert check(tensors).per_tensor[1][2] is True
+        assert torch.is_grad_enabled() is False

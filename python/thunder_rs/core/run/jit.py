@@ -318,8 +318,8 @@ class ThunderFunction:
         if write_epoch[0] != self._epoch:
             self._check_binding()
         assert self._binding is not None  # _check_binding made it (the epoch starts unset)
-        tensors = list(starmap(getitem, self._binding.unique))
-        if self._binding.tied and self._binding.untied(tensors):
+        tensors = self._binding.slots.read()
+        if tensors is None:  # (a tied slot given another tensor: ``ModuleBinding.untied``)
             self._check_binding()
             tensors = list(starmap(getitem, self._binding.unique))
         return tensors

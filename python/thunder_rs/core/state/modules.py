@@ -27,6 +27,7 @@ from thunder_rs.core.state.cached_reads import original as stood_in_for
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
 from thunder_rs.core.state.guards import MISSING
 from thunder_rs.core.state.param_metadata import MetadataCheck
+from thunder_rs.core.state.slot_reads import SlotReads
 from thunder_rs.errors import ThunderNotImplementedError
 
 _Module = torch.nn.Module
@@ -180,16 +181,11 @@ class ModuleBinding:
         self._index_of = index_of
         self.structure = self._structure()
         self.metadata = MetadataCheck()
+        #: what a call finds in the slots (``read()``), checked by identity once calls repeat
+        self.slots = SlotReads(self.unique, self.tied)
 
     def tensors(self) -> list:
         return [d[n] for d, n in self.unique]
-
-    def untied(self, tensors: list) -> bool:
-        """Whether a slot tied to another when bound (``tensors``: the unique slots' tensors now)
-        holds another tensor: ``functional_call(model, {"emb.weight": w}, tie_weights=False)`` puts
-        ``w`` into one slot of a tied pair by writing its store, which moves no ``write_epoch``, and
-        the trace, reading the tied tensor once, would run the other slot's layer on ``w`` too."""
-        return any(d.get(n) is not tensors[i] for d, n, i in self.tied)
 
     def _structure(self):
         """The modules, their slots, forwards set on instances, and which slots share one tensor

@@ -83,7 +83,9 @@ class MetadataCheck:
 
     def __call__(self, tensors: list) -> ParameterMetadata:
         last = self._last
-        same = last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
+        same = tensors is last[0] or (
+            last[0] is not None and len(tensors) == len(last[0]) and all(map(is_, tensors, last[0]))
+        )
         if same and last[1] and _holds(last[1], tensors):
             return last[2]
         metadata = interned(_read(tensors))
@@ -109,11 +111,16 @@ def _read_one(t) -> tuple:
         return t.dtype, t.device, t.requires_grad, None
 
 
+#: Whether this torch's ``TensorGuards`` read requires_grad whatever the grad mode (2.15 does):
+#: then no call toggles grad mode to check them (~0.3 us). None until the first guards are built.
+_mode_free: list[bool | None] = [None]
+
+
 def _holds(guards, tensors: list) -> bool:
-    """Whether ``guards`` still hold for ``tensors``. Checked with grad mode on, as they were built:
-    with it off the ``TensorGuards`` of torch 2.9 take every requires_grad as False (a layer
-    unfrozen under ``no_grad`` would hit the frozen entry)."""
-    if _grad_enabled():
+    """Whether ``guards`` still hold for ``tensors``. Checked with grad mode on, as they were built,
+    where this torch's need it: with it off the ``TensorGuards`` of torch 2.9 take every
+    requires_grad as False (a layer unfrozen under ``no_grad`` would hit the frozen entry)."""
+    if _grad_enabled() or _mode_free[0]:
         return guards.check(*tensors)
     _set_grad_enabled(True)
     try:
@@ -133,6 +140,8 @@ def _guards(tensors: list):
     enabled = _grad_enabled()
     _set_grad_enabled(True)
     try:
+        if _mode_free[0] is None:
+            _mode_free[0] = _reads_requires_grad_without_grad_mode()
         guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=free)
         return guards if guards.check(*tensors) is True else _UNGUARDABLE
     except Exception:  # noqa: BLE001 (another torch's signature: the attribute reads serve)
@@ -143,3 +152,15 @@ def _guards(tensors: list):
 
 def _plain(t) -> bool:
     return type(t) in _PLAIN_TYPES and t.layout is torch.strided and not t.is_nested
+
+
+def _reads_requires_grad_without_grad_mode() -> bool:
+    """Whether ``TensorGuards`` built (with grad mode on) for a tensor not requiring grad fail
+    under ``no_grad`` for one that does: torch 2.9's take requires_grad as False there and hold."""
+    plain = torch.zeros(1)
+    guards = TensorGuards(plain, dynamic_dims_sizes=[[1]], dynamic_dims_strides=[[None]])
+    _set_grad_enabled(False)
+    try:
+        return guards.check(plain) is True and guards.check(torch.zeros(1, requires_grad=True)) is False
+    finally:
+        _set_grad_enabled(True)
