@@ -429,6 +429,7 @@ def masked_fill_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput
     yield SampleInput(x((3, 4)), mask((3, 4)), value)
     yield SampleInput(x((3, 4)), mask((4,)), value)
     yield SampleInput(x((4,)), mask((3, 4)), value)  # out-of-place masked_fill broadcasts self too
+    yield SampleInput(x(()), mask(()), torch.tensor(3, dtype=dtype, device=device))  # (a 0-dim tensor fill value)
     yield SampleInput(x(()), mask(()), value)
     yield SampleInput(x((0, 4)), mask((4,)), value)
     yield SampleInput(x((3, 4), transposed), mask((3, 4)), value)

@@ -81,6 +81,7 @@ def sample_kinds(sample: SampleInput) -> frozenset[str]:
         found.add("number")
     found |= {f"arg{i}={a}" for i, a in enumerate(sample.args) if isinstance(a, str)}
     found |= {f"{k}={v}" for k, v in sample.kwargs.items() if v is None or isinstance(v, (str, bool))}
+    found |= {f"{k}=tensor" for k, v in sample.kwargs.items() if isinstance(v, torch.Tensor)}  # (an optional operand)
     return frozenset(found)
 
 

@@ -603,8 +603,15 @@ def _kept_tensors(captures: Captures, inputs) -> dict:
 
 
 def _observed_facts(observer) -> tuple:
-    """The size checks, container sites and interruption the observer saw while tracing."""
-    return observer.size_checks, observer.state.containers.sites(), observer.state.interrupted
+    """The modules called, size checks, container sites and interruption the observer saw while tracing."""
+    state = observer.state
+    return list(observer.modules_called.values()), observer.size_checks, state.containers.sites(), state.interrupted
+
+
+def _place_stale(stale_saves, traced) -> None:
+    """Tells each stale save the trace input whose version eager's error counts from."""
+    for stale, _ in stale_saves:
+        stale.place({p._input_vid: k for k, p in enumerate(traced)})
 
 
 def acquire(
@@ -640,8 +647,7 @@ def acquire(
         _hint_compiler_disable(e)
         raise
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
-    modules_called = list(observer.modules_called.values())
-    size_checks, sites, interrupted = _observed_facts(observer)
+    modules_called, size_checks, sites, interrupted = _observed_facts(observer)
     del observer
     kept = _kept_tensors(captures, inputs)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
@@ -652,8 +658,7 @@ def acquire(
     positions = inputs.positions
     traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
-    for stale, _ in stale_saves:  # (the trace input whose version eager's error counts from)
-        stale.place({p._input_vid: k for k, p in enumerate(traced)})
+    _place_stale(stale_saves, traced)
     del out, writes, repeated, inputs, traced
     stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
     captured = captures.release()

@@ -228,10 +228,8 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any)."""
     differentiable = frozenset(grad_positions) - non_differentiable
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
-    partial = len(differentiable) > 1 and bool(reads)
-    unreached = _Unreached(reads, compile_backward)
-    cotangents_of = _cotangent_picker(grad_positions)
-    outputs_at = _Outputs(grad_positions, differentiable)
+    partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
+    cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
     stale_inputs = inputs_at_call(stale)  # (the versions of the memories eager's errors count from)
 
     class CompiledFunction(torch.autograd.Function):
