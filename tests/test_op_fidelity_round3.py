@@ -29,6 +29,8 @@ def _run(program: Callable, inputs: list[torch.Tensor], constants: int) -> list[
     args = [t.detach().clone().requires_grad_(t.is_floating_point() and i < wanted) for i, t in enumerate(inputs)]
     out = program(*args)
     outs = list(out) if isinstance(out, tuple) else [out]
+    if not any(o.requires_grad for o in outs):
+        return [o.detach() for o in outs]
     gen = torch.Generator().manual_seed(7)
     cotangents = [torch.randn(o.shape, dtype=torch.float64, generator=gen).to(o.dtype) for o in outs]
     grads = torch.autograd.grad(outs, [a for a in args if a.requires_grad], cotangents)

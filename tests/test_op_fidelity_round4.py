@@ -16,7 +16,6 @@ test found a few ulps off.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -25,31 +24,9 @@ import torch.nn.functional as F
 import thunder_rs
 from thunder_rs.executors.torch_ex import decomposing
 
+from test_op_fidelity_round3 import _run, assert_bit_equal_to_eager
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-
-
-def _run(program: Callable, inputs: list[torch.Tensor], constants: int) -> list[torch.Tensor]:
-    """The outputs of ``program`` and the gradients of its floating inputs but the last
-    ``constants``, from a fixed cotangent."""
-    wanted = len(inputs) - constants
-    args = [t.detach().clone().requires_grad_(t.is_floating_point() and i < wanted) for i, t in enumerate(inputs)]
-    out = program(*args)
-    outs = list(out) if isinstance(out, tuple) else [out]
-    if not any(o.requires_grad for o in outs):
-        return [o.detach() for o in outs]
-    gen = torch.Generator().manual_seed(7)
-    cotangents = [torch.randn(o.shape, dtype=torch.float64, generator=gen).to(o.dtype) for o in outs]
-    grads = torch.autograd.grad(outs, [a for a in args if a.requires_grad], cotangents)
-    return [o.detach() for o in outs] + list(grads)
-
-
-def assert_bit_equal_to_eager(program: Callable, inputs: list[torch.Tensor], constants: int = 0) -> None:
-    expected = _run(program, inputs, constants)
-    actual = _run(thunder_rs.jit(program), inputs, constants)
-    assert len(actual) == len(expected)
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        assert a.dtype == e.dtype and a.shape == e.shape, f"result {i}: {a.dtype} {a.shape}, eager {e.dtype} {e.shape}"
-        assert torch.equal(a, e), f"result {i} differs from eager's by {(a.double() - e.double()).abs().max().item()}"
 
 
 # The softmax of the prims rounds otherwise than eager's vectorised kernel, so float32 and float64

@@ -30,7 +30,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.common import flows, is_int, like, require_tensor
-from thunder_rs.torch.pooling import _scatter_to_indices, eager_argmax
+from thunder_rs.torch.pooling import _scatter_to_indices, eager_argmax, indexed_backward_grad
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 __all__ = [
@@ -336,16 +336,9 @@ def fractional_max_pool3d_kernel_grad(input, kernel_size, output_size, random_sa
 def _backward_grad(n: int, grad_output, input, kernel_size, output_size, indices):
     """eager's: ``grad_output`` gets the cotangent gathered at the indices
     (``max_pool_double_backward``), ``input`` zeros."""
-    out = _BACKWARD[n](grad_output, input, kernel_size, output_size, indices)
-    g = get_grad(out)
-    if grad_output.requires_grad:
-        lead = tuple(indices.shape[:-n])
-        flat = ltorch.reshape(g, (*lead, math.prod(g.shape[-n:])))
-        picked = ltorch.gather(flat, len(lead), ltorch.reshape(indices, (*lead, math.prod(indices.shape[-n:]))))
-        put_grad(grad_output, ltorch.reshape(picked, tuple(indices.shape)))
-    if input.requires_grad:
-        put_grad(input, ltorch.zeros_like(input))
-    return out
+    return indexed_backward_grad(
+        n, _BACKWARD[n](grad_output, input, kernel_size, output_size, indices), grad_output, input, indices
+    )
 
 
 @register_grad(ltorch.fractional_max_pool2d_backward)

@@ -538,6 +538,13 @@ def _max_pool_backward_grad(
     (``max_pool_double_backward``), ``input``, which the result depends on through its shape
     only, zeros (``zeros_like(self)``), so that the result requires grad as eager's does."""
     out = symbol(grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices)
+    return indexed_backward_grad(n, out, grad_output, input, indices)
+
+
+def indexed_backward_grad(n: int, out, grad_output, input, indices):
+    """The gradients of ``out``, a max pool's backward scattering ``grad_output`` to ``indices``
+    over the last ``n`` dims (max and fractional max pools): ``grad_output`` gets the cotangent
+    gathered at the indices, ``input`` zeros."""
     g = get_grad(out)
     if grad_output.requires_grad:
         lead = tuple(indices.shape[:-n])
