@@ -15,18 +15,8 @@ from torch.func import functional_call
 
 import thunder_rs
 from thunder_rs.core.state.slot_reads import MAX_CHECKS, SlotReads
+from test_parameter_metadata import Net
 from user_models_round3 import TiedLanguageModel
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-        self.fc2 = nn.Linear(3, 2)
-        self.register_buffer("scale", torch.tensor(2.0))
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc(x))) * self.scale
 
 
 def _store_write(m):
