@@ -170,3 +170,16 @@ def test_an_in_memory_stream_held_outside_is_refused(held):
     ):
         jf(*args)
     assert module.buffer.getvalue() == ""
+
+
+def test_a_write_made_by_an_installed_library_names_the_users_line_too(tmp_path):
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "a.npy"
+
+    def fn(x):
+        np.save(path, np.ones(2))
+        return x + 1
+
+    line = fn.__code__.co_firstlineno + 1
+    with pytest.raises(ThunderNotImplementedError, match=rf"write: .*numpy.*reached from .*test_c_effects.py:{line}"):
+        thunder_rs.jit(fn)(torch.ones(3))

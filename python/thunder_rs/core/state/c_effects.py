@@ -63,6 +63,21 @@ def writes(owner, name: str) -> bool:
     return not isinstance(owner, type) and any(name in C_WRITERS.get(base, ()) for base in type(owner).__mro__)
 
 
+def _site(frame) -> str:
+    """``file:line`` of ``frame``, and where it runs an installed library's code (``np.save``'s
+    ``write``), the line outside such code that called it."""
+    site, caller = f"{frame.f_code.co_filename}:{frame.f_lineno}", frame
+    while caller is not None and _installed(caller.f_code.co_filename):
+        caller = caller.f_back
+    if caller is frame or caller is None:
+        return site
+    return f"{site}, reached from {caller.f_code.co_filename}:{caller.f_lineno}"
+
+
+def _installed(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
 def refuse_c_effect(frame, function, observer) -> None:
     """Refuses ``function``, a builtin bound to one of ``C_WRITERS``' owners (or an instance of
     one), called by the program's ``frame``, if it writes outside the program: an in-memory stream
@@ -74,7 +89,7 @@ def refuse_c_effect(frame, function, observer) -> None:
     if isinstance(owner, (io.StringIO, io.BytesIO)) and not observer.reached_from_outside(owner):
         return
     raise ThunderNotImplementedError(
-        f"{_owner_name(owner)}.{name}: the program calls it at {frame.f_code.co_filename}:{frame.f_lineno}, an "
+        f"{_owner_name(owner)}.{name}: the program calls it at {_site(frame)}, an "
         "effect outside the program (a write to a file, a stream, a socket or the system); tracing made it once, "
         "and a compiled call would not make it again where eager makes it on every call. Make it outside the "
         "jitted function (print and logging calls inside it are made on every call)"
