@@ -4,6 +4,7 @@ a collection, a signal handler. Its effect happens once, when it runs, as in eag
 after tracing, not repeated by every compiled call, and what it reads and writes is not guarded.
 Each test counts the runs of such code apart and checks that the state it counts in says the same."""
 
+import functools
 import gc
 import os
 import signal
@@ -18,6 +19,11 @@ import thunder_rs
 
 def _misses(jf) -> list:
     return thunder_rs.compile_stats(jf).miss_reasons
+
+
+#: A signal arriving while the program is traced. The program's own ``os.kill`` is refused (an effect
+#: tracing makes once: ``test_c_effects``); called by a ``partial``, no frame of the program calls it.
+_SIGNAL_ARRIVES = functools.partial(os.kill, os.getpid(), getattr(signal, "SIGUSR1", 0))
 
 
 @pytest.fixture
@@ -134,7 +140,7 @@ TICKS = _Ticks()
 
 def _signalled(x):
     y = x * TICKS.scale
-    os.kill(os.getpid(), signal.SIGUSR1)  # (stands for a signal arriving while traced)
+    _SIGNAL_ARRIVES()
     return y + 1
 
 
@@ -233,7 +239,7 @@ CONFIG = _AliasedConfig()
 
 
 def _signalled_before_reading_the_config(x):
-    os.kill(os.getpid(), signal.SIGUSR1)  # (a signal arriving before the program reads CONFIG)
+    _SIGNAL_ARRIVES()  # (before the program reads CONFIG)
     return x * CONFIG.hidden
 
 
@@ -285,7 +291,7 @@ class _Log(list):
 def _collects_or_signalled(x):
     y = x * SETTINGS.scale  # SETTINGS is guarded whole from here
     if SETTINGS.signalled:
-        os.kill(os.getpid(), signal.SIGUSR1)
+        _SIGNAL_ARRIVES()
     else:
         gc.collect()
     return y

@@ -14,8 +14,8 @@
 //!
 //! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls the
 //! program's interesting frames make to a builtin bound to one of the `watch_c_calls` owners (a
-//! type or a module, or a subclass of the type) go to `on_c_call(frame, function)`, whose error is
-//! raised at the program's call.
+//! type or a module, a subclass of the type, or an instance of it: `f.write` on a file object) go
+//! to `on_c_call(frame, function)`, whose error is raised at the program's call.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -87,8 +87,9 @@ impl CallObserver {
         }
     }
 
-    /// Calls of builtins bound to one of `owners` (their `__self__`) made by interesting frames go
-    /// to `on_c_call(frame, function, importing)`; an error it raises is raised at that call.
+    /// Calls of builtins bound to one of `owners` (their `__self__`; a subclass or an instance of
+    /// an owner that is a type) made by interesting frames go to `on_c_call(frame, function,
+    /// importing)`; an error it raises is raised at that call.
     fn watch_c_calls(&mut self, owners: Vec<Py<PyAny>>, on_c_call: Py<PyAny>) {
         self.owners = owners.iter().map(|o| o.as_ptr() as usize).collect();
         self.owner_refs = owners;
@@ -148,8 +149,8 @@ fn uninstall() {
 }
 
 impl CallObserver {
-    /// Whether `owner`, a builtin's `__self__`, is watched: one of `owners` or a subclass of one
-    /// (`class Stamp(datetime.datetime)`).
+    /// Whether `owner`, a builtin's `__self__`, is watched: one of `owners`, a subclass of one
+    /// (`class Stamp(datetime.datetime)`), or an instance of one (a file object's `write`).
     fn watches(&self, owner: *mut ffi::PyObject) -> bool {
         if owner.is_null() {
             return false;
@@ -159,10 +160,10 @@ impl CallObserver {
         }
         // SAFETY: the GIL is held; `owner` and the owners are live objects.
         let is_type = unsafe { ffi::PyType_Check(owner) != 0 };
-        is_type
-            && self.owner_refs.iter().any(|o| unsafe {
-                ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(owner.cast(), o.as_ptr().cast()) != 0
-            })
+        let kind = if is_type { owner.cast() } else { unsafe { ffi::Py_TYPE(owner) } };
+        self.owner_refs.iter().any(|o| unsafe {
+            ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(kind, o.as_ptr().cast()) != 0
+        })
     }
 
     /// The flags of `code`, asking `classify` on its first call.

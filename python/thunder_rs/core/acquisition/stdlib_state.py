@@ -39,6 +39,13 @@ here lives behind library calls it does not follow, so it is handled by a table 
   is a clock the program bound before tracing (``from time import perf_counter``), where it bound
   it (``core.state.clocks``).
 
+- **effects outside the program.** ``subprocess``'s process start (``subprocess.run``,
+  ``os.popen``) and ``torch.save`` called by program code while it is traced are refused, naming
+  the line: tracing makes them once, and a compiled call would not make them again. They are
+  replaced only while some program is traced (``_put_effect_makers``); the C functions that write
+  (a file object's ``write``, ``os.write``, ``os.kill``, ``time.sleep``) are refused by the
+  observer's profile hook (``core.state.c_effects``).
+
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
 
@@ -519,6 +526,45 @@ register_clock(_urandom, _read_entropy)  # where the program bound it (``from os
 
 #: ``uuid``'s C clock (``uuid1`` reads it) while a program is traced: ``(module, real)``
 _uuid_clock: list = []
+#: Python functions whose call makes an effect outside the program (``core.state.c_effects`` has
+#: the C ones), replaced while a program is traced: ``(holder, name, real)``
+_effect_makers: list = []
+
+
+def _refusing_effect(what: str, real):
+    """``real`` (``subprocess.Popen``'s process start, ``torch.save``) refusing program code's call
+    while it is traced: a compiled call would not make it again."""
+
+    def make(*args, **kwargs):
+        frame: Any = sys._getframe(1)
+        program = _program_frame(frame) if _tracing() else None
+        if program is not None:
+            raise ThunderNotImplementedError(
+                f"{_stdlib_entry(frame, program, what)}: the program calls it at {_where(program)}, an effect outside "
+                "the program; tracing made it once, and a compiled call would not make it again where eager makes it "
+                "on every call. Make it outside the jitted function"
+            )
+        return real(*args, **kwargs)
+
+    return make
+
+
+def _put_effect_makers() -> None:
+    subprocess, torch = sys.modules.get("subprocess"), sys.modules.get("torch")
+    for holder, name, what in (
+        (getattr(subprocess, "Popen", None), "_execute_child", "subprocess.Popen"),
+        (torch, "save", "torch.save"),
+    ):
+        real = getattr(holder, name, None)
+        if real is not None and not any(h is holder and n == name for h, n, _ in _effect_makers):
+            _effect_makers.append((holder, name, real))
+            setattr(holder, name, _refusing_effect(what, real))
+
+
+def _put_back_effect_makers() -> None:
+    while _effect_makers:
+        holder, name, real = _effect_makers.pop()
+        setattr(holder, name, real)
 
 
 def _put_readers() -> None:
@@ -534,6 +580,7 @@ def _put_readers() -> None:
     if real is not None and not _uuid_clock:
         _uuid_clock.append((uuid, real))
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
+    _put_effect_makers()
 
 
 def _put_back_readers() -> None:
@@ -548,6 +595,7 @@ def _put_back_readers() -> None:
     while _uuid_clock:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
+    _put_back_effect_makers()
     put_back_bound_clocks()
     put_back_cached()
 

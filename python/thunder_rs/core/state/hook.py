@@ -7,6 +7,7 @@ import threading
 import warnings
 
 from thunder_rs import _core
+from thunder_rs.core.state.c_effects import C_WRITERS, refuse_c_effect
 from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
 from thunder_rs.core.state.code_reads import classify
 
@@ -28,7 +29,7 @@ thread_state = _thread = _ThreadState()
 def thread_hook():
     if _thread.hook is None:
         _thread.hook = _core.CallObserver(classify, _dispatch_call, _dispatch_return)
-        _thread.hook.watch_c_calls(list(C_READERS), _dispatch_c_call)
+        _thread.hook.watch_c_calls([*C_READERS, *C_WRITERS], _dispatch_c_call)
     return _thread.hook
 
 
@@ -68,6 +69,7 @@ def _dispatch_c_call(frame, function, importing: bool):
     observer = _thread.observer
     if observer is not None and not _thread.inside and not (importing and importing_frame(frame, observer.entry)):
         refuse_c_call(frame, function)
+        refuse_c_effect(frame, function, observer)
 
 
 def own_work(handle, *args):
