@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunder_rs
+from thunder_rs.errors import ThunderRuntimeError
 from test_vmap_rules import CNN, MLP, trained_statistics
 
 torch.manual_seed(0)
@@ -268,3 +269,24 @@ def test_functions_that_only_compute_with_local_state_are_not_refused():
 
     x = torch.randn(3)
     exactly(thunder_rs.jit(lambda x: torch.func.grad(local_state)(x))(x), torch.func.grad(local_state)(x))
+
+
+_ROWS = 3
+
+
+def test_outputs_whose_sizes_follow_python_state_the_function_reads_are_refused_not_misread():
+    """The transform runs eagerly on each call, reading the global then; the program after it was
+    traced for the first call's sizes (its mean divided by 15 where eager's divides by 10)."""
+    global _ROWS
+
+    def program(x):
+        return torch.func.jacrev(lambda y: (y[:_ROWS] * 2).sin())(x).mean()
+
+    jitted, x = thunder_rs.jit(program), torch.randn(5)
+    torch.testing.assert_close(jitted(x), program(x), rtol=0, atol=0)
+    _ROWS = 2
+    try:
+        with pytest.raises(ThunderRuntimeError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+"):
+            jitted(x)
+    finally:
+        _ROWS = 3

@@ -37,7 +37,7 @@ from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
 from thunder_rs.core.state.hook import thread_state
-from thunder_rs.errors import ThunderError, ThunderNotImplementedError
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderRuntimeError
 
 #: torch.func's transforms, as torch defines them (read once: while tracing the names are ours).
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
@@ -187,11 +187,12 @@ class _Call:
     its constant arguments. The trace holds it as a constant argument of the call (freed with the
     trace), so that every compile of a transform shares one fallback symbol (``_runner``)."""
 
-    __slots__ = ("make", "template", "positions", "constants", "spec", "name", "devices", "grad_enabled")
+    __slots__ = ("make", "template", "positions", "constants", "spec", "name", "devices", "grad_enabled", "traced")
 
     def __init__(self, make, template, positions, constants, spec, name, devices, grad_enabled):
         self.make, self.template, self.positions, self.constants, self.spec = make, template, positions, constants, spec
         self.name, self.devices, self.grad_enabled = name, devices, grad_enabled
+        self.traced = None  # (where, the outputs' sizes and dtypes) the trace was made with: ``_on_fake_tensors``
 
     def __call__(self, given: tuple):
         flat = list(self.constants)
@@ -212,7 +213,9 @@ def _runner(name: str):
     if run is None:
 
         def run(call, *given):
-            return call(given)
+            out = call(given)
+            _check_as_traced(call, out)
+            return out
 
         module, _, short = name.rpartition(".")
         run.__name__ = run.__qualname__ = short
@@ -294,6 +297,7 @@ def _on_fake_tensors(call: _Call, *metas):
                 "arguments (a closure over a value of the jitted program); an eager call of the transform "
                 "cannot see it. Pass it as an argument of the transformed function"
             ) from None
+    call.traced = (user_location(), _metadata(out))
     if any(t.requires_grad for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
         raise _Refused(
             f"{call.name} at {user_location()}: the function reads tensors that require grad besides its arguments "
@@ -302,3 +306,20 @@ def _on_fake_tensors(call: _Call, *metas):
             "or detach them"
         )
     return out
+
+
+def _metadata(out) -> tuple:
+    return tuple((tuple(t.shape), t.dtype) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+
+
+def _check_as_traced(call: _Call, out) -> None:
+    """Refuses outputs of another size or dtype than the trace was made with: they depend on Python
+    state the transformed function reads on each call (which the trace does not guard), and the
+    program's later operations were traced for the first ones."""
+    if call.traced is not None and _metadata(out) != call.traced[1]:
+        where, then = call.traced
+        raise ThunderRuntimeError(
+            f"{call.name} at {where}: the transformed function's outputs are {_metadata(out)} (sizes, dtype) on this "
+            f"call where they were {then} when the program was compiled; they depend on Python state the function "
+            "reads, which thunder_rs does not guard. Pass that state as an argument of the jitted function"
+        )
