@@ -12,6 +12,7 @@ __all__ = [
     "ExecutorRow",
     "ImplEntry",
     "CallObserver",
+    "GcCallback",
     "RecordedTensor",
     "TensorMeta",
     "Compiled",
@@ -390,3 +391,13 @@ class CallObserver:
     def stop(self) -> None: ...
     def pause(self) -> None: ...
     def resume(self) -> None: ...
+
+@final
+class GcCallback:
+    """A ``gc.callbacks`` entry calling ``func(phase, info)`` again until no ``KeyboardInterrupt``
+    stops it; the one made with ``rearm`` makes a caught interrupt pending again when it returns."""
+
+    def __new__(cls, func: Callable[[str, dict], None], rearm: bool) -> GcCallback: ...
+    @property
+    def func(self) -> Callable[[str, dict], None]: ...
+    def __call__(self, phase: str, info: dict) -> None: ...

@@ -44,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::ExecutorRow>()?;
     m.add_class::<table::ImplEntry>()?;
     m.add_class::<observe::CallObserver>()?;
+    m.add_class::<observe::GcCallback>()?;
     m.add_class::<records::RecordedTensor>()?;
     m.add_class::<records::PyTensorMeta>()?;
     m.add_class::<records::Compiled>()?;

@@ -280,3 +280,57 @@ unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, functi
         }
     }
 }
+
+/// A `gc.callbacks` entry that a `KeyboardInterrupt` does not lose. CPython reports what a
+/// collection's callback raises as unraisable and goes on, so Ctrl-C landing in thunder_rs's
+/// callbacks (`core.state.collector`) would be swallowed and its bookkeeping left half done.
+/// `func` is called again until it returns without one (it runs its step once: a call the
+/// interrupt stopped on entry did nothing), and the callback made with `rearm` (the collection's
+/// last) makes the interrupt pending again when it returns, for the code the collection
+/// interrupted; other errors are raised as before.
+#[pyclass(module = "thunder_rs._core", name = "GcCallback", frozen)]
+pub struct GcCallback {
+    func: Py<PyAny>,
+    rearm: bool,
+}
+
+/// Whether a `KeyboardInterrupt` was caught in a collection's callback since the last re-arming.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `SIGINT`'s number (the same on every platform CPython runs on).
+const SIGINT: c_int = 2;
+
+#[pymethods]
+impl GcCallback {
+    #[new]
+    fn new(func: Py<PyAny>, rearm: bool) -> Self {
+        GcCallback { func, rearm }
+    }
+
+    #[getter]
+    fn func(&self, py: Python<'_>) -> Py<PyAny> {
+        self.func.clone_ref(py)
+    }
+
+    fn __call__(&self, py: Python<'_>, phase: Py<PyAny>, info: Py<PyAny>) -> PyResult<()> {
+        use std::sync::atomic::Ordering;
+        let mut result = Ok(());
+        for _ in 0..64 {
+            match self.func.call1(py, (phase.clone_ref(py), info.clone_ref(py))) {
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+                    INTERRUPTED.store(true, Ordering::Relaxed);
+                }
+                other => {
+                    result = other.map(drop);
+                    break;
+                }
+            }
+        }
+        if self.rearm && INTERRUPTED.swap(false, Ordering::Relaxed) {
+            // SAFETY: the GIL is held; this only marks the signal pending (its handler runs at the
+            // interpreter's next check, in the code the collection interrupted).
+            unsafe { ffi::PyErr_SetInterruptEx(SIGINT) };
+        }
+        result
+    }
+}

@@ -13,11 +13,15 @@ list, for ``"start"``, one last, for ``"stop"``. ``keep_out`` puts them there wh
 starts being traced (a callback added since goes between them). They stay installed: removed while
 another thread collects, its ``"stop"`` would never come. What the collection's code sets in the
 traced program's state is taken as what the program found, not as its write (``bystanders``).
+A ``KeyboardInterrupt`` landing in them (Ctrl-C during a compile) is not lost, as CPython loses
+what a collection's callback raises: ``_core.GcCallback`` calls them again until they ran, and
+makes the interrupt pending again after the collection, where it stops the compile.
 """
 
 import gc
 import threading
 
+from thunder_rs import _core
 from thunder_rs.core.state.bystanders import fold, snapshot
 from thunder_rs.core.state.observe import thread_state
 
@@ -50,14 +54,17 @@ def _leave(phase: str, info: dict) -> None:
             thread_state.inside -= 1
 
 
+_ENTER, _LEAVE = _core.GcCallback(_enter, False), _core.GcCallback(_leave, True)
+
+
 def keep_out() -> None:
     """Makes the collections of every thread unobserved: ``_enter`` first among ``gc.callbacks``
     and ``_leave`` last (the caller holds the lock that serialises tracings' setup)."""
     callbacks = gc.callbacks
-    if callbacks and callbacks[0] is _enter and callbacks[-1] is _leave:
+    if callbacks and callbacks[0] is _ENTER and callbacks[-1] is _LEAVE:
         return
-    for callback in (_enter, _leave):
+    for callback in (_ENTER, _LEAVE):
         while callback in callbacks:
             callbacks.remove(callback)
-    callbacks.insert(0, _enter)
-    callbacks.append(_leave)
+    callbacks.insert(0, _ENTER)
+    callbacks.append(_LEAVE)
