@@ -43,18 +43,21 @@ def test_writing_to_a_held_text_file_is_refused_naming_the_line(tmp_path):
     assert (tmp_path / "a.txt").read_text() == ""  # refused before it wrote
 
 
-@pytest.mark.parametrize("kind", ["writelines", "flush", "binary", "stringio", "append", "stdout", "stderr"])
+@pytest.mark.parametrize(
+    "kind", ["writelines", "flush", "binary", "stringio", "append", "stdout", "stderr", "held_stdout"]
+)
 def test_writes_to_file_objects_are_refused(tmp_path, kind):
     text, binary, sio = open(tmp_path / "t", "w"), open(tmp_path / "b", "wb"), io.StringIO()  # noqa: SIM115
-    path = tmp_path / "appended"
+    path, held = tmp_path / "appended", sys.stdout  # (bound before the program is traced)
     cases = {
         "writelines": (lambda x: (text.writelines(["a\n"]), x + 1)[1], "_io.TextIOWrapper.writelines"),
         "flush": (lambda x: (text.flush(), x + 1)[1], "_io.TextIOWrapper.flush"),
         "binary": (lambda x: (binary.write(b"ab"), x + 1)[1], "_io.BufferedWriter.write"),
         "stringio": (lambda x: (sio.write("ab"), x + 1)[1], "_io.StringIO.write"),
-        "append": (lambda x: (open(path, "a").write("q"), x + 1)[1], "_io.TextIOWrapper.write"),  # noqa: SIM115
+        "append": (lambda x: (open(path, "a").write("q"), x + 1)[1], "_io.TextIOWrapper.write"),  # noqa: SIM115  # noqa: SIM115
         "stdout": (lambda x: (sys.stdout.write("out\n"), x + 1)[1], r"\.write"),
         "stderr": (lambda x: (sys.stderr.write("err\n"), x + 1)[1], r"\.write"),
+        "held_stdout": (lambda x: (held.write("out\n"), x + 1)[1], r"\.write"),
     }
     fn, what = cases[kind]
     jf = thunder_rs.jit(fn)
@@ -183,3 +186,74 @@ def test_a_write_made_by_an_installed_library_names_the_users_line_too(tmp_path)
     line = fn.__code__.co_firstlineno + 1
     with pytest.raises(ThunderNotImplementedError, match=rf"write: .*numpy.*reached from .*test_c_effects.py:{line}"):
         thunder_rs.jit(fn)(torch.ones(3))
+
+
+@pytest.mark.parametrize("kind", ["json", "csv", "csv_writer_kept"])
+def test_writes_the_standard_library_makes_for_the_program_are_refused(tmp_path, kind):
+    import csv
+    import json
+
+    held = open(tmp_path / "held", "w")  # noqa: SIM115
+    kept = csv.writer(held)
+    cases = {
+        "json": (lambda x: (json.dump([1], held), x + 1)[1], r"TextIOWrapper.write"),
+        "csv": (lambda x: (csv.writer(held).writerow([1, 2]), x + 1)[1], r"_csv.writer.writerow"),
+        "csv_writer_kept": (lambda x: (kept.writerow([1, 2]), x + 1)[1], r"_csv.writer.writerow"),
+    }
+    fn, what = cases[kind]
+    line = fn.__code__.co_firstlineno
+    jf = thunder_rs.jit(fn)
+    for _ in range(3):
+        with pytest.raises(ThunderNotImplementedError, match=rf"{what}: the program calls it at .*_effects.py:{line}"):
+            jf(torch.ones(3))
+    held.close()
+    assert (tmp_path / "held").read_text() == ""
+
+
+def test_what_the_standard_library_writes_to_a_stream_the_program_makes_runs_as_eager():
+    import csv
+    import json
+
+    def fn(x):
+        text, rows = io.StringIO(), io.StringIO()
+        json.dump({"n": 3}, text)
+        csv.writer(rows).writerow([1, 2])
+        return x * json.loads(text.getvalue())["n"] + len(rows.getvalue())
+
+    jf = thunder_rs.jit(fn)
+    for _ in range(3):
+        torch.testing.assert_close(jf(torch.ones(3)), fn(torch.ones(3)), rtol=0, atol=0)
+
+
+def test_a_module_the_program_imports_first_is_not_refused_for_its_pyc(tmp_path, monkeypatch):
+    (tmp_path / "thunder_rs_lazily_imported.py").write_text("SCALE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+
+    def fn(x):
+        import thunder_rs_lazily_imported
+
+        return x * thunder_rs_lazily_imported.SCALE
+
+    try:
+        torch.testing.assert_close(thunder_rs.jit(fn)(torch.ones(3)), torch.ones(3) * 2, rtol=0, atol=0)
+        assert list((tmp_path / "__pycache__").iterdir())  # (it wrote one while traced)
+    finally:
+        sys.modules.pop("thunder_rs_lazily_imported", None)
+
+
+def test_a_file_object_of_a_python_subclass_the_program_holds_stays_open(tmp_path):
+    class Log(io.TextIOWrapper):
+        pass
+
+    log = Log(open(tmp_path / "log", "wb"), encoding="utf-8")  # noqa: SIM115
+
+    def fn(x):
+        return x * len(log.name)  # (its observer found its position, which closed it)
+
+    try:
+        for _ in range(2):
+            torch.testing.assert_close(thunder_rs.jit(fn)(torch.ones(3)), fn(torch.ones(3)), rtol=0, atol=0)
+        assert not log.closed
+    finally:
+        log.close()

@@ -12,10 +12,11 @@
 //! `importing` is whether one runs now, so that the callbacks look for an import between the frame
 //! and the program's entry (a walk up the stack) only when one may be there.
 //!
-//! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls the
-//! program's interesting frames make to a builtin bound to one of the `watch_c_calls` owners (a
-//! type or a module, a subclass of the type, or an instance of it: `f.write` on a file object) go
-//! to `on_c_call(frame, function)`, whose error is raised at the program's call.
+//! Some state is read by C functions no Python frame wraps (`datetime.datetime.now()`): calls any
+//! frame makes to a builtin bound to one of the `watch_c_calls` owners (a type or a module, a
+//! subclass of the type, or an instance of it: `f.write` on a file object) go to
+//! `on_c_call(frame, function, importing, interesting)`, whose error is raised at that call;
+//! `interesting`: the frame's code is (the standard library's `json.dump` writes for the program).
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -88,8 +89,8 @@ impl CallObserver {
     }
 
     /// Calls of builtins bound to one of `owners` (their `__self__`; a subclass or an instance of
-    /// an owner that is a type) made by interesting frames go to `on_c_call(frame, function,
-    /// importing)`; an error it raises is raised at that call.
+    /// an owner that is a type) go to `on_c_call(frame, function, importing, interesting)`
+    /// (`interesting`: the calling frame's code is); an error it raises is raised at that call.
     fn watch_c_calls(&mut self, owners: Vec<Py<PyAny>>, on_c_call: Py<PyAny>) {
         self.owners = owners.iter().map(|o| o.as_ptr() as usize).collect();
         self.owner_refs = owners;
@@ -244,8 +245,8 @@ unsafe extern "C" fn profile(
     0
 }
 
-/// A builtin called by a frame: `on_c_call(frame, function)` when the frame's code is interesting
-/// and the builtin is bound to a watched owner; -1 with its error set when it raised.
+/// A builtin called by a frame: `on_c_call(frame, function, importing, interesting)` when the
+/// builtin is bound to a watched owner; -1 with its error set when it raised.
 unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, function: *mut ffi::PyObject) -> c_int {
     // SAFETY: the GIL is held (a profile hook), `obj` is the observer, `frame` and `function` live.
     let py = unsafe { Python::assume_attached() };
@@ -264,15 +265,13 @@ unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, functi
             return 0;
         };
         let code = unsafe { Bound::<PyAny>::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };
-        if observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(0) & CALL == 0 {
-            return 0;
-        }
-        (callback.clone_ref(py), !observer.modules.is_empty())
+        let interesting = observer.decisions.get(&(code.as_ptr() as usize)).copied().unwrap_or(0) & CALL != 0;
+        (callback.clone_ref(py), !observer.modules.is_empty(), interesting)
     };
-    let (callback, importing) = callback;
+    let (callback, importing, interesting) = callback;
     let frame = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, frame.cast()) };
     let function = unsafe { Bound::<PyAny>::from_borrowed_ptr(py, function) };
-    match callback.call1(py, (frame, function, importing)) {
+    match callback.call1(py, (frame, function, importing, interesting)) {
         Ok(_) => 0,
         Err(e) => {
             e.restore(py);

@@ -70,6 +70,7 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
+from thunder_rs.core.acquisition.c_callers import put_back_callers, put_callers
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
 from thunder_rs.core.state.cached_reads import put_back_cached
@@ -581,6 +582,7 @@ def _put_readers() -> None:
         _uuid_clock.append((uuid, real))
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
+    put_callers()
 
 
 def _put_back_readers() -> None:
@@ -596,6 +598,7 @@ def _put_back_readers() -> None:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
     _put_back_effect_makers()
+    put_back_callers()
     put_back_bound_clocks()
     put_back_cached()
 

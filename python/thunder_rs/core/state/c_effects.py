@@ -6,26 +6,37 @@ socket (``sock.send``), or did to the system (``os.kill``, ``os.system``, ``time
 happen on the first call only where eager does it on every call. These are C functions no wrapper
 replaces on the objects the program holds: the observer's profile hook reports the program's calls
 of builtins bound to ``C_WRITERS``' owners (a module, a type, or an instance of the type: the file
-object ``f.write`` is bound to), and ``refuse_c_effect`` refuses those that write. An in-memory
-stream the program makes itself is its own (made again by every call). What the hook does not see
-is not refused here: calls made by the standard library or another library on the program's behalf
-(``json.dump(obj, f)``) or through a C caller (``functools.partial(os.kill, ...)``); ``subprocess``
-and ``torch.save``, Python functions, are refused where the program calls them (``stdlib_state``).
+object ``f.write`` is bound to), and ``refuse_c_effect`` refuses those that write, also where the
+standard library or an installed library makes them for the program (``json.dump(obj, f)``,
+``Path.write_text``, ``shutil.copy``; not the import system's ``.pyc`` writes), naming the
+program's line that reached them. An in-memory stream the program makes itself is its own (made
+again by every call). What the hook does not see is not refused here: calls made through a C
+caller (``functools.partial(f.write, s)()``, ``map(f.write, xs)``: ``stdlib_state`` wraps the
+module functions and callers it can while a program is traced); ``subprocess`` and ``torch.save``,
+Python functions, are refused where the program calls them (``stdlib_state``).
 ``print`` and logging are made again by every call instead (``acquisition.effects``); reading files
 and the environment is not an effect.
 """
 
+import _csv
 import _pickle
 import _socket
+import gc
 import io
 import os
 import signal
 import sys
 import time
+import types
 
+from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.errors import ThunderNotImplementedError
 
 _FILE_WRITES = frozenset({"write", "writelines", "flush", "truncate"})
+#: a file object's reads: refused on one held outside the program (tracing baked what it read, and
+#: moved its position once, where eager reads on from there on every call)
+_FILE_READS = frozenset({"read", "read1", "readline", "readlines", "readinto", "readinto1", "readall", "seek"})
+_FILES = (io.TextIOWrapper, io.BufferedReader, io.BufferedRandom, io.FileIO, io.StringIO, io.BytesIO)
 
 #: owner (a module, or a type whose instances' methods count) -> the names of its builtins that
 #: write outside the program, whose calls by the program the profile hook reports
@@ -36,6 +47,7 @@ C_WRITERS: dict = {
     io.FileIO: _FILE_WRITES,
     io.StringIO: _FILE_WRITES,
     io.BytesIO: _FILE_WRITES,
+    io.BufferedReader: frozenset(),  # (its reads: ``_FILE_READS``)
     _socket.socket: frozenset({"send", "sendall", "sendto", "sendmsg"}),
     sys.modules[os.write.__module__]: frozenset(  # (``posix``)
         "write writev pwrite pwritev sendfile kill killpg system truncate ftruncate remove unlink rename replace "
@@ -46,7 +58,18 @@ C_WRITERS: dict = {
         {"raise_signal", "pthread_kill", "alarm", "setitimer"}
     ),  # (``_signal``)
     _pickle: frozenset({"dump"}),
+    type(_csv.writer(io.StringIO())): frozenset({"writerow", "writerows"}),  # (their file's ``write``)
 }
+_CSV_WRITER = type(_csv.writer(io.StringIO()))
+
+
+def _csv_stream(writer):
+    """The file object a ``csv.writer`` writes to (the ``__self__`` of the ``write`` it keeps), if
+    that ``write`` is one of ``C_WRITERS``' (a Python ``write`` the hook sees when it runs)."""
+    for kept in gc.get_referents(writer):
+        if type(kept) is types.BuiltinMethodType and kept.__name__ == "write" and writes(kept.__self__, "write"):
+            return kept.__self__
+    return None
 
 
 def _owner_name(owner) -> str:
@@ -56,6 +79,10 @@ def _owner_name(owner) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+#: the names of all of ``C_WRITERS``' builtins
+WRITER_NAMES = frozenset().union(*C_WRITERS.values())
+
+
 def writes(owner, name: str) -> bool:
     """Whether the builtin ``name`` bound to ``owner`` is one of ``C_WRITERS``'."""
     if isinstance(owner, type(os)):
@@ -63,11 +90,12 @@ def writes(owner, name: str) -> bool:
     return not isinstance(owner, type) and any(name in C_WRITERS.get(base, ()) for base in type(owner).__mro__)
 
 
-def _site(frame) -> str:
-    """``file:line`` of ``frame``, and where it runs an installed library's code (``np.save``'s
-    ``write``), the line outside such code that called it."""
+def site(frame) -> str:
+    """``file:line`` of ``frame``, and where it runs an installed library's or the standard
+    library's code (``np.save``'s ``write``, ``json.dump``'s), the line outside such code that
+    called it."""
     site, caller = f"{frame.f_code.co_filename}:{frame.f_lineno}", frame
-    while caller is not None and _installed(caller.f_code.co_filename):
+    while caller is not None and (_installed(caller.f_code.co_filename) or _stdlib(caller.f_code.co_filename)):
         caller = caller.f_back
     if caller is frame or caller is None:
         return site
@@ -78,19 +106,59 @@ def _installed(path: str) -> bool:
     return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
 
 
+_STDLIB_FILES = (*STDLIB_DIRS, "<frozen ")
+#: the import system's code: what it writes (``.pyc`` files) is no effect of the program
+_IMPORTING = ("<frozen importlib.", os.path.join(STDLIB_DIRS[0], "importlib") + os.sep)
+
+
+def _stdlib(path: str) -> bool:
+    return path.startswith(_STDLIB_FILES) and not _installed(path)
+
+
+def program_caller(frame):
+    """The program's frame whose call runs ``frame``, the standard library's code (``json.dump``
+    writing to the program's file), if any; None for the import system's code and for code
+    thunder_rs, torch or nothing of the program called."""
+    while frame is not None and _stdlib(path := frame.f_code.co_filename):
+        if path.startswith(_IMPORTING):
+            return None
+        frame = frame.f_back
+    return frame if frame is not None and interesting(frame.f_code) else None
+
+
 def refuse_c_effect(frame, function, observer) -> None:
     """Refuses ``function``, a builtin bound to one of ``C_WRITERS``' owners (or an instance of
-    one), called by the program's ``frame``, if it writes outside the program: an in-memory stream
-    (``io.StringIO``, ``io.BytesIO``) only where ``observer`` saw it reached from outside (one the
-    program makes and reads back is its own, made again by every call)."""
+    one), called by the program's ``frame``, if it writes outside the program (``effect``), or
+    reads a file object held outside it."""
     owner, name = function.__self__, function.__name__
-    if not writes(owner, name):
-        return
-    if isinstance(owner, (io.StringIO, io.BytesIO)) and not observer.reached_from_outside(owner):
-        return
-    raise ThunderNotImplementedError(
-        f"{_owner_name(owner)}.{name}: the program calls it at {_site(frame)}, an "
-        "effect outside the program (a write to a file, a stream, a socket or the system); tracing made it once, "
-        "and a compiled call would not make it again where eager makes it on every call. Make it outside the "
-        "jitted function (print and logging calls inside it are made on every call)"
-    )
+    if name in _FILE_READS and isinstance(owner, _FILES) and observer.reached_from_outside(owner):
+        raise ThunderNotImplementedError(
+            f"{_owner_name(owner)}.{name}: the program reads a file object it did not open at {site(frame)}; tracing "
+            "read it once (a compiled call would reuse what it read, and not move the file on where eager reads on). "
+            "Open the file inside the jitted function (what it reads there is guarded) or read it outside"
+        )
+    made = effect(function, observer)
+    if made is not None:
+        raise ThunderNotImplementedError(
+            f"{made}: the program calls it at {site(frame)}, an effect outside the program (a write to a file, a "
+            "stream, a socket or the system); tracing made it once, and a compiled call would not make it again where "
+            "eager makes it on every call. Make it outside the jitted function (print and logging calls inside it are "
+            "made on every call)"
+        )
+
+
+def effect(function, observer) -> str | None:
+    """The name of ``function`` (``_io.TextIOWrapper.write``) if it is a builtin that writes
+    outside the program: one of ``C_WRITERS``', bound to its owner or an instance of it; an
+    in-memory stream's (``io.StringIO``, ``io.BytesIO``) only where ``observer`` saw the stream
+    reached from outside (one the program makes and reads back is its own, made again by every
+    call). None otherwise."""
+    if type(function) is not types.BuiltinMethodType:
+        return None
+    owner, name = function.__self__, function.__name__
+    if owner is None or not writes(owner, name):
+        return None
+    stream = _csv_stream(owner) if isinstance(owner, _CSV_WRITER) else owner
+    if stream is None or (isinstance(stream, (io.StringIO, io.BytesIO)) and not observer.reached_from_outside(stream)):
+        return None
+    return f"{_owner_name(owner)}.{name}"

@@ -24,6 +24,7 @@ is refused naming where it was read, once the trace is made.
 
 import functools
 import sys
+from functools import partial as _partial  # (the type: ``functools.partial`` is a stand-in while traced)
 
 from thunder_rs.core.state.guards import CellSource, GlobalsSource, InputSource, ObjectSource, StateGuard, is_simple
 from thunder_rs.core.state.hook import thread_state
@@ -116,7 +117,7 @@ def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, o
     held by a globals dict, a closure cell or an object's attributes, puts a reader noting its calls
     into ``calls`` there until tracing ends; one held otherwise (an item of a dict, a partial's) is
     watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
-    if type(value) is functools.partial and type(value.func) is functools._lru_cache_wrapper:
+    if type(value) is _partial and type(value.func) is functools._lru_cache_wrapper:
         calls.watch(value.func, f"held by the partial {source.describe(name)}, read at {origin}")
     if type(value) is not functools._lru_cache_wrapper:
         return

@@ -7,7 +7,7 @@ import threading
 import warnings
 
 from thunder_rs import _core
-from thunder_rs.core.state.c_effects import C_WRITERS, refuse_c_effect
+from thunder_rs.core.state.c_effects import C_WRITERS, program_caller, refuse_c_effect
 from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
 from thunder_rs.core.state.code_reads import classify
 
@@ -65,11 +65,19 @@ def _dispatch_return(frame, importing: bool) -> None:
         own_work(observer._on_return, frame)
 
 
-def _dispatch_c_call(frame, function, importing: bool):
+def _dispatch_c_call(frame, function, importing: bool, interesting: bool):
+    """A call of a watched builtin by ``frame``: refused if it reads the clock (``clocks``) or
+    makes an effect outside the program (``c_effects``); by a frame that is not the program's, an
+    effect only where the standard library makes it for the program (``json.dump(obj, f)``)."""
     observer = _thread.observer
-    if observer is not None and not _thread.inside and not (importing and importing_frame(frame, observer.entry)):
+    if observer is None or _thread.inside:
+        return
+    program = frame if interesting else program_caller(frame)
+    if program is None or (importing and importing_frame(program, observer.entry)):
+        return
+    if interesting:
         refuse_c_call(frame, function)
-        refuse_c_effect(frame, function, observer)
+    refuse_c_effect(frame, function, observer)
 
 
 def own_work(handle, *args):

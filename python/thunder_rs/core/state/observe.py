@@ -21,6 +21,7 @@ import contextvars
 import functools
 import sys
 import types
+from functools import partial as _partial  # (the type: ``functools.partial`` is a stand-in while traced)
 from typing import Any
 
 import torch
@@ -147,7 +148,7 @@ class Observer:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
         for p in (*functions, *inputs):
-            if type(p) is functools.partial:
+            if type(p) is _partial:
                 guard_partial(self._guards, p, "the partial", partial_origin(p))
         #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
         #: (``check_sizes``)
@@ -612,7 +613,7 @@ class Observer:
             self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
-        elif type(value) is functools.partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
+        elif type(value) is _partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
