@@ -70,8 +70,10 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
-from thunder_rs.core.acquisition.c_callers import put_back_callers, put_callers
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.acquisition.c_callers import put_back_callers, put_callers
+from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
+from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
 from thunder_rs.core.state.cached_reads import put_back_cached
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
@@ -582,6 +584,8 @@ def _put_readers() -> None:
         _uuid_clock.append((uuid, real))
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
+    put_open()
+    put_streams()
     put_callers()
 
 
@@ -598,6 +602,8 @@ def _put_back_readers() -> None:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
     _put_back_effect_makers()
+    put_back_open()
+    put_back_streams()
     put_back_callers()
     put_back_bound_clocks()
     put_back_cached()

@@ -1,0 +1,84 @@
+"""``sys.stdout.write(s)`` and ``sys.stderr.write(s)`` a traced program makes: made again by every
+call, as its ``print`` calls are (``effects``).
+
+The observer's hook sees the program call a stream's ``write`` but not what it writes, and would
+refuse it (``core.state.c_effects``). While some program is traced, ``sys.stdout`` and
+``sys.stderr`` are stand-ins (``put_streams``, ``put_back_streams``) that pass everything to the
+stream they stand for, except a ``write`` the program makes (itself, or the standard library for
+it: ``pprint.pprint``), which is recorded among its prints: every compiled call writes the text to
+the ``sys.stdout`` (``sys.stderr``) of that call, in program order with the prints and logging.
+Text that formats a traced tensor is refused as print refuses it. A stream the program bound before
+it was traced (``out = sys.stdout`` at import) is the stream itself, and its writes are refused.
+"""
+
+import sys
+
+from thunder_rs.core.acquisition.effects import recorded_effects
+from thunder_rs.core.lang.printed_text import resolved
+from thunder_rs.core.state.c_effects import program_caller
+from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+class CurrentStream:
+    """Where a replayed write goes: ``sys``'s ``name`` stream when the compiled call makes it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, text):
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
+class StandIn:
+    """``sys.stdout`` (``sys.stderr``) while programs are traced: ``stream`` itself to everyone,
+    but for the program's ``write``, recorded."""
+
+    def __init__(self, stream, name: str):
+        object.__setattr__(self, "_stream", stream)
+        object.__setattr__(self, "_name", name)
+
+    def write(self, text):
+        recorded = recorded_effects()
+        observer = thread_state.observer
+        if recorded is None or observer is None or thread_state.inside:
+            return self._stream.write(text)
+        program = program_caller(sys._getframe(1))
+        if program is None or importing_frame(program, observer.entry):
+            return self._stream.write(text)
+        if isinstance(text, str) and "TensorProxy(t" in text:
+            raise ThunderNotImplementedError(
+                f"sys.{self._name}.write: the text written at {program.f_code.co_filename}:{program.f_lineno} formats "
+                "a traced tensor (an f-string or str() of it), which a compiled call cannot write with later values; "
+                "print the tensor (print(x)) instead"
+            )
+        if not isinstance(text, str):
+            return self._stream.write(text)  # (its TypeError, as eager raises it)
+        recorded.append(resolved(((text,), {"end": "", "file": CurrentStream(self._name)})))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._stream, name, value)
+
+
+def put_streams() -> None:
+    """Puts the stand-ins in (while some program is traced)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and type(stream) is not StandIn:
+            setattr(sys, name, StandIn(stream, name))
+
+
+def put_back_streams() -> None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if type(stream) is StandIn:
+            setattr(sys, name, stream._stream)
