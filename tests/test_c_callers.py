@@ -58,6 +58,8 @@ def test_c_callers_used_otherwise_run_as_eager():
         assert isinstance(scale, functools.partial) and issubclass(Scaled, functools.partial)
         words = sorted(["ccc", "a", "bb"], key=len) + list(filter(None, ["", "d"]))
         upper = list(map(operator.methodcaller("upper"), words))
+        assert isinstance(operator.methodcaller("upper"), operator.methodcaller)
+        assert functools.partial(dict, function=1)() == {"function": 1}
         counts = len(buffer.getvalue()) + len("".join(upper)) + max(words, key=len).count("c")
         return Scaled(torch.add, 1.0)(scale(x)) * counts
 

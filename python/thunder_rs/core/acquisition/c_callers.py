@@ -75,7 +75,7 @@ class _StandIn:
 
 
 def _first(name: str):
-    def check(frame, function=None, *args, **kwargs) -> None:
+    def check(frame, function=None, /, *args, **kwargs) -> None:
         _refuse(function, name, frame)
 
     return check
@@ -111,12 +111,14 @@ class _CheckedMethodCaller:
         return self._caller.__reduce__()
 
 
-_methodcaller = operator.methodcaller
+class _MethodCallerStandIn(_StandIn):
+    """``operator.methodcaller``: one for a name of an effect (``"write"``) checks its calls."""
 
+    __slots__ = ()
 
-def _methodcaller_of(name, /, *args, **kwargs):
-    made = _methodcaller(name, *args, **kwargs)
-    return _CheckedMethodCaller(made, name) if name in WRITER_NAMES else made
+    def __call__(self, name, /, *args, **kwargs):
+        made = self.real(name, *args, **kwargs)
+        return _CheckedMethodCaller(made, name) if name in WRITER_NAMES else made
 
 
 _REAL: list = [
@@ -137,7 +139,7 @@ _STAND_INS = {
     "sorted": _keyed("sorted", builtins.sorted),
     "min": _keyed("min", builtins.min),
     "max": _keyed("max", builtins.max),
-    "methodcaller": _methodcaller_of,
+    "methodcaller": _MethodCallerStandIn(operator.methodcaller, None),
 }
 
 
