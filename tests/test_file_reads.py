@@ -3,6 +3,7 @@
 does (``core/acquisition/file_reads.py``); opening a file to write and reading a file object held
 from outside are refused naming the line (``core/state/c_effects.py``)."""
 
+import io
 import json
 import os
 import pathlib
@@ -96,3 +97,22 @@ def test_opening_a_file_to_write_is_refused_before_it_is_made(tmp_path):
     with pytest.raises(ThunderNotImplementedError, match=rf"open\(.*'w'\): the program calls it at .*_reads.py:{line}"):
         thunder_rs.jit(fn)(torch.ones(3))
     assert not path.exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "stringio"])
+def test_iterating_a_file_object_held_outside_is_refused(tmp_path, kind):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"{i}\n" for i in range(3)))
+    held = open(path) if kind == "file" else io.StringIO(path.read_text())  # noqa: SIM115
+
+    def fn(x):
+        for line in held:  # (eager takes the next line on each call)
+            return x * float(line)
+        return x
+
+    line = fn.__code__.co_firstlineno  # (where the function found it)
+    try:
+        with pytest.raises(ThunderNotImplementedError, match=rf"consumed the (TextIOWrapper|StringIO) .*s.py:{line}"):
+            thunder_rs.jit(fn)(torch.ones(3))
+    finally:
+        held.close()

@@ -1,6 +1,8 @@
 """Where an iterator the program reads is, so that a trace which consumed it can be refused
 (``Observer.refuse_consumed_iterators``)."""
 
+import io
+import os
 import types
 
 from thunder_rs.core.state.guards import is_simple
@@ -19,6 +21,8 @@ def iterator_position(value, depth: int = 0):
         return tuple(iterator_position(v, depth + 1) for v in value)
     if is_simple(value):
         return value
+    if isinstance(value, io.IOBase):  # (a file read by ``for line in f``: its position in the file)
+        return ("file", _file_position(value))
     if not hasattr(type(value), "__next__") or depth >= 4 or type(value).__reduce__ is object.__reduce__:
         return id(value)
     try:
@@ -26,3 +30,14 @@ def iterator_position(value, depth: int = 0):
     except Exception:  # noqa: BLE001 (an iterator that cannot say where it is)
         return id(value)
     return (type(value), iterator_position(reduced[1:], depth + 1))
+
+
+def _file_position(file):
+    """Where the file object ``file`` is: its descriptor's offset, an in-memory stream's position;
+    else itself (by identity)."""
+    try:
+        if isinstance(file, (io.StringIO, io.BytesIO)):
+            return file.tell()
+        return os.lseek(file.fileno(), 0, os.SEEK_CUR)
+    except (OSError, ValueError):
+        return id(file)
