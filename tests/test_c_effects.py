@@ -250,7 +250,8 @@ def test_sys_stdout_and_stderr_writes_are_made_by_every_call_as_eager(capsys):
     def fn(x):
         sys.stdout.write("a\n")
         print("b", x.sum())
-        sys.stderr.write("e\n")
+        sys.stderr.writelines(["e", "\n"])
+        sys.stderr.flush()
         pprint.pprint({"k": 1})  # (the standard library writes to sys.stdout for the program)
         return x + 1
 

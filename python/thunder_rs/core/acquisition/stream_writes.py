@@ -4,9 +4,10 @@ call, as its ``print`` calls are (``effects``).
 The observer's hook sees the program call a stream's ``write`` but not what it writes, and would
 refuse it (``core.state.c_effects``). While some program is traced, ``sys.stdout`` and
 ``sys.stderr`` are stand-ins (``put_streams``, ``put_back_streams``) that pass everything to the
-stream they stand for, except a ``write`` the program makes (itself, or the standard library for
-it: ``pprint.pprint``), which is recorded among its prints: every compiled call writes the text to
-the ``sys.stdout`` (``sys.stderr``) of that call, in program order with the prints and logging.
+stream they stand for, except the ``write``, ``writelines`` and ``flush`` calls the program makes
+(itself, or the standard library for it: ``pprint.pprint``), which are recorded among its prints:
+every compiled call writes the text to the ``sys.stdout`` (``sys.stderr``) of that call, in
+program order with the prints and logging.
 Text that formats a traced tensor is refused as print refuses it. A stream the program bound before
 it was traced (``out = sys.stdout`` at import) is the stream itself, and its writes are refused.
 """
@@ -44,13 +45,12 @@ class StandIn:
         object.__setattr__(self, "_name", name)
 
     def write(self, text):
-        recorded = recorded_effects()
-        observer = thread_state.observer
-        if recorded is None or observer is None or thread_state.inside:
+        recorded, program = self._program_call()
+        if program is None:
             return self._stream.write(text)
-        program = program_caller(sys._getframe(1))
-        if program is None or importing_frame(program, observer.entry):
-            return self._stream.write(text)
+        return self._record(recorded, program, text)
+
+    def _record(self, recorded: list, program, text):
         if isinstance(text, str) and "TensorProxy(t" in text:
             raise ThunderNotImplementedError(
                 f"sys.{self._name}.write: the text written at {program.f_code.co_filename}:{program.f_lineno} formats "
@@ -61,6 +61,33 @@ class StandIn:
             return self._stream.write(text)  # (its TypeError, as eager raises it)
         recorded.append(resolved(((text,), {"end": "", "file": CurrentStream(self._name)})))
         return len(text)
+
+    def writelines(self, lines) -> None:
+        recorded, program = self._program_call()
+        if program is None:
+            return self._stream.writelines(lines)
+        for line in lines:
+            self._record(recorded, program, line)
+        return None
+
+    def flush(self) -> None:
+        recorded, program = self._program_call()
+        if program is None:
+            return self._stream.flush()
+        recorded.append(((), {"end": "", "file": CurrentStream(self._name), "flush": True}))
+        return None
+
+    def _program_call(self):
+        """``(the recorded effects, the program's frame)`` when the caller of the caller is the
+        program's code (or the standard library's for it) while it is traced; else ``(None, None)``."""
+        recorded = recorded_effects()
+        observer = thread_state.observer
+        if recorded is None or observer is None or thread_state.inside:
+            return None, None
+        program = program_caller(sys._getframe(2))
+        if program is None or importing_frame(program, observer.entry):
+            return None, None
+        return recorded, program
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
