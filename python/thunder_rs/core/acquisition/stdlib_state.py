@@ -44,7 +44,11 @@ here lives behind library calls it does not follow, so it is handled by a table 
   the line: tracing makes them once, and a compiled call would not make them again. They are
   replaced only while some program is traced (``_put_effect_makers``); the C functions that write
   (a file object's ``write``, ``os.write``, ``os.kill``, ``time.sleep``) are refused by the
-  observer's profile hook (``core.state.c_effects``).
+  observer's profile hook (``core.state.c_effects``), and where the program hands them to a C
+  caller (``functools.partial``, ``map``, ``sorted(key=...)``) by that caller's stand-in
+  (``c_callers``). Also while traced: ``open`` guards the files the program reads and refuses
+  opening one to write (``file_reads``), and ``sys.stdout``/``sys.stderr`` record the program's
+  writes, made by every call as ``print`` is (``stream_writes``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.

@@ -1,21 +1,24 @@
 """Side effects the program makes through C functions: refused while it is traced, naming the line.
 
 Tracing runs the program once, and a compiled call runs only its trace: what the program wrote to a
-file object it holds (``f.write``, ``sys.stdout.write``), to a file descriptor (``os.write``), to a
-socket (``sock.send``), or did to the system (``os.kill``, ``os.system``, ``time.sleep``), would
-happen on the first call only where eager does it on every call. These are C functions no wrapper
-replaces on the objects the program holds: the observer's profile hook reports the program's calls
-of builtins bound to ``C_WRITERS``' owners (a module, a type, or an instance of the type: the file
-object ``f.write`` is bound to), and ``refuse_c_effect`` refuses those that write, also where the
-standard library or an installed library makes them for the program (``json.dump(obj, f)``,
-``Path.write_text``, ``shutil.copy``; not the import system's ``.pyc`` writes), naming the
+file object it holds (``f.write``), to a file descriptor (``os.write``), to a socket
+(``sock.send``), or did to the system (``os.kill``, ``os.system``, ``time.sleep``), would happen on
+the first call only where eager does it on every call. These are C functions no wrapper replaces on
+the objects the program holds: the observer's profile hook reports calls of builtins bound to
+``C_WRITERS``' owners (a module, a type, or an instance of the type: the file object ``f.write`` is
+bound to), and ``refuse_c_effect`` refuses those that write (``effect``) where the program's code
+calls them, or the standard library's or an installed library's for it (``json.dump(obj, f)``,
+``csv.writer(f).writerow``, ``np.save``; not the import system's ``.pyc`` writes), naming the
 program's line that reached them. An in-memory stream the program makes itself is its own (made
-again by every call). What the hook does not see is not refused here: calls made through a C
-caller (``functools.partial(f.write, s)()``, ``map(f.write, xs)``: ``stdlib_state`` wraps the
-module functions and callers it can while a program is traced); ``subprocess`` and ``torch.save``,
-Python functions, are refused where the program calls them (``stdlib_state``).
-``print`` and logging are made again by every call instead (``acquisition.effects``); reading files
-and the environment is not an effect.
+again by every call). Reads of a file object held outside the program (``f.read()``,
+``json.load(f)``, ``f.seek``) are refused too: tracing baked what they read.
+
+Elsewhere: effects handed to a C caller the hook does not see through
+(``functools.partial(f.write, s)()``, ``map(f.write, xs)``) are refused by stand-ins for those
+callers (``acquisition.c_callers``); opening a file to write is refused, and the files the program
+reads are guarded (``acquisition.file_reads``); ``sys.stdout.write`` (``acquisition.stream_writes``),
+``print`` and logging (``acquisition.effects``) are made again by every call; ``subprocess`` and
+``torch.save``, Python functions, are refused where the program calls them (``stdlib_state``).
 """
 
 import _csv
