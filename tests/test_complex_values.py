@@ -217,3 +217,27 @@ def test_complex_ops_stay_with_torch_in_nvfuser_partitions(fake_ex):
     for region in regions:
         assert not any(dtype.is_complex for dtype in region.dtypes.values()), region.source
     assert "ltorch.polar" not in {name for region in regions for name in region.symbol_names}
+
+
+_W = torch.randn(3, 4, dtype=torch.complex64)
+_R = torch.randn(3, 4)
+#: Calls on a complex value that requires grad which the trace differentiates (no fallback).
+NATIVE_COMPLEX_GRADS = {
+    "mul": lambda a: torch.mul(a, _W),
+    "number_times": lambda a: 2.5 * a,
+    "times_real": lambda a: a * _R,
+    "times_int": lambda a: a * torch.ones(3, 4, dtype=torch.int64),
+    "add_alpha": lambda a: torch.add(a, _W, alpha=2),
+    "sub_alpha": lambda a: torch.sub(a, _W, alpha=3),
+    "neg": lambda a: -a,
+    "reshape_view": lambda a: a.reshape(6, 4).view(-1) * 2,
+    "flatten_unsqueeze": lambda a: torch.flatten(a, 1).unsqueeze(1),
+    "permute_transpose": lambda a: a.permute(2, 0, 1).transpose(0, 2),
+    "contiguous": lambda a: a.transpose(0, 1).contiguous(),
+}
+
+
+@pytest.mark.parametrize("name", NATIVE_COMPLEX_GRADS)
+def test_complex_values_with_gradients_through_the_marked_ops(name):
+    z = torch.randn(2, 3, 4, dtype=torch.complex64, requires_grad=True)
+    check_complex_bit_equal(NATIVE_COMPLEX_GRADS[name], z)
