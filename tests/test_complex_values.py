@@ -234,6 +234,7 @@ NATIVE_COMPLEX_GRADS = {
     "flatten_unsqueeze": lambda a: torch.flatten(a, 1).unsqueeze(1),
     "permute_transpose": lambda a: a.permute(2, 0, 1).transpose(0, 2),
     "contiguous": lambda a: a.transpose(0, 1).contiguous(),
+    "basic_indexing": lambda a: a[1:, ::2, -1] + a[0, 1:, None, 3],
 }
 
 
@@ -241,3 +242,35 @@ NATIVE_COMPLEX_GRADS = {
 def test_complex_values_with_gradients_through_the_marked_ops(name):
     z = torch.randn(2, 3, 4, dtype=torch.complex64, requires_grad=True)
     check_complex_bit_equal(NATIVE_COMPLEX_GRADS[name], z)
+
+
+def test_gathering_a_complex_value_with_gradients_still_runs_eagerly():
+    """Indexing by a tensor gathers, which has no rule for complex values: eager's getitem."""
+    index = torch.tensor([0, 2])
+
+    def f(a):
+        return a[index] * 2
+
+    z = torch.randn(4, 3, dtype=torch.complex64, requires_grad=True)
+    assert dict(thunder_rs.examine(f, z).fallbacks) == {"torch.Tensor.__getitem__": 1}
+    expected, actual = f(z), thunder_rs.jit(f)(z)
+    cotangent = torch.randn_like(expected)
+    assert torch.equal(torch.autograd.grad(actual, z, cotangent)[0], torch.autograd.grad(expected, z, cotangent)[0])
+
+
+def test_learnable_rotary_frequencies_get_eagers_gradients():
+    """A complex parameter sliced to the sequence length, as Llama's ``freqs_cis[:seqlen]``."""
+    freqs_cis = precompute_freqs_cis(8, 16).requires_grad_()
+    x = torch.randn(2, 7, 4, 8, requires_grad=True)
+    check_bit_equal(lambda a, f: apply_rotary_emb(a, a * 2, f[: a.shape[1]]), x, freqs_cis)
+
+
+def test_a_write_through_a_complex_view_with_gradients_is_refused_naming_the_line():
+    def f(x):
+        y = x * 1.0
+        z = torch.view_as_complex(y)
+        z += torch.ones_like(z)
+        return y
+
+    with pytest.raises(NotImplementedError, match=r"complex view of a real one.*test_complex_values\.py:\d+"):
+        thunder_rs.jit(f)(torch.randn(3, 2, requires_grad=True))

@@ -178,11 +178,30 @@ COMPLEX_GRADS = (
 )
 
 
+_BASIC_KEYS = (int, slice, type(None), type(Ellipsis))
+
+
+def _basic_key(args, kwargs) -> bool:
+    """Whether ``t[key]`` is basic indexing (ints, slices with int bounds, None, ...): a view by
+    shape prims. Indexing by tensors or lists gathers, which the trace does not differentiate for
+    complex values."""
+    key = args[1] if len(args) > 1 else None
+    entries = key if type(key) is tuple else (key,)
+
+    def basic(k) -> bool:
+        if type(k) is slice:
+            return all(type(b) in (int, type(None)) for b in (k.start, k.stop, k.step))
+        return type(k) in _BASIC_KEYS
+
+    return all(map(basic, entries))
+
+
 def _mark_complex_grads() -> None:
     for fn in COMPLEX_GRADS:
         symbol = TORCH_TO_LTORCH.get(fn)
         if symbol is not None:
             symbol.complex_grads = True
+    TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
 
 
 _register_views()
