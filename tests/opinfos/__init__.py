@@ -7,6 +7,7 @@ from . import (
     activations,
     arrange,
     autograd,
+    complex_values,
     conv,
     creation,
     creation_extra,
@@ -62,6 +63,7 @@ OPINFOS: list[OpInfo] = [
     *normalization.OPS,
     *layers.OPS,
     *autograd.OPS,
+    *complex_values.OPS,
 ]
 
 _ids = [op.id for op in OPINFOS]

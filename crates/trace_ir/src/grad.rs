@@ -7,7 +7,7 @@
 use crate::bail;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::prims::{Binary, Creation, Elementwise, Prim, Reduce, Shape, Unary};
+use crate::prims::{Binary, Complex, Creation, Elementwise, Prim, Reduce, Shape, Unary};
 use crate::sym::{Dim, Facts};
 use crate::trace::TraceBuilder;
 use crate::value::{Arg, Scalar, TensorMeta, ValueKind};
@@ -101,11 +101,26 @@ impl<'a> Emitter<'a> {
     }
 
     /// `v` converted to `dtype`; `v` itself when it already has that dtype, so no call is recorded.
+    /// A complex `v` converted to a real dtype is its real part (`prims.real`, as torch's
+    /// `_to_copy_backward` takes it, without the conversion's warning about discarding parts).
     pub fn convert(&mut self, v: ValueId, dtype: DType) -> Result<ValueId> {
-        if self.meta(v).dtype == dtype {
+        let from = self.meta(v).dtype;
+        if from == dtype {
             return Ok(v);
         }
+        if from.is_complex() && !dtype.is_complex() {
+            let real = self.emit(Complex::Real {}, vec![Arg::Value(v)])?;
+            return self.convert(real, dtype);
+        }
         self.emit(Elementwise::ConvertElementType { dtype }, vec![Arg::Value(v)])
+    }
+
+    /// The complex conjugate of `a` where it is a complex tensor; `a` itself otherwise.
+    pub fn conj(&mut self, a: &Arg) -> Result<Arg> {
+        match a.as_value() {
+            Some(v) if self.meta(v).dtype.is_complex() => Ok(Arg::Value(self.emit(Complex::Conj {}, vec![a.clone()])?)),
+            _ => Ok(a.clone()),
+        }
     }
 
     /// `v` reshaped to `shape`; `v` itself when it already has that shape.

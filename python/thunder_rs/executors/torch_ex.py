@@ -110,6 +110,28 @@ def _over_one_sample(fn):
     return impl
 
 
+def _conj(a):
+    """``torch.conj_physical``, of the data under a broadcast: the conjugate of an operand the
+    trace expanded (``g * conj(b)`` in ``mul``'s gradient) keeps the stride-0 layout eager's
+    unexpanded operand has, since a complex ``mul`` over a dense copy rounds otherwise."""
+    strides = a.stride()
+    if 0 not in strides:
+        return torch.conj_physical(a)
+    data = a.as_strided([1 if st == 0 else n for n, st in zip(a.shape, strides)], strides)
+    return torch.conj_physical(data).expand(a.shape)
+
+
+def _view_as_complex(a, contiguous):
+    """``torch.view_as_complex``, of a row-major copy where ``contiguous`` (eager's backward views
+    ``grad.contiguous()``) or where ``a``'s layout cannot be viewed so (the program's own calls
+    are checked against eager's layout rules while tracing)."""
+    if contiguous:
+        a = a.contiguous()
+    if a.stride(-1) != 1 or a.storage_offset() % 2 or any(s % 2 for s in a.stride()[:-1]):
+        a = a.clone(memory_format=torch.contiguous_format)
+    return torch.view_as_complex(a)
+
+
 def _convolution_backward(g, a, weight, stride, padding, dilation, transposed, output_padding, groups, *mask):
     channels = weight.shape[1] * groups if transposed else weight.shape[0]
     grads = _aten.convolution_backward.default(
@@ -184,6 +206,15 @@ def _register_prims() -> None:
         "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
         "convolution_backward": _convolution_backward,
         "frexp": lambda a: tuple(torch.frexp(a)),
+        # (``real``/``imag`` are views, never receivers of in-place forms: ``passes::reuse``)
+        "real": torch.real,
+        "imag": torch.imag,
+        "conj": _conj,
+        "sgn": torch.sgn,
+        "complex": torch.complex,
+        "polar": torch.polar,
+        "view_as_complex": _view_as_complex,
+        "view_as_real": lambda a, contiguous: torch.view_as_real(a.contiguous() if contiguous else a),
         "nextafter": _number_safe(torch.nextafter),
         "zeta": _number_safe(torch.special.zeta),
         **{

@@ -212,9 +212,11 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     root_grad = root_grad and root._history_error is None  # (no gradient reaches a history eager refuses)
-    if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
+    complex_part = root.dtype.is_complex or dst.dtype.is_complex  # (``view_as_complex`` of a real root too)
+    if root is not dst and complex_part and (root_grad or value_grad) and torch.is_grad_enabled():
         raise ThunderNotImplementedError(
-            f"{op}: writing in place into part of a complex tensor that carries a gradient is not supported (at "
+            f"{op}: writing in place into part of a complex tensor (or a complex view of a real one) that carries a "
+            f"gradient is not supported (at "
             f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
         )
     if tracked and torch.is_grad_enabled():
@@ -241,7 +243,7 @@ def rebase(dst) -> None:
         return
     # (a trace input that is a view in eager, written whole: its base's CopySlices lays out the gradient)
     root = dst if link is None else link.root
-    if root._based_vid == root._vid:
+    if root._based_vid == root._vid or root.dtype.is_complex:  # (writes into part of one: ``in_place``'s)
         return
     if root._strides is not None and not is_contiguous(root.shape, root._strides):
         if view_scatters.memory_order(root) is None:

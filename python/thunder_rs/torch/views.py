@@ -523,8 +523,6 @@ _FALLBACK_VIEWS = (
     torch.Tensor.as_strided,
     torch.as_strided,
     torch.Tensor.unfold,
-    torch.view_as_real,
-    torch.view_as_complex,
     torch.Tensor.split_with_sizes,
     torch.split_with_sizes,
     torch.hsplit,
@@ -783,8 +781,6 @@ def _register() -> None:
     for fn in _FALLBACK_VIEWS:
         if fn not in TORCH_TO_LTORCH:
             TORCH_TO_LTORCH[fn] = _refused_view(fn, lambda a, *args, fn=fn, **kwargs: fallback(fn, (a, *args), kwargs))
-    for fn in (torch.view_as_real, torch.view_as_complex):  # (eager's op either way: a view of its input)
-        TORCH_TO_LTORCH[fn].takes_complex = True
 
 
 _register()

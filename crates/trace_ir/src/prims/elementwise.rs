@@ -305,7 +305,7 @@ fn check_number(op: &str, what: &str, n: Scalar, dtype: DType) -> Result<()> {
 
 /// Checks that all tensor operands agree in shape and device; returns the first tensor and its
 /// name.
-fn common_tensor<'a, 'n>(
+pub(super) fn common_tensor<'a, 'n>(
     op: &str,
     names: &[&'n str],
     operands: &[Operand<'a>],
@@ -761,7 +761,11 @@ fn vjp_binary(
     Ok(match prim {
         Add => (Some(g), Some(g)),
         Sub => (Some(g), Some(e.neg(g)?)),
-        Mul => (Some(e.mul(g, b.clone())?), Some(e.mul(g, a.clone())?)),
+        Mul => {
+            // As torch's `mul_tensor_backward`: `g * conj(other)` (no-op for real operands).
+            let (conj_a, conj_b) = (e.conj(a)?, e.conj(b)?);
+            (Some(e.mul(g, conj_b)?), Some(e.mul(g, conj_a)?))
+        }
         Div => {
             // As torch: g / b, and -g * ((a / b) / b), whose a / b is the output.
             let ga = e.div(g, b.clone())?;

@@ -9,6 +9,7 @@
 //! a prim without a meta or VJP rule does not compile.
 
 mod args;
+mod complex;
 mod conv;
 mod creation;
 pub(crate) mod declare;
@@ -29,6 +30,7 @@ use declare::Family;
 use rustc_hash::FxHashMap;
 use std::sync::LazyLock;
 
+pub use complex::Complex;
 pub use conv::Conv;
 pub use creation::Creation;
 pub use declare::Operands;
@@ -213,7 +215,7 @@ macro_rules! families {
     };
 }
 
-families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Conv, Index);
+families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Conv, Index, Complex);
 
 impl Prim {
     /// `prims.add`: the name that errors and traces use.
@@ -275,10 +277,36 @@ impl Prim {
         let complex = operands.iter().filter_map(Arg::as_value).any(
             |v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad && t.dtype.is_complex()),
         );
-        if complex {
+        if complex && !self.differentiates_complex() {
             crate::bail!(NotImplemented, &self.qualified_name(), "gradients of complex tensors are not supported");
         }
-        self.family_vjp(e, operands, outputs, cots)
+        let mut grads = self.family_vjp(e, operands, outputs, cots)?;
+        // As torch's engine casts each gradient to its input's dtype: a complex gradient of a real
+        // input is its real part, a real gradient of a complex input has no imaginary part.
+        for (grad, operand) in grads.iter_mut().zip(operands) {
+            let (Some(g), Some(x)) = (*grad, operand.as_value()) else { continue };
+            let Some(ValueKind::Tensor(t)) = e.builder.value(x) else { continue };
+            let dtype = t.dtype;
+            if dtype.is_inexact() && e.meta(g).dtype.is_complex() != dtype.is_complex() {
+                *grad = Some(e.convert(g, dtype)?);
+            }
+        }
+        Ok(grads)
+    }
+
+    /// Whether the VJP rule holds for complex values in torch's convention (see the `complex`
+    /// family): the complex prims, the linear ones whose rule involves no conjugation (moving
+    /// elements, sums, `where`, conversions), and `mul`, whose rule conjugates. Others refuse
+    /// complex inputs that require grad: eager's op runs them (`core.lang.complex_calls`).
+    pub fn differentiates_complex(&self) -> bool {
+        match self {
+            Prim::Complex(_) | Prim::Shape(_) => true,
+            Prim::Unary(p) => matches!(p, Unary::Neg),
+            Prim::Binary(p) => matches!(p, Binary::Add | Binary::Sub | Binary::Mul),
+            Prim::Elementwise(p) => matches!(p, Elementwise::Where {} | Elementwise::ConvertElementType { .. }),
+            Prim::Reduce(p) => matches!(p, Reduce::Sum { .. }),
+            Prim::Creation(_) | Prim::Scan(_) | Prim::Linalg(_) | Prim::Conv(_) | Prim::Index(_) => false,
+        }
     }
 
     /// Elementwise prims map each output element from the same-index input elements.
@@ -286,6 +314,7 @@ impl Prim {
         match self {
             Prim::Unary(_) | Prim::Binary(_) => true,
             Prim::Elementwise(p) => !matches!(p, Elementwise::DevicePut { .. }),
+            Prim::Complex(p) => !matches!(p, Complex::ViewAsComplex { .. } | Complex::ViewAsReal { .. }),
             _ => false,
         }
     }
@@ -311,7 +340,10 @@ impl Prim {
 
     /// Prims cheap enough to recompute in the backward instead of saving their output.
     pub fn is_cheap_to_recompute(&self) -> bool {
-        self.is_elementwise() || self.is_shape_op() || matches!(self, Prim::Creation(c) if !c.is_random())
+        self.is_elementwise()
+            || self.is_shape_op()
+            || matches!(self, Prim::Creation(c) if !c.is_random())
+            || matches!(self, Prim::Complex(Complex::ViewAsComplex { .. } | Complex::ViewAsReal { .. }))
     }
 }
 

@@ -20,6 +20,7 @@ macro_rules! family_tests {
     };
 }
 
+mod complex;
 mod conv;
 mod creation;
 mod elementwise;
@@ -118,6 +119,7 @@ fn every_prim_has_a_valid_case() {
         scan::VALID.to_vec(),
         linalg::VALID.to_vec(),
         indexing::VALID.to_vec(),
+        complex::VALID.to_vec(),
     ]
     .iter()
     .flatten()

@@ -3,12 +3,14 @@ differentiate a complex value or where thunder_rs has no complex decomposition.
 
 Eager's complex autograd follows conjugate Wirtinger calculus (the gradient of a real loss with
 respect to ``z`` is ``conj(dL/dz)``-related, and each op's derivative formula says how it
-conjugates). thunder_rs's VJP rules are written for real values, so rather than give every prim a
-complex rule, a call that differentiates complex values runs eagerly: a fallback, whose backward
-is the op's own derivative run by torch's autograd. Chained fallbacks compose as autograd's nodes
-do (their gradients are summed as the engine sums them), so RoPE through ``view_as_complex``, a
-complex ``mul`` and ``view_as_real``, or magnitudes of ``torch.fft.rfft``, get eager's gradients.
-What stays real around them keeps thunder_rs's decompositions and rules.
+conjugates). Most of thunder_rs's VJP rules are written for real values, so a call that
+differentiates complex values runs eagerly: a fallback, whose backward is the op's own derivative
+run by torch's autograd. Chained fallbacks compose as autograd's nodes do (their gradients are
+summed as the engine sums them), so magnitudes of ``torch.fft.rfft`` get eager's gradients. The
+symbols marked ``complex_grads`` (``torch.complex_values``: ``mul``, ``add``, shape ops; the
+complex prims' symbols take complex values whatever the grad mode) record prims whose rules hold
+for complex values, so RoPE through ``view_as_complex``, a complex ``mul`` and ``view_as_real``
+is traced, gradients included. What stays real around them keeps thunder_rs's rules.
 
 Without gradients, complex calls keep their ltorch symbols where thunder_rs has them, and run
 eagerly where a symbol refuses complex values (``conj``, ``angle``) or a complex number is an
@@ -71,10 +73,12 @@ def differentiates_complex(args, kwargs) -> bool:
 
 
 def complex_call(func, ltorch_fn, args, kwargs):
-    """``func(*args, **kwargs)``, a call that ``involves_complex``, with ``ltorch_fn`` its symbol."""
-    if _differentiates(args, kwargs):
-        kwargs = dict(kwargs)
-        return user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+    """``func(*args, **kwargs)``, a call that ``involves_complex``, with ``ltorch_fn`` its symbol:
+    the symbol where it computes complex values (with gradients: where it is marked
+    ``complex_grads``, its prims' VJP rules hold for them), eager's op otherwise."""
+    differentiates = _differentiates(args, kwargs)
+    if differentiates and not _complex_grads(ltorch_fn, args, kwargs):
+        return _eager_with_grad(func, args, kwargs)
     values = (*args, *kwargs.values())
     try:
         return ltorch_fn(*args, **kwargs)
@@ -84,7 +88,19 @@ def complex_call(func, ltorch_fn, args, kwargs):
     except TypeError:  # the trace's numbers are real: a complex one (``x * 1j``) is eager's call
         if not any(type(x) is complex for x in values):
             raise
-    return user_fallback(func, args, kwargs)
+    return _eager_with_grad(func, args, kwargs) if differentiates else user_fallback(func, args, kwargs)
+
+
+def _complex_grads(ltorch_fn, args, kwargs) -> bool:
+    """Whether ``ltorch_fn`` differentiates complex values: its ``complex_grads`` mark, or what
+    that mark, a predicate, says of these arguments."""
+    native = getattr(ltorch_fn, "complex_grads", False)
+    return bool(native(args, kwargs)) if callable(native) else native
+
+
+def _eager_with_grad(func, args, kwargs):
+    kwargs = dict(kwargs)
+    return user_fallback(_with_grad(func, args, kwargs), args, kwargs)
 
 
 _WITH_GRAD: dict = {}

@@ -1,0 +1,208 @@
+"""Complex values built from real ones and taken apart: ``torch.polar``, ``torch.complex``,
+``torch.view_as_complex`` and ``torch.view_as_real``, each one prim (``prims.polar``, ...) that
+the torch executor runs as eager's kernel, with torch's gradients (the ``complex`` prim family).
+
+The two views alias their input as eager's do: a write through one reaches the tensor it views
+(``views.opaque``), and ``view_as_complex`` takes only what eager can view (a last dim of 2 with
+stride 1, the other strides and the storage offset even), with eager's errors.
+
+Rotary embeddings (Meta's Llama) differentiate through a complex ``mul`` between the two views;
+the symbols marked ``complex_grads`` here compute complex values with gradients in the trace,
+since every prim their decompositions record has a VJP rule that holds for complex values
+(``Prim::differentiates_complex``). Other complex calls with gradients run eagerly
+(``core.lang.complex_calls``).
+"""
+
+import torch
+
+from thunder_rs import clang, prims
+from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.storage_offsets import eager_offset
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, strides_of
+from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.views import opaque
+
+__all__ = ["polar", "complex", "view_as_complex", "view_as_real"]
+
+#: What a complex tensor's parts may be: eager's ``complex``/``polar`` take half too (complex32,
+#: which the trace has no dtype for: eager's op runs those).
+_PARTS = (torch.float32, torch.float64)
+
+
+def _parts(op: str, fn, a, b, names: tuple[str, str]):
+    """``prim(a, b)`` broadcast, for two real tensors of one floating dtype, with eager's errors."""
+    for x, name in zip((a, b), names):
+        check(
+            isinstance(x, torch.Tensor),
+            op,
+            lambda: f"{op.removeprefix('ltorch.')}(): argument '{name}' must be Tensor, not {type(x).__name__}",
+            ThunderTypeError,
+        )
+    if a.dtype == b.dtype == torch.float16:
+        return None
+    check(
+        a.dtype in (*_PARTS, torch.float16) and b.dtype in (*_PARTS, torch.float16),
+        op,
+        lambda: f"Expected both inputs to be Half, Float or Double tensors but got {_name(a)} and {_name(b)}",
+        ThunderNotImplementedError,
+    )
+    check(
+        a.dtype == b.dtype,
+        op,
+        lambda: f"Expected object of scalar type {_name(a)} but got scalar type {_name(b)} for second argument",
+        ThunderRuntimeError,
+    )
+    shape = clang.broadcast_shapes(op, a.shape, b.shape)
+    return fn(clang.expand_to(a, shape), clang.expand_to(b, shape))
+
+
+def _name(t) -> str:
+    """torch's ScalarType name of ``t``'s dtype (``Float``), as its errors print it."""
+    return {torch.float16: "Half", torch.float32: "Float", torch.float64: "Double"}.get(
+        t.dtype, str(t.dtype).removeprefix("torch.").capitalize()
+    )
+
+
+@torchsymbol(torch.polar)
+def polar(abs, angle):
+    out = _parts("ltorch.polar", prims.polar, abs, angle, ("abs", "angle"))
+    return user_fallback(torch.polar, (abs, angle), {}) if out is None else out
+
+
+@torchsymbol(torch.complex)
+def complex(real, imag):
+    out = _parts("ltorch.complex", prims.complex, real, imag, ("real", "imag"))
+    return user_fallback(torch.complex, (real, imag), {}) if out is None else out
+
+
+def _viewable_as_complex(input) -> None:
+    """Eager's checks of ``view_as_complex`` on the layout of its tensor for ``input``."""
+    op = "ltorch.view_as_complex"
+    strides = strides_of(input)
+    check(strides[-1] == 1, op, "Tensor must have a last dimension with stride 1", ThunderRuntimeError)
+    check(
+        all(type(s) is not int or s % 2 == 0 for s in strides[:-1]),
+        op,
+        "Tensor must have a stride divisible by 2 for all but last dimension",
+        ThunderRuntimeError,
+    )
+    offset = eager_offset(input)
+    check(
+        type(offset) is not int or offset % 2 == 0,
+        op,
+        "Tensor must have a storage_offset divisible by 2",
+        ThunderRuntimeError,
+    )
+
+
+@torchsymbol(torch.view_as_complex)
+def view_as_complex(input):
+    op = "ltorch.view_as_complex"
+    require_tensor(op, input)
+    if input.dtype == torch.float16:
+        return user_fallback(torch.view_as_complex, (input,), {})
+    check(
+        input.dtype in _PARTS,
+        op,
+        lambda: (
+            "view_as_complex is only supported for half, float and double tensors, but got a tensor of "
+            f"scalar type: {_name(input)}"
+        ),
+        ThunderNotImplementedError,
+    )
+    check(input.ndim > 0, op, "Input tensor must have one or more dimensions", ThunderRuntimeError)
+    check(input.shape[-1] == 2, op, "Tensor must have a last dimension of size 2", ThunderRuntimeError)
+    _viewable_as_complex(input)
+    return prims.view_as_complex(input, False)
+
+
+@torchsymbol(torch.view_as_real)
+def view_as_real(input):
+    op = "ltorch.view_as_real"
+    require_tensor(op, input)
+    check(input.dtype.is_complex, op, "view_as_real is only supported for complex tensors", ThunderTypeError)
+    if input.dtype == torch.complex32:
+        return user_fallback(torch.view_as_real, (input,), {})
+    return prims.view_as_real(input, False)
+
+
+def _register_views() -> None:
+    """The two as views of their input (a write through one is written back through the
+    other), computing complex values, gradients included, in the trace."""
+    pairs = (
+        (torch.view_as_complex, view_as_complex, view_as_real),
+        (torch.view_as_real, view_as_real, view_as_complex),
+    )
+    for fn, take, put in pairs:
+        view_op = opaque(take, lambda a, new, put=put: put(new), FALLBACK_LAYOUTS[fn], eager=fn)
+        view_op.takes_complex = True
+        TORCH_TO_LTORCH[fn] = view_op
+
+
+#: The ops whose complex values carry gradients in the trace (their decompositions record only
+#: prims whose VJP rules hold for complex values); other complex calls with gradients run eagerly.
+COMPLEX_GRADS = (
+    torch.mul,
+    torch.Tensor.mul,
+    torch.Tensor.__mul__,
+    torch.Tensor.__rmul__,
+    torch.multiply,
+    torch.add,
+    torch.Tensor.add,
+    torch.Tensor.__add__,
+    torch.Tensor.__radd__,
+    torch.sub,
+    torch.Tensor.sub,
+    torch.Tensor.__sub__,
+    torch.neg,
+    torch.Tensor.neg,
+    torch.Tensor.__neg__,
+    torch.reshape,
+    torch.Tensor.reshape,
+    torch.Tensor.view,
+    torch.flatten,
+    torch.Tensor.flatten,
+    torch.unsqueeze,
+    torch.Tensor.unsqueeze,
+    torch.squeeze,
+    torch.Tensor.squeeze,
+    torch.permute,
+    torch.Tensor.permute,
+    torch.transpose,
+    torch.Tensor.transpose,
+    torch.Tensor.expand,
+    torch.Tensor.contiguous,
+)
+
+
+_BASIC_KEYS = (int, slice, type(None), type(Ellipsis))
+
+
+def _basic_key(args, kwargs) -> bool:
+    """Whether ``t[key]`` is basic indexing (ints, slices with int bounds, None, ...): a view by
+    shape prims. Indexing by tensors or lists gathers, which the trace does not differentiate for
+    complex values."""
+    key = args[1] if len(args) > 1 else None
+    entries = key if type(key) is tuple else (key,)
+
+    def basic(k) -> bool:
+        if type(k) is slice:
+            return all(type(b) in (int, type(None)) for b in (k.start, k.stop, k.step))
+        return type(k) in _BASIC_KEYS
+
+    return all(map(basic, entries))
+
+
+def _mark_complex_grads() -> None:
+    for fn in COMPLEX_GRADS:
+        symbol = TORCH_TO_LTORCH.get(fn)
+        if symbol is not None:
+            symbol.complex_grads = True
+    TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
+
+
+_register_views()
+_mark_complex_grads()
