@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import operator
 import threading
+from typing import Any
 
 import torch
 
@@ -141,6 +142,20 @@ def _convolution_backward(g, a, weight, stride, padding, dilation, transposed, o
     return kept[0] if len(kept) == 1 else tuple(kept)
 
 
+def _complex_prims() -> dict[str, Any]:
+    # (``real``/``imag`` are views, never receivers of in-place forms: ``passes::reuse``)
+    return {
+        "real": torch.real,
+        "imag": torch.imag,
+        "conj": _conj,
+        "sgn": torch.sgn,
+        "complex": torch.complex,
+        "polar": torch.polar,
+        "view_as_complex": _view_as_complex,
+        "view_as_real": lambda a, contiguous: torch.view_as_real(a.contiguous() if contiguous else a),
+    }
+
+
 def _register_prims() -> None:
     simple = {
         "add": operator.add,
@@ -206,15 +221,7 @@ def _register_prims() -> None:
         "cummin": lambda a, dim: tuple(torch.cummin(a, dim)),
         "convolution_backward": _convolution_backward,
         "frexp": lambda a: tuple(torch.frexp(a)),
-        # (``real``/``imag`` are views, never receivers of in-place forms: ``passes::reuse``)
-        "real": torch.real,
-        "imag": torch.imag,
-        "conj": _conj,
-        "sgn": torch.sgn,
-        "complex": torch.complex,
-        "polar": torch.polar,
-        "view_as_complex": _view_as_complex,
-        "view_as_real": lambda a, contiguous: torch.view_as_real(a.contiguous() if contiguous else a),
+        **_complex_prims(),
         "nextafter": _number_safe(torch.nextafter),
         "zeta": _number_safe(torch.special.zeta),
         **{

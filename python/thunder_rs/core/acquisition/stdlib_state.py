@@ -44,9 +44,10 @@ here lives behind library calls it does not follow, so it is handled by a table 
   the line: tracing makes them once, and a compiled call would not make them again. They are
   replaced only while some program is traced (``_put_effect_makers``); the C functions that write
   (a file object's ``write``, ``os.write``, ``os.kill``, ``time.sleep``) are refused by the
-  observer's profile hook (``core.state.c_effects``), and where the program hands them to a C
-  caller (``functools.partial``, ``map``, ``sorted(key=...)``) by that caller's stand-in
-  (``c_callers``). Also while traced: ``open`` guards the files the program reads and refuses
+  observer's profile hook (``core.state.c_effects``); handed to a C caller (``functools.partial``,
+  ``map``, ``sorted(key=...)``) they are not seen: stand-ins for those callers, put in while traced,
+  stayed in the modules the program imported then (``from functools import partial``) and broke
+  torch's own lazy imports. Also while traced: ``open`` guards the files the program reads and refuses
   opening one to write (``file_reads``), and ``sys.stdout``/``sys.stderr`` record the program's
   writes, made by every call as ``print`` is (``stream_writes``).
 
@@ -75,7 +76,6 @@ from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
-from thunder_rs.core.acquisition.c_callers import put_back_callers, put_callers
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
@@ -590,7 +590,6 @@ def _put_readers() -> None:
     _put_effect_makers()
     put_open()
     put_streams()
-    put_callers()
 
 
 def _put_back_readers() -> None:
@@ -608,7 +607,6 @@ def _put_back_readers() -> None:
     _put_back_effect_makers()
     put_back_open()
     put_back_streams()
-    put_back_callers()
     put_back_bound_clocks()
     put_back_cached()
 

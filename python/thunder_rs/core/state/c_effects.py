@@ -13,9 +13,8 @@ program's line that reached them. An in-memory stream the program makes itself i
 again by every call). Reads of a file object held outside the program (``f.read()``,
 ``json.load(f)``, ``f.seek``) are refused too: tracing baked what they read.
 
-Elsewhere: effects handed to a C caller the hook does not see through
-(``functools.partial(f.write, s)()``, ``map(f.write, xs)``) are refused by stand-ins for those
-callers (``acquisition.c_callers``); opening a file to write is refused, and the files the program
+Not seen: effects handed to a C caller the hook does not see through
+(``functools.partial(f.write, s)()``, ``map(f.write, xs)``). Elsewhere: opening a file to write is refused, and the files the program
 reads are guarded (``acquisition.file_reads``); ``sys.stdout.write`` (``acquisition.stream_writes``),
 ``print`` and logging (``acquisition.effects``) are made again by every call; ``subprocess`` and
 ``torch.save``, Python functions, are refused where the program calls them (``stdlib_state``).
@@ -83,7 +82,6 @@ def _owner_name(owner) -> str:
 
 
 #: the names of all of ``C_WRITERS``' builtins
-WRITER_NAMES = frozenset().union(*C_WRITERS.values())
 
 
 def writes(owner, name: str) -> bool:
