@@ -1,26 +1,26 @@
 """torch.func's differentiating transforms (``grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
-``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them (the per-sample
-gradients of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``): each call
-runs as one eager fallback, torch.func's own transform on the call's tensors.
+``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them.
 
-A trace holds no gradient until the whole program is compiled (the Rust VJP pass differentiates
-the trace at once, for the caller's backward), so a gradient the program itself computes cannot be
-recorded as ops, nor batched by thunder_rs's vmap. functorch's transforms in turn wrap tensors
-below ``__torch_function__``, where a proxy cannot go. Running the transformed call eagerly on
-every call gives eager's values exactly (the same kernels, in the same order), and what the
-function reads (a module's structure, captured values) is read on each call, as in eager. The
-call's outputs are differentiable as any fallback's: its backward runs the call again under
-torch's autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced
-values the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``);
-tensors requiring grad that it reads itself (a module's parameters) are refused, since eager's
-result would carry gradients to them.
+``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
+and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
+of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
+``grad`` whose function cannot be traced (its backward runs an eager fallback, or the program's
+gradient would go through a backward kernel), run as one eager fallback: torch.func's own
+transform on the call's tensors. functorch's transforms wrap tensors below
+``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
+call gives eager's values exactly (the same kernels, in the same order), and what the function
+reads (a module's structure, captured values) is read on each call, as in eager. The call's
+outputs are differentiable as any fallback's: its backward runs the call again under torch's
+autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced values
+the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``); tensors
+requiring grad that it reads itself (a module's parameters) are refused, since eager's result
+would carry gradients to them.
 
 While tracing, ``torch.func.<transform>`` is ``transform(name)`` (``torch_overrides``): it returns a
-``Transformed`` that calls torch.func's own transform on values not traced, records an eager call on
-traced ones, and that thunder_rs's ``vmap`` records whole. A transform of values an enclosing
-``torch.vmap`` batched (``vmap(lambda x: grad(f)(x))``, or a ``grad`` made before tracing, which
-reaches torch's ``grad_impl``) raises ``MapsATransform`` to that vmap, which then runs whole as
-one eager call.
+``Transformed`` that calls torch.func's own transform on values not traced, and traces or records
+an eager call on traced ones. An eager transform of values an enclosing ``torch.vmap`` batched
+(``vmap(lambda x: jacrev(f)(x))``, or a ``jacrev`` made before tracing) raises ``MapsATransform`` to
+that vmap, which then runs whole as one eager call.
 """
 
 import functools
@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures, python_effects
+from thunder_rs.core.lang import closures, python_effects, traced_grads
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -41,6 +41,12 @@ from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderR
 
 #: torch.func's transforms, as torch defines them (read once: while tracing the names are ours).
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
+#: The transforms traced as ops of the program where their function traces (``traced_grads``).
+TRACED = frozenset({"grad", "grad_and_value"})
+
+
+def _grad_options(func, argnums=0, has_aux=False):
+    return argnums, has_aux
 
 
 def _traced(tree) -> bool:
@@ -69,6 +75,13 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         if _eager(self.func, args, kwargs):
             return self.maker()(self.func)(*args, **kwargs)
+        if self.name in TRACED:
+            _refuse_side_effects(self.func, f"torch.func.{self.name}")
+            argnums, has_aux = _grad_options(self.func, *self.options, **self.keywords)
+            with_value = self.name == "grad_and_value"
+            out = traced_grads.grad(self.func, argnums, has_aux, with_value, args, kwargs)
+            if out is not traced_grads.UNTRACED:
+                return out
         return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
 
 

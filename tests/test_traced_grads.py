@@ -1,0 +1,153 @@
+"""``torch.func.grad`` and ``grad_and_value`` inside a jitted program, traced as ops of the program
+(``core.lang.traced_grads``: the function's calls, then their backward from thunder_rs's VJP
+rules), not run as one eager call: values against eager's torch.func, ``requires_grad`` of the
+results as eager's, gradients of the program through the transform (a gradient penalty), nested
+grads, and what still runs as an eager call (a backward through an eager fallback, a gradient
+through a backward kernel) or raises eager's error."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+torch.manual_seed(0)
+
+
+def exactly(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def traced(program, *args) -> bool:
+    """Whether the program's trace holds no eager call (the transform was traced)."""
+    return thunder_rs.examine(program, *args).fallbacks == {}
+
+
+def loss(w, b, x):
+    return ((x @ w + b).sin() * x.sum()).pow(2).mean()
+
+
+CASES = {
+    "grad": lambda w, b, x: torch.func.grad(loss)(w, b, x),
+    "argnums": lambda w, b, x: torch.func.grad(loss, argnums=(0, 1))(w, b, x),
+    "grad_and_value": lambda w, b, x: torch.func.grad_and_value(loss, argnums=1)(w, b, x),
+    "has_aux": lambda w, b, x: torch.func.grad(lambda w: (loss(w, b, x), w.cos()), has_aux=True)(w),
+    "dict": lambda w, b, x: torch.func.grad(lambda p: loss(p["w"], p["b"], x))({"w": w, "b": b}),
+    "unused": lambda w, b, x: torch.func.grad(lambda w, b: (b * 2).sum(), argnums=(0, 1))(w, b),
+    "nested": lambda w, b, x: torch.func.grad(torch.func.grad(lambda t: t.sin() * t.exp()))(b[0]),
+    "under_no_grad": lambda w, b, x: _under_no_grad(w, b, x),
+}
+
+
+def _under_no_grad(w, b, x):
+    with torch.no_grad():  # (torch.func's grad differentiates inside no_grad all the same)
+        return torch.func.grad(loss)(w, b, x)
+
+
+@pytest.mark.parametrize("program", CASES.values(), ids=CASES.keys())
+def test_grads_are_traced_with_eagers_values(program):
+    w, b, x = torch.randn(4, 3), torch.randn(3), torch.randn(2, 4)
+    exactly(thunder_rs.jit(program)(w, b, x), program(w, b, x))
+    assert traced(program, w, b, x)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("no_grad", [False, True])
+def test_results_require_grad_as_eagers(requires_grad, no_grad):
+    """Traced with its inputs requiring grad, the function's values require grad only where eager's
+    outer level gives them gradients."""
+
+    def program(x):
+        g, value = torch.func.grad_and_value(lambda x: (x.sin() * x).sum())(x)
+        return g, value, g * 2
+
+    x = torch.randn(3, requires_grad=requires_grad)
+    with torch.set_grad_enabled(not no_grad):
+        actual, expected = thunder_rs.jit(program)(x), program(x)
+    assert [t.requires_grad for t in actual] == [t.requires_grad for t in expected]
+    exactly([t.detach() for t in actual], [t.detach() for t in expected])
+
+
+def gradient_penalty(x, w):
+    """WGAN-GP's penalty on a critic whose backward the VJP rules differentiate again."""
+    critic = lambda x: ((x @ w).sin() * (x @ w)).sum(-1)  # noqa: E731
+    g = torch.func.grad(lambda x: critic(x).sum())(x)
+    return critic(x).mean() + ((g.pow(2).sum(-1).sqrt() - 1) ** 2).mean()
+
+
+def test_the_programs_gradient_through_a_traced_grad_is_eagers():
+    x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    jitted = thunder_rs.jit(gradient_penalty)
+    for _ in range(2):
+        w.grad = w2.grad = None
+        out, expected = jitted(x, w), gradient_penalty(x, w2)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close((out, w.grad), (expected, w2.grad))
+    assert traced(gradient_penalty, x, w)
+
+
+def test_a_gradient_through_a_backward_kernel_runs_the_transform_eagerly():
+    # tanh's grad rule computes with tanh_backward, which the VJP pass cannot differentiate: a
+    # gradient of the program through it takes the eager call, whose backward is torch's.
+    def program(x, w):
+        g = torch.func.grad(lambda x: (x @ w).tanh().sum())(x)
+        return (g.norm(dim=-1) - 1).pow(2).mean()
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    jitted = thunder_rs.jit(program)
+    out, expected = jitted(x, w), program(x, w2)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close((out, w.grad), (expected, w2.grad))
+    assert "torch.func.grad" in thunder_rs.last_traces(jitted)[0].symbol_names()
+    with torch.no_grad():  # without the program's gradient, tanh's grad is traced
+        exactly(jitted(x, w), program(x, w))
+        assert "torch.func.grad" not in thunder_rs.last_traces(jitted)[0].symbol_names()
+
+
+def test_a_function_whose_backward_is_an_eager_fallback_runs_as_one_eager_call():
+    def program(x):
+        return torch.func.grad(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)))(x)
+
+    x = torch.randn(3)
+    exactly(thunder_rs.jit(program)(x), program(x))
+    assert thunder_rs.examine(program, x).fallbacks == {"torch.func.grad": 1}
+
+
+def test_what_torch_func_refuses_raises_eagers_error():
+    with pytest.raises(RuntimeError, match=r"Expected f\(\*args\) to return a scalar Tensor, got tensor with 1 dims"):
+        thunder_rs.jit(lambda x: torch.func.grad(torch.sin)(x))(torch.randn(3))
+
+
+def test_a_grad_made_before_tracing_is_traced():
+    g = torch.func.grad(lambda w, x: F.cross_entropy(x @ w, torch.tensor([0, 2])))
+
+    def program(w, x):
+        return g(w, x) * 2
+
+    w, x = torch.randn(4, 3), torch.randn(2, 4)
+    exactly(thunder_rs.jit(program)(w, x), program(w, x))
+    assert traced(program, w, x)
+
+
+def test_a_traced_grad_reads_each_calls_sizes():
+    def program(x):
+        return torch.func.grad(lambda x: (x * x.shape[0]).sin().sum())(x)
+
+    jitted = thunder_rs.jit(program)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        exactly(jitted(x), program(x))
+
+
+def test_autograd_grad_inside_the_program_is_refused_naming_the_line():
+    # What a gradient penalty written with torch.autograd.grad(create_graph=True) gets; written
+    # with torch.func.grad, it is traced (test_the_programs_gradient_through_a_traced_grad_is_eagers).
+    def program(x):
+        return torch.autograd.grad(x.sin().sum(), x, create_graph=True)[0]
+
+    with pytest.raises(NotImplementedError, match=r"torch\.autograd\.grad: .* at .*test_traced_grads\.py:\d+"):
+        thunder_rs.jit(program)(torch.randn(3, requires_grad=True))
