@@ -151,3 +151,62 @@ def test_autograd_grad_inside_the_program_is_refused_naming_the_line():
 
     with pytest.raises(NotImplementedError, match=r"torch\.autograd\.grad: .* at .*test_traced_grads\.py:\d+"):
         thunder_rs.jit(program)(torch.randn(3, requires_grad=True))
+
+
+def vjp_program(x, w):
+    y, vjp_fn = torch.func.vjp(lambda x, w: (x @ w).sin() * x.sum(), x, w)
+    gx, gw = vjp_fn(torch.ones_like(y) * 2)
+    return y, gx, gw, vjp_fn(y)[1]  # (called twice: a backward each)
+
+
+def test_vjp_is_traced_with_eagers_values_and_gradients():
+    x, w = torch.randn(2, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    actual, expected = thunder_rs.jit(vjp_program)(x, w), vjp_program(x, w2)
+    exactly(actual, expected)
+    assert [t.requires_grad for t in actual] == [t.requires_grad for t in expected]
+    sum(t.sum() for t in actual).backward()
+    sum(t.sum() for t in expected).backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    assert traced(vjp_program, x, w)
+
+
+def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
+    # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
+    jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
+    unfit = torch.func.jacrev(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)))
+
+    def program(x, w):
+        return jac(x, w), unfit(x[0, :3])
+
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+    exactly(thunder_rs.jit(program)(x, w), program(x, w))
+    # The jacobian's vmap of the vjp is traced; det's backward is not: its vmap is an eager call.
+    assert thunder_rs.examine(program, x, w).fallbacks == {"torch.func.vmap": 1}
+
+
+def test_a_vjp_function_that_cannot_be_traced_is_refused_naming_the_transform():
+    def program(x):
+        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)  # (would draw again)
+        return vjp_fn(torch.ones_like(y))
+
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*random"):
+        thunder_rs.jit(program)(torch.randn(3))
+
+
+def test_forward_mode_transforms_are_refused_naming_the_construct_and_the_line():
+    from torch.func import linearize
+
+    def linearized(x):
+        return linearize(torch.sin, x)[1](torch.ones_like(x))
+
+    def dual(x):
+        with torch.autograd.forward_ad.dual_level():
+            made = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+            return torch.autograd.forward_ad.unpack_dual(made.sin()).tangent
+
+    x = torch.randn(3)
+    for program, construct in ((linearized, r"torch\.func\.linearize"), (dual, r"torch\._make_dual")):
+        program(x)  # (eager computes it)
+        with pytest.raises(NotImplementedError, match=rf"{construct}: .* at .*test_traced_grads\.py:\d+"):
+            thunder_rs.jit(program)(x)

@@ -366,6 +366,12 @@ impl Recorder {
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
 
+    /// Whether a call recorded at the current level since `mark` acts on state outside the
+    /// trace (a random draw), which tracing it again would repeat.
+    fn effects_since(&mut self, mark: usize) -> PyResult<bool> {
+        Ok(self.builder()?.recorded_since(mark).iter().any(trace_ir::BoundSymbol::has_effect))
+    }
+
     /// What Python builds the proxies of the values `values` from (their metadata now).
     fn tensors(&self, values: Vec<u32>) -> PyResult<Vec<RecordedTensor>> {
         self.describe(&values.into_iter().map(ValueId).collect::<Vec<_>>())

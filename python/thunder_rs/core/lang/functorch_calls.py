@@ -108,6 +108,84 @@ def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
 
 
+_vjp_with_argnums = _eager_impls._vjp_with_argnums
+
+
+def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
+    """torch's ``_vjp_with_argnums`` while tracing, which ``torch.func.vjp`` and a ``jacrev`` made
+    before tracing call: of traced values, the function traced as the program's own ops, and a
+    vjp function that traces its backward (``traced_grads.vjp_backward``)."""
+    if _eager(func, primals):
+        return _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)
+    (primals, _) = lift_captured(primals, {})
+    _refuse_side_effects(func, "torch.func.vjp")
+    out = func(*primals)
+    aux = None
+    if has_aux:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ThunderRuntimeError(
+                "vjp(f, *primals): output of function f should be a tuple: (output, aux) if has_aux is True"
+            )
+        out, aux = out
+    flat, spec = tree_flatten(out)
+    if not flat or not all(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in flat):
+        raise ThunderNotImplementedError(
+            f"torch.func.vjp at {user_location()}: the function returns {[type(t).__name__ for t in flat]}; "
+            "thunder_rs traces vjp of functions returning floating-point tensors (eager raises for other outputs)"
+        )
+
+    def vjp_fn(cotangents, retain_graph=True, create_graph=None):
+        if active_recorder() is None:  # (an eager call of a vmap over it: each call's tensors)
+            eager_fn = _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)[1]
+            return eager_fn(cotangents, retain_graph, create_graph)
+        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents):
+    """The traced backward of ``vjp``'s function; under ``torch.vmap``, where it cannot be traced,
+    the enclosing vmap runs eagerly (``MapsATransform``)."""
+    (cotangents,), _ = lift_captured((cotangents,), {})
+    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+    if out is not traced_grads.UNTRACED:
+        return out
+    if any(hasattr(t, "physical") for t in tree_flatten((cotangents, primals))[0]):
+        raise MapsATransform(f"torch.func.vjp's function of values batched by torch.vmap at {user_location()}")
+    raise ThunderNotImplementedError(
+        f"torch.func.vjp at {user_location()}: its function's backward cannot be traced (it runs an eager fallback, "
+        "draws random numbers, or the cotangents do not match the outputs); call torch.func.vjp outside the jitted "
+        "function, or use torch.func.grad/jacrev, which run such functions as one eager call"
+    )
+
+
+_lazy_dynamo_disallow = _eager_impls.lazy_dynamo_disallow
+
+
+def _disallow_in_trace(fn):
+    """torch's ``lazy_dynamo_disallow`` while tracing, through which ``torch.func.linearize`` (also
+    as imported before tracing) traces its function's jvp, ``lazy_dynamo_disallow(make_fx)(trace_fn)
+    (tangents)``: over traced values, refused naming the transform and the line (``make_fx`` would
+    fail on the proxy's storage)."""
+    return _refusing_traced(_lazy_dynamo_disallow(fn))
+
+
+def _refusing_traced(fn):
+    """``fn``, refused on traced values; a callable it returns likewise."""
+
+    def call(*args, **kwargs):
+        if active_recorder() is not None and _traced((args, kwargs)):
+            raise ThunderNotImplementedError(
+                f"torch.func.linearize: the program differentiates in forward mode at {user_location()} while it is "
+                "traced; a traced tensor carries no tangent. Apply the transform outside the jitted function "
+                "(torch.func.linearize(jitted_fn, *primals)), or use torch.func.jvp, which runs as one eager call"
+            )
+        out = fn(*args, **kwargs)
+        return _refusing_traced(out) if callable(out) and not isinstance(out, torch.nn.Module) else out
+
+    return call
+
+
 #: torch's implementations behind ``grad``/``grad_and_value``, which a transform made before tracing
 #: (``from torch.func import grad`` at import) calls.
 IMPLS = {"grad_impl": _eager_impls.grad_impl, "grad_and_value_impl": _eager_impls.grad_and_value_impl}
@@ -154,6 +232,8 @@ def _wraps_in_trace(func):
 OVERRIDES: dict[tuple[object, str], object] = {
     **{(torch.func, name): transform(name) for name in TRANSFORMS},
     (_eager_impls, "_jvp_with_argnums"): _jvp_in_trace,
+    (_eager_impls, "_vjp_with_argnums"): _vjp_in_trace,
+    (_eager_impls, "lazy_dynamo_disallow"): _disallow_in_trace,
     **{(_eager_impls, f"{name}_impl"): _impl(name) for name in ("grad", "grad_and_value")},
     (_eager_impls, "_wraps_without_dynamo_attrs"): _wraps_in_trace,
 }

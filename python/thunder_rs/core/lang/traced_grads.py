@@ -1,5 +1,5 @@
-"""``torch.func.grad`` and ``grad_and_value`` of traced values, traced: the function's calls and
-their backward become ops of the program, which thunder_rs compiles as the rest of it.
+"""``torch.func.grad``, ``grad_and_value`` and ``vjp`` of traced values, traced: the function's
+calls and their backward become ops of the program, which thunder_rs compiles as the rest of it.
 
 The function runs on stand-ins of the differentiated arguments that require grad (an alias of
 each, recorded as a cast to its own dtype), under ``enable_grad`` as torch.func's transform runs
@@ -86,21 +86,47 @@ def _as_outside(rec, tree) -> None:
                 _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
 
 
-def _run(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict):
-    """The traced call: ``(gradients as the arguments' structure, output, aux)``."""
+def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict):
+    """``func`` traced on stand-ins of the arguments at positions ``nums`` that require grad:
+    ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``."""
     sizes = vmap_state.levels.get()
-    nums = _argnums(argnums, len(args))
     given = list(args)
     aliases: list = []
     specs = []
-    with torch.enable_grad():  # (torch.func's grad differentiates under no_grad too)
+    with torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
         for n in nums:
             leaves, spec = tree_flatten(given[n])
             made = [_differentiable(rec, x, sizes) for x in leaves]
             given[n] = tree_unflatten([seen for seen, _ in made], spec)
             aliases.append([alias for _, alias in made])
             specs.append(spec)
-        out = func(*given, **kwargs)
+        return func(*given, **kwargs), aliases, specs
+
+
+def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) -> list:
+    """The gradients of ``aliases`` (per argument) from ``seeds`` (``(output, cotangent)`` as the
+    function sees them), recorded after what was traced since ``mark``, each argument's as its
+    tree; ``outside`` (what the function returned) then requires grad as the outer level sees it."""
+    sizes = vmap_state.levels.get()
+    flat = [a for group in aliases for a in group]
+    pairs = []
+    for out, cotangent in seeds:
+        phys, cot = (_full(out, sizes), _full(cotangent, sizes)) if sizes else (out, cotangent)
+        if tuple(phys.shape) != tuple(cot.shape):
+            raise _Untraceable
+        pairs.append((phys._vid, cot._vid))
+    grads = rec.differentiate(mark, pairs, [a._vid for a in flat], torch.is_grad_enabled())
+    grads = [torch.zeros_like(a) if g is None else proxies([g])[0] for g, a in zip(grads, flat)]
+    if sizes:
+        grads = [vmap_state.BATCHED[0](g, len(sizes)) for g in grads]
+    _as_outside(rec, outside)
+    it = iter(grads)
+    return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
+
+
+def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict):
+    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``."""
+    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -108,17 +134,8 @@ def _run(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict
         out, aux = out
     if not isinstance(out, TensorProxy) or out.ndim != 0 or not out.dtype.is_floating_point:
         raise _Untraceable
-    phys: TensorProxy = _full(out, sizes) if sizes else out
-    seed = torch.ones(tuple(phys.shape), dtype=phys.dtype, device=phys.device)
-    assert isinstance(seed, TensorProxy)  # recorded: a creation op while tracing
-    flat = [a for group in aliases for a in group]
-    grads = rec.differentiate(mark, [(phys._vid, seed._vid)], [a._vid for a in flat], torch.is_grad_enabled())
-    grads = [torch.zeros_like(a) if g is None else proxies([g])[0] for g, a in zip(grads, flat)]
-    if sizes:
-        grads = [vmap_state.BATCHED[0](g, len(sizes)) for g in grads]
-    _as_outside(rec, (out, aux))
-    it = iter(grads)
-    trees = [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
+    seed = torch.ones((), dtype=out.dtype, device=out.device)
+    trees = _backward(rec, mark, [(out, seed)], aliases, specs, (out, aux))
     return (trees[0] if isinstance(argnums, int) else tuple(trees)), out, aux
 
 
@@ -129,10 +146,35 @@ def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: di
     args, kwargs = lift_captured(args, kwargs)
     mark = rec.mark()
     try:
-        grads, out, aux = _run(rec, mark, func, argnums, has_aux, args, kwargs)
+        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs)
     except Exception:  # (the eager call raises eager's error, or computes what tracing cannot)
         rec.rewind(mark)
         return UNTRACED
     if with_value:
         return (grads, (out, aux)) if has_aux else (grads, out)
     return (grads, aux) if has_aux else grads
+
+
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents):
+    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
+    ``func`` traced again on stand-ins of the primals (the forward the program uses was traced
+    as its own ops), its backward from the cotangents; or ``UNTRACED``, nothing recorded. A
+    function that draws random numbers is not traced twice (the draws would differ)."""
+    rec = active_recorder()
+    mark = rec.mark()
+    try:
+        nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {})
+        if has_aux:
+            out = out[0]
+        flat_out, spec = tree_flatten(out)
+        flat_cot, cot_spec = tree_flatten(cotangents)
+        if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
+            raise _Untraceable
+        trees = _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
+    except Exception:  # (what cannot be traced runs eagerly, or raises naming the transform)
+        rec.rewind(mark)
+        return UNTRACED
+    if argnums is None:
+        return tuple(trees)
+    return trees[0] if isinstance(argnums, int) else tuple(trees)
