@@ -210,3 +210,40 @@ def test_forward_mode_transforms_are_refused_naming_the_construct_and_the_line()
         program(x)  # (eager computes it)
         with pytest.raises(NotImplementedError, match=rf"{construct}: .* at .*test_traced_grads\.py:\d+"):
             thunder_rs.jit(program)(x)
+
+
+buffer = torch.zeros(3)
+
+
+def test_in_place_writes_functorch_refuses_are_refused_and_its_arguments_written_as_eager():
+    def captured(x):
+        buffer.add_(1)  # (a tensor the function captured: functorch refuses to mutate it)
+        return (x * x).sum()
+
+    def leaf(x):
+        x.mul_(2)  # (the differentiated argument: a leaf that requires grad)
+        return x.sin().sum()
+
+    def argument(x, b):
+        b.add_(1)  # (an argument not differentiated: functorch writes it)
+        return (x * b).sum()
+
+    x = torch.randn(3)
+    for program, error in (
+        (lambda x: torch.func.grad(captured)(x), "would mutate a captured Tensor"),
+        (lambda x: torch.func.grad(leaf)(x), "a leaf Variable that requires grad is being used in an in-place"),
+        (lambda x: torch.func.vjp(captured, x)[0], "would mutate a captured Tensor"),
+        (lambda x: torch.func.vjp(leaf, x)[0], "a leaf Variable that requires grad is being used in an in-place"),
+    ):
+        with pytest.raises(RuntimeError, match=error):
+            program(x.clone())
+        with pytest.raises(RuntimeError, match=error):
+            thunder_rs.jit(program)(x.clone())
+    assert buffer.eq(0).all()
+
+    def program(x, b):
+        return torch.func.grad(argument)(x, b), b
+
+    b1, b2 = torch.zeros(3), torch.zeros(3)
+    exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
+    assert traced(program, x, torch.zeros(3))

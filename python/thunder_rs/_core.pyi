@@ -320,6 +320,9 @@ class Recorder:
         """The backward of the calls since ``mark``, from ``(value, cotangent)`` ``seeds``, recorded
         after them: the gradient of each of ``wrt``; then the values since ``mark`` require grad as
         the level outside sees them, under its grad mode ``enabled``."""
+    @property
+    def num_values(self) -> int:
+        """How many values the recording has made: the next value's id."""
     def effects_since(self, mark: int) -> bool:
         """Whether a call recorded at the current level since ``mark`` acts on outside state."""
     def tensors(self, values: Sequence[int]) -> list[RecordedTensor]:

@@ -366,6 +366,12 @@ impl Recorder {
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
 
+    /// How many values the recording has made: the next value's id.
+    #[getter]
+    fn num_values(&mut self) -> PyResult<usize> {
+        Ok(self.builder()?.num_values())
+    }
+
     /// Whether a call recorded at the current level since `mark` acts on state outside the
     /// trace (a random draw), which tracing it again would repeat.
     fn effects_since(&mut self, mark: usize) -> PyResult<bool> {

@@ -119,7 +119,11 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
         return _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)
     (primals, _) = lift_captured(primals, {})
     _refuse_side_effects(func, "torch.func.vjp")
-    out = func(*primals)
+    nums = range(len(primals)) if argnums is None else (argnums,) if isinstance(argnums, int) else argnums
+    chosen = [p for i, p in enumerate(primals) if i in nums or i - len(primals) in nums]
+    others = [p for i, p in enumerate(primals) if not (i in nums or i - len(primals) in nums)]
+    with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
+        out = func(*primals)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):

@@ -20,6 +20,10 @@ thunder_rs cannot trace) runs as one eager call instead (``functorch_calls``), a
 errors (a non-scalar output): ``UNTRACED`` says so, and what was recorded is dropped.
 """
 
+import contextlib
+import contextvars
+from typing import NamedTuple
+
 import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -28,11 +32,58 @@ from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.errors import ThunderRuntimeError
 
 #: What ``grad`` returns when the call cannot be traced (it then runs as an eager call).
 UNTRACED = object()
 
 _SET_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"].__set__
+
+
+class _Scope(NamedTuple):
+    """What the function a transform traces may write: values made before ``first`` (a value id)
+    are captured, but for the proxies ``writable`` (arguments functorch wraps without
+    differentiating them); ``differentiated`` are its differentiated arguments, leaves in eager."""
+
+    first: int
+    writable: frozenset
+    differentiated: frozenset
+
+
+_scope: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_transform_scope", default=None)
+
+
+@contextlib.contextmanager
+def scope(rec, writable=(), differentiated=()):
+    """Refuses, as functorch does, writes the function traced inside makes to tensors it captured
+    (``refuse_captured_write``)."""
+    ids = lambda tree: frozenset(id(x) for x in tree_flatten(tree)[0] if isinstance(x, TensorProxy))  # noqa: E731
+    token = _scope.set(_Scope(rec.num_values, ids(writable), ids(differentiated)))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def refuse_captured_write(op: str, root) -> None:
+    """Eager's error for an in-place write, inside a transform traced here, to a tensor made
+    outside it (``torch.func`` wraps only the function's arguments) or to a differentiated
+    argument (a leaf that requires grad); the in-place ops' ``assign`` asks."""
+    now = _scope.get()
+    vid = getattr(root, "_vid", None)
+    made_inside = vid is not None and vid >= now.first and getattr(root, "_input_vid", None) is None if now else True
+    if now is None or vid is None or made_inside or id(root) in now.writable:
+        return
+    if id(root) in now.differentiated:
+        raise ThunderRuntimeError(
+            f"{op}: a leaf Variable that requires grad is being used in an in-place operation. (at {user_location()})"
+        )
+    raise ThunderRuntimeError(
+        f"During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call in-place operation "
+        f"({op}) that would mutate a captured Tensor. This is not supported; please rewrite the function being "
+        f"transformed to explicitly accept the mutated Tensor(s) as input. (at {user_location()})"
+    )
 
 
 class _Untraceable(Exception):
@@ -61,6 +112,7 @@ def _differentiable(rec, x, sizes: tuple):
     alias = prims.convert_element_type(phys, phys.dtype)
     rec.set_requires_grad(alias._vid, True)
     (alias,) = proxies(rec.tensors([alias._vid]))
+    alias._leaf = True  # (eager's differentiated argument: a leaf, which in-place writes refuse)
     seen = vmap_state.BATCHED[0](alias, len(sizes)) if sizes else alias
     return seen, alias
 
@@ -100,7 +152,9 @@ def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict):
             given[n] = tree_unflatten([seen for seen, _ in made], spec)
             aliases.append([alias for _, alias in made])
             specs.append(spec)
-        return func(*given, **kwargs), aliases, specs
+        others = [a for i, a in enumerate(given) if i not in nums]
+        with scope(rec, writable=others):
+            return func(*given, **kwargs), aliases, specs
 
 
 def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) -> list:
