@@ -247,3 +247,34 @@ def test_in_place_writes_functorch_refuses_are_refused_and_its_arguments_written
     b1, b2 = torch.zeros(3), torch.zeros(3)
     exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
     assert traced(program, x, torch.zeros(3))
+
+
+def test_a_grad_that_writes_an_argument_and_then_cannot_be_traced_is_refused_naming_it():
+    # Its write was traced (the argument's proxy stands for the written value): an eager call of
+    # the transform after it would write the argument twice.
+    def writes_then_det(x, b):
+        b.add_(1)
+        return torch.linalg.det(torch.outer(x, x) + torch.eye(3)) * b.sum()
+
+    def program(x, b):
+        return torch.func.grad(writes_then_det)(x, b), b
+
+    program(torch.randn(3), torch.zeros(3))
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.grad at .*test_traced_grads\.py:\d+: .*writes"):
+        thunder_rs.jit(program)(torch.randn(3), torch.zeros(3))
+
+
+def test_module_parameters_read_inside_a_traced_grad_get_eagers_gradients():
+    # The eager call refuses them (its result would carry no gradient to them); traced, the
+    # program's backward differentiates the grad's backward into them.
+    layer = torch.nn.Linear(3, 3)
+    twin = torch.nn.Linear(3, 3)
+    twin.load_state_dict(layer.state_dict())
+
+    def of(module):
+        return lambda x: torch.func.grad(lambda x: module(x).sin().sum())(x).pow(2).sum()
+
+    x = torch.randn(2, 3)
+    thunder_rs.jit(of(layer))(x).backward()
+    of(twin)(x).backward()
+    torch.testing.assert_close((layer.weight.grad, layer.bias.grad), (twin.weight.grad, twin.bias.grad))

@@ -33,7 +33,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: What ``grad`` returns when the call cannot be traced (it then runs as an eager call).
 UNTRACED = object()
@@ -49,17 +49,19 @@ class _Scope(NamedTuple):
     first: int
     writable: frozenset
     differentiated: frozenset
+    #: the arguments it wrote (their proxies now stand for values of the transform's own)
+    written: list
 
 
 _scope: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_transform_scope", default=None)
 
 
 @contextlib.contextmanager
-def scope(rec, writable=(), differentiated=()):
+def scope(rec, writable=(), differentiated=(), written: list | None = None):
     """Refuses, as functorch does, writes the function traced inside makes to tensors it captured
-    (``refuse_captured_write``)."""
+    (``refuse_captured_write``); notes in ``written`` those to its ``writable`` arguments."""
     ids = lambda tree: frozenset(id(x) for x in tree_flatten(tree)[0] if isinstance(x, TensorProxy))  # noqa: E731
-    token = _scope.set(_Scope(rec.num_values, ids(writable), ids(differentiated)))
+    token = _scope.set(_Scope(rec.num_values, ids(writable), ids(differentiated), [] if written is None else written))
     try:
         yield
     finally:
@@ -73,7 +75,10 @@ def refuse_captured_write(op: str, root) -> None:
     now = _scope.get()
     vid = getattr(root, "_vid", None)
     made_inside = vid is not None and vid >= now.first and getattr(root, "_input_vid", None) is None if now else True
-    if now is None or vid is None or made_inside or id(root) in now.writable:
+    if now is None or vid is None or made_inside:
+        return
+    if id(root) in now.writable:
+        now.written.append(root)
         return
     if id(root) in now.differentiated:
         raise ThunderRuntimeError(
@@ -138,9 +143,10 @@ def _as_outside(rec, tree) -> None:
                 _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
 
 
-def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict):
+def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list):
     """``func`` traced on stand-ins of the arguments at positions ``nums`` that require grad:
-    ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``."""
+    ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``; the
+    other arguments it writes in place are noted in ``written``."""
     sizes = vmap_state.levels.get()
     given = list(args)
     aliases: list = []
@@ -153,7 +159,7 @@ def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict):
             aliases.append([alias for _, alias in made])
             specs.append(spec)
         others = [a for i, a in enumerate(given) if i not in nums]
-        with scope(rec, writable=others):
+        with scope(rec, writable=others, written=written):
             return func(*given, **kwargs), aliases, specs
 
 
@@ -178,9 +184,9 @@ def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) 
     return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
 
 
-def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict):
+def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list):
     """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``."""
-    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs)
+    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs, written)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -193,15 +199,25 @@ def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dic
     return (trees[0] if isinstance(argnums, int) else tuple(trees)), out, aux
 
 
+def _unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{name} at {user_location()}: the function writes its arguments in place and then cannot be traced "
+        f"({type(cause).__name__}: {cause}); thunder_rs runs such a transform as one eager call only where it "
+        "has traced no write. Write the arguments outside the transformed function"
+    )
+
+
 def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: dict):
     """``torch.func.grad`` (or ``grad_and_value``) of ``func`` on traced ``args``, traced; or
     ``UNTRACED``, nothing recorded, where it cannot be."""
     rec = active_recorder()
     args, kwargs = lift_captured(args, kwargs)
-    mark = rec.mark()
+    mark, written = rec.mark(), list[TensorProxy]()
     try:
-        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs)
-    except Exception:  # (the eager call raises eager's error, or computes what tracing cannot)
+        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written)
+    except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
+        if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
+            raise _unwritten("torch.func.grad", e) from e
         rec.rewind(mark)
         return UNTRACED
     if with_value:
@@ -215,10 +231,12 @@ def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotange
     as its own ops), its backward from the cotangents; or ``UNTRACED``, nothing recorded. A
     function that draws random numbers is not traced twice (the draws would differ)."""
     rec = active_recorder()
-    mark = rec.mark()
+    mark, written = rec.mark(), list[TensorProxy]()
     try:
         nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
-        out, aliases, specs = _on_aliases(rec, func, nums, primals, {})
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
+        if written:  # (vjp wrote them once, as eager does; its function must not write them again)
+            raise _Untraceable
         if has_aux:
             out = out[0]
         flat_out, spec = tree_flatten(out)
