@@ -8,7 +8,7 @@
 //! grad receive gradients, so integer and boolean values never do.
 
 use crate::PassCx;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use trace_ir::grad::Emitter;
 use trace_ir::{
@@ -83,17 +83,23 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
 /// each of `wrt` is returned (None where none does). A composite whose values the backward reads
 /// is replaced by its decomposition, as `split` replaces one holding a residual. Grad rules'
 /// backwards get values of their own, so that the VJP pass can differentiate the program,
-/// emitted backward included, again; a backward that runs eager fallbacks (torch.autograd at run
-/// time, which it could not) is refused.
+/// emitted backward included, again; where the program's gradient may go through it (the calls
+/// read a value from before them that requires grad, with the level outside's grad mode
+/// `outer_grad` on), composites are differentiated through their decompositions, not their rules'
+/// backward kernels. A backward that runs eager fallbacks (torch.autograd at run time, which the
+/// VJP pass could not differentiate) is refused.
 pub fn backward_into(
     builder: &mut TraceBuilder,
     mark: usize,
     seeds: &[(ValueId, ValueId)],
     wrt: &[ValueId],
+    outer_grad: bool,
 ) -> Result<Vec<Option<ValueId>>> {
     let region = builder.recorded_since(mark).to_vec();
     let end = builder.mark();
-    let mut cots = Cotangents { fresh: true, ..Cotangents::default() };
+    let decompose = outer_grad && reads_values_requiring_grad(builder, &region);
+    builder.set_grad_enabled(true);
+    let mut cots = Cotangents { fresh: true, decompose, ..Cotangents::default() };
     let mut e = Emitter::new(builder);
     for &(value, cotangent) in seeds {
         cots.accumulate(&mut e, value, cotangent)?;
@@ -112,6 +118,22 @@ pub fn backward_into(
     Ok(wrt.iter().map(|&w| cots.get(w)).collect())
 }
 
+/// Whether `bsyms` read a value they do not define (at any depth of their decompositions) that
+/// requires grad.
+fn reads_values_requiring_grad(builder: &TraceBuilder, bsyms: &[BoundSymbol]) -> bool {
+    fn walk(bsyms: &[BoundSymbol], defined: &mut FxHashSet<ValueId>, read: &mut Vec<ValueId>) {
+        for b in bsyms {
+            b.for_each_input(|v| read.push(v));
+            walk(&b.subsymbols, defined, read);
+            defined.extend(b.outputs.iter().copied());
+        }
+    }
+    let (mut defined, mut read) = (FxHashSet::default(), Vec::new());
+    walk(bsyms, &mut defined, &mut read);
+    read.into_iter()
+        .any(|v| !defined.contains(&v) && matches!(builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad))
+}
+
 /// The cotangent accumulated so far for each value.
 #[derive(Default)]
 struct Cotangents {
@@ -120,6 +142,11 @@ struct Cotangents {
     /// into the program it differentiates, which the VJP pass may differentiate again and emit
     /// that rule's backward a second time: [`backward_into`]).
     fresh: bool,
+    /// Whether composites are differentiated through their decomposition rather than their grad
+    /// rule, whose backward may call kernels recorded whole (`tanh_backward`) that the VJP pass
+    /// cannot differentiate again ([`backward_into`] where the program's own gradient goes
+    /// through the backward).
+    decompose: bool,
 }
 
 impl Cotangents {
@@ -166,13 +193,13 @@ fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Re
                 }
             }
             Symbol::Composite(id) => match &bsym.grad {
-                Some(rule) => apply_rule(e, cots, rule)?,
-                None if is_whole(bsym) => bail!(
+                Some(rule) if !cots.decompose || bsym.subsymbols.is_empty() => apply_rule(e, cots, rule)?,
+                _ if is_whole(bsym) => bail!(
                     NotImplemented,
                     &*SymbolTable::name(*id),
                     "was recorded without its decomposition (an executor runs it whole), which its gradient needs"
                 ),
-                None => backprop(e, cots, &bsym.subsymbols)?,
+                _ => backprop(e, cots, &bsym.subsymbols)?,
             },
             Symbol::Region(_) => backprop(e, cots, &bsym.subsymbols)?,
             Symbol::Fallback(id) => fallback_vjp(e, cots, bsym, *id, &out_cots)?,
@@ -303,7 +330,7 @@ mod tests {
         let sq = b.record_prim("mul", vec![Arg::Value(alias), Arg::Value(alias)]).unwrap()[0];
         let y = b.record_prim("sum", vec![Arg::Value(sq), Arg::ints(&[0])]).unwrap()[0];
         let seed = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![])));
-        let grads = backward_into(&mut b, mark, &[(y, seed)], &[alias]).unwrap();
+        let grads = backward_into(&mut b, mark, &[(y, seed)], &[alias], true).unwrap();
         let g = grads[0].expect("x' reaches y");
         assert!(b.recorded_since(mark).len() > 3, "the backward follows the forward");
         // Outside the transform x does not require grad: neither does the gradient.

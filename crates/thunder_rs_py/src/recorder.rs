@@ -360,8 +360,8 @@ impl Recorder {
         let builder = self.builder()?;
         let seeds: Vec<_> = seeds.into_iter().map(|(v, c)| (ValueId(v), ValueId(c))).collect();
         let wrt: Vec<ValueId> = wrt.into_iter().map(ValueId).collect();
-        builder.set_grad_enabled(true);
-        let grads = no_panic("differentiate", || py_result(passes::vjp::backward_into(builder, mark, &seeds, &wrt)))?;
+        let grads =
+            no_panic("differentiate", || py_result(passes::vjp::backward_into(builder, mark, &seeds, &wrt, enabled)))?;
         py_result(builder.relabel_since(mark, enabled))?;
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
