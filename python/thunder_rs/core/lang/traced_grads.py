@@ -8,7 +8,10 @@ the program (``Recorder.differentiate``, the same rules the compiled call's back
 differentiated, the values it recorded require grad as they do at the level outside the transform
 (eager's results carry the outer level's gradients, or none), so that the program's own backward
 differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
-eager's.
+eager's; where that gradient may go through it, composites are differentiated through their
+decompositions (their grad rules' backward kernels have no gradient). ``vjp``'s forward is the
+program's own ops, and its function traces the function again on stand-ins for each call. In-place
+writes functorch refuses (to captured tensors, to differentiated arguments) raise its errors.
 
 Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0, 0))``) the
 function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
