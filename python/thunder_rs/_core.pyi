@@ -311,6 +311,23 @@ class Recorder:
     def abort(self) -> None: ...
     def is_read(self, value: int) -> bool:
         """Whether a call recorded so far reads the value ``t{value}``."""
+    def mark(self) -> int:
+        """A mark of what the current level has recorded, for ``differentiate`` and ``rewind``."""
+    def rewind(self, mark: int) -> None:
+        """Drops the calls recorded at the current level since ``mark``."""
+    def differentiate(
+        self, mark: int, seeds: Sequence[tuple[int, int]], wrt: Sequence[int], enabled: bool
+    ) -> list[RecordedTensor | None]:
+        """The backward of the calls since ``mark``, from ``(value, cotangent)`` ``seeds``, recorded
+        after them: the gradient of each of ``wrt``; then the values since ``mark`` require grad as
+        the level outside sees them, under its grad mode ``enabled``."""
+    @property
+    def num_values(self) -> int:
+        """How many values the recording has made: the next value's id."""
+    def effects_since(self, mark: int) -> bool:
+        """Whether a call recorded at the current level since ``mark`` acts on outside state."""
+    def tensors(self, values: Sequence[int]) -> list[RecordedTensor]:
+        """The metadata of the values ``values`` now."""
     def get_grad(self, value: int) -> list[RecordedTensor]: ...
     def put_grad(self, value: int, grad: Any) -> None: ...
     def call(

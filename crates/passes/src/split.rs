@@ -231,7 +231,7 @@ fn choose_residuals(
 
 /// Keeps `bsym` whole unless a residual is defined inside it; then emits its decomposition,
 /// recursively.
-fn flatten_where_needed(bsym: &BoundSymbol, is_residual: &[bool], out: &mut Vec<BoundSymbol>) {
+pub(crate) fn flatten_where_needed(bsym: &BoundSymbol, is_residual: &[bool], out: &mut Vec<BoundSymbol>) {
     if bsym.subsymbols.is_empty() {
         out.push(bsym.clone());
         return;

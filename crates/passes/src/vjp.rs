@@ -8,7 +8,7 @@
 //! grad receive gradients, so integer and boolean values never do.
 
 use crate::PassCx;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use trace_ir::grad::Emitter;
 use trace_ir::{
@@ -77,10 +77,76 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
     Ok(Some(Joint { trace, num_forward, num_cotangents: outputs.len() }))
 }
 
+/// The backward of the calls recorded into `builder` at its current level since `mark` (a
+/// program's own: `torch.func.grad` of a function it calls), emitted into `builder` after them:
+/// each `(value, cotangent)` of `seeds` flows back through them, and the gradient that reaches
+/// each of `wrt` is returned (None where none does). A composite whose values the backward reads
+/// is replaced by its decomposition, as `split` replaces one holding a residual. Grad rules'
+/// backwards get values of their own, so that the VJP pass can differentiate the program,
+/// emitted backward included, again; where the program's gradient may go through it (the calls
+/// read a value from before them that requires grad, with the level outside's grad mode
+/// `outer_grad` on), composites are differentiated through their decompositions, not their rules'
+/// backward kernels. A backward that runs eager fallbacks (torch.autograd at run time, which the
+/// VJP pass could not differentiate) is refused.
+pub fn backward_into(
+    builder: &mut TraceBuilder,
+    mark: usize,
+    seeds: &[(ValueId, ValueId)],
+    wrt: &[ValueId],
+    outer_grad: bool,
+) -> Result<Vec<Option<ValueId>>> {
+    let region = builder.recorded_since(mark).to_vec();
+    let end = builder.mark();
+    let decompose = outer_grad && reads_values_requiring_grad(builder, &region);
+    builder.set_grad_enabled(true);
+    let mut cots = Cotangents { fresh: true, decompose, ..Cotangents::default() };
+    let mut e = Emitter::new(builder);
+    for &(value, cotangent) in seeds {
+        cots.accumulate(&mut e, value, cotangent)?;
+    }
+    backprop(&mut e, &mut cots, &region)?;
+    let backward = builder.recorded_since(end).to_vec();
+    if let Some(b) = backward.iter().find(|b| matches!(b.symbol, Symbol::Fallback(_))) {
+        bail!(NotImplemented, "differentiate", "the backward runs the eager fallback {}", b.symbol.qualified_name());
+    }
+    let mut read = vec![false; builder.num_values()];
+    backward.iter().for_each(|b| b.for_each_read(&mut |v| read[v.index()] = true));
+    builder.rewind(mark);
+    let mut calls = Vec::with_capacity(region.len() + backward.len());
+    region.iter().for_each(|b| crate::split::flatten_where_needed(b, &read, &mut calls));
+    calls.into_iter().chain(backward).for_each(|b| builder.push_bsym(b));
+    Ok(wrt.iter().map(|&w| cots.get(w)).collect())
+}
+
+/// Whether `bsyms` read a value they do not define (at any depth of their decompositions) that
+/// requires grad.
+fn reads_values_requiring_grad(builder: &TraceBuilder, bsyms: &[BoundSymbol]) -> bool {
+    fn walk(bsyms: &[BoundSymbol], defined: &mut FxHashSet<ValueId>, read: &mut Vec<ValueId>) {
+        for b in bsyms {
+            b.for_each_input(|v| read.push(v));
+            walk(&b.subsymbols, defined, read);
+            defined.extend(b.outputs.iter().copied());
+        }
+    }
+    let (mut defined, mut read) = (FxHashSet::default(), Vec::new());
+    walk(bsyms, &mut defined, &mut read);
+    read.into_iter()
+        .any(|v| !defined.contains(&v) && matches!(builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad))
+}
+
 /// The cotangent accumulated so far for each value.
 #[derive(Default)]
 struct Cotangents {
     of: FxHashMap<ValueId, ValueId>,
+    /// Whether a grad rule's backward is emitted with values of its own (a backward recorded
+    /// into the program it differentiates, which the VJP pass may differentiate again and emit
+    /// that rule's backward a second time: [`backward_into`]).
+    fresh: bool,
+    /// Whether composites are differentiated through their decomposition rather than their grad
+    /// rule, whose backward may call kernels recorded whole (`tanh_backward`) that the VJP pass
+    /// cannot differentiate again ([`backward_into`] where the program's own gradient goes
+    /// through the backward).
+    decompose: bool,
 }
 
 impl Cotangents {
@@ -127,13 +193,13 @@ fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Re
                 }
             }
             Symbol::Composite(id) => match &bsym.grad {
-                Some(rule) => apply_rule(e, cots, rule)?,
-                None if is_whole(bsym) => bail!(
+                Some(rule) if !cots.decompose || bsym.subsymbols.is_empty() => apply_rule(e, cots, rule)?,
+                _ if is_whole(bsym) => bail!(
                     NotImplemented,
                     &*SymbolTable::name(*id),
                     "was recorded without its decomposition (an executor runs it whole), which its gradient needs"
                 ),
-                None => backprop(e, cots, &bsym.subsymbols)?,
+                _ => backprop(e, cots, &bsym.subsymbols)?,
             },
             Symbol::Region(_) => backprop(e, cots, &bsym.subsymbols)?,
             Symbol::Fallback(id) => fallback_vjp(e, cots, bsym, *id, &out_cots)?,
@@ -153,8 +219,17 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
         };
         subst.insert(placeholder, c);
     }
+    if cots.fresh {
+        for bsym in &rule.bsyms {
+            bsym.for_each_defined(&mut |v| {
+                let kind = e.builder.value(v).expect("a rule's values are the recording's").clone();
+                subst.insert(v, e.builder.add_value(kind));
+            });
+        }
+    }
     for bsym in &rule.bsyms {
-        e.builder.push_bsym(bsym.renamed(&subst));
+        let bsym = if cots.fresh { bsym.renamed_everywhere(&subst) } else { bsym.renamed(&subst) };
+        e.builder.push_bsym(bsym);
     }
     for (value, grad) in &rule.grads {
         match grad {
@@ -241,6 +316,28 @@ mod tests {
         let trace = b.finish(Arg::Value(y)).unwrap();
         let err = joint(&trace).unwrap_err().to_string();
         assert!(err.contains("ltorch.test_whole_kernel") && err.contains("without its decomposition"), "{err}");
+    }
+
+    #[test]
+    fn a_backward_recorded_into_the_program_is_differentiable_again() {
+        // y = sum(x' * x'), x' an alias of x that requires grad: dy/dx' = 2x', recorded after y.
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let mark = b.mark();
+        let alias = b.record_prim("neg", vec![Arg::Value(x)]).unwrap()[0];
+        b.set_requires_grad(alias, true).unwrap();
+        let sq = b.record_prim("mul", vec![Arg::Value(alias), Arg::Value(alias)]).unwrap()[0];
+        let y = b.record_prim("sum", vec![Arg::Value(sq), Arg::ints(&[0])]).unwrap()[0];
+        let seed = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![])));
+        let grads = backward_into(&mut b, mark, &[(y, seed)], &[alias], true).unwrap();
+        let g = grads[0].expect("x' reaches y");
+        assert!(b.recorded_since(mark).len() > 3, "the backward follows the forward");
+        // Outside the transform x does not require grad: neither does the gradient.
+        b.relabel_since(mark, true).unwrap();
+        assert!(matches!(b.value(g), Some(ValueKind::Tensor(t)) if !t.requires_grad));
+        let trace = b.finish(Arg::Value(g)).unwrap();
+        trace_ir::verify::verify(&trace).unwrap();
     }
 
     #[test]

@@ -332,6 +332,57 @@ impl Recorder {
         no_panic("put_grad", || py_result(builder.put_grad(ValueId(value), grad)))
     }
 
+    /// A mark of what the current level has recorded, for `differentiate` and `rewind`.
+    fn mark(&mut self) -> PyResult<usize> {
+        Ok(self.builder()?.mark())
+    }
+
+    /// Drops the calls recorded at the current level since `mark`.
+    fn rewind(&mut self, mark: usize) -> PyResult<()> {
+        self.builder()?.rewind(mark);
+        Ok(())
+    }
+
+    /// Differentiates the calls recorded since `mark` (`torch.func.grad` of a function the
+    /// program calls, traced with the inputs `wrt` requiring grad): each `(value, cotangent)` of
+    /// `seeds` flows back through them, and the backward is recorded after them. Returns the
+    /// gradient of each of `wrt` (None where none reaches it). Then the values since `mark`
+    /// require grad as the level outside sees them, under its grad mode `enabled`
+    /// (`TraceBuilder::relabel_since`). A backward that runs eager fallbacks is refused
+    /// (`passes::vjp::backward_into`).
+    fn differentiate(
+        &mut self,
+        mark: usize,
+        seeds: Vec<(u32, u32)>,
+        wrt: Vec<u32>,
+        enabled: bool,
+    ) -> PyResult<Vec<Option<RecordedTensor>>> {
+        let builder = self.builder()?;
+        let seeds: Vec<_> = seeds.into_iter().map(|(v, c)| (ValueId(v), ValueId(c))).collect();
+        let wrt: Vec<ValueId> = wrt.into_iter().map(ValueId).collect();
+        let grads =
+            no_panic("differentiate", || py_result(passes::vjp::backward_into(builder, mark, &seeds, &wrt, enabled)))?;
+        py_result(builder.relabel_since(mark, enabled))?;
+        grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
+    }
+
+    /// How many values the recording has made: the next value's id.
+    #[getter]
+    fn num_values(&mut self) -> PyResult<usize> {
+        Ok(self.builder()?.num_values())
+    }
+
+    /// Whether a call recorded at the current level since `mark` acts on state outside the
+    /// trace (a random draw), which tracing it again would repeat.
+    fn effects_since(&mut self, mark: usize) -> PyResult<bool> {
+        Ok(self.builder()?.recorded_since(mark).iter().any(trace_ir::BoundSymbol::has_effect))
+    }
+
+    /// What Python builds the proxies of the values `values` from (their metadata now).
+    fn tensors(&self, values: Vec<u32>) -> PyResult<Vec<RecordedTensor>> {
+        self.describe(&values.into_iter().map(ValueId).collect::<Vec<_>>())
+    }
+
     /// Whether a call recorded so far reads the value `value`.
     fn is_read(&mut self, value: u32) -> PyResult<bool> {
         let builder = self.builder()?;

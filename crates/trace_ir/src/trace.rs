@@ -316,6 +316,18 @@ impl Frame {
         Frame { call, first_value, bsyms: Vec::new(), grad: None }
     }
 
+    /// The calls [`sink`](Self::sink) holds.
+    fn sunk(&self) -> &[BoundSymbol] {
+        match &self.grad {
+            Some(rule) => &rule.bsyms,
+            None => &self.bsyms,
+        }
+    }
+
+    fn recorded(&self) -> usize {
+        self.sunk().len()
+    }
+
     /// Where the next call is recorded: the decomposition, or the backward once it has begun.
     fn sink(&mut self) -> &mut Vec<BoundSymbol> {
         match &mut self.grad {
@@ -323,6 +335,37 @@ impl Frame {
             None => &mut self.bsyms,
         }
     }
+}
+
+/// [`TraceBuilder::relabel_since`] over `bsyms`, decompositions first. Returns a composite
+/// recorded whole (an executor's backward kernel) whose outputs now require grad where the VJP
+/// pass would differentiate it (`differentiated`: not inside a composite with a grad rule),
+/// which it cannot.
+fn relabel(values: &mut [ValueKind], bsyms: &[BoundSymbol], enabled: bool, differentiated: bool) -> Option<Symbol> {
+    let wants =
+        |values: &[ValueKind], v: ValueId| matches!(&values[v.index()], ValueKind::Tensor(t) if t.requires_grad);
+    let mut whole = None;
+    for bsym in bsyms {
+        let inner = relabel(values, &bsym.subsymbols, enabled, differentiated && bsym.grad.is_none());
+        whole = whole.or(inner);
+        let mut from_input = false;
+        bsym.for_each_input(|v| from_input |= wants(values, v));
+        let mut defined = false;
+        for &o in &bsym.outputs {
+            if bsym.args.contains(&Arg::Value(o)) || !bsym.subsymbols.is_empty() {
+                continue; // (defined by its decomposition, or not by this call)
+            }
+            if let ValueKind::Tensor(t) = &mut values[o.index()] {
+                t.requires_grad &= enabled && from_input;
+                defined |= t.requires_grad;
+            }
+        }
+        let is_whole = matches!(bsym.symbol, Symbol::Composite(_)) && bsym.grad.is_none() && bsym.subsymbols.is_empty();
+        if differentiated && is_whole && defined && whole.is_none() {
+            whole = Some(bsym.symbol.clone());
+        }
+    }
+    whole
 }
 
 /// The composite calls one thread has open, innermost last, taken off a [`TraceBuilder`] while
@@ -705,6 +748,44 @@ impl TraceBuilder {
             parent.sink().extend(frame.bsyms);
         }
         Ok(())
+    }
+
+    /// How many calls the innermost open call (or the top level) has recorded so far: a mark
+    /// that [`recorded_since`](Self::recorded_since) and [`rewind`](Self::rewind) take.
+    pub fn mark(&self) -> usize {
+        self.stack.last().map_or(0, Frame::recorded)
+    }
+
+    /// The calls recorded at the current level since `mark`.
+    pub fn recorded_since(&self, mark: usize) -> &[BoundSymbol] {
+        let frame = self.stack.last().expect("the top-level frame is never popped");
+        frame.sunk().get(mark..).unwrap_or(&[])
+    }
+
+    /// Drops the calls recorded at the current level since `mark` (a transform traced them, then
+    /// runs eagerly instead); their values stay defined by no call.
+    pub fn rewind(&mut self, mark: usize) {
+        let frame = self.stack.last_mut().expect("the top-level frame is never popped");
+        frame.sink().truncate(mark);
+    }
+
+    /// Recomputes whether the values the calls since `mark` define require grad, in order, as
+    /// the level outside a transform sees them: a value requires grad where it did, grad mode
+    /// was `enabled` and one of its call's inputs requires grad now. A differentiating transform
+    /// (`torch.func.grad`) traced its function with its inputs requiring grad, which its
+    /// outputs need not outside it. Refuses (after relabelling) a composite recorded whole that a
+    /// gradient would now have to go through: the VJP pass cannot differentiate it.
+    pub fn relabel_since(&mut self, mark: usize, enabled: bool) -> Result<()> {
+        let bsyms = self.recorded_since(mark).to_vec();
+        match relabel(&mut self.values, &bsyms, enabled, true) {
+            Some(symbol) => bail!(
+                NotImplemented,
+                "differentiate",
+                "{} was recorded without its decomposition, which a gradient through it needs",
+                symbol.qualified_name()
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Drops the innermost open composite and what it recorded (its decomposition failed).

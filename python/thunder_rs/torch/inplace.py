@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
-from thunder_rs.core.lang import values
+from thunder_rs.core.lang import traced_grads, values
 from thunder_rs.core.lang.complex_calls import differentiates_complex
 from thunder_rs.core.lang.fallback import fallback, user_fallback
 from thunder_rs.core.lang.eager_layouts import take_layouts
@@ -208,6 +208,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     if tracked:
         _leaf_check(op, dst)
     root = views.root_of(dst)
+    traced_grads.refuse_captured_write(op, root)
     _checkpoint_check(op, root)
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad

@@ -1,26 +1,26 @@
 """torch.func's differentiating transforms (``grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
-``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them (the per-sample
-gradients of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``): each call
-runs as one eager fallback, torch.func's own transform on the call's tensors.
+``hessian``, ``jvp``) of traced values, and ``torch.vmap`` of one of them.
 
-A trace holds no gradient until the whole program is compiled (the Rust VJP pass differentiates
-the trace at once, for the caller's backward), so a gradient the program itself computes cannot be
-recorded as ops, nor batched by thunder_rs's vmap. functorch's transforms in turn wrap tensors
-below ``__torch_function__``, where a proxy cannot go. Running the transformed call eagerly on
-every call gives eager's values exactly (the same kernels, in the same order), and what the
-function reads (a module's structure, captured values) is read on each call, as in eager. The
-call's outputs are differentiable as any fallback's: its backward runs the call again under
-torch's autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced
-values the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``);
-tensors requiring grad that it reads itself (a module's parameters) are refused, since eager's
-result would carry gradients to them.
+``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
+and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
+of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
+``grad`` whose function cannot be traced (its backward runs an eager fallback, or the program's
+gradient would go through a backward kernel), run as one eager fallback: torch.func's own
+transform on the call's tensors. functorch's transforms wrap tensors below
+``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
+call gives eager's values exactly (the same kernels, in the same order), and what the function
+reads (a module's structure, captured values) is read on each call, as in eager. The call's
+outputs are differentiable as any fallback's: its backward runs the call again under torch's
+autograd (``fallback._vjp_of``), differentiating the transform as eager does. The traced values
+the function closes over (``lambda x: f(x, w)``) are inputs of the call (``closures``); tensors
+requiring grad that it reads itself (a module's parameters) are refused, since eager's result
+would carry gradients to them.
 
 While tracing, ``torch.func.<transform>`` is ``transform(name)`` (``torch_overrides``): it returns a
-``Transformed`` that calls torch.func's own transform on values not traced, records an eager call on
-traced ones, and that thunder_rs's ``vmap`` records whole. A transform of values an enclosing
-``torch.vmap`` batched (``vmap(lambda x: grad(f)(x))``, or a ``grad`` made before tracing, which
-reaches torch's ``grad_impl``) raises ``MapsATransform`` to that vmap, which then runs whole as
-one eager call.
+``Transformed`` that calls torch.func's own transform on values not traced, and traces or records
+an eager call on traced ones. An eager transform of values an enclosing ``torch.vmap`` batched
+(``vmap(lambda x: jacrev(f)(x))``, or a ``jacrev`` made before tracing) raises ``MapsATransform`` to
+that vmap, which then runs whole as one eager call.
 """
 
 import functools
@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures, python_effects
+from thunder_rs.core.lang import closures, python_effects, traced_grads
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -41,6 +41,12 @@ from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderR
 
 #: torch.func's transforms, as torch defines them (read once: while tracing the names are ours).
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
+#: The transforms traced as ops of the program where their function traces (``traced_grads``).
+TRACED = frozenset({"grad", "grad_and_value"})
+
+
+def _grad_options(func, argnums=0, has_aux=False):
+    return argnums, has_aux
 
 
 def _traced(tree) -> bool:
@@ -69,6 +75,13 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         if _eager(self.func, args, kwargs):
             return self.maker()(self.func)(*args, **kwargs)
+        if self.name in TRACED:
+            _refuse_side_effects(self.func, f"torch.func.{self.name}")
+            argnums, has_aux = _grad_options(self.func, *self.options, **self.keywords)
+            with_value = self.name == "grad_and_value"
+            out = traced_grads.grad(self.func, argnums, has_aux, with_value, args, kwargs)
+            if out is not traced_grads.UNTRACED:
+                return out
         return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
 
 
@@ -93,6 +106,88 @@ def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has
         return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
     make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
+
+
+_vjp_with_argnums = _eager_impls._vjp_with_argnums
+
+
+def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
+    """torch's ``_vjp_with_argnums`` while tracing, which ``torch.func.vjp`` and a ``jacrev`` made
+    before tracing call: of traced values, the function traced as the program's own ops, and a
+    vjp function that traces its backward (``traced_grads.vjp_backward``)."""
+    if _eager(func, primals):
+        return _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)
+    (primals, _) = lift_captured(primals, {})
+    _refuse_side_effects(func, "torch.func.vjp")
+    nums = range(len(primals)) if argnums is None else (argnums,) if isinstance(argnums, int) else argnums
+    chosen = [p for i, p in enumerate(primals) if i in nums or i - len(primals) in nums]
+    others = [p for i, p in enumerate(primals) if not (i in nums or i - len(primals) in nums)]
+    with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
+        out = func(*primals)
+    aux = None
+    if has_aux:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ThunderRuntimeError(
+                "vjp(f, *primals): output of function f should be a tuple: (output, aux) if has_aux is True"
+            )
+        out, aux = out
+    flat, spec = tree_flatten(out)
+    if not flat or not all(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in flat):
+        raise ThunderNotImplementedError(
+            f"torch.func.vjp at {user_location()}: the function returns {[type(t).__name__ for t in flat]}; "
+            "thunder_rs traces vjp of functions returning floating-point tensors (eager raises for other outputs)"
+        )
+
+    def vjp_fn(cotangents, retain_graph=True, create_graph=None):
+        if active_recorder() is None:  # (an eager call of a vmap over it: each call's tensors)
+            eager_fn = _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)[1]
+            return eager_fn(cotangents, retain_graph, create_graph)
+        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents):
+    """The traced backward of ``vjp``'s function; under ``torch.vmap``, where it cannot be traced,
+    the enclosing vmap runs eagerly (``MapsATransform``)."""
+    (cotangents,), _ = lift_captured((cotangents,), {})
+    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+    if out is not traced_grads.UNTRACED:
+        return out
+    if any(hasattr(t, "physical") for t in tree_flatten((cotangents, primals))[0]):
+        raise MapsATransform(f"torch.func.vjp's function of values batched by torch.vmap at {user_location()}")
+    raise ThunderNotImplementedError(
+        f"torch.func.vjp at {user_location()}: its function's backward cannot be traced (it runs an eager fallback, "
+        "draws random numbers, or the cotangents do not match the outputs); call torch.func.vjp outside the jitted "
+        "function, or use torch.func.grad/jacrev, which run such functions as one eager call"
+    )
+
+
+_lazy_dynamo_disallow = _eager_impls.lazy_dynamo_disallow
+
+
+def _disallow_in_trace(fn):
+    """torch's ``lazy_dynamo_disallow`` while tracing, through which ``torch.func.linearize`` (also
+    as imported before tracing) traces its function's jvp, ``lazy_dynamo_disallow(make_fx)(trace_fn)
+    (tangents)``: over traced values, refused naming the transform and the line (``make_fx`` would
+    fail on the proxy's storage)."""
+    return _refusing_traced(_lazy_dynamo_disallow(fn))
+
+
+def _refusing_traced(fn):
+    """``fn``, refused on traced values; a callable it returns likewise."""
+
+    def call(*args, **kwargs):
+        if active_recorder() is not None and _traced((args, kwargs)):
+            raise ThunderNotImplementedError(
+                f"torch.func.linearize: the program differentiates in forward mode at {user_location()} while it is "
+                "traced; a traced tensor carries no tangent. Apply the transform outside the jitted function "
+                "(torch.func.linearize(jitted_fn, *primals)), or use torch.func.jvp, which runs as one eager call"
+            )
+        out = fn(*args, **kwargs)
+        return _refusing_traced(out) if callable(out) and not isinstance(out, torch.nn.Module) else out
+
+    return call
 
 
 #: torch's implementations behind ``grad``/``grad_and_value``, which a transform made before tracing
@@ -141,6 +236,8 @@ def _wraps_in_trace(func):
 OVERRIDES: dict[tuple[object, str], object] = {
     **{(torch.func, name): transform(name) for name in TRANSFORMS},
     (_eager_impls, "_jvp_with_argnums"): _jvp_in_trace,
+    (_eager_impls, "_vjp_with_argnums"): _vjp_in_trace,
+    (_eager_impls, "lazy_dynamo_disallow"): _disallow_in_trace,
     **{(_eager_impls, f"{name}_impl"): _impl(name) for name in ("grad", "grad_and_value")},
     (_eager_impls, "_wraps_without_dynamo_attrs"): _wraps_in_trace,
 }

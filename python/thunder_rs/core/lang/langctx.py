@@ -446,9 +446,8 @@ def _refuse_functorch_transform(func, args, kwargs) -> None:
         name = getattr(func, "__name__", str(func))
         raise ThunderNotImplementedError(
             f"functorch: transforms over traced tensors are not supported ({name} at {user_location()}); "
-            "use torch.vmap, which thunder_rs batches, and torch.func's grad/jacrev/jacfwd/hessian/jvp made inside "
-            "the program, which run as one eager call each (a transform made before tracing, `jac = jacrev(f)` "
-            "outside the program, and vjp are torch's own), or run the function eagerly"
+            "use torch.vmap, which thunder_rs batches, and torch.func's grad/grad_and_value/vjp (traced) and "
+            "jacrev/jacfwd/hessian/jvp (one eager call each), or run the function eagerly"
         )
 
 

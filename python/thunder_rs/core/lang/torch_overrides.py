@@ -31,10 +31,11 @@ vmap as (``torch._functorch.predispatch``) go to the same interpreter while a gr
 A pointwise ``associative_scan`` runs its higher-order op, which torch would compile, into the
 trace (decomposed in ``torch/scan.py``).
 
-**torch.func transforms.** ``torch.func.grad``, ``grad_and_value``, ``jacrev``, ``jacfwd``,
-``hessian`` and ``jvp`` of traced values, and ``torch.vmap`` of one of them (per-sample gradients),
-run as one eager call each (``core.lang.functorch_calls``): a trace holds no gradient until the
-whole program is compiled, and functorch wraps tensors below ``__torch_function__``.
+**torch.func transforms.** ``torch.func.grad``, ``grad_and_value`` and ``vjp`` of traced values
+are traced, their backward emitted into the program by the VJP pass (``core.lang.traced_grads``);
+``jacrev``, ``jacfwd``, ``hessian`` and ``jvp``, and a ``torch.vmap`` of one of them, run as one
+eager call each (``core.lang.functorch_calls``): functorch wraps tensors below
+``__torch_function__``.
 
 **Module._apply.** ``module.to(dtype)`` in a forward (Switch Transformers' router) converts
 nothing where the module has that dtype already: the module is returned as it is (eager's walk

@@ -20,6 +20,10 @@ levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_levels"
 #: the ``randomness`` of the active levels, outermost first
 randomness: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_randomness", default=())
 
+#: the class of the values a level batches (``core.lang.vmap.BatchedProxy``, which registers it
+#: here): what a transform traced under vmap (``core.lang.traced_grads``) wraps its results in
+BATCHED: list = []
+
 #: how many draws were recorded under ``randomness="same"`` (a vmap run again eagerly must have none)
 draws: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_draws", default=0)
 

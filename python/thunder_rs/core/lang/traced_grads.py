@@ -1,0 +1,255 @@
+"""``torch.func.grad``, ``grad_and_value`` and ``vjp`` of traced values, traced: the function's
+calls and their backward become ops of the program, which thunder_rs compiles as the rest of it.
+
+The function runs on stand-ins of the differentiated arguments that require grad (an alias of
+each, recorded as a cast to its own dtype), under ``enable_grad`` as torch.func's transform runs
+it; the Rust VJP pass then emits the backward of what it recorded, from a cotangent of ones, into
+the program (``Recorder.differentiate``, the same rules the compiled call's backward uses). Once
+differentiated, the values it recorded require grad as they do at the level outside the transform
+(eager's results carry the outer level's gradients, or none), so that the program's own backward
+differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
+eager's; where that gradient may go through it, composites are differentiated through their
+decompositions (their grad rules' backward kernels have no gradient). ``vjp``'s forward is the
+program's own ops, and its function traces the function again on stand-ins for each call. In-place
+writes functorch refuses (to captured tensors, to differentiated arguments) raise its errors.
+
+Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0, 0))``) the
+function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
+differentiated argument is first expanded over the active levels, so that every example's
+gradient is its own, and the backward of the batched ops is the batched backward.
+
+What the trace cannot differentiate (a function whose backward runs eager fallbacks, or that
+thunder_rs cannot trace) runs as one eager call instead (``functorch_calls``), as do the transform's
+errors (a non-scalar output): ``UNTRACED`` says so, and what was recorded is dropped.
+"""
+
+import contextlib
+import contextvars
+from typing import NamedTuple
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from thunder_rs import prims
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang import vmap_state
+from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
+
+#: What ``grad`` returns when the call cannot be traced (it then runs as an eager call).
+UNTRACED = object()
+
+_SET_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"].__set__
+
+
+class _Scope(NamedTuple):
+    """What the function a transform traces may write: values made before ``first`` (a value id)
+    are captured, but for the proxies ``writable`` (arguments functorch wraps without
+    differentiating them); ``differentiated`` are its differentiated arguments, leaves in eager."""
+
+    first: int
+    writable: frozenset
+    differentiated: frozenset
+    #: the arguments it wrote (their proxies now stand for values of the transform's own)
+    written: list
+
+
+_scope: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_transform_scope", default=None)
+
+
+@contextlib.contextmanager
+def scope(rec, writable=(), differentiated=(), written: list | None = None):
+    """Refuses, as functorch does, writes the function traced inside makes to tensors it captured
+    (``refuse_captured_write``); notes in ``written`` those to its ``writable`` arguments."""
+    ids = lambda tree: frozenset(id(x) for x in tree_flatten(tree)[0] if isinstance(x, TensorProxy))  # noqa: E731
+    token = _scope.set(_Scope(rec.num_values, ids(writable), ids(differentiated), [] if written is None else written))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def refuse_captured_write(op: str, root) -> None:
+    """Eager's error for an in-place write, inside a transform traced here, to a tensor made
+    outside it (``torch.func`` wraps only the function's arguments) or to a differentiated
+    argument (a leaf that requires grad); the in-place ops' ``assign`` asks."""
+    now = _scope.get()
+    vid = getattr(root, "_vid", None)
+    made_inside = vid is not None and vid >= now.first and getattr(root, "_input_vid", None) is None if now else True
+    if now is None or vid is None or made_inside:
+        return
+    if id(root) in now.writable:
+        now.written.append(root)
+        return
+    if id(root) in now.differentiated:
+        raise ThunderRuntimeError(
+            f"{op}: a leaf Variable that requires grad is being used in an in-place operation. (at {user_location()})"
+        )
+    raise ThunderRuntimeError(
+        f"During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call in-place operation "
+        f"({op}) that would mutate a captured Tensor. This is not supported; please rewrite the function being "
+        f"transformed to explicitly accept the mutated Tensor(s) as input. (at {user_location()})"
+    )
+
+
+class _Untraceable(Exception):
+    """The call runs eagerly instead."""
+
+
+def _batched(x) -> bool:
+    return hasattr(x, "physical")  # (a BatchedProxy: ``core.lang.vmap``)
+
+
+def _full(x, sizes: tuple) -> TensorProxy:
+    """``x``'s physical tensor with one leading dim per active level, of that level's size."""
+    levels = x.levels if _batched(x) else 0
+    phys = x.physical if _batched(x) else x
+    shape = tuple(phys.shape)
+    phys = phys.reshape(shape[:levels] + (1,) * (len(sizes) - levels) + shape[levels:])
+    return phys.expand(*sizes, *shape[levels:])
+
+
+def _differentiable(rec, x, sizes: tuple):
+    """A stand-in of ``x`` that requires grad: an alias of it (of its physical tensor expanded
+    over the active levels, under vmap), returned as the function sees it, and that alias."""
+    if not isinstance(x, TensorProxy) or not x.dtype.is_floating_point:
+        raise _Untraceable  # (torch.func raises its error: the eager call does)
+    phys = _full(x, sizes) if sizes else x
+    alias = prims.convert_element_type(phys, phys.dtype)
+    rec.set_requires_grad(alias._vid, True)
+    (alias,) = proxies(rec.tensors([alias._vid]))
+    alias._leaf = True  # (eager's differentiated argument: a leaf, which in-place writes refuse)
+    seen = vmap_state.BATCHED[0](alias, len(sizes)) if sizes else alias
+    return seen, alias
+
+
+def _argnums(argnums, count: int) -> tuple:
+    nums = (argnums,) if isinstance(argnums, int) else argnums
+    if not isinstance(nums, tuple) or not nums or not all(isinstance(n, int) and -count <= n < count for n in nums):
+        raise _Untraceable
+    return tuple(n % count for n in nums)
+
+
+def _as_outside(rec, tree) -> None:
+    """The flags of ``tree``'s proxies as the level outside sees them (``differentiate`` changed
+    them in the trace)."""
+    for x in tree_flatten(tree)[0]:
+        for p in (x, x.physical) if _batched(x) else (x,):
+            if isinstance(p, TensorProxy) and p._vid is not None:
+                (meta,) = rec.tensors([p._vid])
+                with DisableTorchFunctionSubclass():
+                    _SET_REQUIRES_GRAD(p, meta.requires_grad)
+        if _batched(x):
+            with DisableTorchFunctionSubclass():
+                _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
+
+
+def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list):
+    """``func`` traced on stand-ins of the arguments at positions ``nums`` that require grad:
+    ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``; the
+    other arguments it writes in place are noted in ``written``."""
+    sizes = vmap_state.levels.get()
+    given = list(args)
+    aliases: list = []
+    specs = []
+    with torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
+        for n in nums:
+            leaves, spec = tree_flatten(given[n])
+            made = [_differentiable(rec, x, sizes) for x in leaves]
+            given[n] = tree_unflatten([seen for seen, _ in made], spec)
+            aliases.append([alias for _, alias in made])
+            specs.append(spec)
+        others = [a for i, a in enumerate(given) if i not in nums]
+        with scope(rec, writable=others, written=written):
+            return func(*given, **kwargs), aliases, specs
+
+
+def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) -> list:
+    """The gradients of ``aliases`` (per argument) from ``seeds`` (``(output, cotangent)`` as the
+    function sees them), recorded after what was traced since ``mark``, each argument's as its
+    tree; ``outside`` (what the function returned) then requires grad as the outer level sees it."""
+    sizes = vmap_state.levels.get()
+    flat = [a for group in aliases for a in group]
+    pairs = []
+    for out, cotangent in seeds:
+        phys, cot = (_full(out, sizes), _full(cotangent, sizes)) if sizes else (out, cotangent)
+        if tuple(phys.shape) != tuple(cot.shape):
+            raise _Untraceable
+        pairs.append((phys._vid, cot._vid))
+    grads = rec.differentiate(mark, pairs, [a._vid for a in flat], torch.is_grad_enabled())
+    grads = [torch.zeros_like(a) if g is None else proxies([g])[0] for g, a in zip(grads, flat)]
+    if sizes:
+        grads = [vmap_state.BATCHED[0](g, len(sizes)) for g in grads]
+    _as_outside(rec, outside)
+    it = iter(grads)
+    return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
+
+
+def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list):
+    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``."""
+    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs, written)
+    aux = None
+    if has_aux:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise _Untraceable
+        out, aux = out
+    if not isinstance(out, TensorProxy) or out.ndim != 0 or not out.dtype.is_floating_point:
+        raise _Untraceable
+    seed = torch.ones((), dtype=out.dtype, device=out.device)
+    trees = _backward(rec, mark, [(out, seed)], aliases, specs, (out, aux))
+    return (trees[0] if isinstance(argnums, int) else tuple(trees)), out, aux
+
+
+def _unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{name} at {user_location()}: the function writes its arguments in place and then cannot be traced "
+        f"({type(cause).__name__}: {cause}); thunder_rs runs such a transform as one eager call only where it "
+        "has traced no write. Write the arguments outside the transformed function"
+    )
+
+
+def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: dict):
+    """``torch.func.grad`` (or ``grad_and_value``) of ``func`` on traced ``args``, traced; or
+    ``UNTRACED``, nothing recorded, where it cannot be."""
+    rec = active_recorder()
+    args, kwargs = lift_captured(args, kwargs)
+    mark, written = rec.mark(), list[TensorProxy]()
+    try:
+        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written)
+    except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
+        if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
+            raise _unwritten("torch.func.grad", e) from e
+        rec.rewind(mark)
+        return UNTRACED
+    if with_value:
+        return (grads, (out, aux)) if has_aux else (grads, out)
+    return (grads, aux) if has_aux else grads
+
+
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents):
+    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
+    ``func`` traced again on stand-ins of the primals (the forward the program uses was traced
+    as its own ops), its backward from the cotangents; or ``UNTRACED``, nothing recorded. A
+    function that draws random numbers is not traced twice (the draws would differ)."""
+    rec = active_recorder()
+    mark, written = rec.mark(), list[TensorProxy]()
+    try:
+        nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
+        if written:  # (vjp wrote them once, as eager does; its function must not write them again)
+            raise _Untraceable
+        if has_aux:
+            out = out[0]
+        flat_out, spec = tree_flatten(out)
+        flat_cot, cot_spec = tree_flatten(cotangents)
+        if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
+            raise _Untraceable
+        trees = _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
+    except Exception:  # (what cannot be traced runs eagerly, or raises naming the transform)
+        rec.rewind(mark)
+        return UNTRACED
+    if argnums is None:
+        return tuple(trees)
+    return trees[0] if isinstance(argnums, int) else tuple(trees)

@@ -1,0 +1,292 @@
+"""``torch.func.grad`` and ``grad_and_value`` inside a jitted program, traced as ops of the program
+(``core.lang.traced_grads``: the function's calls, then their backward from thunder_rs's VJP
+rules), not run as one eager call: values against eager's torch.func, ``requires_grad`` of the
+results as eager's, gradients of the program through the transform (a gradient penalty), nested
+grads, and what still runs as an eager call (a backward through an eager fallback, a gradient
+through a backward kernel) or raises eager's error."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+torch.manual_seed(0)
+
+
+def exactly(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def traced(program, *args) -> bool:
+    """Whether the program's trace holds no eager call (the transform was traced)."""
+    return thunder_rs.examine(program, *args).fallbacks == {}
+
+
+def loss(w, b, x):
+    return ((x @ w + b).sin() * x.sum()).pow(2).mean()
+
+
+CASES = {
+    "grad": lambda w, b, x: torch.func.grad(loss)(w, b, x),
+    "argnums": lambda w, b, x: torch.func.grad(loss, argnums=(0, 1))(w, b, x),
+    "grad_and_value": lambda w, b, x: torch.func.grad_and_value(loss, argnums=1)(w, b, x),
+    "has_aux": lambda w, b, x: torch.func.grad(lambda w: (loss(w, b, x), w.cos()), has_aux=True)(w),
+    "dict": lambda w, b, x: torch.func.grad(lambda p: loss(p["w"], p["b"], x))({"w": w, "b": b}),
+    "unused": lambda w, b, x: torch.func.grad(lambda w, b: (b * 2).sum(), argnums=(0, 1))(w, b),
+    "nested": lambda w, b, x: torch.func.grad(torch.func.grad(lambda t: t.sin() * t.exp()))(b[0]),
+    "under_no_grad": lambda w, b, x: _under_no_grad(w, b, x),
+}
+
+
+def _under_no_grad(w, b, x):
+    with torch.no_grad():  # (torch.func's grad differentiates inside no_grad all the same)
+        return torch.func.grad(loss)(w, b, x)
+
+
+@pytest.mark.parametrize("program", CASES.values(), ids=CASES.keys())
+def test_grads_are_traced_with_eagers_values(program):
+    w, b, x = torch.randn(4, 3), torch.randn(3), torch.randn(2, 4)
+    exactly(thunder_rs.jit(program)(w, b, x), program(w, b, x))
+    assert traced(program, w, b, x)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("no_grad", [False, True])
+def test_results_require_grad_as_eagers(requires_grad, no_grad):
+    """Traced with its inputs requiring grad, the function's values require grad only where eager's
+    outer level gives them gradients."""
+
+    def program(x):
+        g, value = torch.func.grad_and_value(lambda x: (x.sin() * x).sum())(x)
+        return g, value, g * 2
+
+    x = torch.randn(3, requires_grad=requires_grad)
+    with torch.set_grad_enabled(not no_grad):
+        actual, expected = thunder_rs.jit(program)(x), program(x)
+    assert [t.requires_grad for t in actual] == [t.requires_grad for t in expected]
+    exactly([t.detach() for t in actual], [t.detach() for t in expected])
+
+
+CRITICS = {
+    "sin": lambda h: h.sin() * h,
+    "tanh": torch.tanh,
+    "leaky_relu": lambda h: F.leaky_relu(h, 0.2),
+    "gelu": F.gelu,
+    "softmax": lambda h: h.softmax(-1) * h,
+}
+
+
+@pytest.mark.parametrize("critic", CRITICS.values(), ids=CRITICS.keys())
+def test_the_programs_gradient_through_a_traced_grad_is_eagers(critic):
+    """WGAN-GP's penalty: the program's backward differentiates the grad's backward, which is
+    then traced through the composites' decompositions (their grad rules' backward kernels, such
+    as tanh_backward, have no gradient of their own)."""
+
+    def gradient_penalty(x, w):
+        g = torch.func.grad(lambda x: critic(x @ w).sum())(x)
+        return critic(x @ w).mean() + ((g.pow(2).sum(-1).sqrt() - 1) ** 2).mean()
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    jitted = thunder_rs.jit(gradient_penalty)
+    for _ in range(2):
+        w.grad = w2.grad = None
+        out, expected = jitted(x, w), gradient_penalty(x, w2)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close((out, w.grad), (expected, w2.grad))
+    assert not any(name.startswith("torch.func") for name in thunder_rs.last_traces(jitted)[0].symbol_names())
+
+
+def test_a_gradient_through_a_backward_kernel_runs_the_transform_eagerly():
+    # layer_norm's decomposition records native_layer_norm whole, differentiated by its grad
+    # rule's native_layer_norm_backward, which the VJP pass cannot differentiate: a gradient of the
+    # program through it takes the eager call, whose backward is torch's.
+    def program(x, w):
+        g = torch.func.grad(lambda x: F.layer_norm(x @ w, (3,)).sum())(x)
+        return (g.norm(dim=-1) - 1).pow(2).mean()
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    jitted = thunder_rs.jit(program)
+    out, expected = jitted(x, w), program(x, w2)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close((out, w.grad), (expected, w2.grad))
+    assert "torch.func.grad" in thunder_rs.last_traces(jitted)[0].symbol_names()
+    with torch.no_grad():  # without the program's gradient, the grad is traced with the rules' kernels
+        exactly(jitted(x, w), program(x, w))
+        assert "torch.func.grad" not in thunder_rs.last_traces(jitted)[0].symbol_names()
+
+
+def test_a_function_whose_backward_is_an_eager_fallback_runs_as_one_eager_call():
+    def program(x):
+        return torch.func.grad(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)))(x)
+
+    x = torch.randn(3)
+    exactly(thunder_rs.jit(program)(x), program(x))
+    assert thunder_rs.examine(program, x).fallbacks == {"torch.func.grad": 1}
+
+
+def test_what_torch_func_refuses_raises_eagers_error():
+    with pytest.raises(RuntimeError, match=r"Expected f\(\*args\) to return a scalar Tensor, got tensor with 1 dims"):
+        thunder_rs.jit(lambda x: torch.func.grad(torch.sin)(x))(torch.randn(3))
+
+
+def test_a_grad_made_before_tracing_is_traced():
+    g = torch.func.grad(lambda w, x: F.cross_entropy(x @ w, torch.tensor([0, 2])))
+
+    def program(w, x):
+        return g(w, x) * 2
+
+    w, x = torch.randn(4, 3), torch.randn(2, 4)
+    exactly(thunder_rs.jit(program)(w, x), program(w, x))
+    assert traced(program, w, x)
+
+
+def test_a_traced_grad_reads_each_calls_sizes():
+    def program(x):
+        return torch.func.grad(lambda x: (x * x.shape[0]).sin().sum())(x)
+
+    jitted = thunder_rs.jit(program)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        exactly(jitted(x), program(x))
+
+
+def test_autograd_grad_inside_the_program_is_refused_naming_the_line():
+    # What a gradient penalty written with torch.autograd.grad(create_graph=True) gets; written
+    # with torch.func.grad, it is traced (test_the_programs_gradient_through_a_traced_grad_is_eagers).
+    def program(x):
+        return torch.autograd.grad(x.sin().sum(), x, create_graph=True)[0]
+
+    with pytest.raises(NotImplementedError, match=r"torch\.autograd\.grad: .* at .*test_traced_grads\.py:\d+"):
+        thunder_rs.jit(program)(torch.randn(3, requires_grad=True))
+
+
+def vjp_program(x, w):
+    y, vjp_fn = torch.func.vjp(lambda x, w: (x @ w).sin() * x.sum(), x, w)
+    gx, gw = vjp_fn(torch.ones_like(y) * 2)
+    return y, gx, gw, vjp_fn(y)[1]  # (called twice: a backward each)
+
+
+def test_vjp_is_traced_with_eagers_values_and_gradients():
+    x, w = torch.randn(2, 4), torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    actual, expected = thunder_rs.jit(vjp_program)(x, w), vjp_program(x, w2)
+    exactly(actual, expected)
+    assert [t.requires_grad for t in actual] == [t.requires_grad for t in expected]
+    sum(t.sum() for t in actual).backward()
+    sum(t.sum() for t in expected).backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    assert traced(vjp_program, x, w)
+
+
+def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
+    # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
+    jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
+    unfit = torch.func.jacrev(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)))
+
+    def program(x, w):
+        return jac(x, w), unfit(x[0, :3])
+
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+    exactly(thunder_rs.jit(program)(x, w), program(x, w))
+    # The jacobian's vmap of the vjp is traced; det's backward is not: its vmap is an eager call.
+    assert thunder_rs.examine(program, x, w).fallbacks == {"torch.func.vmap": 1}
+
+
+def test_a_vjp_function_that_cannot_be_traced_is_refused_naming_the_transform():
+    def program(x):
+        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)  # (would draw again)
+        return vjp_fn(torch.ones_like(y))
+
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*random"):
+        thunder_rs.jit(program)(torch.randn(3))
+
+
+def test_forward_mode_transforms_are_refused_naming_the_construct_and_the_line():
+    from torch.func import linearize
+
+    def linearized(x):
+        return linearize(torch.sin, x)[1](torch.ones_like(x))
+
+    def dual(x):
+        with torch.autograd.forward_ad.dual_level():
+            made = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+            return torch.autograd.forward_ad.unpack_dual(made.sin()).tangent
+
+    x = torch.randn(3)
+    for program, construct in ((linearized, r"torch\.func\.linearize"), (dual, r"torch\._make_dual")):
+        program(x)  # (eager computes it)
+        with pytest.raises(NotImplementedError, match=rf"{construct}: .* at .*test_traced_grads\.py:\d+"):
+            thunder_rs.jit(program)(x)
+
+
+buffer = torch.zeros(3)
+
+
+def test_in_place_writes_functorch_refuses_are_refused_and_its_arguments_written_as_eager():
+    def captured(x):
+        buffer.add_(1)  # (a tensor the function captured: functorch refuses to mutate it)
+        return (x * x).sum()
+
+    def leaf(x):
+        x.mul_(2)  # (the differentiated argument: a leaf that requires grad)
+        return x.sin().sum()
+
+    def argument(x, b):
+        b.add_(1)  # (an argument not differentiated: functorch writes it)
+        return (x * b).sum()
+
+    x = torch.randn(3)
+    for program, error in (
+        (lambda x: torch.func.grad(captured)(x), "would mutate a captured Tensor"),
+        (lambda x: torch.func.grad(leaf)(x), "a leaf Variable that requires grad is being used in an in-place"),
+        (lambda x: torch.func.vjp(captured, x)[0], "would mutate a captured Tensor"),
+        (lambda x: torch.func.vjp(leaf, x)[0], "a leaf Variable that requires grad is being used in an in-place"),
+    ):
+        with pytest.raises(RuntimeError, match=error):
+            program(x.clone())
+        with pytest.raises(RuntimeError, match=error):
+            thunder_rs.jit(program)(x.clone())
+    assert buffer.eq(0).all()
+
+    def program(x, b):
+        return torch.func.grad(argument)(x, b), b
+
+    b1, b2 = torch.zeros(3), torch.zeros(3)
+    exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
+    assert traced(program, x, torch.zeros(3))
+
+
+def test_a_grad_that_writes_an_argument_and_then_cannot_be_traced_is_refused_naming_it():
+    # Its write was traced (the argument's proxy stands for the written value): an eager call of
+    # the transform after it would write the argument twice.
+    def writes_then_det(x, b):
+        b.add_(1)
+        return torch.linalg.det(torch.outer(x, x) + torch.eye(3)) * b.sum()
+
+    def program(x, b):
+        return torch.func.grad(writes_then_det)(x, b), b
+
+    program(torch.randn(3), torch.zeros(3))
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.grad at .*test_traced_grads\.py:\d+: .*writes"):
+        thunder_rs.jit(program)(torch.randn(3), torch.zeros(3))
+
+
+def test_module_parameters_read_inside_a_traced_grad_get_eagers_gradients():
+    # The eager call refuses them (its result would carry no gradient to them); traced, the
+    # program's backward differentiates the grad's backward into them.
+    layer = torch.nn.Linear(3, 3)
+    twin = torch.nn.Linear(3, 3)
+    twin.load_state_dict(layer.state_dict())
+
+    def of(module):
+        return lambda x: torch.func.grad(lambda x: module(x).sin().sum())(x).pow(2).sum()
+
+    x = torch.randn(2, 3)
+    thunder_rs.jit(of(layer))(x).backward()
+    of(twin)(x).backward()
+    torch.testing.assert_close((layer.weight.grad, layer.bias.grad), (twin.weight.grad, twin.bias.grad))
