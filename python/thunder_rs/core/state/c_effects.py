@@ -14,10 +14,11 @@ again by every call). Reads of a file object held outside the program (``f.read(
 ``json.load(f)``, ``f.seek``) are refused too: tracing baked what they read.
 
 Not seen: effects handed to a C caller the hook does not see through
-(``functools.partial(f.write, s)()``, ``map(f.write, xs)``). Elsewhere: opening a file to write is
-refused, and the files the program reads are guarded (``acquisition.file_reads``); ``sys.stdout.write`` (``acquisition.stream_writes``),
-``print`` and logging (``acquisition.effects``) are made again by every call; ``subprocess`` and
-``torch.save``, Python functions, are refused where the program calls them (``stdlib_state``).
+(``functools.partial(f.write, s)()``, ``map(f.write, xs)``). Elsewhere: opening a file to write
+is refused, and the files the program reads are guarded (``acquisition.file_reads``);
+``sys.stdout.write`` (``acquisition.stream_writes``), ``print`` and logging
+(``acquisition.effects``) are made again by every call; ``subprocess`` and ``torch.save``,
+Python functions, are refused where the program calls them (``stdlib_state``).
 """
 
 import _csv
