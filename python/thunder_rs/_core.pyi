@@ -20,6 +20,7 @@ __all__ = [
     "RegionCode",
     "LeafCall",
     "SymExpr",
+    "SlotIdentity",
     "configure",
     "compile",
     "compile_backward",
@@ -29,6 +30,7 @@ __all__ = [
     "dtype_names",
     "load_plugin_capsule",
     "register_rule_set",
+    "same_objects",
 ]
 
 def configure(
@@ -390,3 +392,15 @@ class CallObserver:
     def stop(self) -> None: ...
     def pause(self) -> None: ...
     def resume(self) -> None: ...
+
+@final
+class SlotIdentity:
+    """``(store, name, tensor)`` slots of a module binding: ``holds()`` tells whether each store
+    (a dict) still holds its tensor under its name (the name a string)."""
+
+    def __new__(cls, slots: list[tuple[dict, str, Any]]) -> SlotIdentity: ...
+    def holds(self) -> bool: ...
+    def __len__(self) -> int: ...
+
+def same_objects(items: tuple, start: int, objects: list) -> bool:
+    """Whether ``items[start:start + len(objects)]`` are the objects of ``objects``, each the same one."""
