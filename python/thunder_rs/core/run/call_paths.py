@@ -23,10 +23,11 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
     """Runs the call of ``jfn`` (a ``ThunderFunction``) with ``args`` and ``kwargs``;
     ``module_state``: ``(its module's tensors, binding, key state)`` where the positional path
     read them for this call already (each read checks every tensor's metadata: ~10 us at 100);
-    ``structure``: the call's ``call_keys.structure_of``, where the positional path has it."""
+    ``structure``: the call's ``call_keys.structure_of``, where the positional path has it (it
+    found no program being traced, as below)."""
     # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
     # with a jitted part): part of that program's trace.
-    if active_recorder() is not None or _is_dynamo_compiling():
+    if structure is None and (active_recorder() is not None or _is_dynamo_compiling()):
         return jfn._fn(*args, **kwargs)
     module = jfn._module
     params = binding = state = None

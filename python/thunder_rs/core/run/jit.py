@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
@@ -741,7 +742,7 @@ class ThunderModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         seen, has_hooks = self._hooks_seen
-        if seen != (version := hooks_version()):
+        if seen != (version := RemovableHandle.next_id):  # (``hooks_version()``, without its frame)
             # (The version read first: a hook another thread registers meanwhile moves it again.)
             has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
             self._hooks_seen = (version, has_hooks)
