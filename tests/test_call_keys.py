@@ -266,3 +266,27 @@ def test_positional_calls_with_and_without_a_number_keep_one_entry_each(monkeypa
     assert (stats.cache_misses, stats.cache_hits) == (3, 5)
     # The fast path was tried by the tensor calls, and by the first call of each other structure only.
     assert len(refused) == 3 + 1 + 1
+
+
+#: Which tensor each leaf is (an index), or an int leaf ("n"): ten tensors or more take
+#: ``tensor_aliases``, fewer the key function's inline ``is`` pairs (``call_keys.INLINED_ALIASES``).
+_ALIAS_PATTERNS = [
+    (0, 0),
+    (0, 1, 0),
+    (0, 1, 1, 0, 2),
+    (0, 0, 0, 0),
+    (*range(9), 3),
+    (*range(10), 0),
+    (0, "n", 1, "n", 0),
+]
+
+
+@pytest.mark.parametrize("pattern", _ALIAS_PATTERNS, ids=str)
+def test_aliases_of_tensors_passed_again_are_the_general_paths(pattern):
+    call_keys._forget()  # (a structure has a few key functions for what it nests: none made before)
+    tensors = [torch.randn(2) for _ in range(10)]
+    leaves = [3 if i == "n" else tensors[i] for i in pattern]
+    for args in (tuple(leaves), (leaves[0], tuple(leaves[1:]))):
+        call_keys.call_key(args, {}, None)  # (the first call of a structure makes its key function)
+        key, flat = call_keys.call_key(args, {}, None)
+        assert (key, flat) == _general_key(args, {}) and key[0][-1] is not None
