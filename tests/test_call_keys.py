@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 import thunder_rs
 from thunder_rs.core.acquisition.cache import global_key, leaf_key, tensor_aliases
 from thunder_rs.core.run import call_keys, call_paths, callflat
+from thunder_rs.core.run import jit as jit_module
 from thunder_rs.errors import ThunderNotImplementedError
 
 NT = collections.namedtuple("NT", "a b")
@@ -197,7 +198,7 @@ def _run_sequence(grad: bool):
 @pytest.mark.parametrize("grad", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_hits_and_misses_are_the_general_paths(monkeypatch, grad):
     keyed = _run_sequence(grad)
-    monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra: None)
+    monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra, structure=None: None)
     assert keyed == _run_sequence(grad)
     assert keyed[-1][0] >= len(_sequence())  # (each call's second hits)
 
@@ -241,5 +242,51 @@ def _run_values():
 
 def test_values_read_hand_over_to_their_variant_as_the_general_path_does(monkeypatch):
     keyed = _run_values()
-    monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra: None)
+    monkeypatch.setattr(call_paths, "call_key", lambda args, kwargs, extra, structure=None: None)
     assert keyed == _run_values()
+
+
+def _scaled(a, b):
+    return a * b
+
+
+def test_positional_calls_with_and_without_a_number_keep_one_entry_each(monkeypatch):
+    """After a positional call with an int, calls of its argument types go to the general path
+    without trying the fast one (``ThunderFunction._general_structure``); calls of the same
+    arity with tensors stay on the fast path, whose entries the general path does not key: no
+    structure compiles twice, and every call computes as eager."""
+    jfn = thunder_rs.jit(_scaled)
+    x, y = torch.randn(3), torch.randn(3)
+    refused = []
+    fast = jit_module.fast_key_fn
+    monkeypatch.setattr(jit_module, "fast_key_fn", lambda n: lambda *a: refused.append(n) or fast(n)(*a))
+    for b in (3, y, 3, y, 3, y, True, True):
+        torch.testing.assert_close(jfn(x, b), _scaled(x, b), rtol=0, atol=0)
+    stats = thunder_rs.compile_stats(jfn)
+    assert (stats.cache_misses, stats.cache_hits) == (3, 5)
+    # The fast path was tried by the tensor calls, and by the first call of each other structure only.
+    assert len(refused) == 3 + 1 + 1
+
+
+#: Which tensor each leaf is (an index), or an int leaf ("n"): ten tensors or more take
+#: ``tensor_aliases``, fewer the key function's inline ``is`` pairs (``call_keys.INLINED_ALIASES``).
+_ALIAS_PATTERNS = [
+    (0, 0),
+    (0, 1, 0),
+    (0, 1, 1, 0, 2),
+    (0, 0, 0, 0),
+    (*range(9), 3),
+    (*range(10), 0),
+    (0, "n", 1, "n", 0),
+]
+
+
+@pytest.mark.parametrize("pattern", _ALIAS_PATTERNS, ids=str)
+def test_aliases_of_tensors_passed_again_are_the_general_paths(pattern):
+    call_keys._forget()  # (a structure has a few key functions for what it nests: none made before)
+    tensors = [torch.randn(2) for _ in range(10)]
+    leaves = [3 if i == "n" else tensors[i] for i in pattern]
+    for args in (tuple(leaves), (leaves[0], tuple(leaves[1:]))):
+        call_keys.call_key(args, {}, None)  # (the first call of a structure makes its key function)
+        key, flat = call_keys.call_key(args, {}, None)
+        assert (key, flat) == _general_key(args, {}) and key[0][-1] is not None

@@ -136,3 +136,12 @@ def test_optree_loads_at_the_first_keyword_call():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "torch.utils._cxx_pytree"], out
+
+
+def test_equal_specs_are_one_key_object():
+    """A call's spec keys the cache as one object per distinct spec (``callflat.SpecKey``), whose
+    hash and equality are its identity: a lookup does not hash the spec's tree."""
+    first = callflat.flatten_call((torch.randn(2),), {"k": 1})[1]
+    assert callflat.flatten_call((torch.randn(3),), {"k": 2.0})[1] is first
+    assert callflat.flatten_call((torch.randn(2),), {"j": 1})[1] is not first
+    assert callflat.flatten_call((torch.randn(2), 1), {})[1] is not first

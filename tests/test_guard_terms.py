@@ -247,6 +247,33 @@ def test_methods_and_defaults_checked_together_recompile_when_one_is_rebound():
         Steps.second, _scaled.__defaults__, _by_methods.__defaults__ = saved
 
 
+class OneStep:
+    def step(self, x):
+        return x + 1
+
+
+ONE_STEP = OneStep()
+
+
+def _by_one_method(x, scale=2.0):
+    return ONE_STEP.step(x) * scale
+
+
+def test_one_method_and_one_functions_defaults_checked_inline_recompile_when_rebound():
+    """A method or defaults guard alone is one inline term (``guard_terms.INLINED``), not a pass."""
+    x = torch.randn(3)
+    changes = [
+        lambda: setattr(OneStep, "step", lambda self, x: x - 5),
+        lambda: setattr(_by_one_method, "__defaults__", (3.0,)),
+        lambda: delattr(OneStep, "step") or setattr(OneStep, "step", lambda self, x: x * 7),
+    ]
+    saved = OneStep.step, _by_one_method.__defaults__
+    try:
+        _recompiles_as_eager(_by_one_method, lambda: (x,), changes)
+    finally:
+        OneStep.step, _by_one_method.__defaults__ = saved
+
+
 TABLE = {"a": torch.relu, "b": torch.tanh}
 ORDER = [torch.sigmoid, torch.abs]
 KINDS = {torch.float32}

@@ -168,3 +168,18 @@ def test_a_warm_call_reads_no_module_tensors_memory(monkeypatch):
     jm(k, kc)
     assert len(read) == len(list(model.parameters())) + len(list(model.buffers()))
     del view
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not seen (README, module_memory): a module tensor given in place a tensor made from the written "
+    "argument's raw address after the warm calls; seeing it would read every module tensor's storage per call",
+)
+def test_a_module_tensor_given_a_raw_alias_of_the_cache_after_warm_calls_is_refused():
+    model = _Decoder()
+    jm = thunder_rs.jit(model)
+    k = _warm(jm, model, _twin(model))
+    kc = _cache()
+    model.table.data = _raw_alias(kc)
+    with pytest.raises(ThunderNotImplementedError, match="shares its memory"):
+        jm(k, kc)

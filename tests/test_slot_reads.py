@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 import thunder_rs
+from thunder_rs._core import SlotIdentity, same_objects
 from thunder_rs.core.state.slot_reads import MAX_CHECKS, SlotReads
 from test_parameter_metadata import Net
 from user_models_round3 import TiedLanguageModel
@@ -128,3 +129,29 @@ def test_a_failed_identity_check_holds_no_tensor_and_checks_stop_after_max_check
         for _ in range(3):
             assert slots.read()[bias] is model.fc.bias
     assert slots._made == MAX_CHECKS and slots._check is None
+
+
+def test_the_identity_check_of_dict_stores_is_one_c_call_that_tells_each_change():
+    """Dict stores are checked by ``_core.SlotIdentity`` (C-level lookups, no Python frame): a slot
+    given another tensor or emptied fails it, and a read then finds the slots as they are."""
+    model = Net()
+    slots, bias = _slots(model)
+    slots.read(), slots.read()
+    check = slots._check[0]
+    assert type(check.__self__) is SlotIdentity and check()
+    old = model.fc._parameters["bias"]
+    model.fc._parameters["bias"] = nn.Parameter(torch.zeros(3))
+    assert not check()
+    model.fc._parameters["bias"] = old
+    assert check()
+    del model.fc._parameters["bias"]
+    assert not check()
+    with pytest.raises(KeyError):
+        slots.read()
+
+
+def test_same_objects_compares_by_identity_within_bounds():
+    a, b, c = torch.zeros(1), torch.zeros(1), torch.zeros(1)
+    assert same_objects((a, b, c), 1, [b, c]) and same_objects((a, b, c), 0, [])
+    assert not same_objects((a, b, c), 1, [b, torch.zeros(1)])  # (equal values, another tensor)
+    assert not same_objects((a, b, c), 2, [c, a]) and not same_objects((a,), 5, [])

@@ -21,6 +21,7 @@ __all__ = [
     "RegionCode",
     "LeafCall",
     "SymExpr",
+    "SlotIdentity",
     "configure",
     "compile",
     "compile_backward",
@@ -30,6 +31,7 @@ __all__ = [
     "dtype_names",
     "load_plugin_capsule",
     "register_rule_set",
+    "same_objects",
 ]
 
 def configure(
@@ -418,3 +420,14 @@ class GcCallback:
     @property
     def func(self) -> Callable[[str, dict], None]: ...
     def __call__(self, phase: str, info: dict) -> None: ...
+
+class SlotIdentity:
+    """``(store, name, tensor)`` slots of a module binding: ``holds()`` tells whether each store
+    (a dict) still holds its tensor under its name (the name a string)."""
+
+    def __new__(cls, slots: list[tuple[dict, str, Any]]) -> SlotIdentity: ...
+    def holds(self) -> bool: ...
+    def __len__(self) -> int: ...
+
+def same_objects(items: tuple, start: int, objects: list) -> bool:
+    """Whether ``items[start:start + len(objects)]`` are the objects of ``objects``, each the same one."""

@@ -4,6 +4,7 @@
 mod compile;
 mod convert;
 mod errors;
+mod identity;
 mod observe;
 mod plugin;
 mod recorder;
@@ -53,6 +54,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<region::PyRegionCode>()?;
     m.add_class::<region::LeafCall>()?;
     m.add_class::<sizes::PySymExpr>()?;
+    m.add_class::<identity::SlotIdentity>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile_backward, m)?)?;
@@ -62,5 +64,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rules::register_rule_set, m)?)?;
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add_function(wrap_pyfunction!(identity::same_objects, m)?)?;
     Ok(())
 }

@@ -34,6 +34,19 @@ from thunder_rs.core.run import callflat
 _OPENED = (tuple, list, dict)
 #: Tensors keyed inline as the fast path keys them; a subclass's leaves are keyed by ``leaf_key``.
 _INLINE_TENSORS = (torch.Tensor, torch.nn.Parameter)
+#: ``leaf_key`` of a leaf of these exact types (``guards.freeze``) as an expression of it, inlined
+#: (a call of ``leaf_key`` costs a key ~0.2 us a leaf): the structure and the unpacking check
+#: each leaf's type.
+_INLINE_LEAVES = {
+    int: "(int, {})",
+    bool: "(bool, {})",
+    str: "(str, {})",
+    type(None): "(NoneType, {})",
+    float: "(float, {}.hex())",
+}
+#: The most tensor and generator leaves whose aliases a key function finds by ``is`` inline
+#: (``_aliases_source``: a pair each); past them, ``tensor_aliases`` where two are one object.
+INLINED_ALIASES = 9
 #: Structures kept before all are dropped (a program calling with ever new argument types).
 MAX_STRUCTURES = 256
 #: Key functions one structure may have for what its calls nest (a list of 2 tensors, then of 3):
@@ -48,13 +61,15 @@ _made: dict = {}
 _made_for: list = [None, -1]
 
 
-def call_key(args, kwargs, extra):
+def call_key(args, kwargs, extra, structure=None):
     """``(key, flat)`` of the call, as ``ThunderFunction._call_general`` keys and flattens it, or
     None where the general path must (a structure not opened here, a sparse tensor). ``extra``:
-    what ``global_key`` holds besides global state (a module's)."""
+    what ``global_key`` holds besides global state (a module's); ``structure``: ``structure_of``
+    the call, where the caller has it."""
     if _made_for[0] is not callflat._flatten[0] or _made_for[1] != len(pytree.SUPPORTED_NODES):
         _forget()
-    structure = (*map(type, args), *kwargs, *map(type, kwargs.values()))
+    if structure is None:
+        structure = structure_of(args, kwargs)
     fn = _functions.get(structure) or _another(structure, args, kwargs)
     try:
         keyed = fn(args, kwargs, extra)
@@ -63,6 +78,13 @@ def call_key(args, kwargs, extra):
     except RuntimeError:  # a sparse tensor has no strides: the general path's ``leaf_key`` says why
         return None
     return keyed or None  # (False: a nesting the general path keys)
+
+
+def structure_of(args, kwargs) -> tuple:
+    """What a call's key function is made for: the types of its positional arguments, its
+    keywords in order and the types of their values (of a call without keywords, the types of
+    its arguments)."""
+    return (*map(type, args), *kwargs, *map(type, kwargs.values())) if kwargs else tuple(map(type, args))
 
 
 def _forget() -> None:
@@ -146,7 +168,13 @@ def key_function(args, kwargs, other=_general):
         source.visit(value, name)
     flat, spec = callflat.flatten_call(args, kwargs)
     keyed = _same_leaves(source, flat, args, kwargs)
-    namespace = {"leaf_key": leaf_key, "tensor_aliases": tensor_aliases, "spec": spec, "other": other}
+    namespace = {
+        "leaf_key": leaf_key,
+        "tensor_aliases": tensor_aliases,
+        "spec": spec,
+        "other": other,
+        "NoneType": type(None),
+    }
     return compiled_key(_written(source, keyed), "key", **namespace, **source.constants)
 
 
@@ -174,21 +202,38 @@ def _replaced(value, stand_in):
     return stand_in()
 
 
+def _aliases_source(identities: list) -> str:
+    """``tensor_aliases(flat)`` where two of the tensor and generator leaves (``(flat position,
+    local)`` in order, their types checked) are one object, as an expression: for each, the first
+    earlier leaf that is the same object, by ``is`` (~15 ns a pair, where ``tensor_aliases`` takes
+    ~1 us at five leaves)."""
+    pairs = []
+    for k, (position, name) in enumerate(identities[1:], start=1):
+        found = " else ".join(f"({position}, {at}) if {name} is {other}" for at, other in identities[:k])
+        pairs.append(f"({found} else None)")
+    return f"tuple(filter(None, ({', '.join(pairs)},)))"
+
+
 def _written(source: _Source, keyed: bool) -> str:
     """The key function's source: the unpacking and checks, then the aliases, the key and the
     leaves (``keyed``), or False."""
     if not keyed:
         return "def key(args, kwargs, extra):\n" + "".join(f"  {line}\n" for line in (*source.lines, "return False"))
     keys, identities = [], []
-    for name, value in source.leaves:
+    for position, (name, value) in enumerate(source.leaves):
         kind = type(value)
-        keys.append(tensor_key_source(name) if kind in _INLINE_TENSORS else f"leaf_key({name})")
+        if kind in _INLINE_TENSORS:
+            keys.append(tensor_key_source(name))
+        else:
+            keys.append(_INLINE_LEAVES.get(kind, "leaf_key({})").format(name))
         if isinstance(value, torch.Tensor) or kind is torch.Generator:
-            identities.append(name)
+            identities.append((position, name))
     flat = f"[{', '.join(name for name, _ in source.leaves)}]"
     if len(identities) > 1:
-        together = f"({', '.join(identities)},)"
-        aliases = f"tensor_aliases(flat) if {repeated_term(identities, together)} else None"
+        names = [name for _, name in identities]
+        together = "(" + "".join(f"{name}, " for name in names) + ")"
+        found = _aliases_source(identities) if len(identities) <= INLINED_ALIASES else "tensor_aliases(flat)"
+        aliases = f"{found} if {repeated_term(names, together)} else None"
     else:
         aliases = "None"
     body = [

@@ -19,13 +19,15 @@ from thunder_rs.errors import runtime_error
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-def call_general(jfn, args, kwargs, module_state=None):
+def call_general(jfn, args, kwargs, module_state=None, structure=None):
     """Runs the call of ``jfn`` (a ``ThunderFunction``) with ``args`` and ``kwargs``;
     ``module_state``: ``(its module's tensors, binding, key state)`` where the positional path
-    read them for this call already (each read checks every tensor's metadata: ~10 us at 100)."""
+    read them for this call already (each read checks every tensor's metadata: ~10 us at 100);
+    ``structure``: the call's ``call_keys.structure_of``, where the positional path has it (it
+    found no program being traced, as below)."""
     # Called by a program being traced, by thunder_rs or by Dynamo (torch.compile of a model
     # with a jitted part): part of that program's trace.
-    if active_recorder() is not None or _is_dynamo_compiling():
+    if structure is None and (active_recorder() is not None or _is_dynamo_compiling()):
         return jfn._fn(*args, **kwargs)
     module = jfn._module
     params = binding = state = None
@@ -35,7 +37,7 @@ def call_general(jfn, args, kwargs, module_state=None):
         params = jfn._module_tensors()
         binding = jfn._binding
         state = (module.training, binding.metadata(params))
-    keyed = call_key(args, kwargs, state)
+    keyed = call_key(args, kwargs, state, structure)
     if keyed is not None:
         key, flat = keyed
         if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
@@ -74,13 +76,20 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
     inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
     if params is not None:
         inputs.extend(params)
-    if entry.tail is not None:  # tensors argument objects hold (a KV cache's), read per call
-        inputs.extend(entry.tail(flat))
+    tail = entry.tail
+    if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
+        inputs.extend(tail(flat))
     try:
         out = entry.fn(*inputs)
     except Exception as e:
         return _failed(e, jfn, entry, key, flat, args, kwargs)
     return out if entry.post is None else entry.post(out, flat)
+
+
+def no_tail(flat) -> tuple:
+    """The tail of an entry whose tensors argument objects hold none (an entry that picks its
+    inputs by position, which the positional path then takes through ``_inputs``)."""
+    return ()
 
 
 def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):

@@ -12,6 +12,8 @@ then and hands them to optree as it loads), and from then on ``_flatten`` holds 
 itself, so a call costs what it did with optree imported up front.
 """
 
+import weakref
+
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.lazy import LazyModule
@@ -35,9 +37,34 @@ def _first_flatten(tree):
 _flatten = [_first_flatten if _CXX_PYTREE is not None else pytree.tree_flatten]
 
 
+class SpecKey:
+    """A call's spec as its cache key holds it: one object per distinct spec (``key_of``), hashed
+    and compared by identity. An optree spec hashes its whole tree on each hash (~0.2 us a lookup,
+    as tuples do not keep their hash); the key functions of ``call_keys`` hold theirs."""
+
+    __slots__ = ("spec", "__weakref__")
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return repr(self.spec)
+
+
+#: Live ``SpecKey`` by their spec: equal specs make one object while a key or key function holds it.
+_spec_keys: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def key_of(spec) -> SpecKey:
+    """The one ``SpecKey`` of ``spec``."""
+    found = _spec_keys.get(spec)
+    return found if found is not None else _spec_keys.setdefault(spec, SpecKey(spec))
+
+
 def flatten_call(args, kwargs):
-    """The call's leaves and a hashable spec that keys the cache."""
-    return _flatten[0]((args, kwargs))
+    """The call's leaves and a hashable spec that keys the cache (``SpecKey``)."""
+    flat, spec = _flatten[0]((args, kwargs))
+    return flat, key_of(spec)
 
 
 def compile_spec(args, kwargs, flat):

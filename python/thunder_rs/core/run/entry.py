@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from operator import attrgetter
 
+from torch.utils.hooks import RemovableHandle as _handles
+
 from thunder_rs.core.state.guard_terms import compile_check
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, registered_since
@@ -131,7 +133,7 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: 
                 return False
             entry.epoch = now
         if hooked is not None:
-            if (version := hooks_version()) != entry.hooks_id:
+            if (version := _handles.next_id) != entry.hooks_id:  # (``hooks_version()``, without its frame)
                 if hook_snapshot(hooked) != entry.hooks:
                     return False
                 entry.hooks_id = version

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
-from thunder_rs.core.run.call_paths import call_general
+from thunder_rs.core.run.call_paths import call_general, no_tail
 from thunder_rs.core.acquisition.cache import (
     describe_change,
     fast_key_fn,
@@ -146,6 +147,9 @@ class ThunderFunction:
         self._lock = threading.RLock()
         #: Set when an object some stored key holds by identity died: the next miss drops its entries.
         self._dead_keys = False
+        #: The argument types of the last positional call the fast path's key refused (an int
+        #: argument): calls of those types go to the general path at once, without the refusal.
+        self._general_structure: tuple | None = None
         self.__wrapped__ = fn
         live_functions.add(self)
 
@@ -169,6 +173,9 @@ class ThunderFunction:
     def __call__(self, *args, **kwargs):
         if kwargs or active_recorder() is not None or _is_dynamo_compiling():
             return self._call_general(args, kwargs)
+        general = self._general_structure
+        if general is not None and general == (structure := tuple(map(type, args))):
+            return self._call_general(args, kwargs, None, structure)
         module = self._module
         if module is not None:
             params = self._module_tensors()
@@ -176,7 +183,9 @@ class ThunderFunction:
             state = (module.training, binding.metadata(params))
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
-        except (AttributeError, RuntimeError):  # a sparse tensor has no strides: the general path says why
+        except (AttributeError, RuntimeError) as e:  # a sparse tensor has no strides: the general path says why
+            if type(e) is AttributeError:
+                self._general_structure = _general_structure(args)
             return self._call_general(args, kwargs, None if module is None else (params, binding, state))
         entry = self._cache.get(key)
         if entry is None or (entry.check is not None and not entry.check(args)):
@@ -466,7 +475,7 @@ class ThunderFunction:
         entry.captured = tuple(acquired.captured)
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
         # through ``_inputs``, which it takes for entries with a tail.)
-        entry.tail = acquired.tail if acquired.tail is not None or positions is None else _no_tail
+        entry.tail = acquired.tail if acquired.tail is not None or positions is None else no_tail
         entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
@@ -618,9 +627,11 @@ class ThunderFunction:
             warn_recompiles(_name(self._fn), stats.cache_misses, reason)
 
 
-def _no_tail(flat) -> tuple:
-    """The tail of an entry whose tensors argument objects hold none."""
-    return ()
+def _general_structure(args) -> tuple | None:
+    """The types of ``args`` where one is no tensor, so that the fast path's key refuses every
+    call of them (a tensor's refusal, a sparse one's, depends on the tensor), else None."""
+    structure = tuple(map(type, args))
+    return None if all(issubclass(t, torch.Tensor) for t in structure) else structure
 
 
 def _name(fn) -> str:
@@ -731,7 +742,7 @@ class ThunderModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         seen, has_hooks = self._hooks_seen
-        if seen != (version := hooks_version()):
+        if seen != (version := RemovableHandle.next_id):  # (``hooks_version()``, without its frame)
             # (The version read first: a hook another thread registers meanwhile moves it again.)
             has_hooks = self._fsdp is not None or any(getattr(self, s) for s in _WRAPPER_HOOKS)
             self._hooks_seen = (version, has_hooks)

@@ -3,8 +3,8 @@
 A module of 100 parameters is read in ~1.7 us (``list(starmap(getitem, unique))``) and its
 tensors compared by identity with the last call's in another ~1.1 us (``MetadataCheck``). Once
 two calls in a row found the same tensors, a function generated for them checks each slot by
-identity (``d0['weight'] is t0 and ...``, the slots tied to another included) and the call reuses
-the last call's list: ~14 ns a slot, no list built. Any slot holding another tensor (or none)
+identity (one C call, ``_core.SlotIdentity``, the slots tied to another included) and the call
+reuses the last call's list: ~6 ns a slot, no list built. Any slot holding another tensor (or none)
 takes the read, as slots given new tensors on every call (``functional_call``) always do; a
 binding generates at most ``MAX_CHECKS`` of them.
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import starmap
 from operator import getitem, is_
+
+from thunder_rs._core import SlotIdentity
 
 
 #: How many identity checks one binding generates at most (~1 ms each at 100 slots, once calls
@@ -68,10 +70,14 @@ class SlotReads:
 
 def _identity_check(unique: tuple, tied: tuple, tensors: list) -> Callable[[], bool]:
     """A function telling whether each slot of ``unique`` and ``tied`` holds its tensor of
-    ``tensors``, each one compared inline (the stores, names and tensors are its defaults)."""
+    ``tensors``: one C call (``_core.SlotIdentity.holds``, ~6 ns a slot) where the stores are dicts and
+    the names strings, else each one compared inline (the stores, names and tensors are its
+    defaults)."""
     slots = [(d, n, i) for i, (d, n) in enumerate(unique)] + list(tied)
     if not slots:
         return lambda: True
+    if all(type(d) is dict and type(n) is str for d, n, _ in slots):  # (no ``__getitem__`` of their own)
+        return SlotIdentity([(d, n, tensors[i]) for d, n, i in slots]).holds
     defaults = {}
     terms = []
     for j, (d, n, i) in enumerate(slots):
