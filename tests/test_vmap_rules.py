@@ -389,7 +389,7 @@ def _metadata(out) -> list:
 def _compiled_node(outputs: list):
     """The compiled call's backward node the outputs reach (through the views eager takes of its
     outputs after it); None where they are views of the inputs, which no compiled call computes."""
-    nodes = [t.grad_fn for t in outputs]
+    nodes = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while nodes:
         node = nodes.pop(0)
         if hasattr(node, "apply"):
