@@ -376,10 +376,10 @@ def _default_choice_inputs(dtype, size, mask, dropout_p, gqa, start):
 @pytest.mark.parametrize("case", DEFAULT_CHOICE_CASES, ids=[c[0] for c in DEFAULT_CHOICE_CASES])
 def test_attention_runs_the_kernels_of_torchs_default_choice(case, grad):
     """Without sdpa_kernel: the fused ops eager runs (none where torch takes its math path), forward
-    and backward, and eager's output and gradients. A differentiated call that torch sends to its
-    math path runs F.scaled_dot_product_attention whole in the forward, which picks again without
-    grad: ``bf16_head_160_mask_misaligned`` is such a call on sm90 with cuDNN > 9.22 (cuDNN's backward
-    head sizes are asked of inputs that require grad only) and would show there as other fused ops."""
+    and backward, and eager's output and gradients. A differentiated call torch sends to its math
+    path records that path op by op (the forward, which runs without grad, would pick again:
+    ``bf16_head_160_mask_misaligned`` on sm90 with cuDNN > 9.22, whose backward head sizes torch
+    asks of inputs that require grad only, is such a call)."""
     _, dtype, size, mask, dropout_p, gqa, start = case
     (q, k, v), kwargs = _default_choice_inputs(dtype, size, mask, dropout_p, gqa, start)
     leaves = [t for t in (q, k, v, kwargs.get("attn_mask")) if t is not None and t.requires_grad]
