@@ -61,7 +61,8 @@ import gpu_report  # noqa: E402
 #: multi-head attention under CUDA autocast and CUDA as the default device; the Inductor executor on
 #: CUDA (half-precision regions rounding as eager); random draws across reads; channels_last layouts
 #: through nvFuser regions; training under CUDA autocast and CUDA random draws (test_contexts.py,
-#: test_random.py); CUDA generator arguments and a module's CUDA generator (test_generators.py).
+#: test_random.py); CUDA generator arguments and a module's CUDA generator (test_generators.py);
+#: torch.vmap's batching rules on CUDA (test_vmap_rules.py, 79 cases).
 #: About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine (2026-11-28). test_ops.py's
 #: 20,000 CUDA parameters are left out: collecting its 47,000 items costs each worker 40 s, running
 #: them 10 minutes.
@@ -83,6 +84,7 @@ TESTS = [
     "tests/test_random.py::test_cuda_draws_as_eager",
     "tests/test_generators.py::test_on_cuda_generator_arguments_and_a_module_held_generator_draw_as_eager",
     "tests/test_kernel_fidelity.py::test_on_cuda_grid_sample_gradients_follow_the_forwards_switch_as_eagers",
+    "tests/test_vmap_rules.py::test_batched_ops_on_cuda_match_eagers_vmap",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,

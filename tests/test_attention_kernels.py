@@ -210,15 +210,27 @@ def test_a_view_of_the_output_follows_the_kernels_layout(fake, monkeypatch):
             thunder_rs.jit(block)(q, k, v)
 
 
-def test_the_math_choice_keeps_the_decomposition(fake, monkeypatch):
+@pytest.mark.parametrize("kwargs", [dict(is_causal=True), dict(enable_gqa=True)], ids=["causal", "gqa"])
+def test_the_math_choice_runs_the_math_path_op_by_op_in_the_forward(kwargs, fake, monkeypatch):
+    """The forward of a differentiated call torch chose its math path for is that path's ops, the
+    probabilities kept for the backward as eager's autograd keeps them. It was
+    F.scaled_dot_product_attention whole, which the forward runs without grad, where torch may
+    choose a fused kernel (cuDNN's backward head sizes on sm90 are asked only of inputs that
+    require grad): its output, not the math path's, beside the math path's gradients. Without
+    grad, eager's own attention still runs whole."""
     choosing(monkeypatch, MATH)
-    jfn = thunder_rs.jit(attention(dict(is_causal=True)))
+    jfn = thunder_rs.jit(attention(kwargs))
     with fake:
-        backward(jfn(*Case("", MATH, QKV).inputs()))
+        inputs = Case("", MATH, GQA if kwargs.get("enable_gqa") else QKV).inputs()
+        grads = backward(jfn(*inputs))
     forward_trace, backward_trace = str(thunder_rs.last_traces(jfn)[-1]), str(thunder_rs.last_backward_traces(jfn)[-1])
-    assert "torch_scaled_dot_product_attention(" in forward_trace
-    assert "softmax" in backward_trace and "matmul" in backward_trace
+    assert "torch_scaled_dot_product_attention(" not in forward_trace
+    assert "torch_safe_softmax(" in forward_trace and "softmax" not in backward_trace.replace("softmax_backward", "")
     assert not any(name in forward_trace + backward_trace for name in KERNELS.values())
+    assert [metadata(g) for g in grads] == [metadata(x) for x in inputs]
+    with fake, torch.no_grad():
+        jfn(*inputs)
+    assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
 
 
 def test_without_gradients_eager_attention_runs_and_nothing_is_chosen(fake, monkeypatch):
@@ -350,6 +362,53 @@ def test_the_math_kernel_chosen_by_sdpa_kernel_is_eager_s_to_the_bit():
     assert thunder_rs.compile_stats(jfn).cache_misses == 2
 
 
+#: (keywords, mask) of the math path's calls: a causal one, grouped heads, a negative scale, a
+#: bool mask (one row hidden), a float mask that requires grad.
+MATH_PATH_CALLS = {
+    "causal": (dict(is_causal=True), None),
+    "gqa": (dict(enable_gqa=True, scale=0.3), None),
+    "negative_scale": (dict(scale=-0.2), None),
+    "bool_mask": ({}, "bool"),
+    "float_mask_grad": ({}, "float"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("call", list(MATH_PATH_CALLS))
+def test_the_math_path_the_forward_records_on_cuda_is_eagers_to_the_bit(call, dtype, monkeypatch):
+    """What a differentiated CUDA call torch sends to its math path records (the path op by op,
+    its probabilities kept for the gradients), run here on the CPU: eager's math path under
+    sdpa_kernel(MATH), output and gradients, to the bit."""
+    from thunder_rs.torch import attention as attention_module  # noqa: PLC0415
+
+    monkeypatch.setattr(attention_module, "_pins_the_math_path", lambda query: True)
+    kwargs, mask = MATH_PATH_CALLS[call]
+    gen = torch.Generator().manual_seed(0)
+    heads = 2 if kwargs.get("enable_gqa") else 4
+    q = torch.randn(2, 4, 6, 8, generator=gen).to(dtype)
+    k, v = (torch.randn(2, heads, 7, 8, generator=gen).to(dtype) for _ in range(2))
+    inputs = [q, k, v]
+    if mask == "bool":
+        hidden = torch.rand(6, 7, generator=gen) > 0.3
+        hidden[2] = False
+        inputs.append(hidden)
+    elif mask == "float":
+        inputs.append(torch.randn(1, 4, 6, 7, generator=gen).to(dtype))
+    f = attention(kwargs)
+
+    def run(fn):
+        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        with sdpa_kernel(SDPBackend.MATH):
+            out = fn(*leaves)
+        grads = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], torch.ones_like(out))
+        return out, *grads
+
+    jfn = thunder_rs.jit(f)
+    for actual, expected in zip(run(jfn), run(f), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+    assert "torch_safe_softmax(" in str(thunder_rs.last_traces(jfn)[-1])
+
+
 def _last_dims_reversed(t: torch.Tensor) -> torch.Tensor:
     return t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)
 
@@ -446,7 +505,7 @@ def test_without_a_gpu_torch_chooses_the_math_path_or_none(fake):
     with fake:
         inputs = Case("", MATH, QKV).inputs()
         jfn(*inputs)
-        assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+        assert "torch_safe_softmax(" in str(thunder_rs.last_traces(jfn)[-1])  # (the math path, op by op)
         with (
             sdpa_kernel(SDPBackend.FLASH_ATTENTION),
             pytest.warns(UserWarning),

@@ -336,6 +336,77 @@ def test_attention_over_slices_at_odd_storage_offsets_runs_eagers_kernels(starts
     assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons
 
 
+#: (id, dtype, head size, mask, dropout_p, enable_gqa, query start) of calls whose kernel torch's
+#: default choice decides (no sdpa_kernel): the fused kernels' dtypes, head sizes (a multiple of 8
+#: or not, past cuDNN's backward sizes on sm90, past every fused kernel's), masks (flash takes
+#: none), dropout, grouped heads, and a query off the memory-efficient kernel's 16-byte boundary.
+DEFAULT_CHOICE_CASES = [
+    ("bf16", torch.bfloat16, 64, None, 0.0, False, 0),
+    ("bf16_bool_mask", torch.bfloat16, 64, "bool", 0.0, False, 0),
+    ("bf16_float_mask_grad", torch.bfloat16, 64, "float_grad", 0.0, False, 0),
+    ("fp16_dropout", torch.float16, 128, None, 0.25, False, 0),
+    ("bf16_gqa", torch.bfloat16, 128, None, 0.0, True, 0),
+    ("bf16_head_80_float_mask", torch.bfloat16, 80, "float", 0.0, False, 0),
+    ("bf16_head_160", torch.bfloat16, 160, None, 0.0, False, 0),
+    ("bf16_head_160_mask_misaligned", torch.bfloat16, 160, "float", 0.0, False, 4),
+    ("fp16_head_36", torch.float16, 36, None, 0.0, False, 0),
+    ("fp32", torch.float32, 64, None, 0.0, False, 0),
+    ("fp32_bool_mask_dropout", torch.float32, 64, "bool", 0.125, False, 0),
+    ("fp64_math", torch.float64, 64, None, 0.0, False, 0),
+    ("bf16_head_384_math", torch.bfloat16, 384, None, 0.0, False, 0),
+]
+
+
+def _default_choice_inputs(dtype, size, mask, dropout_p, gqa, start):
+    torch.manual_seed(0)
+    heads = (8, 2) if gqa else (4, 4)
+    buffer = torch.randn(2 * heads[0] * 32 * size + start, device="cuda", dtype=dtype)
+    q = buffer[start:].view(2, heads[0], 32, size).detach().requires_grad_()
+    k, v = (torch.randn(2, heads[1], 40, size, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    kwargs = dict(dropout_p=dropout_p, enable_gqa=gqa)
+    if mask == "bool":
+        kwargs["attn_mask"] = torch.rand(32, 40, device="cuda") > 0.2
+    elif mask is not None:
+        kwargs["attn_mask"] = torch.randn(1, heads[0], 32, 40, device="cuda", dtype=dtype)
+        kwargs["attn_mask"].requires_grad_(mask == "float_grad")
+    return (q, k, v), kwargs
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("case", DEFAULT_CHOICE_CASES, ids=[c[0] for c in DEFAULT_CHOICE_CASES])
+def test_attention_runs_the_kernels_of_torchs_default_choice(case, grad):
+    """Without sdpa_kernel: the fused ops eager runs (none where torch takes its math path), forward
+    and backward, and eager's output and gradients. A differentiated call torch sends to its math
+    path records that path op by op (the forward, which runs without grad, would pick again:
+    ``bf16_head_160_mask_misaligned`` on sm90 with cuDNN > 9.22, whose backward head sizes torch
+    asks of inputs that require grad only, is such a call)."""
+    _, dtype, size, mask, dropout_p, gqa, start = case
+    (q, k, v), kwargs = _default_choice_inputs(dtype, size, mask, dropout_p, gqa, start)
+    leaves = [t for t in (q, k, v, kwargs.get("attn_mask")) if t is not None and t.requires_grad]
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def run(fn):
+        torch.manual_seed(1)
+        if not grad:
+            with torch.no_grad():
+                return (fn(q, k, v),)
+        out = fn(q, k, v)
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    def fused(step) -> set:  # (the math path's values are compared below, whatever runs them)
+        return {op for op in _fused_attention_ops(step) if not op.endswith("_attention_math")}
+
+    expected_ops, expected = fused(lambda: run(sdpa)), run(sdpa)
+    jfn = thunder_rs.jit(sdpa)
+    actual = run(jfn)
+    assert fused(lambda: run(jfn)) == expected_ops
+    tolerance = HALF if dtype in (torch.bfloat16, torch.float16) else {}
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, equal_nan=True, **tolerance)
+
+
 # -- shapes that change between calls ------------------------------------------------------------------
 
 

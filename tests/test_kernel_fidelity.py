@@ -53,9 +53,11 @@ def _run(program: Callable, inputs: list[torch.Tensor], differentiated):
     return (*outs, *grads)
 
 
-def assert_bit_equal_to_eager(program: Callable, inputs: list[torch.Tensor], differentiated=None) -> None:
+def assert_bit_equal_to_eager(
+    program: Callable, inputs: list[torch.Tensor], differentiated=None, executors=None
+) -> None:
     expected = _run(program, inputs, differentiated)
-    actual = _run(thunder_rs.jit(program), inputs, differentiated)
+    actual = _run(thunder_rs.jit(program, executors=executors), inputs, differentiated)
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert a.stride() == e.stride(), f"result {i}: strides {a.stride()}, eager {e.stride()}"
         assert torch.equal(a, e), f"result {i}: differs from eager by {(a - e).abs().max().item():.3g}"
@@ -263,6 +265,25 @@ def test_grid_sample_is_eagers(case, align_corners, dtype, layout):
 def test_grid_sample_gradient_of_one_operand_is_eagers(differentiated):
     x, grid = _grid_inputs(2, torch.float32, "contiguous")
     assert_bit_equal_to_eager(lambda x, g: F.grid_sample(x, g, align_corners=False), [x, grid], differentiated)
+
+
+@pytest.mark.parametrize(
+    "dims, mode, by_name",
+    [(3, "bilinear", False), (2, "bicubic", False), (3, "nearest", True), (2, "bicubic", True)],
+    ids=["3d", "bicubic", "grid_sampler_3d", "grid_sampler_2d_bicubic"],
+)
+def test_sampling_without_a_decomposition_runs_eagers_kernel_beside_a_fusion_executor(dims, mode, by_name, fake_ex):
+    """With nvFuser among the executors (the CUDA default; its stand-in here), which translates
+    decompositions, 3-D and bicubic sampling run eager's kernel in the torch executor: the kernel's
+    decomposition raised 'has no decomposition for an executor that fuses prims' instead."""
+    x, grid = _grid_inputs(dims, torch.float32, "contiguous")
+    code = {"bilinear": 0, "nearest": 1, "bicubic": 2}[mode]
+    aten = torch.grid_sampler_3d if dims == 3 else torch.grid_sampler_2d
+
+    def program(x, g):
+        return (aten(x, g, code, 1, False) if by_name else F.grid_sample(x, g, mode, "border", False)) * 2
+
+    assert_bit_equal_to_eager(program, [x, grid], executors=[fake_ex, "torch"])
 
 
 class _KernelsCalled(TorchDispatchMode):

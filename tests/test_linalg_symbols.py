@@ -72,3 +72,16 @@ def test_values_of_an_input_that_requires_grad_are_computed_with_the_vectors_as_
         assert torch.equal(e, g)
         with torch.no_grad():  # (without grad: the values alone, as eager's)
             assert torch.equal(fn(a), thunder_rs.jit(fn)(a))
+
+
+@pytest.mark.parametrize("device", ["cpu", "fake cuda"])
+def test_a_half_precision_complex_result_is_refused_naming_the_op(device):
+    """eigvals of a bfloat16 matrix (and stft on fake CUDA tensors): torch's meta kernel gives a
+    bcomplex32 result, which the trace cannot carry. It raised a bare KeyError while recording;
+    it is a NotImplementedError naming the op, the type eager's CPU kernel raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    with FakeTensorMode() if device == "fake cuda" else torch.device("cpu"):
+        x = torch.randn(3, 3, dtype=torch.bfloat16, device="cuda" if device == "fake cuda" else "cpu")
+        with pytest.raises(NotImplementedError, match=r"ltorch.linalg_eigvals: gives a torch.bcomplex32 result"):
+            thunder_rs.jit(torch.linalg.eigvals)(x)

@@ -83,6 +83,24 @@ def test_multilabel_margin_loss_errors() -> None:
     check_same_error(lambda a, b: loss(a, b, reduction="bogus"), x, t)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_multilabel_margin_loss_in_half_precision_on_cuda_runs_eagers_kernels(dtype) -> None:
+    """CUDA's kernel takes half precision (the CPU's does not): the loss was refused on CUDA with
+    the CPU kernel's error. On fake CUDA tensors: eager's dtype and shape, the forward and backward
+    each eager's kernel (the backward kernel has no fake implementation: its trace is read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    targets = _multilabel_targets(3, 5)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(3, 5, device="cuda", dtype=dtype, requires_grad=True)
+        t = targets.to("cuda")
+        jfn = thunder_rs.jit(F.multilabel_margin_loss)
+        actual, expected = jfn(x, t), F.multilabel_margin_loss(x, t)
+    assert (actual.dtype, actual.shape, actual.requires_grad) == (expected.dtype, expected.shape, True)
+    assert "torch_multilabel_margin_loss(" in str(thunder_rs.last_traces(jfn)[-1])
+    assert "torch_multilabel_margin_loss_backward(" in str(thunder_rs.last_backward_traces(jfn)[-1])
+
+
 # -- igamma and igammac: one prim each (eager's kernel), eager's derivative in x ---------------------
 
 

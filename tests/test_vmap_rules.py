@@ -351,3 +351,82 @@ def test_what_eagers_vmap_refuses_is_refused():
         f(x, y, w)
     with pytest.raises(NotImplementedError, match=r"cross_entropy has no thunder_rs batching rule.*label_smoothing"):
         thunder_rs.jit(f)(x, y, w)
+
+
+# -- on CUDA ---------------------------------------------------------------------------------------
+
+#: The cases the default run checks on fake CUDA tensors (the others are slow): one per family of
+#: rules whose CUDA path differs (attention's kernel choice, gathers, normalisations, products).
+QUICK_ON_CUDA = {
+    "sdpa",
+    "sdpa-batched-mask",
+    "embedding-batched-table",
+    "group_norm",
+    "einsum-implicit",
+    "conv2d-groups",
+}
+
+
+def _cuda_cases(quick: set | None):
+    return [
+        pytest.param(*c[1:], id=c[0], marks=() if quick is None or c[0] in quick else pytest.mark.slow) for c in CASES
+    ]
+
+
+def _to_cuda(args, dtype):
+    return [
+        a.detach().to("cuda", dtype if a.is_floating_point() else a.dtype).requires_grad_(a.requires_grad)
+        if isinstance(a, torch.Tensor)
+        else a
+        for a in args
+    ]
+
+
+def _metadata(out) -> list:
+    return [(t.shape, t.dtype, t.device, t.requires_grad) for t in torch.utils._pytree.tree_leaves(out)]
+
+
+def _compiled_node(outputs: list):
+    """The compiled call's backward node the outputs reach (through the views eager takes of its
+    outputs after it); None where they are views of the inputs, which no compiled call computes."""
+    nodes = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while nodes:
+        node = nodes.pop(0)
+        if hasattr(node, "apply"):
+            return node
+        nodes.extend(n for n, _ in node.next_functions if n is not None)
+    return None
+
+
+@pytest.mark.parametrize("fn, in_dims, args", _cuda_cases(QUICK_ON_CUDA))
+def test_batched_ops_on_fake_cuda_tensors_in_bfloat16_have_eagers_metadata(fn, in_dims, args, fake_ex):
+    """Each rule on fake CUDA tensors in bfloat16 with the CUDA default executors (the stand-in
+    nvFuser, which claims CUDA tensors only, and torch): the outputs' shapes, dtypes, devices and
+    requires_grad are eager's vmap's, and the compiled backward gives each input a gradient of its
+    own shape and dtype (called directly: the autograd engine wants a GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor  # noqa: PLC0415
+
+    cuda_ex = NvFuserExecutor("nvfuser_fake_cuda", module=fake_ex.module)
+    batched = torch.vmap(fn, in_dims=in_dims)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = _to_cuda(args, torch.bfloat16)
+        expected = batched(*inputs)
+        actual = thunder_rs.jit(batched, executors=[cuda_ex, "torch"])(*inputs)
+        assert _metadata(actual) == _metadata(expected)
+        node = _compiled_node([t for t in torch.utils._pytree.tree_leaves(actual) if t.requires_grad])
+        if node is None:
+            return
+        cotangents = [torch.ones(m.shape, dtype=m.dtype, device=m.device) for m in node._input_metadata]
+        with torch.no_grad():
+            grads = node.apply(*cotangents)
+    leaves = {(t.shape, t.dtype) for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad}
+    assert {(g.shape, g.dtype) for g in grads if isinstance(g, torch.Tensor)} <= leaves
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn, in_dims, args", _cuda_cases(None))
+def test_batched_ops_on_cuda_match_eagers_vmap(fn, in_dims, args):
+    """Every rule on CUDA with the default executors (nvFuser among them where it imports; torch's
+    attention kernels chosen for the folded batch): values and gradients against eager's vmap."""
+    same_as_eager(lambda *xs: torch.vmap(fn, in_dims=in_dims)(*xs), *_to_cuda(args, torch.float32))

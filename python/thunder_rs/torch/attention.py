@@ -344,18 +344,45 @@ def _math_attention(query, key, value, attn_mask, dropout_p: float, is_causal: b
     return cast(ltorch.matmul(probs, v), query.dtype)
 
 
-def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool) -> None:
+def _math_operands(query, key, value, attn_mask, is_causal: bool, scale, grouped: bool):
+    """Eager's math path's value (its grouped heads repeated) and ``_math_probs``, in its compute dtype."""
+    dtype = _math_dtype(query.dtype)
+    q, k, v = (cast(x, dtype) for x in (query, key, value))
+    k = _grouped_heads(k, query.shape[-3]) if grouped else k
+    v = _grouped_heads(v, query.shape[-3]) if grouped else v
+    return v, *_math_probs(q, k, attn_mask, is_causal, scale)
+
+
+def _pins_the_math_path(query) -> bool:
+    """Whether a differentiated call torch sends to its math path records that path's ops (on CUDA,
+    where the forward's dispatch could choose otherwise)."""
+    return query.device.type == "cuda"
+
+
+def _math_on_cuda(query, key, value, attn_mask, is_causal: bool, scale, grouped: bool):
+    """A differentiated CUDA call torch chose its math path for, without dropout: the path op by op
+    in the forward, its probabilities kept for the backward (as eager's autograd keeps them), the
+    gradients ``_put_math_gradients``'s. (Recorded whole, F.scaled_dot_product_attention ran in the
+    forward, which runs without grad, where torch may choose a fused kernel: cuDNN's backward head
+    sizes on sm90, flash's on sm86-89 and sm120 are asked only of inputs that require grad.)"""
+    operands = _math_operands(query, key, value, attn_mask, is_causal, scale, grouped)
+    out = cast(ltorch.matmul(operands[-1], operands[0]), query.dtype)
+    _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped, operands)
+    return out
+
+
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, operands=None) -> None:
     """The gradients eager's autograd gives its math path (a composite it differentiates op by
     op): from the probabilities of ``_math_probs`` in its compute dtype (float32 for half
     precision: the gradients are computed there and rounded back, as its casts' nodes do), each
     product's gradient a product with the other operand, the softmax's
     ``_softmax_backward_data``. (Each rounding as eager's: the scores scaled after the product, or
-    the softmax's gradient written out, were 1 ulp apart.)"""
-    dtype = _math_dtype(query.dtype)
-    q, k, v, g = (cast(x, dtype) for x in (query, key, value, g))
-    k = _grouped_heads(k, query.shape[-3]) if grouped else k
-    v = _grouped_heads(v, query.shape[-3]) if grouped else v
-    query_scaled, key_scaled, factor, probs = _math_probs(q, k, attn_mask, is_causal, scale)
+    the softmax's gradient written out, were 1 ulp apart.) ``operands``: ``_math_operands`` of the
+    forward, else computed again."""
+    g = cast(g, _math_dtype(query.dtype))
+    v, query_scaled, key_scaled, factor, probs = operands or _math_operands(
+        query, key, value, attn_mask, is_causal, scale, grouped
+    )
     if value.requires_grad:
         grad = _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped)
         put_grad(value, cast(grad, value.dtype))
@@ -442,6 +469,8 @@ def scaled_dot_product_attention_grad(
     grouped = enable_gqa and query.ndim >= 3
     if dropout_p > 0:
         return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
+    if _pins_the_math_path(query):
+        return _math_on_cuda(query, key, value, attn_mask, is_causal, scale, grouped)
     if query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad:
         out = sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     else:

@@ -56,11 +56,20 @@ def _frames(op: str, input, target):
     return frames, classes
 
 
+#: The input dtypes eager's kernels take, by device: the CPU's (``multilabel_margin_loss_forward_out_frame``)
+#: has no half-precision one, CUDA's (``multilabel_margin_loss_forward_kernel``) has.
+_KERNEL_DTYPES = {
+    "cpu": ("multilabel_margin_loss_forward_out_frame", (torch.float32, torch.float64)),
+    "cuda": ("multilabel_margin_loss_forward_kernel", (torch.float32, torch.float64, torch.float16, torch.bfloat16)),
+}
+
+
 def _check_dtypes(op: str, input, target) -> None:
+    kernel, dtypes = _KERNEL_DTYPES.get(input.device.type, _KERNEL_DTYPES["cpu"])
     check(
-        input.dtype in (torch.float32, torch.float64),
+        input.dtype in dtypes,
         op,
-        lambda: f'"multilabel_margin_loss_forward_out_frame" not implemented for {input.dtype} (argument input)',
+        lambda: f'"{kernel}" not implemented for {input.dtype} (argument input)',
         ThunderNotImplementedError,
     )
     check(

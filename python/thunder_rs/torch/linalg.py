@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core, clang, prims
+from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy, requires_grad_of
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
@@ -617,6 +618,13 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     leaves, spec = tree_flatten(out)
     device = str(in_leaves[0].device)
     requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
+    for t in leaves:  # (half-precision complex: what fake CUDA tensors give for eig or stft of bf16/fp16)
+        check(
+            t.dtype in CODES,
+            name,
+            lambda: f"gives a {t.dtype} result, which thunder_rs does not represent (argument input)",
+            ThunderNotImplementedError,
+        )
     metas = [output_meta(shape(t), t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
     if requires_grad:  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
         note_gradient_through(metas, (*args, *kwargs.values()))

@@ -242,28 +242,28 @@ def _grid_sampler_meta(input, grid, interpolation, padding, align_corners):
     return [((*input.shape[:2], *grid.shape[1:-1]), input.dtype, flows(input, grid))]
 
 
+def _eager_sampler_meta(input, grid, interpolation, padding, align_corners):
+    return [((*input.shape[:2], *grid.shape[1:-1]), input.dtype, True, None)]
+
+
+#: aten's ``grid_sampler`` where no decomposition stands for it (bicubic, 3-D): what the kernel's
+#: decomposition records for those calls, so that an executor that translates decompositions
+#: (nvFuser) leaves the call to the torch executor, which runs it as eager does. It raised instead,
+#: and with nvFuser among the executors (the CUDA default) F.grid_sample of a 5-D input or in
+#: bicubic mode was refused.
+grid_sampler_eager = OpaqueKernel("grid_sampler_eager", _eager_sampler_meta)
+
+
 @torchsymbol(name="grid_sampler", meta=_grid_sampler_meta)
 def grid_sampler(input, grid, interpolation, padding, align_corners):
     """aten's ``grid_sampler`` (the kernel eager's F.grid_sample calls): ``input`` read at the
     ``grid``'s points, a new contiguous tensor. The decomposition, for executors that fuse prims,
-    takes 2-D bilinear and nearest sampling; bicubic and 3-D sampling only eager's kernel runs."""
-    op = "ltorch.grid_sampler"
+    takes 2-D bilinear and nearest sampling; bicubic and 3-D sampling only eager's kernel runs
+    (``grid_sampler_eager``)."""
     mode = next(name for name, code in INTERPOLATIONS.items() if code == interpolation)
     padding_mode = next(name for name, code in PADDINGS.items() if code == padding)
-    check(
-        input.ndim == 4,
-        op,
-        "3-D (5-D input) sampling has no decomposition for an executor that fuses prims; "
-        "the torch executor runs eager's kernel (argument input)",
-        ThunderNotImplementedError,
-    )
-    check(
-        mode != "bicubic",
-        op,
-        "bicubic sampling has no decomposition for an executor that fuses prims; "
-        "the torch executor runs eager's kernel (argument interpolation)",
-        ThunderNotImplementedError,
-    )
+    if input.ndim != 4 or mode == "bicubic":
+        return grid_sampler_eager(input, grid, interpolation, padding, align_corners)[0]
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
     coords = [
@@ -382,4 +382,8 @@ def _aten_grid_sampler_backward(grad, input, grid, interpolation, padding, align
 
 
 #: The aten calls the torch executor runs for the kernels.
-TORCH_IMPLS = {grid_sampler: torch.grid_sampler, grid_sampler_backward: _aten_grid_sampler_backward}
+TORCH_IMPLS = {
+    grid_sampler: torch.grid_sampler,
+    grid_sampler_eager: torch.grid_sampler,
+    grid_sampler_backward: _aten_grid_sampler_backward,
+}
