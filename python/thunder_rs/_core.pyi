@@ -421,6 +421,7 @@ class GcCallback:
     def func(self) -> Callable[[str, dict], None]: ...
     def __call__(self, phase: str, info: dict) -> None: ...
 
+@final
 class SlotIdentity:
     """``(store, name, tensor)`` slots of a module binding: ``holds()`` tells whether each store
     (a dict) still holds its tensor under its name (the name a string)."""
