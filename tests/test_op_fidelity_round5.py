@@ -14,6 +14,9 @@ eager's kernels are the ones compiled calls run.
   unit off). ``torch.logspace``'s exponents are float64 sums of ends rounded to the dtype, its
   powers float64's. Inductor regions leave both to the torch executor: its lowerings round
   otherwise (46 of 80 calls tried differed).
+- ``torch.inner`` and ``torch.tensordot`` of one element (two vectors, or free dims all 1):
+  eager's tensordot takes a dot product there, which rounds otherwise than the matrix product of
+  a row and a column the decomposition took (float32 ulps in 2 of 3 sizes tried).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import torch
 
 import thunder_rs
 from thunder_rs.executors.torch_ex import decomposing
+
+from test_op_fidelity_round3 import assert_bit_equal_to_eager
 
 transformers = pytest.importorskip("transformers")
 from test_hf_models import padded_batch, tiny_model  # noqa: E402
@@ -111,3 +116,22 @@ def test_linspace_and_logspace_in_an_inductor_region_are_eager_s():
         x = torch.ones((), dtype=dtype)
         for actual, expected in zip(thunder_rs.jit(program, executors=["inductor"])(x), program(x), strict=True):
             assert torch.equal(actual, expected), dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("program", "shapes"),
+    [
+        (torch.inner, [(5,), (5,)]),
+        (torch.inner, [(1, 13), (1, 13)]),
+        (torch.inner, [(1, 1, 7), (7,)]),
+        (lambda a, b: torch.tensordot(a, b, 1), [(1, 11), (11, 1)]),
+        (lambda a, b: torch.tensordot(a, b, ([0, 2], [0, 1])), [(2, 1, 9), (2, 9)]),
+        (torch.inner, [(3, 13), (1, 13)]),  # (a matrix product: as before)
+    ],
+)
+def test_a_contraction_to_one_element_is_a_dot_product_as_eager_s(dtype, program, shapes):
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        a, b = (torch.randn(shape, generator=gen).to(dtype) for shape in shapes)
+        assert_bit_equal_to_eager(program, [a, b])
