@@ -296,19 +296,19 @@ def test_adamw_steps_match_eager(name, dtype):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_padding_is_read_from_the_mask_at_every_call(name):
-    """The first batch has no padding, which eager's mask code checks (by value) to skip the mask;
-    the trace must not keep that decision: the padded batches of the same shape hit the cache and
-    still match eager."""
+    """The first batch has no padding, which eager's mask code reads (by value) to leave the mask
+    out; the trace reads it as eager does, with a check at every call: the padded batches of the
+    same shape run a second variant, which builds the mask, and still match eager; an unpadded
+    batch after them runs the first again."""
     model = tiny_model(name).eval()
     jmodel = thunder_rs.jit(model)
     unpadded = padded_batch(name, "right")
     unpadded["attention_mask"] = torch.ones_like(unpadded["attention_mask"])
-    for batch in (unpadded, padded_batch(name, "left"), padded_batch(name, "right")):
+    for batch in (unpadded, padded_batch(name, "left"), padded_batch(name, "right"), unpadded):
         with torch.no_grad():
             out, ref = call_both(jmodel, model, batch)
         assert_outputs_close(out, ref, TOLERANCES[torch.float32])
-    misses = LAZY_CONFIG_COMPILES.get(name, 1)
-    assert (thunder_rs.cache_misses(jmodel), thunder_rs.cache_hits(jmodel)) == (misses, 3 - misses)
+    assert thunder_rs.cache_misses(jmodel) == LAZY_CONFIG_COMPILES.get(name, 1) + 1
 
 
 def cache_tensors(cache) -> list:
@@ -460,14 +460,14 @@ def test_mask_construction_matches_eager(builder, side):
         mask = torch.ones_like(mask)
     build = MASK_BUILDERS[builder]
     expected = build(mask)
-    if expected is None:
-        # Eager read the mask, found no padding and left causality to sdpa's is_causal; a trace
-        # cannot read values, so it builds the causal mask that is_causal stands for.
-        assert builder.startswith("sdpa_causal") and side == "none"
-        expected = torch.ones(SEQ, SEQ, dtype=torch.bool).tril()
     actual = thunder_rs.jit(build)(mask)
-    assert actual is not None
-    torch.testing.assert_close(actual, expected.expand_as(actual))
+    if expected is None:
+        # Eager read the mask, found no padding and left causality to sdpa's is_causal; the trace
+        # reads it too (checked at every call), and leaves the mask out as eager does.
+        assert builder.startswith("sdpa_causal") and side == "none"
+        assert actual is None
+    else:
+        torch.testing.assert_close(actual, expected.expand_as(actual))
 
 
 def test_outputs_hold_no_proxies():

@@ -86,6 +86,9 @@ NOT_CLAIMED = {
     "ltorch.max_unpool1d": "scatters to indices from the data",
     "ltorch.max_unpool2d": "scatters to indices from the data",
     "ltorch.max_unpool3d": "scatters to indices from the data",
+    # Eager's kernels round by a formula Inductor's lowerings do not follow (ulps to a unit off).
+    "ltorch.linspace": "eager's kernel rounds one FMA per point (bfloat16's in float32); Inductor's lowering does not",
+    "ltorch.logspace": "eager's kernel takes std::pow in float64 of exponents summed in float64",
     # Uninitialised memory, complex conjugation views: nothing for Inductor to compute.
     "ltorch.empty": "uninitialised",
     "ltorch.empty_like": "uninitialised",
@@ -183,8 +186,7 @@ def _fused_alpha(input, other, alpha) -> bool:
     """Whether eager's CPU kernel computes ``input + alpha * other`` as one FMA that Inductor's
     lowering (a multiply, then an add) would round twice: float32 or float64 tensors of one dtype
     and a constant ``alpha``, while the region is traced to its FX graph (fake tensors; run
-    eagerly, the torch call is eager's). (Half precision is left to the lowering: eager's kernel
-    there is not one FMA in float32 of the rounded alpha, 4 in 1000 bfloat16 sums apart.)"""
+    eagerly, the torch call is eager's)."""
     return (
         type(alpha) in (int, float)
         and alpha != 1
@@ -211,8 +213,46 @@ def sub_as_eager(input, other, *, alpha=1):
     return _fma(input, other, -alpha) if _fused_alpha(input, other, alpha) else torch.sub(input, other, alpha=alpha)
 
 
+def rsub_as_eager(a, b, *, alpha=1):
+    """``torch.rsub`` (``b - alpha * a``) in an Inductor region: with an ``alpha``, eager's
+    ``fma(a, -alpha, b)`` (its kernel is ``sub(b, a, alpha)``)."""
+    if isinstance(b, torch.Tensor) and _fused_alpha(b, a, alpha):
+        return _fma(b, a, -alpha)
+    return torch.rsub(a, b, alpha=alpha)
+
+
+def _alpha_as_eager(input, other, *, alpha=1) -> bool:
+    """add, sub and rsub with an ``alpha`` on the CPU: claimed where the region computes eager's
+    values: without one, of integers, or as eager's one FMA of float32/float64 tensors of one
+    dtype (``_fused_alpha``). Elsewhere eager's kernel rounds by the element's place in its loop:
+    in half precision its vectorised loop rounds ``fma(other, alpha, input)`` in float32 once and
+    the scalar loop of each iteration's last elements (a count set by the CPU's vector width and
+    the iteration's layout) rounds the product to the dtype first; with a number ``other`` the
+    scalar loop adds ``alpha * other`` rounded once for the loop, in float32 too; mixed dtypes
+    cast in the loop. Those stay with the torch executor, eager's kernel. (On CUDA the claim is
+    as it was.)"""
+    if type(alpha) in (int, float) and alpha == 1:
+        return True
+    tensors = [t for t in (input, other) if isinstance(t, torch.Tensor)]
+    if any(t.device.type != "cpu" for t in tensors):
+        return True
+    if all(type(x) is int or (isinstance(x, torch.Tensor) and not x.dtype.is_floating_point) for x in (input, other)):
+        return type(alpha) is int and not any(t.dtype.is_complex for t in tensors)
+    return (
+        type(alpha) in (int, float)
+        and len(tensors) == 2
+        and tensors[0].dtype == tensors[1].dtype
+        and tensors[0].dtype in (torch.float32, torch.float64)
+    )
+
+
 #: Symbols whose region implementation is not the torch executor's, by name (called as functions).
-REGION_FUNCTIONS = {"ltorch.gelu": gelu_as_eager, "ltorch.add": add_as_eager, "ltorch.sub": sub_as_eager}
+REGION_FUNCTIONS = {
+    "ltorch.gelu": gelu_as_eager,
+    "ltorch.add": add_as_eager,
+    "ltorch.sub": sub_as_eager,
+    "ltorch.rsub": rsub_as_eager,
+}
 #: Symbols whose region implementation reads ``torch.backends.mkldnn.enabled`` when traced.
 SWITCH_READERS = frozenset({"ltorch.gelu"})
 
@@ -233,6 +273,7 @@ CHECKERS = {
     "ltorch.upsample_backward": _upsample_backward_scales_exact,
     "convolution_backward": _nonempty_convolution,
     "ltorch.leaky_relu_backward": _raises_unless_eager,
+    **{f"ltorch.{name}": _alpha_as_eager for name in ("add", "sub", "rsub")},
 }
 
 

@@ -488,10 +488,31 @@ def _endpoint(op: str, value, name: str, dtype, device):
     return prims.full((), clang.maybe_convert(value, dtype), device, dtype)
 
 
+def _fma(a, n, c):
+    """``a * n + c`` rounded once, as the FMA eager's CPU kernels contract it to: float64 ``a``
+    and ``c`` (0-d) and ``n``, exact integers below 2**26. ``a`` is split into two halves of 26
+    bits (Veltkamp), whose products with ``n`` are exact; ``c`` plus the high product is summed
+    exactly (TwoSum), and the low product and the error added last, which rounds as the FMA but
+    where the three terms meet at a tie."""
+    shape = n.shape
+    a, c = (prims.broadcast_in_dim(x, shape, ()) for x in (a, c))
+    scaled = prims.mul(a, 134217729.0)  # 2**27 + 1
+    high = prims.sub(scaled, prims.sub(scaled, a))
+    low = prims.sub(a, high)
+    high_product, low_product = prims.mul(high, n), prims.mul(low, n)
+    total = prims.add(c, high_product)
+    part = prims.sub(total, c)
+    error = prims.add(prims.sub(c, prims.sub(total, part)), prims.sub(high_product, part))
+    return prims.add(total, prims.add(error, low_product))
+
+
 def _spaced(op: str, start, end, steps, dtype, device):
-    """``steps`` points from ``start`` to ``end``, computed as eager's kernel does: the first half
-    as ``start + i * step``, the second as ``end - (steps - 1 - i) * step``, in ``dtype`` (in float64
-    for integer dtypes)."""
+    """``steps`` points from ``start`` to ``end``, computed as eager's CPU kernel does: the ends
+    converted to ``dtype`` (integers truncated), a step computed in float32 for half precision
+    (its opmath), float64 for integer dtypes, the first half of the points as ``start + step * i``
+    and the second as ``end - step * (steps - 1 - i)``, each one FMA as the kernel's compiler
+    contracts it (float16's a product and a sum in float32), rounded to ``dtype``. Returns them
+    in the computing dtype, and that dtype."""
     check(
         is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
     )
@@ -502,23 +523,32 @@ def _spaced(op: str, start, end, steps, dtype, device):
         f"not supported for dtype {dtype} (argument dtype)",
         ThunderNotImplementedError,
     )
-    compute = dtype if dtypes.is_float(dtype) else torch.float64
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    compute = compute if dtypes.is_float(dtype) else torch.float64
     first = _endpoint(op, start, "start", compute, device)
     last = _endpoint(op, end, "end", compute, device)
+    if compute is not dtype:  # (eager's ``Scalar::to<scalar_t>``)
+        first, last = (prims.convert_element_type(prims.convert_element_type(x, dtype), compute) for x in (first, last))
     if steps <= 1:
         return prims.broadcast_in_dim(first, (steps,), ()), compute
     step = prims.div(prims.sub(last, first), clang.maybe_convert(steps - 1, compute))
-    index = prims.iota(steps, 0, 1, device, compute)
-    half = steps // 2
-    below = prims.add(
-        prims.broadcast_in_dim(first, (steps,), ()), prims.mul(index, prims.broadcast_in_dim(step, (steps,), ()))
-    )
-    from_end = prims.iota(steps, steps - 1, -1, device, compute)
-    above = prims.sub(
-        prims.broadcast_in_dim(last, (steps,), ()), prims.mul(from_end, prims.broadcast_in_dim(step, (steps,), ()))
-    )
-    lower_half = prims.lt(prims.iota(steps, 0, 1, device, torch.int64), clang.maybe_convert(half, torch.int64))
-    return prims.where(lower_half, below, above), compute
+    if dtype == torch.float16:
+        below = _product_plus(step, prims.iota(steps, 0, 1, device, compute), first)
+        above = _product_plus(prims.neg(step), prims.iota(steps, steps - 1, -1, device, compute), last)
+    else:
+        index = prims.iota(steps, 0, 1, device, torch.float64)
+        from_end = prims.iota(steps, steps - 1, -1, device, torch.float64)
+        step, first, last = (clang.maybe_convert(x, torch.float64) for x in (step, first, last))
+        # (float32 products of integers below 2**24 are exact in float64: one rounding to float32)
+        fma = _product_plus if compute == torch.float32 else _fma
+        below, above = fma(step, index, first), fma(prims.neg(step), from_end, last)
+    lower_half = prims.lt(prims.iota(steps, 0, 1, device, torch.int64), clang.maybe_convert(steps // 2, torch.int64))
+    return clang.maybe_convert(prims.where(lower_half, below, above), compute), compute
+
+
+def _product_plus(a, n, c):
+    """``a * n + c`` of 0-d ``a`` and ``c``, rounded after the product and after the sum."""
+    return prims.add(prims.broadcast_in_dim(c, n.shape, ()), prims.mul(n, prims.broadcast_in_dim(a, n.shape, ())))
 
 
 @torchsymbol(torch.linspace)
@@ -530,9 +560,38 @@ def linspace(start, end, steps, *, out=None, dtype=None, layout=None, device=Non
     return clang.maybe_convert(values, dtype)
 
 
+def _exponents(op: str, start, end, steps, dtype, device):
+    """logspace's exponents as eager's CPU kernel computes them (``RangeFactories.cpp``, built
+    without FMA): the ends converted to ``dtype`` (integers truncated), their difference in
+    ``dtype``, a float64 step, and ``start + step * i`` (the second half ``end - step * (steps - 1
+    - i)``) in float64, a product and a sum; a single step is the start as given."""
+    check(
+        is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
+    )
+    check(steps >= 0, op, "number of steps must be non-negative (argument steps)", ThunderRuntimeError)
+    check(
+        not dtypes.is_complex(dtype) and dtype != torch.bool,
+        op,
+        f"not supported for dtype {dtype} (argument dtype)",
+        ThunderNotImplementedError,
+    )
+    first, last = (_endpoint(op, x, name, torch.float64, device) for x, name in ((start, "start"), (end, "end")))
+    if steps <= 1:
+        return prims.broadcast_in_dim(first, (steps,), ())
+    first, last = (prims.convert_element_type(x, dtype) for x in (first, last))
+    step = prims.div(
+        prims.convert_element_type(prims.sub(last, first), torch.float64), clang.maybe_convert(steps - 1, torch.float64)
+    )
+    first, last = (prims.convert_element_type(x, torch.float64) for x in (first, last))
+    below = _product_plus(step, prims.iota(steps, 0, 1, device, torch.float64), first)
+    above = _product_plus(prims.neg(step), prims.iota(steps, steps - 1, -1, device, torch.float64), last)
+    lower_half = prims.lt(prims.iota(steps, 0, 1, device, torch.int64), clang.maybe_convert(steps // 2, torch.int64))
+    return prims.where(lower_half, below, above)
+
+
 @torchsymbol(torch.logspace)
 def logspace(start, end, steps, base=10.0, *, out=None, dtype=None, layout=None, device=None, requires_grad=False):
-    """``base ** linspace(start, end, steps)``, the power taken in the computing dtype."""
+    """``base ** exponents``, the power taken in float64 as eager's kernel takes it."""
     op = "ltorch.logspace"
     check(
         isinstance(base, (int, float)),
@@ -542,8 +601,8 @@ def logspace(start, end, steps, base=10.0, *, out=None, dtype=None, layout=None,
     )
     dtype = dtype or torch.get_default_dtype()
     device = _device(device, start if isinstance(start, TensorProxy) else None)
-    exponents, compute = _spaced(op, start, end, steps, dtype, device)
-    powers = prims.pow(prims.full((steps,), float(base), device, compute), exponents)
+    exponents = _exponents(op, start, end, steps, dtype, device)
+    powers = prims.pow(prims.full((steps,), float(base), device, torch.float64), exponents)
     return clang.maybe_convert(powers, dtype)
 
 

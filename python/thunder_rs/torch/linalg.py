@@ -207,12 +207,8 @@ def inner(input, other):
         f"{list(other.shape)} (argument other)",
         ThunderRuntimeError,
     )
-    # Contract the last dims as one matrix product: (A, k) @ (k, B), then restore both leading shapes,
-    # with the tensor methods eager's tensordot calls: the trace tracks their views' strides, from
-    # which mm's rule lays its gradients out as eager's.
-    a = input.reshape(math.prod(input.shape[:-1]), k)
-    b = other.permute(other.ndim - 1, *range(other.ndim - 1)).reshape(k, math.prod(other.shape[:-1]))
-    return torch.mm(a, b).reshape((*input.shape[:-1], *other.shape[:-1]))
+    # eager's inner is tensordot of the last dims
+    return ltorch.tensordot(input, other, ([input.ndim - 1], [other.ndim - 1]))
 
 
 @torchsymbol(torch.outer, T.outer, torch.ger, T.ger)

@@ -235,9 +235,15 @@ def _contract(op: str, a, b, a_dims, b_dims):
     k = math.prod(a.shape[d] for d in a_dims)
     # The tensor methods, as eager's tensordot calls them: the trace tracks their views' strides,
     # from which mm's rule lays its gradients out as eager's (column-major for a column-major operand)
-    lhs = a.permute(*a_free, *a_dims).reshape(math.prod(a.shape[d] for d in a_free), k)
-    rhs = b.permute(*b_dims, *b_free).reshape(k, math.prod(b.shape[d] for d in b_free))
-    return torch.mm(lhs, rhs).reshape((*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free)))
+    rows, columns = math.prod(a.shape[d] for d in a_free), math.prod(b.shape[d] for d in b_free)
+    lhs = a.permute(*a_free, *a_dims).reshape(rows, k)
+    rhs = b.permute(*b_dims, *b_free).reshape(k, columns)
+    shape = (*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free))
+    # One element: eager's product is a dot product's (an mm of one row and one column rounds
+    # otherwise). (A symbolic size is never 1: 0 and 1 stay specialised.)
+    if type(rows) is int and type(columns) is int and rows == columns == 1:
+        return torch.dot(lhs.reshape(k), rhs.reshape(k)).reshape(shape)
+    return torch.mm(lhs, rhs).reshape(shape)
 
 
 def _tensordot_dims(op: str, a, b, dims):

@@ -4,18 +4,17 @@ answers True, ``torch.vmap`` batches traced tensors (``thunder_rs.core.lang.vmap
 ``torch.autograd.Function``s on traced tensors are inlined (activation checkpointing) or traced
 with their own backward.
 
-**is_compiling.** Libraries ask it to choose the path that holds for every input value: Hugging
-Face transformers' masking code (``masking_utils._ignore_causal_mask_sdpa``) reads the padding
-mask's values to skip building a mask when no token is padded, unless it is told it is being
-compiled. A trace cannot read values, and a trace that skipped the mask would be wrong for the
-next batch with padding. Answering True makes the library build the general mask, as under
-``torch.compile``, and as Lightning Thunder's interpreter does (a lookaside returning True). The
-answer is the same in every acquisition, so the branch it selects holds for every call of the
-trace: it is a constant of tracing, not Python state that can change between calls, and needs no
-guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same flag;
-``torch.compiler.is_exporting()`` stays False. Where a library's two answers both take paths that
-hold for every input value and only eager's runs eager's kernels, the library function gets the
-eager answer (``EAGER_ANSWERS``: transformers' SDPA attention of a single grouped-heads query).
+**is_compiling.** Libraries ask it to choose the path that holds for every input value, as under
+``torch.compile`` and as Lightning Thunder's interpreter answers (a lookaside returning True).
+The answer is the same in every acquisition, so the branch it selects holds for every call of
+the trace: it is a constant of tracing, not Python state that can change between calls, and
+needs no guard. ``torch._dynamo.is_compiling`` and ``torch._utils.is_compiling`` read the same
+flag; ``torch.compiler.is_exporting()`` stays False. Where only eager's answer runs eager's
+kernels, the library function gets it (``EAGER_ANSWERS``): transformers' SDPA attention of a
+single grouped-heads query, and its mask code, which reads the padding mask's values and the
+position ids to skip building a mask when no token is padded (``_ignore_causal_mask_sdpa``,
+``find_packed_sequence_indices``): those reads are data-dependent reads, checked at every call
+(``core.lang.values``), so a batch with padding runs the variant that builds the mask.
 
 The flag also sends Mamba's selective scan (transformers) down its ``associative_scan`` path
 instead of a Python loop over the sequence. Both compute the same recurrence (in another order of
@@ -75,6 +74,7 @@ import importlib
 import math
 import sys
 import threading
+from types import FrameType
 
 import torch
 import torch._functorch.predispatch
@@ -209,22 +209,39 @@ def _scan_in_trace(fn, *args):
     return fn(*args)
 
 
-#: Library functions (module, function) whose ``is_compiling()`` branch is decided by shapes alone,
-#: where the eager answer keeps eager's kernels: transformers' SDPA attention packs a single query's
-#: grouped heads (``pack_gqa``) outside compilation and repeats the keys' heads under it. Both
-#: trace; only eager's gives eager's bits (a GQA model's decoding logits with a padding mask
-#: differed in float32's last bits).
-EAGER_ANSWERS = frozenset({("transformers.integrations.sdpa_attention", "sdpa_attention_forward")})
+#: Library functions (module, function) that get the eager answer to ``is_compiling()``, whose two
+#: branches both trace but only eager's runs eager's kernels:
+#: - transformers' SDPA attention packs a single query's grouped heads (``pack_gqa``) outside
+#:   compilation and repeats the keys' heads under it (a GQA model's decoding logits with a
+#:   padding mask differed in float32's last bits);
+#: - transformers' mask builders read the padding mask (``fast_all``, ``.all()``) and the position
+#:   ids (packed sequences) to leave causality to SDPA's ``is_causal`` and an unpadded batch's
+#:   attention unmasked, unless told they are traced. Their reads are data-dependent reads with a
+#:   check per call (``core.lang.values``): a batch with padding runs the variant that builds
+#:   the mask, one without it eager's unmasked (flash) kernels, whose gradients the general mask's
+#:   did not give (Llama's, an ulp apart).
+EAGER_ANSWERS = frozenset(
+    {
+        ("transformers.integrations.sdpa_attention", "sdpa_attention_forward"),
+        ("transformers.masking_utils", "_ignore_causal_mask_sdpa"),
+        ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"),
+        ("transformers.masking_utils", "find_packed_sequence_indices"),
+    }
+)
+#: The helpers through which those functions ask (``is_tracing`` asks ``is_torchdynamo_compiling``):
+#: the question is their caller's.
+_ASKING_HELPERS = frozenset(
+    {("transformers.utils.import_utils", "is_torchdynamo_compiling"), ("transformers.utils.import_utils", "is_tracing")}
+)
 
 
 def _is_compiling() -> bool:
     """``torch.compiler.is_compiling()`` while tracing: True, but to ``EAGER_ANSWERS``' functions
-    (asking directly, or through a helper such as ``is_torchdynamo_compiling``)."""
-    frame = sys._getframe(1)
-    for caller in (frame, frame.f_back):
-        if caller is not None and (caller.f_globals.get("__name__"), caller.f_code.co_name) in EAGER_ANSWERS:
-            return False
-    return True
+    (asking directly, or through the helpers of ``_ASKING_HELPERS``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and (frame.f_globals.get("__name__"), frame.f_code.co_name) in _ASKING_HELPERS:
+        frame = frame.f_back
+    return frame is None or (frame.f_globals.get("__name__"), frame.f_code.co_name) not in EAGER_ANSWERS
 
 
 #: What tracing sets: (module, attribute) -> value. These are constants of tracing, the same in
