@@ -47,7 +47,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, layers, nn, saved_writes, view_scatters, views
+from thunder_rs.torch import batch_norms, complex_views, layers, nn, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
@@ -183,6 +183,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
+    given = value
     fills = _fills(dst, value, copy)
     # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
     # expanded value shares their memory, which only a returned tensor must not (``_apart``
@@ -212,17 +213,24 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     root_grad = root_grad and root._history_error is None  # (no gradient reaches a history eager refuses)
-    if root is not dst and root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
-        raise ThunderNotImplementedError(
-            f"{op}: writing in place into part of a complex tensor that carries a gradient is not supported (at "
-            f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
-        )
+    complex_grad = root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled()
+    if complex_grad and root is not dst:
+        if not tracked:
+            raise ThunderNotImplementedError(
+                f"{op}: writing in place through a detached view of a complex tensor that carries a gradient is not "
+                f"supported (at {user_location()}); compute the new tensor instead (torch.where, torch.cat)"
+            )
+        complex_views.write(op, dst, given)  # (eager's write, on a copy, broadcasting as it)
+        dst._copy_of = expanded
+        return dst
     if tracked and torch.is_grad_enabled():
         rebase(dst)
         if copy and root_grad and dst.numel() == root.numel() and not (fills or selected or overwrite):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite and (root_grad or value_grad))
+        if complex_grad:  # (its views taken again by eager's ops: the shape prims' rules are for real values)
+            complex_views.refresh(root)
     else:
         if value_grad and not root_grad:
             value = view_scatters.stop_gradient(value)
@@ -241,7 +249,7 @@ def rebase(dst) -> None:
         return
     # (a trace input that is a view in eager, written whole: its base's CopySlices lays out the gradient)
     root = dst if link is None else link.root
-    if root._based_vid == root._vid:
+    if root._based_vid == root._vid or root.dtype.is_complex:  # (complex: eager's ops lay it out)
         return
     if root._strides is not None and not is_contiguous(root.shape, root._strides):
         if view_scatters.memory_order(root) is None:

@@ -70,11 +70,19 @@ def differentiates_complex(args, kwargs) -> bool:
     return involves_complex(args, kwargs) and _differentiates(args, kwargs)
 
 
+#: What links the outputs of a differentiated call that eager makes views of its input to that
+#: input, so that writes through either reach the other (``thunder_rs.torch.complex_views.link``).
+VIEW_LINKS: list = []
+
+
 def complex_call(func, ltorch_fn, args, kwargs):
     """``func(*args, **kwargs)``, a call that ``involves_complex``, with ``ltorch_fn`` its symbol."""
     if _differentiates(args, kwargs):
-        kwargs = dict(kwargs)
-        return user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+        given, kwargs = kwargs, dict(kwargs)
+        out = user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+        for link in VIEW_LINKS:
+            link(func, args, given, out)
+        return out
     values = (*args, *kwargs.values())
     try:
         return ltorch_fn(*args, **kwargs)
