@@ -5,7 +5,9 @@ What differed: a view op of a complex tensor that carries a gradient (``z[:, :2]
 ``z.t()``) is eager's op, run as a fallback, and its result was a tensor of its own to the trace: an
 in-place write through it left the tensor it views as it was, and a write to that tensor left the
 view as it was, silently. A write into part of a complex tensor made by an op the trace maps was
-refused (a Fourier layer could not train). Both are now eager's write, on a copy
+refused (a Fourier layer could not train), and so were writes through ``z.real``, ``z.imag`` and
+``torch.view_as_real(z)``; ``z.conj()`` (eager's op, a view with the conjugate bit) was a tensor of
+its own even without gradients. All are now eager's write, on a copy
 (``thunder_rs.torch.complex_views``)."""
 
 import pytest
@@ -103,6 +105,54 @@ def test_views_of_complex_tensors_with_gradients_share_their_writes_as_in_eager(
     grads = torch.autograd.grad(sum(t.sum() for t in got), [t for t in inputs if t.requires_grad])
     for g, e in zip(grads, torch.autograd.grad(sum(t.sum() for t in expected), wanted)):
         torch.testing.assert_close(g, e)
+
+
+def _conj_taken_then_tensor_written(x, w):
+    z = torch.fft.fft(x) * w
+    conjugate = z.conj()
+    z.mul_(2)
+    return (torch.view_as_real(conjugate.resolve_conj()),)
+
+
+def _written_through_conj(x, w):
+    z = torch.fft.fft(x) * w
+    z.conj()[1:].mul_(2)
+    return (torch.view_as_real(z),)
+
+
+def _written_through_real_and_imag(x, w):
+    z = torch.fft.fft(x) * w
+    z.real[:, 1] = 0
+    z.imag.mul_(2)
+    return (torch.view_as_real(z),)
+
+
+def _written_through_view_as_real(x, w):
+    z = torch.fft.fft(x) * w
+    torch.view_as_real(z)[..., 0].add_(1)
+    return (z.abs(),)
+
+
+@pytest.mark.parametrize("w_grad", [False, True], ids=["w", "w_requiring_grad"])
+@pytest.mark.parametrize(
+    "program",
+    [
+        _conj_taken_then_tensor_written,
+        _written_through_conj,
+        _written_through_real_and_imag,
+        _written_through_view_as_real,
+    ],
+)
+def test_conjugate_real_and_imaginary_views_share_their_writes_as_in_eager(program, w_grad):
+    # ``z.conj()`` of a tensor without a gradient was a tensor of its own too (silently); writes
+    # through ``z.real``, ``z.imag`` and ``view_as_real(z)`` were refused.
+    x = torch.randn(3, 4)
+    w = torch.randn(4, dtype=torch.cfloat, requires_grad=w_grad)
+    w_copy = w.detach().clone().requires_grad_(w_grad)
+    (expected,), (got,) = program(x, w), thunder_rs.jit(program)(x, w_copy)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    if w_grad:
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), w_copy), torch.autograd.grad(expected.sum(), w))
 
 
 def test_writing_one_of_several_views_of_a_complex_tensor_raises_as_eager():

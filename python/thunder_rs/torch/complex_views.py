@@ -124,16 +124,28 @@ def _calls(op: str, steps) -> tuple:
     """Eager's calls taking the view ``steps`` take, for ``op``'s write through it; refuses a step
     eager cannot take again, or does not let a program write through."""
     for step in steps:
-        if type(step) is views.OpaqueStep and (step.put is None or step.eager is None):
+        if type(step) is views.OpaqueStep and step.eager is None:
             raise ThunderNotImplementedError(f"{op}: {step.refusal or _UNSEEN} (at {user_location()})")
         if type(step) is views.PrimStep and step.group is not None:
             raise ThunderNotImplementedError(f"{op}: the tensor written {_MULTIPLE} (at {user_location()})")
     return tuple(_WRITEBACK.load().eager_calls(steps))
 
 
-def write(op: str, dst, value) -> None:
+def taken_eagerly(dst) -> bool:
+    """Whether ``dst`` is a view through a step eager's op took, which no step of the trace writes
+    back: ``link``'s (``z.conj()``), ``z.real``, ``torch.view_as_real(z)``."""
+    link_ = dst._view
+    return link_ is not None and any(_eager_only(step) for step in link_.steps)
+
+
+def _eager_only(step) -> bool:
+    return type(step) is views.OpaqueStep and step.eager is not None and step.put in (None, _refused_put)
+
+
+def write(op: str, dst, value, requires_grad: bool) -> None:
     """Makes ``dst``, a view of a complex tensor, stand for ``value`` where the write carries a
-    gradient: its root takes eager's write on a copy, and the root's live views follow."""
+    gradient (``requires_grad``) or goes through a view eager's op took: its root takes eager's
+    write on a copy, and the root's live views follow."""
     link_ = dst._view
     root = link_.root
     if (root._strides is not None and overlaps(root.shape, root._strides)) or overlaps(dst.shape, link_.strides):
@@ -144,8 +156,11 @@ def write(op: str, dst, value) -> None:
             f"(at {user_location()})"
         )
     new = fallback(_write_through, (root, value, _calls(op, link_.steps)), {})
-    views.rebind(root, new, True)
-    refresh(root)
+    views.rebind(root, new, requires_grad)
+    if requires_grad:
+        refresh(root)
+    else:
+        views.refresh(root, False)
 
 
 def refresh(root) -> None:

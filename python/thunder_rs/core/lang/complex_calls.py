@@ -70,8 +70,8 @@ def differentiates_complex(args, kwargs) -> bool:
     return involves_complex(args, kwargs) and _differentiates(args, kwargs)
 
 
-#: What links the outputs of a differentiated call that eager makes views of its input to that
-#: input, so that writes through either reach the other (``thunder_rs.torch.complex_views.link``).
+#: What links the outputs of a call run eagerly that eager makes views of its input to that input,
+#: so that writes through either reach the other (``thunder_rs.torch.complex_views.link``).
 VIEW_LINKS: list = []
 
 
@@ -92,7 +92,10 @@ def complex_call(func, ltorch_fn, args, kwargs):
     except TypeError:  # the trace's numbers are real: a complex one (``x * 1j``) is eager's call
         if not any(type(x) is complex for x in values):
             raise
-    return user_fallback(func, args, kwargs)
+    out = user_fallback(func, args, kwargs)
+    for link in VIEW_LINKS:  # (``conj``: a view eager's op makes, of a complex tensor without a gradient)
+        link(func, args, kwargs, out)
+    return out
 
 
 _WITH_GRAD: dict = {}
