@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 from user_training import trains_as_eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -153,6 +154,33 @@ def test_conjugate_real_and_imaginary_views_share_their_writes_as_in_eager(progr
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     if w_grad:
         torch.testing.assert_close(torch.autograd.grad(got.sum(), w_copy), torch.autograd.grad(expected.sum(), w))
+
+
+def test_a_detached_complex_tensor_follows_writes_to_the_tensor_as_in_eager():
+    # ``z.detach()`` shares ``z``'s memory (no view to autograd): it kept ``z``'s old values.
+    def f(x, w):
+        z = torch.fft.fft(x) * w
+        detached = z.detach()
+        z.mul_(2)
+        return torch.view_as_real(detached) + torch.view_as_real(z)
+
+    x, w = torch.randn(3, 4), torch.randn(4, dtype=torch.cfloat, requires_grad=True)
+    w_copy = w.detach().clone().requires_grad_()
+    expected, got = f(x, w), thunder_rs.jit(f)(x, w_copy)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), w_copy), torch.autograd.grad(expected.sum(), w))
+
+
+def test_a_write_through_a_detached_complex_tensor_with_gradients_is_refused_naming_the_line():
+    # Autograd does not see it in eager, which eager's write on a copy cannot be.
+    def f(x, w):
+        z = torch.fft.fft(x) * w
+        z.detach()[0] = 0
+        return torch.view_as_real(z)
+
+    w = torch.randn(4, dtype=torch.cfloat, requires_grad=True)
+    with pytest.raises(ThunderNotImplementedError, match=r"detached view of a complex tensor.*test_complex_writes"):
+        thunder_rs.jit(f)(torch.randn(3, 4), w)
 
 
 def test_writing_one_of_several_views_of_a_complex_tensor_raises_as_eager():

@@ -12,6 +12,8 @@ copy of the tensor whose view takes the written value, a fallback whose backward
 value (``refresh``), by eager's ops as well: the shape prims' gradient rules are for real values.
 """
 
+import contextlib
+
 import torch
 
 from thunder_rs.core.base.lazy import LazyModule
@@ -54,11 +56,16 @@ def _eager_view(func, a, rest, kwargs):
     input, or None where that cannot run (an argument the call computes)."""
     if any(isinstance(x, TensorProxy) for x in (*rest, *kwargs.values())):
         return None
-    meta = _meta_of(a.shape, strides_of(a), a.dtype)
+    meta = _meta_of(a.shape, strides_of(a), a.dtype).requires_grad_(_requires_grad(a))
     try:
         return func(meta, *_hinted(rest), **_hinted_kwargs(kwargs)), meta
     except Exception:  # (eager's own error has been raised by the fallback already)
         return None
+
+
+def _requires_grad(p) -> bool:
+    with torch._C.DisableTorchFunctionSubclass():
+        return p.requires_grad
 
 
 def _hinted_kwargs(kwargs: dict) -> dict:
@@ -81,12 +88,23 @@ def link(func, args, kwargs, out) -> None:
     sized = views._symbolic((rest, kwargs))
     refusal = f"{qualified_name(func)}: the view {_MULTIPLE}" if several else f"{qualified_name(func)}: {_SIZED}"
     for i, (o, e) in enumerate(zip(outs, eager_outs)):
-        if type(o) is not TensorProxy or o is a or not isinstance(e, torch.Tensor) or e._base is not meta:
+        if type(o) is not TensorProxy or o is a or not isinstance(e, torch.Tensor) or not _shares(e, meta):
             continue
         take, again = _takers(func, rest, kwargs, i if several else None)
         layout = lambda shape, strides, i=i: _layout(func, rest, kwargs, i, shape, strides)  # noqa: E731
         put = None if several else _refused_put
-        views.attach(a, o, (views.OpaqueStep(take, put, layout, refusal, eager=None if sized else again),))
+        # (``z.detach()``: a view autograd does not see writes through, which requires no grad)
+        detached = meta.requires_grad and torch.is_grad_enabled() and not e.requires_grad
+        if detached:
+            with torch._C.DisableTorchFunctionSubclass():
+                o.requires_grad_(False)
+        step = views.OpaqueStep(take, put, layout, refusal, detached, eager=None if sized else again)
+        views.attach(a, o, (step,))
+
+
+def _shares(t: torch.Tensor, meta: torch.Tensor) -> bool:
+    """Whether ``t`` shares ``meta``'s memory: a view, or ``detach()``'s alias (no view to autograd)."""
+    return t.untyped_storage()._cdata == meta.untyped_storage()._cdata
 
 
 def _takers(func, rest, kwargs, i):
@@ -142,10 +160,16 @@ def _eager_only(step) -> bool:
     return type(step) is views.OpaqueStep and step.eager is not None and step.put in (None, _refused_put)
 
 
-def write(op: str, dst, value, requires_grad: bool) -> None:
+def write(op: str, dst, value, requires_grad: bool, tracked: bool = True) -> None:
     """Makes ``dst``, a view of a complex tensor, stand for ``value`` where the write carries a
     gradient (``requires_grad``) or goes through a view eager's op took: its root takes eager's
-    write on a copy, and the root's live views follow."""
+    write on a copy (broadcasting ``value`` as eager's does), and the root's live views follow.
+    (Refused through a detached view: autograd would not see the write, which a copy cannot be.)"""
+    if requires_grad and not tracked:
+        raise ThunderNotImplementedError(
+            f"{op}: writing in place through a detached view of a complex tensor that carries a gradient is not "
+            f"supported (at {user_location()}); compute the new tensor instead (torch.where, torch.cat)"
+        )
     link_ = dst._view
     root = link_.root
     if (root._strides is not None and overlaps(root.shape, root._strides)) or overlaps(dst.shape, link_.strides):
@@ -170,14 +194,15 @@ def refresh(root) -> None:
         view = ref()
         if view is None:
             continue
-        steps = view._view.steps
-        if all(step.replayable for step in steps):
-            new = fallback(_take_through, (root, tuple(_WRITEBACK.load().eager_calls(steps))), {})
-        else:
-            new = root
-            for step in steps:
-                new = step.forward(new)
-        views.rebind(view, new, not views.detached(view))
+        steps, detached = view._view.steps, views.detached(view)
+        with torch.no_grad() if detached else contextlib.nullcontext():
+            if all(step.replayable for step in steps):
+                new = fallback(_take_through, (root, tuple(_WRITEBACK.load().eager_calls(steps))), {})
+            else:
+                new = root
+                for step in steps:
+                    new = step.forward(new)
+        views.rebind(view, new, not detached)
 
 
 VIEW_LINKS.append(link)

@@ -215,12 +215,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     root_grad = root_grad and root._history_error is None  # (no gradient reaches a history eager refuses)
     complex_grad = root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled()
     if root is not dst and (complex_grad or (complex_views.taken_eagerly(dst) and not (root_grad or value_grad))):
-        if not tracked:
-            raise ThunderNotImplementedError(
-                f"{op}: writing in place through a detached view of a complex tensor that carries a gradient is not "
-                f"supported (at {user_location()}); compute the new tensor instead (torch.where, torch.cat)"
-            )
-        complex_views.write(op, dst, given, complex_grad)  # (eager's write, on a copy, broadcasting as it)
+        complex_views.write(op, dst, given, complex_grad, tracked)  # (eager's write, on a copy)
         dst._copy_of = expanded
         return dst
     if tracked and torch.is_grad_enabled():
