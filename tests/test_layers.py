@@ -67,6 +67,9 @@ LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.run.generate", "thunder_rs.core.acquisition.output_views"): (
         "returned views are taken again only by an entry whose training call returns some, made by a compile"
     ),
+    ("thunder_rs.torch.complex_views", "thunder_rs.core.acquisition.writeback"): (
+        "eager's calls taking views again, for writes into complex tensors with gradients, which a compile records"
+    ),
     ("thunder_rs.core.run.examine", "thunder_rs.core.acquisition.acquire"): (
         "examine acquires the program it reports on, when called"
     ),

@@ -297,6 +297,7 @@ CALLS = [
     ("masked_fill_", lambda x, m: x.masked_fill_(m, 0.0) * 2, (_x(3, 4), _x(3, 4) > 0)),
     ("add_", lambda x, y: x.add_(y, alpha=3) * 2, (_x(3, 4), _x(4))),
     ("clamp_", lambda x: x.clamp_(min=0) * 2, (_x(3, 4),)),
+    ("cpu", lambda x: x.cpu() * 2 + x.t().cpu(memory_format=torch.contiguous_format).t(), (_x(3, 4),)),
 ]
 
 

@@ -1,5 +1,5 @@
 """Creation and conversion ops: arange, zeros, ones, full, empty, the *_like and Tensor.new_* ops, tril,
-triu, to, type_as, type and the conversion methods.
+triu, to, type_as, type, cpu and the conversion methods.
 
 Creation ops take no tensor: their samples pass sizes, fill values, `dtype` and `device`. Samples that
 leave the dtype to inference are listed once, under float32 (the default dtype).
@@ -224,6 +224,14 @@ def type_as_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(transposed((3, 4), dtype, device), make((), torch.float64, device))
 
 
+def cpu_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """``Tensor.cpu()``: the tensor itself on the CPU (a copy in the layout asked for, if another)."""
+    yield SampleInput(make((3, 4), dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device), memory_format=torch.contiguous_format)
+    yield SampleInput(make((2, 3, 4, 4), dtype, device), memory_format=torch.channels_last)
+
+
 OPS = [
     OpInfo("arange", torch.arange, arange_samples, arange_errors, NUMERIC, supports_grad=False),
     OpInfo("arange", _arange_in_fn, FINITE, dtypes=ALL, variant="in_fn"),
@@ -259,4 +267,5 @@ OPS = [
     OpInfo("to", _to_byte, partial(FINITE, low=0), dtypes=ALL, variant="byte"),
     OpInfo("type", torch.Tensor.type, type_samples, type_errors, ALL),
     OpInfo("type_as", torch.Tensor.type_as, type_as_samples, dtypes=ALL),
+    OpInfo("cpu", torch.Tensor.cpu, cpu_samples, dtypes=ALL),
 ]

@@ -18,7 +18,7 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import clone
 
 Tensor = torch.Tensor
-__all__ = ["to", "type_as", "tensor_type"]
+__all__ = ["to", "cpu", "type_as", "tensor_type"]
 
 
 # -- dtype and device -----------------------------------------------------------------------------
@@ -73,6 +73,13 @@ def to(a, *args, **kwargs):
     ):
         return clone(out, memory_format=memory_format)
     return clone(out) if copy and out is a else out
+
+
+@torchsymbol(Tensor.cpu)
+def cpu(a, memory_format=torch.preserve_format):
+    """``Tensor.cpu()``: ``to("cpu")``, so the tensor itself when it is on the CPU already (eager's
+    alias: a write through either is seen by the other)."""
+    return to(a, torch.device("cpu"), memory_format=memory_format)
 
 
 @torchsymbol(Tensor.type_as)

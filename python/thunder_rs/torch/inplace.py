@@ -47,7 +47,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, layers, nn, saved_writes, view_scatters, views
+from thunder_rs.torch import batch_norms, complex_views, layers, nn, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
@@ -183,6 +183,7 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     )
     if views.same_memory(dst, value):  # ``y[1:] *= 2`` assigns the updated view to itself
         return dst
+    given = value
     fills = _fills(dst, value, copy)
     # A broadcast copy over the whole of an intermediate: eager's elements are apart, the trace's
     # expanded value shares their memory, which only a returned tensor must not (``_apart``
@@ -213,19 +214,21 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     with torch._C.DisableTorchFunctionSubclass():
         root_grad, value_grad = root.requires_grad, value.requires_grad
     root_grad = root_grad and root._history_error is None  # (no gradient reaches a history eager refuses)
-    complex_part = root.dtype.is_complex or dst.dtype.is_complex  # (``view_as_complex`` of a real root too)
-    if root is not dst and complex_part and (root_grad or value_grad) and torch.is_grad_enabled():
-        raise ThunderNotImplementedError(
-            f"{op}: writing in place into part of a complex tensor (or a complex view of a real one) that carries a "
-            f"gradient is not supported (at "
-            f"{user_location()}); compute the new tensor instead (torch.where, torch.cat)"
-        )
+    complex_grad = root.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled()
+    if root is not dst and (complex_grad or (complex_views.taken_eagerly(dst) and not (root_grad or value_grad))):
+        complex_views.write(op, dst, given, complex_grad, tracked)  # (eager's write, on a copy)
+        dst._copy_of = expanded
+        return dst
+    if root is not dst and dst.dtype.is_complex and (root_grad or value_grad) and torch.is_grad_enabled():
+        raise ThunderNotImplementedError(f"{op}: {_COMPLEX_VIEW_WRITE} (at {user_location()})")
     if tracked and torch.is_grad_enabled():
         rebase(dst)
         if copy and root_grad and dst.numel() == root.numel() and not (fills or selected or overwrite):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
         views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite and (root_grad or value_grad))
+        if complex_grad:  # (its views taken again by eager's ops: the shape prims' rules are for real values)
+            complex_views.refresh(root)
     else:
         if value_grad and not root_grad:
             value = view_scatters.stop_gradient(value)
@@ -244,7 +247,7 @@ def rebase(dst) -> None:
         return
     # (a trace input that is a view in eager, written whole: its base's CopySlices lays out the gradient)
     root = dst if link is None else link.root
-    if root._based_vid == root._vid or root.dtype.is_complex:  # (writes into part of one: ``in_place``'s)
+    if root._based_vid == root._vid or root.dtype.is_complex:  # (complex: eager's ops lay it out)
         return
     if root._strides is not None and not is_contiguous(root.shape, root._strides):
         if view_scatters.memory_order(root) is None:
@@ -280,12 +283,10 @@ _REFUSED = {
         ),
         "changes the tensor's shape or storage in place; use the out-of-place form",
     ),
-    **dict.fromkeys(
-        ("detach_", "share_memory_"),
-        "changes the tensor's autograd state or sharing in place, which a traced tensor cannot",
-    ),
+    **dict.fromkeys(("detach_", "share_memory_"), "changes the tensor's autograd state or sharing in place"),
     **dict.fromkeys(("apply_", "map_", "map2_"), "runs a Python callable on each element, which a trace cannot"),
 }
+_COMPLEX_VIEW_WRITE = "writing through a complex view of a real tensor that carries a gradient is not supported"
 #: Augmented assignment operators and the operators they update with.
 _AUGMENTED = {
     "__iadd__": "__add__",

@@ -164,7 +164,7 @@ def view_taker(steps, sizes: tuple = ()):
     """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
     take of its proxy; symbolic sizes among their parameters are computed from the size inputs
     (``sizes``, the call's last inputs) of the call."""
-    calls = _eager_calls(steps)
+    calls = eager_calls(steps)
     if not any(_symbolic(params) for _, params in calls):
 
         def take(t, inputs):
@@ -185,7 +185,7 @@ def view_taker(steps, sizes: tuple = ()):
     return take_sized
 
 
-def _eager_calls(steps) -> list:
+def eager_calls(steps) -> list:
     """``(torch call, params after the tensor)`` taking the view ``steps`` take: a shape prim's
     torch implementation, a view op's eager replay, and for the prims of an op returning several
     views (``step.group``), that op, so that the view is one of eager's multi-output views."""

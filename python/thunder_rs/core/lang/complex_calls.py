@@ -72,6 +72,11 @@ def differentiates_complex(args, kwargs) -> bool:
     return involves_complex(args, kwargs) and _differentiates(args, kwargs)
 
 
+#: What links the outputs of a call run eagerly that eager makes views of its input to that input,
+#: so that writes through either reach the other (``thunder_rs.torch.complex_views.link``).
+VIEW_LINKS: list = []
+
+
 def complex_call(func, ltorch_fn, args, kwargs):
     """``func(*args, **kwargs)``, a call that ``involves_complex``, with ``ltorch_fn`` its symbol:
     the symbol where it computes complex values (with gradients: where it is marked
@@ -88,7 +93,12 @@ def complex_call(func, ltorch_fn, args, kwargs):
     except TypeError:  # the trace's numbers are real: a complex one (``x * 1j``) is eager's call
         if not any(type(x) is complex for x in values):
             raise
-    return _eager_with_grad(func, args, kwargs) if differentiates else user_fallback(func, args, kwargs)
+    if differentiates:
+        return _eager_with_grad(func, args, kwargs)
+    out = user_fallback(func, args, kwargs)
+    for link in VIEW_LINKS:  # (``conj``: a view eager's op makes, of a complex tensor without a gradient)
+        link(func, args, kwargs, out)
+    return out
 
 
 def _complex_grads(ltorch_fn, args, kwargs) -> bool:
@@ -99,8 +109,11 @@ def _complex_grads(ltorch_fn, args, kwargs) -> bool:
 
 
 def _eager_with_grad(func, args, kwargs):
-    kwargs = dict(kwargs)
-    return user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+    given, kwargs = kwargs, dict(kwargs)
+    out = user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+    for link in VIEW_LINKS:
+        link(func, args, given, out)
+    return out
 
 
 _WITH_GRAD: dict = {}

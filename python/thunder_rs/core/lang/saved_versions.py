@@ -75,6 +75,9 @@ from thunder_rs.core.lang.saved_ops import (
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderRuntimeError
 
+_get_creation_meta = torch._C._autograd._get_creation_meta
+_MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+
 _functorch = torch._C._functorch
 _active: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_saved_versions", default=None)
 _is_grad_enabled = torch.is_grad_enabled
@@ -230,8 +233,10 @@ class SavedVersions:
             if not (saved.requires_grad or key in self.nodes):
                 return None
             if saved.multi is not None:  # (which eager refuses for one of several views a call made)
-                node = _node_of(*saved.multi)
-                return None if node is None else (MULTI_VIEW, *node)
+                maker, made = saved.multi
+                node = _node_of(maker, made, multi=True)
+                if node is not NOT_MULTI:
+                    return None if node is None else (MULTI_VIEW, *node)
             return ("AsStrided", 0)
         if key in self.nodes:
             node = self.nodes[key]
@@ -317,8 +322,9 @@ def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
     with DisableTorchFunctionSubclass():
         if not _root(dst).requires_grad:
             return
-    node = _node_of(*entry[1:])
-    if node is not None:
+    _, call, made = entry
+    node = _node_of(call, made, multi=True)
+    if node is not None and node is not NOT_MULTI:
         raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
 
 
@@ -619,11 +625,17 @@ def _probing(device: str):
 _NAMING_ELEMENTS = 1 << 22
 
 
-def _node_of(call: _Call, t: _Tensor) -> tuple | None:
+#: ``_node_of(..., multi=True)`` of a view eager makes as any other (``tensor_split``'s slices): one
+#: a program may write in place, and use once its memory was written
+NOT_MULTI = ("not one of several views", 0)
+
+
+def _node_of(call: _Call, t: _Tensor, multi: bool = False) -> tuple | None:
     """``(name, output number)`` of the node eager's autograd gives ``t`` (one of ``call``'s
     outputs, or the tensor the call writes in place) as eager's error names it: from the call run
     again on tensors of zeros (CPU ones where small enough, else meta); None where it runs on
-    neither or ``t`` gets no node."""
+    neither or ``t`` gets no node. ``multi``: ``NOT_MULTI`` unless eager makes ``t`` one of the
+    views of a node with several (``split``, ``unbind``), which it refuses to write in place."""
     small = sum(math.prod(u.shape) for u in call.tensors()) <= _NAMING_ELEMENTS
     at = next((i for i, o in enumerate(call.outs) if o is t), None)
     for device in ("cpu", "meta") if small else ("meta", "cpu"):
@@ -636,6 +648,9 @@ def _node_of(call: _Call, t: _Tensor) -> tuple | None:
                 got = made.get(id(t)) if at is None or id(t) in made else results[at]
                 if got is None or got.grad_fn is None:
                     return None
+                # (``unsafe_split``'s are not views to autograd, whose node a write leaves: refused)
+                if multi and got._is_view() and _get_creation_meta(got) != _MULTI_OUTPUT_NODE:
+                    return NOT_MULTI
                 return node_name(got.grad_fn.name()), got.output_nr
         except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)
             continue
