@@ -296,7 +296,7 @@ class Observer:
         cached = self._parametrizations_cached_at_entry
         if any(map(is_parametrized, self.modules_called.values())):
             kept.append(StateGuard("torch.nn.utils.parametrize.cached()", parametrizations_cached, cached, _entered))
-        return cached_guards(self._cached_results) + kept + structure + defaults  # (first: eager calls them)
+        return kept + structure + defaults + cached_guards(self._cached_results)  # (last: see cached_guards)
 
     def read_cached_per_call(self, captured: list, stored: list) -> None:
         """Tensors of ``captured`` held in lists and dicts of lasting state are read per call
