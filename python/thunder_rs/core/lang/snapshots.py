@@ -27,7 +27,7 @@ import os
 import torch
 
 from thunder_rs.core.lang.reads import CHECK
-from thunder_rs.core.lang.recorder import current, paused_recording
+from thunder_rs.core.lang.recorder import active_recorder, current, paused_recording
 from thunder_rs.core.lang.value_sizes import CHECK_INTS, CHECK_SIZES
 from thunder_rs.core.state.cached_reads import set_eager_caller
 from thunder_rs.core.state.observe import thread_state
@@ -207,7 +207,7 @@ def call_eagerly(fn, args: tuple, kwargs: dict) -> tuple:
     function handling, the observer not watching, grad mode and autocast as the program set them.
     Returns what it returned and whether it drew random numbers (the generators are then set back:
     the trace's own draws are counted from where the program's call began)."""
-    states = generator_states(current().consts())
+    states = generator_states(current().consts() if active_recorder() is not None else ())
     thread_state.inside += 1
     try:
         with paused_recording(), torch._C.DisableTorchFunction():

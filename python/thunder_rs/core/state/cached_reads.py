@@ -84,9 +84,9 @@ class CachedReader:
         functools.update_wrapper(self, cached)
 
     def __call__(self, *args, **kwargs):
-        # (Called by a cached function's code that runs eagerly: as eager calls it. No cache at all,
-        # ``maxsize=0``: the function, traced as any other.)
-        if _made.eager or self.cached.cache_info().maxsize == 0:
+        # (Called by a cached function's code that runs eagerly, or by another thread than the one
+        # tracing: as eager calls it. No cache at all, ``maxsize=0``: the function, traced as any other.)
+        if _made.eager or thread_state.observer is None or self.cached.cache_info().maxsize == 0:
             return self.cached(*args, **kwargs)
         concrete = tuple(map(_concrete, args)), {k: _concrete(v) for k, v in kwargs.items()}
         plain = all(map(_plain, (*concrete[0], *concrete[1].values())))
