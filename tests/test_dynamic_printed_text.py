@@ -1,10 +1,12 @@
-"""Text of symbolic sizes that a program only prints or logs (``core.lang.printed_text``): each
-call prints and logs eager's text, made from its own sizes, and the sizes stay symbolic (two
-compiles for every length); text put to any other use still holds the size's value (a compile
-per size), as eager's text does."""
+"""Text of symbolic sizes that a program only prints, logs or warns (``core.lang.printed_text``):
+each call prints, logs and warns eager's text, made from its own sizes, and the sizes stay symbolic
+(two compiles for every length); text put to any other use (a warnings filter that matches it too)
+still holds the size's value (a compile per size), as eager's text does."""
 
 import logging
+import warnings
 
+import pytest
 import torch
 
 import thunder_rs
@@ -74,3 +76,47 @@ def test_text_put_to_other_uses_holds_the_value(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[::2] == out[1::2] == ["rows 2", "rows 3", "rows 4"]
     assert misses(jf) == 3
+
+
+def warning_sizes(x):
+    warnings.warn(f"rows {x.shape[0]} of {x.shape}")
+    logging.getLogger("thunder_rs.tests.printed").info(f"rows {x.shape[0]}")  # (a logger got by name)
+    return x - 1
+
+
+def _warned(fn, sizes, action: str, caplog, error: str | None = None) -> tuple:
+    """The warnings (text, category, line) and log records ``fn``'s calls on ``sizes`` make under
+    the filter ``action`` (and one making messages matching ``error`` errors, raised by those calls)."""
+    raised = []
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger=log.name):
+        warnings.simplefilter(action)
+        if error is not None:
+            warnings.filterwarnings("error", message=error)
+        for n in sizes:
+            try:
+                fn(torch.randn(n, 3))
+            except UserWarning as e:
+                raised.append(str(e))
+    records = [r.getMessage() for r in caplog.records if r.name == log.name]
+    caplog.clear()
+    return [(str(w.message), w.category, w.lineno) for w in caught], records, raised
+
+
+@pytest.mark.parametrize("action", ["always", "default"])
+def test_sizes_formatted_into_warnings_and_a_logger_got_by_name_are_each_calls(action, caplog):
+    # warnings.warn and logging.getLogger(...).info made the text of the size when traced, which
+    # specialised it: a compile per length (4 here).
+    jf, sizes = thunder_rs.jit(warning_sizes), [2, 3, 6, 3, 4]
+    got = _warned(jf, sizes, action, caplog)
+    assert got == _warned(warning_sizes, sizes, action, caplog)  # (``default``: once per text, as eager)
+    assert len(got[0]) == (5 if action == "always" else 4) and len(got[1]) == 5
+    assert misses(jf) == 2
+
+
+def test_a_warning_a_filter_matches_by_its_text_is_made_of_the_sizes_values(caplog):
+    # The filters' answer depends on the text: the sizes are specialised (each length compiles), and
+    # the warning raised where eager raises it.
+    jf, sizes = thunder_rs.jit(warning_sizes), [2, 3, 4, 3]
+    got = _warned(jf, sizes, "always", caplog, error="rows 3 ")
+    assert got == _warned(warning_sizes, sizes, "always", caplog, error="rows 3 ")
+    assert got[2] == ["rows 3 of torch.Size([3, 3])"] * 2 and len(got[0]) == 2

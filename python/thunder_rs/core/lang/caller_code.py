@@ -27,6 +27,7 @@ import dis
 import functools
 import logging
 import sys
+import warnings
 
 import torch
 
@@ -215,5 +216,31 @@ def _is_print_or_log(instructions, j, frame) -> bool:
     owner = instructions[j - 1]
     if owner.positions is None or owner.positions[::2] != load.positions[::2]:
         return False
+    if owner.opname == "CALL":
+        return _gets_logger(instructions, j - 1, frame)
     held = _loaded(owner, frame)
-    return held is logging or isinstance(held, logging.Logger)
+    return held is logging or isinstance(held, logging.Logger) or (held is warnings and load.argval == "warn")
+
+
+def _gets_logger(instructions, c: int, frame) -> bool:
+    """Whether the call at ``c`` is ``logging.getLogger(...)`` (or ``getLogger(...)`` imported from
+    ``logging``), which returns a ``logging.Logger`` whatever its argument: the first instruction of
+    its source loads the function, or ``logging`` with the next loading ``getLogger`` from it."""
+    start = instructions[c].positions[::2]
+    k = c
+    while k > 0 and _starts_within(instructions[k - 1], start):
+        k -= 1
+    base = instructions[k]
+    if base.opname != "LOAD_GLOBAL" or base.positions[::2] != start:
+        return False
+    held = _loaded(base, frame)
+    if held is logging.getLogger:
+        return True
+    attr = instructions[k + 1]
+    return held is logging and attr.opname in ("LOAD_ATTR", "LOAD_METHOD") and attr.argval == "getLogger"
+
+
+def _starts_within(ins, start: tuple) -> bool:
+    """Whether ``ins``'s source starts at ``start`` or after it."""
+    p = ins.positions
+    return p is not None and p.lineno is not None and p.col_offset is not None and p[::2] >= start
