@@ -120,3 +120,31 @@ def test_a_warning_a_filter_matches_by_its_text_is_made_of_the_sizes_values(capl
     got = _warned(jf, sizes, "always", caplog, error="rows 3 ")
     assert got == _warned(warning_sizes, sizes, "always", caplog, error="rows 3 ")
     assert got[2] == ["rows 3 of torch.Size([3, 3])"] * 2 and len(got[0]) == 2
+
+
+class _Shown:
+    """Not a logger: its ``info`` keeps the text it is given."""
+
+    def __init__(self):
+        self.texts: list = []
+
+    def info(self, text):
+        self.texts.append(text)
+
+
+_SHOWN = _Shown()
+logging.getLogger("thunder_rs.tests.printed.odd").shown = lambda: _SHOWN  # type: ignore[attr-defined]
+
+
+def shown_sizes(x):
+    logging.getLogger("thunder_rs.tests.printed.odd").shown().info(f"rows {x.shape[0]}")  # not a Logger's
+    return x * 3
+
+
+def test_text_given_to_what_a_loggers_method_returns_holds_the_value():
+    # Only a method of what logging.getLogger(...) returns is a Logger's: the text is made whole.
+    jf = thunder_rs.jit(shown_sizes)
+    for n in [2, 3, 4]:
+        jf(torch.randn(n, 2))
+    assert _SHOWN.texts == ["rows 2", "rows 3", "rows 4"]
+    assert misses(jf) == 3

@@ -234,10 +234,14 @@ def _gets_logger(instructions, c: int, frame) -> bool:
     if base.opname != "LOAD_GLOBAL" or base.positions[::2] != start:
         return False
     held = _loaded(base, frame)
-    if held is logging.getLogger:
-        return True
-    attr = instructions[k + 1]
-    return held is logging and attr.opname in ("LOAD_ATTR", "LOAD_METHOD") and attr.argval == "getLogger"
+    if held is not logging.getLogger:
+        attr = instructions[k + 1]
+        if held is not logging or attr.opname not in ("LOAD_ATTR", "LOAD_METHOD") or attr.argval != "getLogger":
+            return False
+        k += 1
+    # (the call at ``c`` is that of ``getLogger``: nothing after it loads from what it returns,
+    # ``logging.getLogger(name).handlers[0].info`` or another method's result)
+    return all(ins.opname in _CALLS or ins.positions[::2] != start for ins in instructions[k + 1 : c])
 
 
 def _starts_within(ins, start: tuple) -> bool:
