@@ -222,3 +222,37 @@ def test_a_cached_function_calling_itself_on_a_miss_counts_as_in_eager():
     for n in (5, 5, 6):
         program(torch.ones(n))
     assert jitted == _fib.cache_info()
+
+
+class _RopeTables:
+    """A helper object a module holds, whose method is cached by functools (keyed by the object)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    @functools.lru_cache  # noqa: B019 (the construct under test)
+    def table(self, n):
+        return torch.arange(n, dtype=torch.float32) / self.base
+
+
+class _WithTables(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tables = _RopeTables(10.0)
+
+    def forward(self, x):
+        return x * self.tables.table(x.shape[0])
+
+
+def test_a_cached_method_of_an_object_the_module_holds_misses_as_in_eager():
+    # Its miss ran in the trace (refused, at "an unknown line"); keyed by the object the module
+    # holds, it runs as eager runs it, and its class's method is the cached function again after.
+    _RopeTables.table.cache_clear()
+    model = _WithTables()
+    jmodel, counts = thunder_rs.jit(model), []
+    for n in (3, 4, 3, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(jmodel(x), model(x), rtol=0, atol=0)
+        counts.append(_RopeTables.table.cache_info()[:2])
+    assert counts == [(1, 1), (2, 2), (4, 2), (5, 3)]  # (each size missed once, by the jitted call)
+    assert type(vars(_RopeTables)["table"]) is functools._lru_cache_wrapper

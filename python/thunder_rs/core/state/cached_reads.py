@@ -33,6 +33,7 @@ is refused naming where it was read, once the trace is made.
 import functools
 import sys
 import threading
+import types
 
 import torch
 
@@ -89,7 +90,7 @@ class CachedReader:
         if _made.eager or thread_state.observer is None or self.cached.cache_info().maxsize == 0:
             return self.cached(*args, **kwargs)
         concrete = tuple(map(_concrete, args)), {k: _concrete(v) for k, v in kwargs.items()}
-        plain = all(map(_plain, (*concrete[0], *concrete[1].values())))
+        plain = all(_plain(v) or _held_object(v) for v in (*concrete[0], *concrete[1].values()))
         if plain:
             args, kwargs = concrete
         key = (self.cached, args, tuple(kwargs.items()))
@@ -217,12 +218,26 @@ def _eager_miss_error(cached, caller, problem: str) -> ThunderNotImplementedErro
     )
 
 
+class CachedMethodReader(CachedReader):
+    """A reader standing in on its class for a method cached by functools: bound as the method is."""
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else types.MethodType(self, instance)
+
+
 READER_CODES.add(CachedReader.__call__.__code__)
 
 
 def _plain(value) -> bool:
     """Whether a call's argument can be kept by the guard: a plain value, or a class (``cls``)."""
     return is_simple(value) or isinstance(value, type)
+
+
+def _held_object(value) -> bool:
+    """Whether ``value`` is an object of lasting state other than a module (a helper object whose
+    method is cached, keyed by it: the same object on every call, which the entry's guards hold; a
+    module is traced as a copy, another key)."""
+    return not isinstance(value, torch.nn.Module) and not isinstance(value, torch.Tensor) and _lasting(value)
 
 
 def _lasting(value) -> bool:
@@ -272,6 +287,13 @@ def stand_in_cached_method(cls: type, name: str, calls: CachedCalls) -> None:
     the class that defines it until tracing ends."""
     owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
     found = None if owner is None else vars(owner)[name]
+    if owner is not None and type(found) is functools._lru_cache_wrapper and not issubclass(cls, torch.nn.Module):
+        calls.watch(found, f"{owner.__qualname__}.{name}")  # (a method keyed by its object: ``self.table(n)``)
+        method = CachedMethodReader(found, calls)
+        setattr(owner, name, method)
+        _bound.append((owner, name, found, method))
+        _readers[id(method)] = method
+        return
     if owner is None or not isinstance(found, (staticmethod, classmethod)):
         return
     if type(found.__func__) is not functools._lru_cache_wrapper:

@@ -516,7 +516,7 @@ class Observer:
                 if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
                     self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
-                stand_in_cached_method(type(obj), attr, self._cached_results)
+            stand_in_cached_method(type(obj), attr, self._cached_results)  # (a cached method too)
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if (source.key, attr) not in self._guards:
