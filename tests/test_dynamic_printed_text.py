@@ -3,8 +3,10 @@ each call prints, logs and warns eager's text, made from its own sizes, and the 
 (two compiles for every length); text put to any other use (a warnings filter that matches it too)
 still holds the size's value (a compile per size), as eager's text does."""
 
+import _warnings
 import logging
 import warnings
+from warnings import warn
 
 import pytest
 import torch
@@ -148,3 +150,20 @@ def test_text_given_to_what_a_loggers_method_returns_holds_the_value():
         jf(torch.randn(n, 2))
     assert _SHOWN.texts == ["rows 2", "rows 3", "rows 4"]
     assert misses(jf) == 3
+
+
+def bound_warn(x):
+    warn("bound before tracing")  # (a name bound to warnings.warn when the module was imported)
+    warn(f"rows {x.shape[0]}", stacklevel=1)
+    return x + 2
+
+
+@pytest.mark.parametrize("action", ["always", "default"])
+def test_warnings_warn_bound_by_name_warns_on_each_call_as_in_eager(action, caplog):
+    # ``from warnings import warn``: tracing warned once and no compiled call warned again (under
+    # "always", 1 of 5 warnings); a size in its text compiled per length.
+    jf, sizes = thunder_rs.jit(bound_warn), [2, 3, 6, 3, 4]
+    got = _warned(jf, sizes, action, caplog)
+    assert got == _warned(bound_warn, sizes, action, caplog)
+    assert len(got[0]) == (10 if action == "always" else 5)
+    assert misses(jf) == 2 and bound_warn.__globals__["warn"] is _warnings.warn  # (put back)

@@ -72,7 +72,7 @@ from typing import Any
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
-from thunder_rs.core.state.cached_reads import put_back_cached
+from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
@@ -361,6 +361,9 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     message = text
     recorded.append(WarnCall(message, category, where, source))
     return None
+
+
+set_warn_stand_in(_warn, _warnings_warn)
 
 
 def _action(category, text: str, module: str, line: int) -> str:

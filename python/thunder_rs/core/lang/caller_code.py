@@ -210,7 +210,9 @@ def _is_print_or_log(instructions, j, frame) -> bool:
         return False
     load = instructions[j]
     if load.opname == "LOAD_GLOBAL":
-        return load.argval == "print" and _loaded(load, frame) is builtins.print
+        held = _loaded(load, frame)
+        warn = _recorded_warn()
+        return (load.argval == "print" and held is builtins.print) or (warn is not None and held is warn)
     if load.opname not in ("LOAD_ATTR", "LOAD_METHOD") or load.argval not in _LOG_METHODS or not j:
         return False
     owner = instructions[j - 1]
@@ -219,7 +221,16 @@ def _is_print_or_log(instructions, j, frame) -> bool:
     if owner.opname == "CALL":
         return _gets_logger(instructions, j - 1, frame)
     held = _loaded(owner, frame)
-    return held is logging or isinstance(held, logging.Logger) or (held is warnings and load.argval == "warn")
+    warns = held is warnings and load.argval == "warn" and _recorded_warn() is not None
+    return held is logging or isinstance(held, logging.Logger) or warns
+
+
+def _recorded_warn():
+    """``warnings.warn``'s stand-in, which records the program's calls while it is traced, where it
+    is in place (``stdlib_state``: on the module, and the names bound to ``warnings.warn`` the program
+    reads, ``from warnings import warn``); else None."""
+    warn = warnings.warn
+    return warn if getattr(warn, "cached", None) is not None else None
 
 
 def _gets_logger(instructions, c: int, frame) -> bool:

@@ -266,10 +266,28 @@ def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, o
     watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
     if type(value) is functools.partial and type(value.func) is functools._lru_cache_wrapper:
         calls.watch(value.func, f"held by the partial {source.describe(name)}, read at {origin}")
+    if value is _WARN[0] and value is not None:  # (``from warnings import warn``)
+        _stand_in(source, name, value, _WARN[1], holder)
     if type(value) is not functools._lru_cache_wrapper:
         return
     calls.watch(value, f"{source.describe(name)}, read at {origin}")
-    reader = CachedReader(value, calls)
+    _stand_in(source, name, value, CachedReader(value, calls), holder)
+
+
+#: ``[warnings.warn, its stand-in while traced]`` (``acquisition.stdlib_state``, ``set_warn_stand_in``)
+_WARN: list = [None, None]
+
+
+def set_warn_stand_in(warn, stand_in) -> None:
+    """While a program is traced, ``stand_in`` replaces ``warnings.warn`` on the module, and a name
+    the program bound to it before (``from warnings import warn``: a global or a closure variable,
+    which would warn once, when traced) reads ``stand_in`` too, as a cached function's reader."""
+    stand_in.cached = warn
+    _WARN[:] = [warn, stand_in]
+
+
+def _stand_in(source, name: str, value, reader, holder) -> None:
+    """Puts ``reader`` in place of ``value`` where ``name`` holds it (``stand_in_cached``)."""
     if holder is None and isinstance(source, CellSource):
         source.cell.cell_contents = reader
         _bound.append((source.cell, None, value, reader))
