@@ -204,3 +204,49 @@ def test_a_returned_numpy_scalar_is_the_scalar(kind):
             got, expected = jfn(torch.ones(2), s), fn(torch.ones(2), s)
             got_s, expected_s = (got, expected) if type(expected) is kind else (got[1], expected[1])
             assert type(got_s) is type(expected_s) and got_s == expected_s
+
+
+NARROW_READ_BY_TORCH = {
+    "product": lambda x, s: x * s + s,
+    "bfloat16 stays": lambda x, s: x.bfloat16() * s + s * x.bfloat16(),
+    "double": lambda x, s: x.double() / s,
+    "full": lambda x, s: torch.full((4,), s) + x,
+    "where": lambda x, s: torch.where(x > 0, x, s),
+    "alpha": lambda x, s: torch.add(x, x.flip(0), alpha=s),
+}
+
+
+@pytest.mark.parametrize("kind", [np.float32, np.float16])
+@pytest.mark.parametrize("name", list(NARROW_READ_BY_TORCH))
+def test_a_changing_numpy_float32_or_float16_that_torch_reads_is_a_float_input(name, kind):
+    # Keyed by value, each np.float32 or np.float16 compiled again (5 compiles here); torch reads it
+    # as the float it is, so the trace takes it as a float input: two.
+    fn = NARROW_READ_BY_TORCH[name]
+    jfn, x = thunder_rs.jit(fn), torch.randn(4)
+    for value in (0.1, 0.25, 0.3, 2.0, 0.7):
+        got, expected = jfn(x, kind(value)), fn(x, kind(value))
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+NARROW_SEMANTICS = {
+    "product": lambda x, s: x * (s * 3),  # NumPy's float32 product, rounded: not the double one
+    "compared": lambda x, s: x * 2 if s == 0.1 else x,  # True for np.float32(0.1): compared in float32
+    "sum": lambda x, s: x + (s + 0.2),
+    "negated": lambda x, s: x.clamp(min=-s, max=s),
+    "its class": lambda x, s: (x * 2, type(s * 1).__name__, s.dtype.name, repr(s)),
+}
+
+
+@pytest.mark.parametrize("kind", [np.float32, np.float16])
+@pytest.mark.parametrize("name", list(NARROW_SEMANTICS))
+def test_a_numpy_float32_or_float16_input_computes_as_numpy_does(name, kind):
+    fn = NARROW_SEMANTICS[name]
+    jfn, x = thunder_rs.jit(fn), torch.randn(4)
+    for value in (0.1, 0.25, 0.1, 0.3, 0.7):
+        got, expected = jfn(x, kind(value)), fn(x, kind(value))
+        if type(expected) is tuple:
+            assert got[1:] == expected[1:]
+            got, expected = got[0], expected[0]
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -49,6 +49,7 @@ import torch
 
 from thunder_rs.core.acquisition.cache import is_tensor_key
 from thunder_rs.core.base.layouts import STRIDE, SymbolicStrides, decided_by, is_strided, layout, strides_in
+from thunder_rs.core.state.cached_reads import CachedCallsGuard
 from thunder_rs.core.state.guards import MISSING, Guard, InputSource, ModuleSource
 from thunder_rs.core.state.tensor_guards import TensorGuard
 
@@ -270,7 +271,8 @@ def held_changes(guards, flat) -> dict | None:
     that changed beside it."""
     changed: dict = {}
     for guard in (*guards.per_call, *guards.modules):
-        if type(guard) is SizesGuard or guard.holds(flat):  # (sizes only: what changed is below)
+        # (sizes only: what changed is below; cached calls are made by the entry that serves only)
+        if type(guard) in (SizesGuard, CachedCallsGuard) or guard.holds(flat):
             continue
         if _int_changed(guard, flat):
             changed.setdefault((guard.source.key, guard.name), set()).add(INT)

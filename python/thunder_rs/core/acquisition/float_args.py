@@ -35,10 +35,10 @@ from thunder_rs.core.lang import float_guards
 from thunder_rs.core.lang.symfloat import specialised_inputs
 
 #: A float argument's place in a key where the trace takes it as an input: any float matches
-#: (``(numpy.float64, None)`` for a NumPy double, ``core.lang.numpy_scalars``).
+#: (``(numpy.float64, None)`` for a NumPy double, likewise its float32 and float16: ``core.lang.numpy_scalars``).
 FLOAT = (float, None)
 #: The types of the float arguments a trace may take as inputs (their keys: ``(type, bits)``).
-FLOAT_TYPES = (float, numpy.float64)
+FLOAT_TYPES = (float, numpy.float64, numpy.float32, numpy.float16)
 
 
 class ArgFloat(NamedTuple):

@@ -78,8 +78,8 @@ from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
-from thunder_rs.core.lang.printed_text import Text, at_hints, resolved
-from thunder_rs.core.state.cached_reads import put_back_cached
+from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
+from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
@@ -308,11 +308,28 @@ class WarnCall:
         self.message, self.category, self.where, self.source = message, category, where, source
 
     def effect(self, extras: list):
+        if type(self.message) is Text:  # (text of sizes: this call's, ``printed_text``)
+            self.message = TracedValue(self.message, extras)
         return self
 
     def apply(self, extras, flat) -> None:
         path, line, module, registry, module_globals = self.where
-        warnings.warn_explicit(self.message, self.category, path, line, module, registry, module_globals, self.source)
+        message = self.message.get(extras) if type(self.message) is TracedValue else self.message
+        warnings.warn_explicit(message, self.category, path, line, module, registry, module_globals, self.source)
+
+
+def _error_by_text(category, module: str, line: int) -> bool:
+    """Whether ``warnings.filters`` make a warning of ``category`` at ``line`` of ``module`` an error
+    for some texts and not for others: a filter that matches messages (``filterwarnings(message=)``)
+    comes before the first one that matches any, with another answer."""
+    errors = set()
+    for action, message, matched, module_re, at in warnings.filters:
+        if _applies(category, module, line, matched, module_re, at):
+            errors.add(action == "error")
+            if message is None:
+                return len(errors) == 2
+    errors.add(warnings.defaultaction == "error")  # type: ignore[attr-defined]
+    return len(errors) == 2
 
 
 def _in_programs_catch_warnings() -> bool:
@@ -339,25 +356,41 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     g = frame.f_globals
     module = g.get("__name__", "<string>")
     where = (frame.f_code.co_filename, frame.f_lineno, module, g.setdefault("__warningregistry__", {}), g)
+    text = resolved(message) if type(message) is str else message
+    if type(text) is Text:  # sizes' text, made by each call (of their values where the filters read it)
+        message = at_hints(message)
+        by_text = functools.partial(_error_by_text, category, module, where[1])
+        _guard(f"whether the warnings filters make the warning at {where[0]}:{where[1]} an error by its text", by_text)
+        text = specialised(text) if by_text() else text
     if _guard_raising(category, str(message), module, where):
         # The filters make it an error, raised now as eager raises it (the program may catch it).
         warnings.warn_explicit(message, category, *where[:4], module_globals=g, source=source)
+    message = text
     recorded.append(WarnCall(message, category, where, source))
     return None
+
+
+set_warn_stand_in(_warn, _warnings_warn)
 
 
 def _action(category, text: str, module: str, line: int) -> str:
     """What ``warnings.filters`` do with a warning (``warn_explicit``'s search): the first filter
     that matches it, else the default action."""
     for action, message, matched, module_re, at in warnings.filters:
-        if (
-            (message is None or (message.match(text) if hasattr(message, "match") else message == text))
-            and issubclass(category, matched)
-            and (module_re is None or (module_re.match(module) if hasattr(module_re, "match") else module_re == module))
-            and (at == 0 or at == line)
+        if (message is None or (message.match(text) if hasattr(message, "match") else message == text)) and _applies(
+            category, module, line, matched, module_re, at
         ):
             return action
     return warnings.defaultaction  # type: ignore[attr-defined]
+
+
+def _applies(category, module: str, line: int, matched, module_re, at) -> bool:
+    """Whether a filter applies to a warning of ``category`` at ``line`` of ``module``, whatever its text."""
+    return (
+        issubclass(category, matched)
+        and (module_re is None or (module_re.match(module) if hasattr(module_re, "match") else module_re == module))
+        and (at == 0 or at == line)
+    )
 
 
 def _raises(category, text: str, module: str, line: int) -> bool:

@@ -27,6 +27,7 @@ import dis
 import functools
 import logging
 import sys
+import warnings
 
 import torch
 
@@ -209,11 +210,52 @@ def _is_print_or_log(instructions, j, frame) -> bool:
         return False
     load = instructions[j]
     if load.opname == "LOAD_GLOBAL":
-        return load.argval == "print" and _loaded(load, frame) is builtins.print
+        held = _loaded(load, frame)
+        warn = _recorded_warn()
+        return (load.argval == "print" and held is builtins.print) or (warn is not None and held is warn)
     if load.opname not in ("LOAD_ATTR", "LOAD_METHOD") or load.argval not in _LOG_METHODS or not j:
         return False
     owner = instructions[j - 1]
     if owner.positions is None or owner.positions[::2] != load.positions[::2]:
         return False
+    if owner.opname == "CALL":
+        return _gets_logger(instructions, j - 1, frame)
     held = _loaded(owner, frame)
-    return held is logging or isinstance(held, logging.Logger)
+    warns = held is warnings and load.argval == "warn" and _recorded_warn() is not None
+    return held is logging or isinstance(held, logging.Logger) or warns
+
+
+def _recorded_warn():
+    """``warnings.warn``'s stand-in, which records the program's calls while it is traced, where it
+    is in place (``stdlib_state``: on the module, and the names bound to ``warnings.warn`` the program
+    reads, ``from warnings import warn``); else None."""
+    warn = warnings.warn
+    return warn if getattr(warn, "cached", None) is not None else None
+
+
+def _gets_logger(instructions, c: int, frame) -> bool:
+    """Whether the call at ``c`` is ``logging.getLogger(...)`` (or ``getLogger(...)`` imported from
+    ``logging``), which returns a ``logging.Logger`` whatever its argument: the first instruction of
+    its source loads the function, or ``logging`` with the next loading ``getLogger`` from it."""
+    start = instructions[c].positions[::2]
+    k = c
+    while k > 0 and _starts_within(instructions[k - 1], start):
+        k -= 1
+    base = instructions[k]
+    if base.opname != "LOAD_GLOBAL" or base.positions[::2] != start:
+        return False
+    held = _loaded(base, frame)
+    if held is not logging.getLogger:
+        attr = instructions[k + 1]
+        if held is not logging or attr.opname not in ("LOAD_ATTR", "LOAD_METHOD") or attr.argval != "getLogger":
+            return False
+        k += 1
+    # (the call at ``c`` is that of ``getLogger``: nothing after it loads from what it returns,
+    # ``logging.getLogger(name).handlers[0].info`` or another method's result)
+    return all(ins.opname in _CALLS or ins.positions[::2] != start for ins in instructions[k + 1 : c])
+
+
+def _starts_within(ins, start: tuple) -> bool:
+    """Whether ``ins``'s source starts at ``start`` or after it."""
+    p = ins.positions
+    return p is not None and p.lineno is not None and p.col_offset is not None and p[::2] >= start

@@ -13,9 +13,11 @@ An ``np.float64`` argument is a Python float to its arithmetic as well (a ``floa
 operations round as Python's), so it is a float argument like a float (``acquisition.float_args``):
 once seen to change, the next compile takes it as a float input, a ``SymFloat`` that answers as a
 ``numpy.float64`` (``SymFloat.numpy``), and every value hits that entry (keyed ``(numpy.float64,
-None)``: a Python float there is another key). ``np.float32`` and ``np.float16`` round their
-arithmetic to their own precision, which the trace's double operations would not: they stay keyed
-by value.
+None)``: a Python float there is another key). ``np.float32`` and ``np.float16`` are float inputs
+too, which torch reads as the floats they are (``x * s``, ``torch.full((4,), s)``); their own
+arithmetic and comparisons round to their precision (``np.float32(0.1) == 0.1``), which the trace's
+double operations would not: those are made on the value, the input specialised
+(``SymFloat.numpy``).
 """
 
 import numpy

@@ -108,3 +108,9 @@ def at_hints(value):
     if kind is dict:
         return {k: at_hints(v) for k, v in value.items()}
     return value
+
+
+def specialised(text: Text) -> str:
+    """``text`` made of its sizes' values, each size specialised: for a reader of the text itself (a
+    warnings filter that matches messages), which a compiled call cannot make again."""
+    return "".join(p if type(p) is str else p[1](p[0].__index__()) for p in text.parts)

@@ -27,8 +27,9 @@ import os
 import torch
 
 from thunder_rs.core.lang.reads import CHECK
-from thunder_rs.core.lang.recorder import current, paused_recording
+from thunder_rs.core.lang.recorder import active_recorder, current, paused_recording
 from thunder_rs.core.lang.value_sizes import CHECK_INTS, CHECK_SIZES
+from thunder_rs.core.state.cached_reads import set_eager_caller
 from thunder_rs.core.state.observe import thread_state
 
 #: the symbols of the checks reads record: they only compare, so they may run again or not at all
@@ -198,6 +199,28 @@ def outside_the_trace(draws: bool = True):
             torch.set_autocast_enabled(d, True)
         thread_state.inside -= 1
         restore_generators(states)
+
+
+def call_eagerly(fn, args: tuple, kwargs: dict) -> tuple:
+    """``fn(*args, **kwargs)`` run as eager runs it, in the middle of an acquisition (a function
+    cached by functools that misses its cache: ``core.state.cached_reads``): no recording, no torch
+    function handling, the observer not watching, grad mode and autocast as the program set them.
+    Returns what it returned and whether it drew random numbers (the generators are then set back:
+    the trace's own draws are counted from where the program's call began)."""
+    states = generator_states(current().consts() if active_recorder() is not None else ())
+    thread_state.inside += 1
+    try:
+        with paused_recording(), torch._C.DisableTorchFunction():
+            result = fn(*args, **kwargs)
+            drew = any(not torch.equal(g.get_state(), state) for g, state in states)
+    finally:
+        thread_state.inside -= 1
+    if drew:
+        restore_generators(states)
+    return result, drew
+
+
+set_eager_caller(call_eagerly)
 
 
 def generator_states(consts) -> list:

@@ -341,11 +341,11 @@ _SPECIALISED: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_specia
 
 def float_input(vid: int, hint: float) -> "SymFloat":
     """The symbolic float of the trace's float input ``vid`` (``Recorder.float_input``), at ``hint``
-    (a ``numpy.float64``'s answers as one: ``SymFloat.numpy``)."""
+    (a NumPy float's answers as one: ``SymFloat.numpy``)."""
     if type(hint) is float:
         return SymFloat((ARG, vid, hint), hint)
     made = SymFloat((ARG, vid, float(hint)), float(hint))
-    made.numpy = True
+    made.numpy = type(hint)
     return made
 
 
@@ -562,8 +562,8 @@ class SymFloat(torch.SymFloat):
     # SymFloat has not: the value when traced, and a node that names what torch asked of it.
     hint: float = 0.0
     node = _NODE  # type: ignore[assignment]
-    #: Whether it is a ``numpy.float64`` float input or computed from one with numbers (see below).
-    numpy = False
+    #: The NumPy type of a NumPy float input, or of one computed from it with numbers (see below).
+    numpy: "type | bool" = False
 
     def __init__(self, ops, hint: float):
         self.ops = ops
@@ -575,12 +575,12 @@ class SymFloat(torch.SymFloat):
     def __class__(self):
         if _internal(sys._getframe(1)):
             return SymFloat
-        return numpy.float64 if self.numpy else float
+        return self.numpy or float
 
     def value(self) -> float:
         """The float itself: the sizes it reads specialised to their hints."""
         _specialise(self.ops)
-        return numpy.float64(self.hint) if self.numpy else self.hint
+        return self.numpy(self.hint) if isinstance(self.numpy, type) else self.hint
 
     # A float input the caller passed as a ``numpy.float64`` (``core.lang.numpy_scalars``): NumPy's
     # double arithmetic is Python's, bit for bit, where it is finite, so its operations with numbers
@@ -589,9 +589,11 @@ class SymFloat(torch.SymFloat):
     # a ``RuntimeWarning`` in NumPy, a power that overflows ``inf``, a negative base to a fractional
     # power ``nan``) the operation is NumPy's own on the value, specialised. The program sees
     # ``numpy.float64`` as its class, and its value where it needs a NumPy scalar's (``s.item()``,
-    # ``s.dtype``, ``repr(s)``, ``s // 2``).
+    # ``s.dtype``, ``repr(s)``, ``s // 2``). An ``np.float32`` or ``np.float16`` rounds its arithmetic
+    # and compares numbers at its own precision: its operations and decisions are on the value (the
+    # input specialised); torch reads it as the float it is (``x * s`` stays symbolic).
     def __getattr__(self, name):
-        if not self.numpy or name.startswith("_") or _internal(sys._getframe(1)) or not hasattr(numpy.float64, name):
+        if not self.numpy or name.startswith("_") or _internal(sys._getframe(1)) or not hasattr(self.numpy, name):
             raise AttributeError(name)
         return getattr(self.value(), name)
 
@@ -602,8 +604,12 @@ class SymFloat(torch.SymFloat):
     # (``T ** -0.5 * x`` is ``x * T ** -0.5``); with anything else the value is specialised.
     def _arith(self, other, symbol, reflected=False):
         o = operand(other)
-        kind = self.numpy or getattr(other, "numpy", False) is True
-        if o is None or (kind and not _finite_in_numpy(symbol, (o[1], self.hint) if reflected else (self.hint, o[1]))):
+        kind = self.numpy or (type(other) is SymFloat and other.numpy)
+        if (
+            o is None
+            or _narrow(self, other)
+            or (kind and not _finite_in_numpy(symbol, (o[1], self.hint) if reflected else (self.hint, o[1])))
+        ):
             if isinstance(other, torch.Tensor):
                 return NotImplemented
             op = OPERATORS[symbol]
@@ -611,7 +617,7 @@ class SymFloat(torch.SymFloat):
         mine = (self.ops, self.hint)
         made = combine(symbol, o, mine) if reflected else combine(symbol, mine, o)
         if kind and type(made) is SymFloat:
-            made.numpy = True
+            made.numpy = numpy.float64
         return made
 
     def __add__(self, other):
@@ -657,7 +663,7 @@ class SymFloat(torch.SymFloat):
     # Decisions: a relation over the sizes where one is exactly eager's answer (``relation``),
     # else answered on the value, the sizes specialised. Conversions: on the value.
     def _decide(self, op, other):
-        answer = relation(op, self, other)
+        answer = None if _narrow(self, other) else relation(op, self, other)
         return getattr(operator, op)(self.value(), other) if answer is None else answer
 
     def __eq__(self, other):
@@ -714,6 +720,11 @@ class SymFloat(torch.SymFloat):
         if _internal(frame):
             return text(self.ops)
         return format(self.hint if only_assert_message(frame) else self.value(), spec)
+
+
+def _narrow(a: SymFloat, b) -> bool:
+    """Whether ``a`` or ``b`` is an ``np.float32`` or ``np.float16`` input (or made of one)."""
+    return a.numpy not in (False, numpy.float64) or (type(b) is SymFloat and b.numpy not in (False, numpy.float64))
 
 
 def _finite_in_numpy(symbol: str, operands: tuple) -> bool:

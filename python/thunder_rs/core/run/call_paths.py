@@ -13,6 +13,7 @@ from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.call_keys import call_key
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
+from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
 from thunder_rs.errors import runtime_error
 
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
@@ -29,6 +30,7 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
     # with a jitted part): part of that program's trace.
     if structure is None and (active_recorder() is not None or _is_dynamo_compiling()):
         return jfn._fn(*args, **kwargs)
+    PROGRAM_CALLS[0] += 1  # (the calls of cached functions it makes: ``cached_reads.made_call``)
     module = jfn._module
     params = binding = state = None
     if module_state is not None:

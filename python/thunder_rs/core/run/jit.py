@@ -32,6 +32,7 @@ from thunder_rs.core.run.front import live_functions
 from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.run.deferred_gc import collections_deferred
 from thunder_rs.core.state.fsdp import FSDPCall
+from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
@@ -171,6 +172,7 @@ class ThunderFunction:
     # -- the per-call path -----------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
+        PROGRAM_CALLS[0] += 1  # (the calls of cached functions it makes: ``cached_reads.made_call``)
         if kwargs or active_recorder() is not None or _is_dynamo_compiling():
             return self._call_general(args, kwargs)
         general = self._general_structure

@@ -21,7 +21,6 @@ import contextvars
 import functools
 import sys
 import types
-from functools import partial as _partial  # (the type: ``functools.partial`` is a stand-in while traced)
 from typing import Any
 
 import torch
@@ -148,7 +147,7 @@ class Observer:
             if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
                 self._add_function(x)
         for p in (*functions, *inputs):
-            if type(p) is _partial:
+            if type(p) is functools.partial:
                 guard_partial(self._guards, p, "the partial", partial_origin(p))
         #: ``check(env)`` callables a symbolic entry must also pass to serve a call's sizes
         #: (``check_sizes``)
@@ -297,7 +296,7 @@ class Observer:
         cached = self._parametrizations_cached_at_entry
         if any(map(is_parametrized, self.modules_called.values())):
             kept.append(StateGuard("torch.nn.utils.parametrize.cached()", parametrizations_cached, cached, _entered))
-        return cached_guards(self._cached_results) + kept + structure + defaults  # (first: eager calls them)
+        return kept + structure + defaults + cached_guards(self._cached_results)  # (last: see cached_guards)
 
     def read_cached_per_call(self, captured: list, stored: list) -> None:
         """Tensors of ``captured`` held in lists and dicts of lasting state are read per call
@@ -517,7 +516,7 @@ class Observer:
                 if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
                     self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
-                stand_in_cached_method(type(obj), attr, self._cached_results)
+            stand_in_cached_method(type(obj), attr, self._cached_results)  # (a cached method too)
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if (source.key, attr) not in self._guards:
@@ -613,7 +612,7 @@ class Observer:
             self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
-        elif type(value) is _partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
+        elif type(value) is functools.partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
