@@ -4,9 +4,8 @@
 ``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
 and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
 of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
-``grad`` whose function cannot be traced (its backward runs an eager fallback, or the program's
-gradient would go through a backward kernel), run as one eager fallback: torch.func's own
-transform on the call's tensors. functorch's transforms wrap tensors below
+``grad`` whose function cannot be traced (its backward runs an eager fallback), run as one eager
+fallback: torch.func's own transform on the call's tensors. functorch's transforms wrap tensors below
 ``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
 call gives eager's values exactly (the same kernels, in the same order), and what the function
 reads (a module's structure, captured values) is read on each call, as in eager. The call's

@@ -9,7 +9,8 @@ differentiated, the values it recorded require grad as they do at the level outs
 (eager's results carry the outer level's gradients, or none), so that the program's own backward
 differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
 eager's; where that gradient may go through it, composites are differentiated through their
-decompositions (their grad rules' backward kernels have no gradient). ``vjp``'s forward is the
+decompositions (their grad rules' backward kernels have no gradient), kernels an executor runs
+whole (``native_layer_norm``) included. ``vjp``'s forward is the
 program's own ops, and its function traces the function again on stand-ins for each call. In-place
 writes functorch refuses (to captured tensors, to differentiated arguments) raise its errors.
 
@@ -34,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
-from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies
+from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies, recording_decompositions
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -154,7 +155,10 @@ def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list
     given = list(args)
     aliases: list = []
     specs = []
-    with torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
+    # (the program's gradient may go through the function's backward: layer_norm's kernel is
+    # differentiated through its decomposition, not its backward kernel, which has no gradient)
+    decompositions = recording_decompositions(torch.is_grad_enabled())
+    with decompositions, torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
         for n in nums:
             leaves, spec = tree_flatten(given[n])
             made = [_differentiable(rec, x, sizes) for x in leaves]
