@@ -185,6 +185,20 @@ def test_vjp_is_traced_with_eagers_values_and_gradients():
     assert traced(vjp_program, x, w)
 
 
+def test_vjps_function_reuses_the_forwards_values_as_eager_does():
+    # Eager runs the forward once; each call of the vjp function runs only the backward (the
+    # forward was traced again per call, which CSE did not merge).
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+    names = thunder_rs.last_traces(_jitted_once(vjp_program, x, w))[0].symbol_names()
+    assert names.count("ltorch.sin") == 1 and names.count("ltorch.matmul") == 1 + 2 * 2
+
+
+def _jitted_once(program, *args):
+    jitted = thunder_rs.jit(program)
+    exactly(jitted(*args), program(*args))
+    return jitted
+
+
 def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
     jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
@@ -199,12 +213,28 @@ def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     assert thunder_rs.examine(program, x, w).fallbacks == {"torch.func.vmap": 1}
 
 
+def test_a_vjp_of_random_draws_is_traced_once_as_eager_draws_them():
+    # The vjp function differentiates the forward's own ops (eager runs the forward once): its
+    # gradient follows the mask the forward drew (it was refused: a second trace would draw again).
+    def program(x):
+        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)
+        return y, vjp_fn(torch.ones_like(y))[0]
+
+    x = torch.rand(64) + 1
+    torch.manual_seed(1)
+    actual = thunder_rs.jit(program)(x)
+    torch.manual_seed(1)
+    exactly(actual, program(x))
+    exactly(actual[1], (actual[0] != 0) * 2.0)
+    assert traced(program, x)
+
+
 def test_a_vjp_function_that_cannot_be_traced_is_refused_naming_the_transform():
     def program(x):
-        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)  # (would draw again)
+        y, vjp_fn = torch.func.vjp(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)), x)
         return vjp_fn(torch.ones_like(y))
 
-    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*random"):
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*eager fallback"):
         thunder_rs.jit(program)(torch.randn(3))
 
 

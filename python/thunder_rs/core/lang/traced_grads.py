@@ -10,9 +10,11 @@ differentiated, the values it recorded require grad as they do at the level outs
 differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
 eager's; where that gradient may go through it, composites are differentiated through their
 decompositions (their grad rules' backward kernels have no gradient), kernels an executor runs
-whole (``native_layer_norm``) included. ``vjp``'s forward is the
-program's own ops, and its function traces the function again on stand-ins for each call. In-place
-writes functorch refuses (to captured tensors, to differentiated arguments) raise its errors.
+whole (``native_layer_norm``) included. ``vjp``'s forward is traced once, on stand-ins, as the
+program's own ops, and each call of its function emits their backward (``Recorder.
+differentiate_values``: eager runs the forward once); where it cannot (under another ``torch.vmap``
+level) the function is traced again on stand-ins. In-place writes functorch refuses (to captured
+tensors, to differentiated arguments) raise its errors.
 
 Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0, 0))``) the
 function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
@@ -170,10 +172,11 @@ def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list
             return func(*given, **kwargs), aliases, specs
 
 
-def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) -> list:
+def _backward(rec, mark, seeds: list, aliases: list, specs: list, outside) -> list:
     """The gradients of ``aliases`` (per argument) from ``seeds`` (``(output, cotangent)`` as the
-    function sees them), recorded after what was traced since ``mark``, each argument's as its
-    tree; ``outside`` (what the function returned) then requires grad as the outer level sees it."""
+    function sees them), recorded after what was traced since ``mark`` (or a ``VjpForward``'s
+    calls), each argument's as its tree; ``outside`` (what the function returned) then requires
+    grad as the outer level sees it."""
     sizes = vmap_state.levels.get()
     flat = [a for group in aliases for a in group]
     pairs = []
@@ -182,7 +185,11 @@ def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) 
         if tuple(phys.shape) != tuple(cot.shape):
             raise _Untraceable
         pairs.append((phys._vid, cot._vid))
-    grads = rec.differentiate(mark, pairs, [a._vid for a in flat], torch.is_grad_enabled())
+    wrt, enabled = [a._vid for a in flat], torch.is_grad_enabled()
+    if isinstance(mark, VjpForward):
+        grads = rec.differentiate_values(mark.first, mark.end, mark.inner, pairs, wrt, enabled)
+    else:
+        grads = rec.differentiate(mark, pairs, wrt, enabled)
     grads = [torch.zeros_like(a) if g is None else proxies([g])[0] for g, a in zip(grads, flat)]
     if sizes:
         grads = [vmap_state.BATCHED[0](g, len(sizes)) for g in grads]
@@ -232,12 +239,63 @@ def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: di
     return (grads, aux) if has_aux else grads
 
 
-def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents):
-    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
-    ``func`` traced again on stand-ins of the primals (the forward the program uses was traced
-    as its own ops), its backward from the cotangents; or ``UNTRACED``, nothing recorded. A
-    function that draws random numbers is not traced twice (the draws would differ)."""
+class VjpForward(NamedTuple):
+    """A ``vjp``'s forward traced once on stand-ins of its primals (``vjp_forward``): the values
+    it made (ids ``first`` to before ``end``, requiring grad as ``inner`` says inside the
+    transform), the stand-ins per primal and their tree specs, where it was recorded."""
+
+    first: int
+    end: int
+    inner: list
+    aliases: list
+    specs: list
+    outputs: list
+    levels: tuple
+    recorder: object
+
+
+def vjp_forward(func, primals: tuple, argnums, has_aux: bool):
+    """``vjp``'s forward, ``func`` traced once on stand-ins of the primals that require grad, as
+    the program's own ops that its function differentiates (``vjp_backward``): ``(its output,
+    a VjpForward)``; or None, nothing recorded, where it cannot be."""
     rec = active_recorder()
+    mark, first, written = rec.mark(), rec.num_values, list[TensorProxy]()
+    try:
+        nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
+        if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+            raise _Untraceable  # (traced again, raising eager's error)
+        end, outputs = rec.num_values, tree_flatten(out[0] if has_aux else out)[0]
+        if not all(isinstance(t, TensorProxy) for t in outputs):
+            raise _Untraceable
+        inner = rec.grad_labels(first, end)
+        rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
+    except Exception as e:  # (traced as the program's own ops instead)
+        if written:
+            raise _unwritten("torch.func.vjp", e) from e
+        rec.rewind(mark)
+        return None
+    _as_outside(rec, out)
+    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec)
+
+
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None):
+    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
+    the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
+    the program has recorded since; where there is none (or it was traced outside the
+    ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
+    backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
+    numbers is not traced twice (the draws would differ)."""
+    rec = active_recorder()
+    if forward is not None and forward.recorder is rec and forward.levels == vmap_state.levels.get():
+        flat_cot, cot_spec = tree_flatten(cotangents)
+        try:
+            if cot_spec != out_spec:
+                raise _Untraceable
+            trees = _backward(rec, forward, list(zip(forward.outputs, flat_cot)), forward.aliases, forward.specs, ())
+            return _as_argnums(trees, argnums)
+        except Exception:  # (traced again below)
+            pass
     mark, written = rec.mark(), list[TensorProxy]()
     try:
         nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
@@ -254,6 +312,10 @@ def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotange
     except Exception:  # (what cannot be traced runs eagerly, or raises naming the transform)
         rec.rewind(mark)
         return UNTRACED
+    return _as_argnums(trees, argnums)
+
+
+def _as_argnums(trees: list, argnums):
     if argnums is None:
         return tuple(trees)
     return trees[0] if isinstance(argnums, int) else tuple(trees)
