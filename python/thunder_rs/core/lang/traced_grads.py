@@ -9,8 +9,9 @@ differentiated, the values it recorded require grad as they do at the level outs
 (eager's results carry the outer level's gradients, or none), so that the program's own backward
 differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
 eager's; where that gradient may go through it, composites are differentiated through their
-decompositions (their grad rules' backward kernels have no gradient), kernels an executor runs
-whole (``native_layer_norm``) included. ``vjp``'s forward is traced once, on stand-ins, as the
+decompositions (their grad rules' backward kernels have no gradient): where it meets a kernel an
+executor runs whole (``native_layer_norm`` in layer_norm's rule), the function is traced again
+with the kernels' decompositions. ``vjp``'s forward is traced once, on stand-ins, as the
 program's own ops, and each call of its function emits their backward (``Recorder.
 differentiate_values``: eager runs the forward once); where it cannot (under another ``torch.vmap``
 level) the function is traced again on stand-ins. In-place writes functorch refuses (to captured
@@ -149,18 +150,20 @@ def _as_outside(rec, tree) -> None:
                 _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
 
 
-def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list):
+def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list, decompositions: bool = False):
     """``func`` traced on stand-ins of the arguments at positions ``nums`` that require grad:
     ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``; the
-    other arguments it writes in place are noted in ``written``."""
+    other arguments it writes in place are noted in ``written``. With ``decompositions``, kernels
+    an executor runs whole are recorded with their decompositions (``native_layer_norm`` in a
+    grad rule), which a gradient of the program through the backward needs."""
     sizes = vmap_state.levels.get()
     given = list(args)
     aliases: list = []
     specs = []
-    # (the program's gradient may go through the function's backward: layer_norm's kernel is
-    # differentiated through its decomposition, not its backward kernel, which has no gradient)
-    decompositions = recording_decompositions(torch.is_grad_enabled())
-    with decompositions, torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
+    with (
+        recording_decompositions(decompositions),
+        torch.enable_grad(),
+    ):  # (torch.func's transforms differentiate under no_grad too)
         for n in nums:
             leaves, spec = tree_flatten(given[n])
             made = [_differentiable(rec, x, sizes) for x in leaves]
@@ -198,9 +201,11 @@ def _backward(rec, mark, seeds: list, aliases: list, specs: list, outside) -> li
     return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
 
 
-def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list):
-    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``."""
-    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs, written)
+def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list, whole: bool):
+    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``; with
+    ``whole`` false, kernels recorded with their decompositions."""
+    nums = _argnums(argnums, len(args))
+    out, aliases, specs = _on_aliases(rec, func, nums, args, kwargs, written, decompositions=not whole)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -211,6 +216,12 @@ def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dic
     seed = torch.ones((), dtype=out.dtype, device=out.device)
     trees = _backward(rec, mark, [(out, seed)], aliases, specs, (out, aux))
     return (trees[0] if isinstance(argnums, int) else tuple(trees)), out, aux
+
+
+def _needs_decompositions(e: Exception) -> bool:
+    """Whether the program's gradient through a traced transform met a kernel recorded whole (its
+    backward kernel has no gradient): traced again with the kernels' decompositions, it may not."""
+    return torch.is_grad_enabled() and "recorded without its decomposition" in str(e)
 
 
 def _unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
@@ -227,16 +238,20 @@ def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: di
     rec = active_recorder()
     args, kwargs = lift_captured(args, kwargs)
     mark, written = rec.mark(), list[TensorProxy]()
-    try:
-        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written)
-    except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
-        if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
-            raise _unwritten("torch.func.grad", e) from e
-        rec.rewind(mark)
-        return UNTRACED
-    if with_value:
-        return (grads, (out, aux)) if has_aux else (grads, out)
-    return (grads, aux) if has_aux else grads
+    for whole in (True, False):
+        try:
+            grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written, whole)
+        except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
+            if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
+                raise _unwritten("torch.func.grad", e) from e
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+            continue
+        if with_value:
+            return (grads, (out, aux)) if has_aux else (grads, out)
+        return (grads, aux) if has_aux else grads
+    return UNTRACED
 
 
 class VjpForward(NamedTuple):
@@ -296,23 +311,34 @@ def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotange
             return _as_argnums(trees, argnums)
         except Exception:  # (traced again below)
             pass
-    mark, written = rec.mark(), list[TensorProxy]()
-    try:
-        nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
-        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
-        if written:  # (vjp wrote them once, as eager does; its function must not write them again)
-            raise _Untraceable
-        if has_aux:
-            out = out[0]
-        flat_out, spec = tree_flatten(out)
-        flat_cot, cot_spec = tree_flatten(cotangents)
-        if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
-            raise _Untraceable
-        trees = _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
-    except Exception:  # (what cannot be traced runs eagerly, or raises naming the transform)
-        rec.rewind(mark)
-        return UNTRACED
-    return _as_argnums(trees, argnums)
+    mark = rec.mark()
+    for whole in (True, False):
+        try:
+            return _as_argnums(
+                _traced_again(rec, mark, func, primals, argnums, has_aux, out_spec, cotangents, whole), argnums
+            )
+        except Exception as e:  # (what cannot be traced runs eagerly, or raises naming the transform)
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+    return UNTRACED
+
+
+def _traced_again(rec, mark: int, func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, whole: bool):
+    """``vjp``'s function as ``func`` traced again on stand-ins of the primals, then its backward
+    from ``cotangents``: the gradients per primal differentiated."""
+    written = list[TensorProxy]()
+    nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+    out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
+    if written:  # (vjp wrote them once, as eager does; its function must not write them again)
+        raise _Untraceable
+    if has_aux:
+        out = out[0]
+    flat_out, spec = tree_flatten(out)
+    flat_cot, cot_spec = tree_flatten(cotangents)
+    if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
+        raise _Untraceable
+    return _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
 
 
 def _as_argnums(trees: list, argnums):
