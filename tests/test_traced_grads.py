@@ -193,6 +193,21 @@ def test_vjps_function_reuses_the_forwards_values_as_eager_does():
     assert names.count("ltorch.sin") == 1 and names.count("ltorch.matmul") == 1 + 2 * 2
 
 
+def test_a_vjp_under_vmap_reuses_its_forward():
+    def program(x, w):
+        def row(r):
+            y, vjp_fn = torch.func.vjp(lambda r: (r @ w).tanh(), r)
+            return vjp_fn(y)[0]
+
+        return torch.vmap(row)(x)
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3)
+    jitted = thunder_rs.jit(program)
+    torch.testing.assert_close(jitted(x, w), program(x, w))
+    assert thunder_rs.last_traces(jitted)[0].symbol_names().count("ltorch.tanh") == 1
+    assert traced(program, x, w)
+
+
 def _jitted_once(program, *args):
     jitted = thunder_rs.jit(program)
     exactly(jitted(*args), program(*args))
