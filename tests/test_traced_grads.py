@@ -89,6 +89,7 @@ def test_the_programs_gradient_through_a_traced_grad_is_eagers(critic):
         g = torch.func.grad(lambda x: critic(x @ w).sum())(x)
         return critic(x @ w).mean() + ((g.pow(2).sum(-1).sqrt() - 1) ** 2).mean()
 
+    torch.manual_seed(0)
     x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
     w2 = w.detach().clone().requires_grad_()
     jitted = thunder_rs.jit(gradient_penalty)
@@ -106,16 +107,19 @@ def test_layer_norm_in_a_grad_the_programs_gradient_goes_through_is_traced():
     # where the program's gradient may go through the grad, its kernels are recorded with their
     # decompositions, which the VJP pass differentiates twice (it ran as one eager call).
     def program(x, w):
-        g = torch.func.grad(lambda x: F.layer_norm(x @ w, (3,)).sum())(x)
+        g = torch.func.grad(lambda x: F.layer_norm(x @ w, (3,)).pow(3).sum())(x)
         return (g.norm(dim=-1) - 1).pow(2).mean()
 
+    torch.manual_seed(0)
     x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
     w2 = w.detach().clone().requires_grad_()
     jitted = thunder_rs.jit(program)
     out, expected = jitted(x, w), program(x, w2)
     out.backward()
     expected.backward()
-    torch.testing.assert_close((out, w.grad), (expected, w2.grad))
+    # (layer_norm's second derivative over 3 elements is ill-conditioned in float32: eager's and
+    # thunder_rs's each differ from float64's by about 1e-5 relative)
+    torch.testing.assert_close((out, w.grad), (expected, w2.grad), rtol=1e-4, atol=1e-5)
     assert "torch.func.grad" not in thunder_rs.last_traces(jitted)[0].symbol_names()
     with torch.no_grad():  # without the program's gradient, the grad is traced with the rules' kernels
         exactly(jitted(x, w), program(x, w))
