@@ -2,8 +2,8 @@
 (``core.lang.traced_grads``: the function's calls, then their backward from thunder_rs's VJP
 rules), not run as one eager call: values against eager's torch.func, ``requires_grad`` of the
 results as eager's, gradients of the program through the transform (a gradient penalty), nested
-grads, and what still runs as an eager call (a backward through an eager fallback, a gradient
-through a backward kernel) or raises eager's error."""
+grads, and what still runs as an eager call (a backward through an eager fallback) or raises
+eager's error."""
 
 import pytest
 import torch
@@ -74,6 +74,8 @@ CRITICS = {
     "leaky_relu": lambda h: F.leaky_relu(h, 0.2),
     "gelu": F.gelu,
     "softmax": lambda h: h.softmax(-1) * h,
+    "layer_norm": lambda h: F.layer_norm(h, (3,)) * h,
+    "batch_norm": lambda h: F.batch_norm(h, None, None, training=True) * h,
 }
 
 
@@ -87,6 +89,7 @@ def test_the_programs_gradient_through_a_traced_grad_is_eagers(critic):
         g = torch.func.grad(lambda x: critic(x @ w).sum())(x)
         return critic(x @ w).mean() + ((g.pow(2).sum(-1).sqrt() - 1) ** 2).mean()
 
+    torch.manual_seed(0)
     x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
     w2 = w.detach().clone().requires_grad_()
     jitted = thunder_rs.jit(gradient_penalty)
@@ -99,22 +102,25 @@ def test_the_programs_gradient_through_a_traced_grad_is_eagers(critic):
     assert not any(name.startswith("torch.func") for name in thunder_rs.last_traces(jitted)[0].symbol_names())
 
 
-def test_a_gradient_through_a_backward_kernel_runs_the_transform_eagerly():
-    # layer_norm's decomposition records native_layer_norm whole, differentiated by its grad
-    # rule's native_layer_norm_backward, which the VJP pass cannot differentiate: a gradient of the
-    # program through it takes the eager call, whose backward is torch's.
+def test_layer_norm_in_a_grad_the_programs_gradient_goes_through_is_traced():
+    # layer_norm's grad rule records native_layer_norm whole (its backward kernel has no gradient):
+    # where the program's gradient may go through the grad, its kernels are recorded with their
+    # decompositions, which the VJP pass differentiates twice (it ran as one eager call).
     def program(x, w):
-        g = torch.func.grad(lambda x: F.layer_norm(x @ w, (3,)).sum())(x)
+        g = torch.func.grad(lambda x: F.layer_norm(x @ w, (3,)).pow(3).sum())(x)
         return (g.norm(dim=-1) - 1).pow(2).mean()
 
+    torch.manual_seed(0)
     x, w = torch.randn(5, 4), torch.randn(4, 3, requires_grad=True)
     w2 = w.detach().clone().requires_grad_()
     jitted = thunder_rs.jit(program)
     out, expected = jitted(x, w), program(x, w2)
     out.backward()
     expected.backward()
-    torch.testing.assert_close((out, w.grad), (expected, w2.grad))
-    assert "torch.func.grad" in thunder_rs.last_traces(jitted)[0].symbol_names()
+    # (layer_norm's second derivative over 3 elements is ill-conditioned in float32: eager's and
+    # thunder_rs's each differ from float64's by about 1e-5 relative)
+    torch.testing.assert_close((out, w.grad), (expected, w2.grad), rtol=1e-4, atol=1e-5)
+    assert "torch.func.grad" not in thunder_rs.last_traces(jitted)[0].symbol_names()
     with torch.no_grad():  # without the program's gradient, the grad is traced with the rules' kernels
         exactly(jitted(x, w), program(x, w))
         assert "torch.func.grad" not in thunder_rs.last_traces(jitted)[0].symbol_names()
@@ -183,6 +189,35 @@ def test_vjp_is_traced_with_eagers_values_and_gradients():
     assert traced(vjp_program, x, w)
 
 
+def test_vjps_function_reuses_the_forwards_values_as_eager_does():
+    # Eager runs the forward once; each call of the vjp function runs only the backward (the
+    # forward was traced again per call, which CSE did not merge).
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+    names = thunder_rs.last_traces(_jitted_once(vjp_program, x, w))[0].symbol_names()
+    assert names.count("ltorch.sin") == 1 and names.count("ltorch.matmul") == 1 + 2 * 2
+
+
+def test_a_vjp_under_vmap_reuses_its_forward():
+    def program(x, w):
+        def row(r):
+            y, vjp_fn = torch.func.vjp(lambda r: (r @ w).tanh(), r)
+            return vjp_fn(y)[0]
+
+        return torch.vmap(row)(x)
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3)
+    jitted = thunder_rs.jit(program)
+    torch.testing.assert_close(jitted(x, w), program(x, w))
+    assert thunder_rs.last_traces(jitted)[0].symbol_names().count("ltorch.tanh") == 1
+    assert traced(program, x, w)
+
+
+def _jitted_once(program, *args):
+    jitted = thunder_rs.jit(program)
+    exactly(jitted(*args), program(*args))
+    return jitted
+
+
 def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
     jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
@@ -197,12 +232,28 @@ def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     assert thunder_rs.examine(program, x, w).fallbacks == {"torch.func.vmap": 1}
 
 
+def test_a_vjp_of_random_draws_is_traced_once_as_eager_draws_them():
+    # The vjp function differentiates the forward's own ops (eager runs the forward once): its
+    # gradient follows the mask the forward drew (it was refused: a second trace would draw again).
+    def program(x):
+        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)
+        return y, vjp_fn(torch.ones_like(y))[0]
+
+    x = torch.rand(64) + 1
+    torch.manual_seed(1)
+    actual = thunder_rs.jit(program)(x)
+    torch.manual_seed(1)
+    exactly(actual, program(x))
+    exactly(actual[1], (actual[0] != 0) * 2.0)
+    assert traced(program, x)
+
+
 def test_a_vjp_function_that_cannot_be_traced_is_refused_naming_the_transform():
     def program(x):
-        y, vjp_fn = torch.func.vjp(lambda x: F.dropout(x, 0.5, training=True), x)  # (would draw again)
+        y, vjp_fn = torch.func.vjp(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)), x)
         return vjp_fn(torch.ones_like(y))
 
-    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*random"):
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_traced_grads\.py:\d+: .*eager fallback"):
         thunder_rs.jit(program)(torch.randn(3))
 
 

@@ -323,6 +323,19 @@ class Recorder:
         """The backward of the calls since ``mark``, from ``(value, cotangent)`` ``seeds``, recorded
         after them: the gradient of each of ``wrt``; then the values since ``mark`` require grad as
         the level outside sees them, under its grad mode ``enabled``."""
+    def grad_labels(self, first: int, end: int) -> list[tuple[int, bool]]:
+        """Whether each tensor value made from ``first`` to before ``end`` requires grad now."""
+    def differentiate_values(
+        self,
+        first: int,
+        end: int,
+        inner: Sequence[tuple[int, bool]],
+        seeds: Sequence[tuple[int, int]],
+        wrt: Sequence[int],
+        enabled: bool,
+    ) -> list[RecordedTensor | None]:
+        """``differentiate`` of the calls defining the values made from ``first`` to before ``end``
+        (a vjp's forward), labelled ``inner`` meanwhile, its backward after all recorded so far."""
     @property
     def num_values(self) -> int:
         """How many values the recording has made: the next value's id."""

@@ -9,6 +9,7 @@
 
 use crate::PassCx;
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::ops::Range;
 use std::sync::Arc;
 use trace_ir::grad::Emitter;
 use trace_ir::{
@@ -95,27 +96,98 @@ pub fn backward_into(
     wrt: &[ValueId],
     outer_grad: bool,
 ) -> Result<Vec<Option<ValueId>>> {
-    let region = builder.recorded_since(mark).to_vec();
+    let end = builder.mark();
+    Ok(backward_after(builder, mark..end, seeds, wrt, outer_grad)?.0)
+}
+
+/// [`backward_into`] of the calls at the current level that define the values `values` (a
+/// forward `torch.func.vjp` recorded, which the program may have used since): its backward is
+/// emitted after everything recorded so far, from the forward's own values, and the gradient
+/// that reaches each of `wrt` is returned with how many calls the backward recorded. Refused
+/// where calls defining other values are interleaved with them.
+pub fn backward_of_values(
+    builder: &mut TraceBuilder,
+    values: Range<usize>,
+    seeds: &[(ValueId, ValueId)],
+    wrt: &[ValueId],
+    outer_grad: bool,
+) -> Result<(Vec<Option<ValueId>>, usize)> {
+    let calls = builder.recorded_since(0);
+    let defines = |b: &BoundSymbol| {
+        let (mut inside, mut outside) = (false, false);
+        b.for_each_defined(&mut |v| {
+            if !b.args.contains(&Arg::Value(v)) {
+                let within = values.contains(&v.index());
+                inside |= within;
+                outside |= !within;
+            }
+        });
+        (inside, outside)
+    };
+    let Some(start) = calls.iter().position(|b| defines(b).0) else {
+        bail!(NotImplemented, "differentiate", "the calls defining the values to differentiate are gone");
+    };
+    let end = calls.iter().rposition(|b| defines(b).0).map_or(start, |i| i + 1);
+    if calls[start..end].iter().any(|b| defines(b).1) {
+        bail!(NotImplemented, "differentiate", "other calls are interleaved with those to differentiate");
+    }
+    backward_after(builder, start..end, seeds, wrt, outer_grad)
+}
+
+/// The backward of the calls `span` at the builder's current level, emitted after all it
+/// recorded (those of `span` decomposed where the backward reads their values): the gradients
+/// of `wrt` and how many calls the backward recorded.
+fn backward_after(
+    builder: &mut TraceBuilder,
+    span: Range<usize>,
+    seeds: &[(ValueId, ValueId)],
+    wrt: &[ValueId],
+    outer_grad: bool,
+) -> Result<(Vec<Option<ValueId>>, usize)> {
+    let region = builder.recorded_since(span.start)[..span.end - span.start].to_vec();
+    let rest = builder.recorded_since(span.end).to_vec();
     let end = builder.mark();
     let decompose = outer_grad && reads_values_requiring_grad(builder, &region);
     builder.set_grad_enabled(true);
     let mut cots = Cotangents { fresh: true, decompose, ..Cotangents::default() };
+    let emitted = emit_backward(builder, &mut cots, &region, seeds).and_then(|()| {
+        match builder.recorded_since(end).iter().find(|b| matches!(b.symbol, Symbol::Fallback(_))) {
+            Some(b) => bail!(
+                NotImplemented,
+                "differentiate",
+                "the backward runs the eager fallback {}",
+                b.symbol.qualified_name()
+            ),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = emitted {
+        builder.rewind(end); // (what it emitted; the calls it differentiates stay)
+        return Err(e);
+    }
+    let backward = builder.recorded_since(end).to_vec();
+    let mut read = vec![false; builder.num_values()];
+    backward.iter().for_each(|b| b.for_each_read(&mut |v| read[v.index()] = true));
+    builder.rewind(span.start);
+    let mut calls = Vec::with_capacity(region.len() + rest.len() + backward.len());
+    region.iter().for_each(|b| crate::split::flatten_where_needed(b, &read, &mut calls));
+    let recorded = backward.len();
+    calls.into_iter().chain(rest).chain(backward).for_each(|b| builder.push_bsym(b));
+    Ok((wrt.iter().map(|&w| cots.get(w)).collect(), recorded))
+}
+
+/// Emits the backward of `region` from `seeds` (`(value, cotangent)`) into `builder`.
+fn emit_backward(
+    builder: &mut TraceBuilder,
+    cots: &mut Cotangents,
+    region: &[BoundSymbol],
+    seeds: &[(ValueId, ValueId)],
+) -> Result<()> {
     let mut e = Emitter::new(builder);
     for &(value, cotangent) in seeds {
         cots.accumulate(&mut e, value, cotangent)?;
     }
-    backprop(&mut e, &mut cots, &region)?;
-    let backward = builder.recorded_since(end).to_vec();
-    if let Some(b) = backward.iter().find(|b| matches!(b.symbol, Symbol::Fallback(_))) {
-        bail!(NotImplemented, "differentiate", "the backward runs the eager fallback {}", b.symbol.qualified_name());
-    }
-    let mut read = vec![false; builder.num_values()];
-    backward.iter().for_each(|b| b.for_each_read(&mut |v| read[v.index()] = true));
-    builder.rewind(mark);
-    let mut calls = Vec::with_capacity(region.len() + backward.len());
-    region.iter().for_each(|b| crate::split::flatten_where_needed(b, &read, &mut calls));
-    calls.into_iter().chain(backward).for_each(|b| builder.push_bsym(b));
-    Ok(wrt.iter().map(|&w| cots.get(w)).collect())
+    backprop(&mut e, cots, region)
 }
 
 /// Whether `bsyms` read a value they do not define (at any depth of their decompositions) that
@@ -336,6 +408,29 @@ mod tests {
         // Outside the transform x does not require grad: neither does the gradient.
         b.relabel_since(mark, true).unwrap();
         assert!(matches!(b.value(g), Some(ValueKind::Tensor(t)) if !t.requires_grad));
+        let trace = b.finish(Arg::Value(g)).unwrap();
+        trace_ir::verify::verify(&trace).unwrap();
+    }
+
+    #[test]
+    fn the_backward_of_earlier_values_follows_what_was_recorded_since() {
+        // A vjp's forward y = sum(x' * x'), then a call of the program's own, then the backward of
+        // the forward's values, after it.
+        let mut b = TraceBuilder::new();
+        let x = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![4])));
+        let first = b.num_values();
+        let alias = b.record_prim("neg", vec![Arg::Value(x)]).unwrap()[0];
+        b.set_requires_grad(alias, true).unwrap();
+        let sq = b.record_prim("mul", vec![Arg::Value(alias), Arg::Value(alias)]).unwrap()[0];
+        let y = b.record_prim("sum", vec![Arg::Value(sq), Arg::ints(&[0])]).unwrap()[0];
+        let end = b.num_values();
+        let other = b.record_prim("neg", vec![Arg::Value(x)]).unwrap()[0];
+        let seed = b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![])));
+        let (grads, recorded) = backward_of_values(&mut b, first..end, &[(y, seed)], &[alias], true).unwrap();
+        let calls = b.recorded_since(0);
+        assert_eq!(calls.len(), 4 + recorded, "the forward, the program's call, then the backward");
+        assert_eq!(calls[3].outputs, vec![other]);
+        let g = grads[0].expect("x' reaches y");
         let trace = b.finish(Arg::Value(g)).unwrap();
         trace_ir::verify::verify(&trace).unwrap();
     }

@@ -366,6 +366,51 @@ impl Recorder {
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
 
+    /// Whether each tensor value made from `first` to before `end` requires grad now: what
+    /// `differentiate_values` restores while it differentiates them.
+    fn grad_labels(&mut self, first: usize, end: usize) -> PyResult<Vec<(u32, bool)>> {
+        let builder = self.builder()?;
+        Ok((first..end.min(builder.num_values()))
+            .filter_map(|i| match builder.value(ValueId(i as u32)) {
+                Some(ValueKind::Tensor(t)) => Some((i as u32, t.requires_grad)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// `differentiate` of the calls at the current level that define the values made from
+    /// `first` to before `end` (a `torch.func.vjp`'s forward, which the program may have used
+    /// since), with those values requiring grad as `inner` (their `grad_labels` when the forward
+    /// was traced) says while their backward is emitted, after all that was recorded; then they
+    /// require grad as they did, and the backward's values as the level outside sees them.
+    #[allow(clippy::too_many_arguments)]
+    fn differentiate_values(
+        &mut self,
+        first: usize,
+        end: usize,
+        inner: Vec<(u32, bool)>,
+        seeds: Vec<(u32, u32)>,
+        wrt: Vec<u32>,
+        enabled: bool,
+    ) -> PyResult<Vec<Option<RecordedTensor>>> {
+        let outside = self.grad_labels(first, end)?;
+        let builder = self.builder()?;
+        let label = |builder: &mut TraceBuilder, labels: &[(u32, bool)]| {
+            labels.iter().for_each(|&(v, flag)| builder.label_requires_grad(ValueId(v), flag));
+        };
+        label(builder, &inner);
+        let seeds: Vec<_> = seeds.into_iter().map(|(v, c)| (ValueId(v), ValueId(c))).collect();
+        let wrt: Vec<ValueId> = wrt.into_iter().map(ValueId).collect();
+        let done = no_panic("differentiate", || {
+            py_result(passes::vjp::backward_of_values(builder, first..end, &seeds, &wrt, enabled))
+        });
+        label(builder, &outside);
+        let (grads, recorded) = done?;
+        let mark = builder.mark() - recorded;
+        py_result(builder.relabel_since(mark, enabled))?;
+        grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
+    }
+
     /// How many values the recording has made: the next value's id.
     #[getter]
     fn num_values(&mut self) -> PyResult<usize> {

@@ -486,6 +486,14 @@ impl TraceBuilder {
         self.grad_enabled
     }
 
+    /// Whether the tensor `value` requires grad, as a differentiating transform's level sees it
+    /// (which eager's `requires_grad_` checks do not apply to): `Recorder.differentiate_values`.
+    pub fn label_requires_grad(&mut self, value: ValueId, flag: bool) {
+        if let Some(ValueKind::Tensor(t)) = self.values.get_mut(value.index()) {
+            t.requires_grad = flag;
+        }
+    }
+
     /// `tensor.requires_grad_(flag)` on a recorded value: later calls that read it follow the
     /// new flag, earlier ones keep theirs (as in eager).
     pub fn set_requires_grad(&mut self, value: ValueId, flag: bool) -> Result<()> {

@@ -4,9 +4,8 @@
 ``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
 and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
 of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
-``grad`` whose function cannot be traced (its backward runs an eager fallback, or the program's
-gradient would go through a backward kernel), run as one eager fallback: torch.func's own
-transform on the call's tensors. functorch's transforms wrap tensors below
+``grad`` whose function cannot be traced (its backward runs an eager fallback), run as one eager
+fallback: torch.func's own transform on the call's tensors. functorch's transforms wrap tensors below
 ``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
 call gives eager's values exactly (the same kernels, in the same order), and what the function
 reads (a module's structure, captured values) is read on each call, as in eager. The call's
@@ -113,8 +112,9 @@ _vjp_with_argnums = _eager_impls._vjp_with_argnums
 
 def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
     """torch's ``_vjp_with_argnums`` while tracing, which ``torch.func.vjp`` and a ``jacrev`` made
-    before tracing call: of traced values, the function traced as the program's own ops, and a
-    vjp function that traces its backward (``traced_grads.vjp_backward``)."""
+    before tracing call: of traced values, the function traced once as the program's own ops (on
+    stand-ins that require grad: ``traced_grads.vjp_forward``), and a vjp function that traces
+    its backward from those ops (``traced_grads.vjp_backward``)."""
     if _eager(func, primals):
         return _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)
     (primals, _) = lift_captured(primals, {})
@@ -122,8 +122,12 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
     nums = range(len(primals)) if argnums is None else (argnums,) if isinstance(argnums, int) else argnums
     chosen = [p for i, p in enumerate(primals) if i in nums or i - len(primals) in nums]
     others = [p for i, p in enumerate(primals) if not (i in nums or i - len(primals) in nums)]
-    with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
-        out = func(*primals)
+    forward = traced_grads.vjp_forward(func, primals, argnums, has_aux)  # (traced once, as eager runs it)
+    if forward is not None:
+        out, forward = forward
+    else:
+        with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
+            out = func(*primals)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -142,16 +146,16 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
         if active_recorder() is None:  # (an eager call of a vmap over it: each call's tensors)
             eager_fn = _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)[1]
             return eager_fn(cotangents, retain_graph, create_graph)
-        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
-def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents):
+def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward):
     """The traced backward of ``vjp``'s function; under ``torch.vmap``, where it cannot be traced,
     the enclosing vmap runs eagerly (``MapsATransform``)."""
     (cotangents,), _ = lift_captured((cotangents,), {})
-    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents)
+    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
     if out is not traced_grads.UNTRACED:
         return out
     if any(hasattr(t, "physical") for t in tree_flatten((cotangents, primals))[0]):

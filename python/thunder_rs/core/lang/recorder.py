@@ -251,6 +251,19 @@ def recording(
 
 
 @contextlib.contextmanager
+def recording_decompositions(enabled: bool = True):
+    """Kernels recorded with their decompositions (when ``enabled``), whichever executor runs them
+    whole: a traced ``torch.func.grad`` that the program's gradient may go through differentiates
+    its calls through their decompositions, whose backward it can differentiate again."""
+    token = _whole.set(None) if enabled else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _whole.reset(token)
+
+
+@contextlib.contextmanager
 def noting_inputs(inputs: list | None):
     """Appends the tensor each new trace input stands for to ``inputs`` (when not None)."""
     token = _real_inputs.set(inputs)

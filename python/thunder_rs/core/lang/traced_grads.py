@@ -9,9 +9,13 @@ differentiated, the values it recorded require grad as they do at the level outs
 (eager's results carry the outer level's gradients, or none), so that the program's own backward
 differentiates the transform (a gradient penalty's second order) and ``requires_grad`` is
 eager's; where that gradient may go through it, composites are differentiated through their
-decompositions (their grad rules' backward kernels have no gradient). ``vjp``'s forward is the
-program's own ops, and its function traces the function again on stand-ins for each call. In-place
-writes functorch refuses (to captured tensors, to differentiated arguments) raise its errors.
+decompositions (their grad rules' backward kernels have no gradient): where it meets a kernel an
+executor runs whole (``native_layer_norm`` in layer_norm's rule), the function is traced again
+with the kernels' decompositions. ``vjp``'s forward is traced once, on stand-ins, as the
+program's own ops, and each call of its function emits their backward (``Recorder.
+differentiate_values``: eager runs the forward once); where it cannot (under another ``torch.vmap``
+level) the function is traced again on stand-ins. In-place writes functorch refuses (to captured
+tensors, to differentiated arguments) raise its errors.
 
 Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0, 0))``) the
 function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
@@ -34,7 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
-from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies
+from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies, recording_decompositions
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -146,15 +150,20 @@ def _as_outside(rec, tree) -> None:
                 _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
 
 
-def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list):
+def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list, decompositions: bool = False):
     """``func`` traced on stand-ins of the arguments at positions ``nums`` that require grad:
     ``(its output, the aliases of each such argument's leaves, each argument's tree spec)``; the
-    other arguments it writes in place are noted in ``written``."""
+    other arguments it writes in place are noted in ``written``. With ``decompositions``, kernels
+    an executor runs whole are recorded with their decompositions (``native_layer_norm`` in a
+    grad rule), which a gradient of the program through the backward needs."""
     sizes = vmap_state.levels.get()
     given = list(args)
     aliases: list = []
     specs = []
-    with torch.enable_grad():  # (torch.func's transforms differentiate under no_grad too)
+    with (
+        recording_decompositions(decompositions),
+        torch.enable_grad(),
+    ):  # (torch.func's transforms differentiate under no_grad too)
         for n in nums:
             leaves, spec = tree_flatten(given[n])
             made = [_differentiable(rec, x, sizes) for x in leaves]
@@ -166,10 +175,11 @@ def _on_aliases(rec, func, nums: tuple, args: tuple, kwargs: dict, written: list
             return func(*given, **kwargs), aliases, specs
 
 
-def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) -> list:
+def _backward(rec, mark, seeds: list, aliases: list, specs: list, outside) -> list:
     """The gradients of ``aliases`` (per argument) from ``seeds`` (``(output, cotangent)`` as the
-    function sees them), recorded after what was traced since ``mark``, each argument's as its
-    tree; ``outside`` (what the function returned) then requires grad as the outer level sees it."""
+    function sees them), recorded after what was traced since ``mark`` (or a ``VjpForward``'s
+    calls), each argument's as its tree; ``outside`` (what the function returned) then requires
+    grad as the outer level sees it."""
     sizes = vmap_state.levels.get()
     flat = [a for group in aliases for a in group]
     pairs = []
@@ -178,7 +188,11 @@ def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) 
         if tuple(phys.shape) != tuple(cot.shape):
             raise _Untraceable
         pairs.append((phys._vid, cot._vid))
-    grads = rec.differentiate(mark, pairs, [a._vid for a in flat], torch.is_grad_enabled())
+    wrt, enabled = [a._vid for a in flat], torch.is_grad_enabled()
+    if isinstance(mark, VjpForward):
+        grads = rec.differentiate_values(mark.first, mark.end, mark.inner, pairs, wrt, enabled)
+    else:
+        grads = rec.differentiate(mark, pairs, wrt, enabled)
     grads = [torch.zeros_like(a) if g is None else proxies([g])[0] for g, a in zip(grads, flat)]
     if sizes:
         grads = [vmap_state.BATCHED[0](g, len(sizes)) for g in grads]
@@ -187,9 +201,11 @@ def _backward(rec, mark: int, seeds: list, aliases: list, specs: list, outside) 
     return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
 
 
-def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list):
-    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``."""
-    out, aliases, specs = _on_aliases(rec, func, _argnums(argnums, len(args)), args, kwargs, written)
+def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dict, written: list, whole: bool):
+    """The traced call of ``grad``: ``(gradients as the arguments' structure, output, aux)``; with
+    ``whole`` false, kernels recorded with their decompositions."""
+    nums = _argnums(argnums, len(args))
+    out, aliases, specs = _on_aliases(rec, func, nums, args, kwargs, written, decompositions=not whole)
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -200,6 +216,12 @@ def _grad(rec, mark: int, func, argnums, has_aux: bool, args: tuple, kwargs: dic
     seed = torch.ones((), dtype=out.dtype, device=out.device)
     trees = _backward(rec, mark, [(out, seed)], aliases, specs, (out, aux))
     return (trees[0] if isinstance(argnums, int) else tuple(trees)), out, aux
+
+
+def _needs_decompositions(e: Exception) -> bool:
+    """Whether the program's gradient through a traced transform met a kernel recorded whole (its
+    backward kernel has no gradient): traced again with the kernels' decompositions, it may not."""
+    return torch.is_grad_enabled() and "recorded without its decomposition" in str(e)
 
 
 def _unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
@@ -216,40 +238,110 @@ def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: di
     rec = active_recorder()
     args, kwargs = lift_captured(args, kwargs)
     mark, written = rec.mark(), list[TensorProxy]()
-    try:
-        grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written)
-    except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
-        if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
-            raise _unwritten("torch.func.grad", e) from e
-        rec.rewind(mark)
-        return UNTRACED
-    if with_value:
-        return (grads, (out, aux)) if has_aux else (grads, out)
-    return (grads, aux) if has_aux else grads
+    for whole in (True, False):
+        try:
+            grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written, whole)
+        except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
+            if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
+                raise _unwritten("torch.func.grad", e) from e
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+            continue
+        if with_value:
+            return (grads, (out, aux)) if has_aux else (grads, out)
+        return (grads, aux) if has_aux else grads
+    return UNTRACED
 
 
-def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents):
-    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
-    ``func`` traced again on stand-ins of the primals (the forward the program uses was traced
-    as its own ops), its backward from the cotangents; or ``UNTRACED``, nothing recorded. A
-    function that draws random numbers is not traced twice (the draws would differ)."""
+class VjpForward(NamedTuple):
+    """A ``vjp``'s forward traced once on stand-ins of its primals (``vjp_forward``): the values
+    it made (ids ``first`` to before ``end``, requiring grad as ``inner`` says inside the
+    transform), the stand-ins per primal and their tree specs, where it was recorded."""
+
+    first: int
+    end: int
+    inner: list
+    aliases: list
+    specs: list
+    outputs: list
+    levels: tuple
+    recorder: object
+
+
+def vjp_forward(func, primals: tuple, argnums, has_aux: bool):
+    """``vjp``'s forward, ``func`` traced once on stand-ins of the primals that require grad, as
+    the program's own ops that its function differentiates (``vjp_backward``): ``(its output,
+    a VjpForward)``; or None, nothing recorded, where it cannot be."""
     rec = active_recorder()
-    mark, written = rec.mark(), list[TensorProxy]()
+    mark, first, written = rec.mark(), rec.num_values, list[TensorProxy]()
     try:
         nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
         out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
-        if written:  # (vjp wrote them once, as eager does; its function must not write them again)
+        if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+            raise _Untraceable  # (traced again, raising eager's error)
+        end, outputs = rec.num_values, tree_flatten(out[0] if has_aux else out)[0]
+        if not all(isinstance(t, TensorProxy) for t in outputs):
             raise _Untraceable
-        if has_aux:
-            out = out[0]
-        flat_out, spec = tree_flatten(out)
-        flat_cot, cot_spec = tree_flatten(cotangents)
-        if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
-            raise _Untraceable
-        trees = _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
-    except Exception:  # (what cannot be traced runs eagerly, or raises naming the transform)
+        inner = rec.grad_labels(first, end)
+        rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
+    except Exception as e:  # (traced as the program's own ops instead)
+        if written:
+            raise _unwritten("torch.func.vjp", e) from e
         rec.rewind(mark)
-        return UNTRACED
+        return None
+    _as_outside(rec, out)
+    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec)
+
+
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None):
+    """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
+    the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
+    the program has recorded since; where there is none (or it was traced outside the
+    ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
+    backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
+    numbers is not traced twice (the draws would differ)."""
+    rec = active_recorder()
+    if forward is not None and forward.recorder is rec and forward.levels == vmap_state.levels.get():
+        flat_cot, cot_spec = tree_flatten(cotangents)
+        try:
+            if cot_spec != out_spec:
+                raise _Untraceable
+            trees = _backward(rec, forward, list(zip(forward.outputs, flat_cot)), forward.aliases, forward.specs, ())
+            return _as_argnums(trees, argnums)
+        except Exception:  # (traced again below)
+            pass
+    mark = rec.mark()
+    for whole in (True, False):
+        try:
+            return _as_argnums(
+                _traced_again(rec, mark, func, primals, argnums, has_aux, out_spec, cotangents, whole), argnums
+            )
+        except Exception as e:  # (what cannot be traced runs eagerly, or raises naming the transform)
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+    return UNTRACED
+
+
+def _traced_again(rec, mark: int, func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, whole: bool):
+    """``vjp``'s function as ``func`` traced again on stand-ins of the primals, then its backward
+    from ``cotangents``: the gradients per primal differentiated."""
+    written = list[TensorProxy]()
+    nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+    out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
+    if written:  # (vjp wrote them once, as eager does; its function must not write them again)
+        raise _Untraceable
+    if has_aux:
+        out = out[0]
+    flat_out, spec = tree_flatten(out)
+    flat_cot, cot_spec = tree_flatten(cotangents)
+    if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
+        raise _Untraceable
+    return _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
+
+
+def _as_argnums(trees: list, argnums):
     if argnums is None:
         return tuple(trees)
     return trees[0] if isinstance(argnums, int) else tuple(trees)
