@@ -165,6 +165,7 @@ def _conv(func, args, kwargs):
     pw = full(w, depth)
     sizes = tuple(pw.shape[:depth])
     pb = None if bias is None else full(bias, depth).flatten(0, depth)
+    # (groups symbolic with the level sizes: a new batch of per-sample gradients compiles nothing)
     out = func(px, pw.flatten(0, depth), pb, *options, groups * _product(sizes))
     out = out.unflatten(1, (*sizes, w.shape[0])).movedim(tuple(range(1, depth + 1)), levels)
     return wrap(out, depth)
