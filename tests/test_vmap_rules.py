@@ -164,6 +164,12 @@ CASES = [
     ("einsum-ellipsis-list", lambda a, b: torch.einsum("...i,i->...", [a, b]), (1, 0), (r(4, 3, 5), r(3, 5))),
     ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), 0, (r(3, 2, 4, 8), r(3, 2, 5, 8), r(3, 2, 5, 8))),
     (
+        "sdpa-mapped-dim-1",  # (eager on the CPU: one call per example, stacked contiguous)
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        1,
+        (r(2, 3, 4, 8), r(2, 3, 5, 8), r(2, 3, 5, 8)),
+    ),
+    (
         "sdpa-causal-shared-keys",
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         (0, None, None),

@@ -401,4 +401,6 @@ def _attention(func, args, kwargs):
         mask = wrap(physical(mask, levels_of(mask), max(mask.ndim, q.ndim)), levels_of(mask))
     options = {key: bound[key] for key in ("dropout_p", "is_causal", "scale", "enable_gqa")}
     out = func(fold(q), fold(k), fold(v), None if mask is None else fold(mask) if levels_of(mask) else mask, **options)
+    if out.device.type == "cpu":  # (eager's vmap stacks one call per example there: contiguous)
+        out = out.contiguous()
     return wrap(out.unflatten(0, tuple(full(q, depth).shape[:depth])), depth)
