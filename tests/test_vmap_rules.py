@@ -158,6 +158,12 @@ CASES = [
         (None, 0, 0),
         (r(2, 4, 5), r(3, 4), r(3, 4)),
     ),
+    (
+        "group_norm-batched-affine-dim-1",  # (eager normalises the unbatched input once: its layout)
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+        (None, 1, 1),
+        (r(2, 4, 5), r(4, 3), r(4, 3)),
+    ),
     ("group_norm-no-affine", lambda x: F.group_norm(x, 3), 1, (r(2, 3, 6, 4),)),
     ("einsum", lambda a, b: torch.einsum("ij,jk->ik", a, b), (0, None), (r(3, 4, 5), r(5, 2))),
     ("einsum-implicit", lambda a, b: torch.einsum("bij,bjk", a, b), (0, 0), (r(3, 2, 4, 5), r(3, 2, 5, 2))),

@@ -353,9 +353,12 @@ def _group_norm(func, args, kwargs):
         raise refusal(func, f"a {x.ndim}-d input")
     depth = max(levels_of(x), levels_of(w), levels_of(b))
     affine = levels_of(w) == 0 and levels_of(b) == 0
-    px = full(x, depth)
-    out = func(px.flatten(0, depth), bound["num_groups"], w if affine else None, b if affine else None, bound["eps"])
-    out = wrap(out.unflatten(0, tuple(px.shape[: depth + 1])), depth)
+    if levels_of(x):
+        px, params = full(x, depth), (w, b) if affine else (None, None)
+        out = func(px.flatten(0, depth), bound["num_groups"], *params, bound["eps"])
+        out = wrap(out.unflatten(0, tuple(px.shape[: depth + 1])), depth)
+    else:  # (normalised once, as eager's rule does, and its layout: the parameters broadcast over it)
+        out = func(x, bound["num_groups"], None, None, bound["eps"])
     if affine:
         return out
     shape = (x.shape[1], *(1,) * (x.ndim - 2))
