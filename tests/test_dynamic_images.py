@@ -1,7 +1,8 @@
 """Images and sequences of changing sizes through convolutions (issue 26): a convolution's meta
 rule computes its output's spatial sizes from symbolic input sizes (``(H + 2p - d(k - 1) - 1) // s
 + 1``, transposed ``(H - 1) s - 2p + d(k - 1) + op + 1``), so a CNN over images of several sizes
-compiles twice, not once per size; channels stay constant (the weight's). A mean over symbolic
+compiles twice, not once per size; channels stay constant (the weight's) except where a symbolic
+``groups`` counts them (a depthwise convolution of any channel count, vmap's per-sample weights). A mean over symbolic
 sizes divides by them as sizes (group norm, mean pooling), and a view's ``-1`` divides a multiple
 of a length less one (wav2vec2's feature encoder over audio of any length). Every call is checked
 against eager: outputs, gradients, and the error of an input too small for its kernel.
@@ -203,3 +204,21 @@ def test_a_torchvision_vit_trains_over_batch_sizes_in_two_compiles():
     )
     jmodel = train_like_eager(model, [torch.randn(b, 3, 32, 32) for b in (2, 3, 5, 4)])
     assert misses(jmodel) == 2
+
+
+def test_a_convolution_grouped_by_a_changing_channel_count_compiles_twice():
+    # ``groups=x.shape[1]`` (a depthwise convolution of however many channels come, with their
+    # weights): the count is symbolic, as the channels it groups; once a guard per channel count.
+    def f(x, w, b):
+        return F.conv2d(x, w, b, padding=1, groups=x.shape[1]).relu().sum((2, 3))
+
+    jf = thunder_rs.jit(f)
+    for channels in (3, 5, 7, 4):
+        args = [torch.randn(s, requires_grad=True) for s in ((2, channels, 6, 6), (channels, 1, 3, 3), (channels,))]
+        eager_args = [a.detach().clone().requires_grad_() for a in args]
+        out, expected = jf(*args), f(*eager_args)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close([a.grad for a in args], [a.grad for a in eager_args])
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons

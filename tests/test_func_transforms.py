@@ -46,6 +46,20 @@ def test_per_sample_gradients_equal_eagers(model, shape):
     assert thunder_rs.examine(program, params, buffers, x, y).fallbacks == {}  # traced, not an eager call
 
 
+def test_per_sample_gradients_of_a_cnn_over_new_batch_sizes_compile_once_more():
+    # The gradients are per example, so each example's convolution weights are a group of one
+    # grouped convolution (groups = the batch size): symbolic with the batch size, not a guard
+    # that compiled every new batch size again.
+    model = trained_statistics(CNN())
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    program, jitted = per_sample_grads(model), thunder_rs.jit(per_sample_grads(model))
+    for batch in (4, 6, 8, 5):
+        x, y = torch.randn(batch, 1, 8, 8), torch.randint(0, 4, (batch,))
+        torch.testing.assert_close(jitted(params, buffers, x, y), program(params, buffers, x, y))
+    assert thunder_rs.compile_stats(jitted).cache_misses == 2, thunder_rs.compile_stats(jitted).miss_reasons
+
+
 def test_a_grad_of_values_a_vmap_batched_is_traced_in_that_vmap():
     # The tutorial's other spelling: the grad is taken inside the vmapped function, over a closure.
     def loss(w, x, y):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, ThunderValueError, check
+from thunder_rs.core.lang.symint import hint
 from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
@@ -88,7 +89,8 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
     stride, dilation = _ints(stride, n, op, "stride"), _ints(dilation, n, op, "dilation")
     output_padding = _ints(output_padding, n, op, "output_padding")
     check(
-        isinstance(groups, int) and groups > 0,
+        # (a symbolic count where vmap folds per-example weights into groups, one per example)
+        is_int(groups) and hint(groups) > 0,
         op,
         f"non-positive groups is not supported (argument groups={groups})",
         ThunderRuntimeError,

@@ -80,6 +80,8 @@ def _matmul(func, args, kwargs):
     if a.ndim == 0 or b.ndim == 0:
         raise ThunderRuntimeError(f"matmul: both arguments need at least 1 dimension at {user_location()}")
     depth = max(levels_of(a), levels_of(b))
+    if b.ndim == 1 and levels_of(a) == 0:
+        return _batched_vector(a, b, depth)
     pa, pb = physical(a, depth), physical(b, depth)
     if a.ndim == 1:
         pa = pa.unsqueeze(-2)
@@ -92,6 +94,17 @@ def _matmul(func, args, kwargs):
     if a.ndim == 1:
         out = out.squeeze(-1 if b.ndim == 1 else -2)
     return wrap(out, depth)
+
+
+def _batched_vector(a, b, depth: int):
+    """An unbatched matrix times a batched vector: functorch's ``mv`` rule, the innermost
+    level's vectors the columns of one matrix (``a @ [I, L]``) and the level moved back from
+    the last dim (eager's layout)."""
+    pb = physical(b, depth).movedim(depth - 1, -1)
+    pb = pb.reshape((*pb.shape[: depth - 1], *(1,) * max(a.ndim - 2, 0), *pb.shape[depth - 1 :]))
+    out = torch.matmul(a if a.ndim > 1 else a.unsqueeze(0), pb)
+    out = out if a.ndim > 1 else out.squeeze(-2)
+    return wrap(out.movedim(-1, depth - 1), depth)
 
 
 @batching_rule(F.linear)
@@ -152,6 +165,7 @@ def _conv(func, args, kwargs):
     pw = full(w, depth)
     sizes = tuple(pw.shape[:depth])
     pb = None if bias is None else full(bias, depth).flatten(0, depth)
+    # (groups symbolic with the level sizes: a new batch of per-sample gradients compiles nothing)
     out = func(px, pw.flatten(0, depth), pb, *options, groups * _product(sizes))
     out = out.unflatten(1, (*sizes, w.shape[0])).movedim(tuple(range(1, depth + 1)), levels)
     return wrap(out, depth)
@@ -287,9 +301,9 @@ def _label_loss(func, args, kwargs):
 
 @batching_rule(F.embedding)
 def _embedding(func, args, kwargs):
-    """Batched indices into one table: the physical indices looked up at once. A batched table:
-    each example's rows gathered from its own table (the same copy; its gradient sums as
-    embedding's does)."""
+    """Batched indices into one table: the physical indices looked up at once. Unbatched indices
+    into a batched table: the tables side by side, looked up once. Both batched: each example's
+    rows gathered from its own table (the same copy; its gradient sums as embedding's does)."""
     names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
     defaults = {"padding_idx": None, "max_norm": None, "norm_type": 2.0, "scale_grad_by_freq": False, "sparse": False}
     bound = _bind(names, defaults, args, kwargs)
@@ -298,9 +312,14 @@ def _embedding(func, args, kwargs):
         raise refusal(func, "max_norm, which renormalises the table in place")
     if bound["sparse"]:
         raise refusal(func, "sparse gradients")
+    options = (bound["padding_idx"], None, bound["norm_type"], bound["scale_grad_by_freq"], False)
     if levels_of(w) == 0:
-        options = (bound["padding_idx"], None, bound["norm_type"], bound["scale_grad_by_freq"], False)
-        return wrap(func(idx.physical, w, *options), idx.levels)
+        # looked up in the order of functorch's indices (the levels at their in_dims): eager's layout
+        order = idx.order or tuple(range(idx.physical.ndim))
+        out = func(idx.physical.permute(order), w, *options)
+        return wrap(out.permute((*sorted(range(len(order)), key=order.__getitem__), len(order))), idx.levels)
+    if levels_of(idx) == 0:
+        return _shared_indices(func, idx, w, options)
     if bound["padding_idx"] is not None or bound["scale_grad_by_freq"]:
         raise refusal(func, "a batched table with padding_idx or scale_grad_by_freq")
     depth = max(levels_of(idx), levels_of(w))
@@ -308,6 +327,18 @@ def _embedding(func, args, kwargs):
     rows = pi.reshape(pw.shape[0], -1).long()
     out = torch.gather(pw, 1, rows.unsqueeze(-1).expand(-1, -1, pw.shape[-1]))
     return wrap(out.reshape((*pi.shape, pw.shape[-1])), depth)
+
+
+def _shared_indices(func, idx, w, options):
+    """Unbatched indices into a batched table: functorch's rule, the levels folded into the
+    embedding dim (``[E, L * D]``) and the rows looked up once, the level dims after the
+    indices' (eager's layout)."""
+    depth = levels_of(w)
+    pw = full(w, depth)
+    sizes = tuple(pw.shape[:depth])
+    table = pw.movedim(tuple(range(depth)), tuple(range(1, depth + 1))).flatten(1, depth + 1)
+    out = func(idx, table, *options).unflatten(-1, (*sizes, w.shape[-1]))
+    return wrap(out.movedim(tuple(range(idx.ndim, idx.ndim + depth)), tuple(range(depth))), depth)
 
 
 @batching_rule(F.group_norm)
@@ -322,9 +353,12 @@ def _group_norm(func, args, kwargs):
         raise refusal(func, f"a {x.ndim}-d input")
     depth = max(levels_of(x), levels_of(w), levels_of(b))
     affine = levels_of(w) == 0 and levels_of(b) == 0
-    px = full(x, depth)
-    out = func(px.flatten(0, depth), bound["num_groups"], w if affine else None, b if affine else None, bound["eps"])
-    out = wrap(out.unflatten(0, tuple(px.shape[: depth + 1])), depth)
+    if levels_of(x):
+        px, params = full(x, depth), (w, b) if affine else (None, None)
+        out = func(px.flatten(0, depth), bound["num_groups"], *params, bound["eps"])
+        out = wrap(out.unflatten(0, tuple(px.shape[: depth + 1])), depth)
+    else:  # (normalised once, as eager's rule does, and its layout: the parameters broadcast over it)
+        out = func(x, bound["num_groups"], None, None, bound["eps"])
     if affine:
         return out
     shape = (x.shape[1], *(1,) * (x.ndim - 2))
@@ -370,4 +404,6 @@ def _attention(func, args, kwargs):
         mask = wrap(physical(mask, levels_of(mask), max(mask.ndim, q.ndim)), levels_of(mask))
     options = {key: bound[key] for key in ("dropout_p", "is_causal", "scale", "enable_gqa")}
     out = func(fold(q), fold(k), fold(v), None if mask is None else fold(mask) if levels_of(mask) else mask, **options)
+    if out.device.type == "cpu":  # (eager's vmap stacks one call per example there: contiguous)
+        out = out.contiguous()
     return wrap(out.unflatten(0, tuple(full(q, depth).shape[:depth])), depth)

@@ -19,13 +19,13 @@ declare_family! {
         /// `torch.convolution(a, weight, bias, ...)`.
         Convolution = "convolution", Operands::WithOptional(2), {
             stride: Vec<i64> = "stride", padding: Vec<i64> = "padding", dilation: Vec<i64> = "dilation",
-            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: i64 = "groups",
+            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: Dim = "groups",
         };
         /// The gradients of `convolution` with respect to `(input, weight, bias)` given `grad`, the
         /// ones asked for in that order (aten's `convolution_backward`).
         ConvolutionBackward = "convolution_backward", Operands::Fixed(3), {
             stride: Vec<i64> = "stride", padding: Vec<i64> = "padding", dilation: Vec<i64> = "dilation",
-            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: i64 = "groups",
+            transposed: bool = "transposed", output_padding: Vec<i64> = "output_padding", groups: Dim = "groups",
             input_grad: bool = "input_grad", weight_grad: bool = "weight_grad", bias_grad: bool = "bias_grad",
         };
     }
@@ -38,7 +38,8 @@ struct Geometry<'a> {
     dilation: &'a [i64],
     transposed: bool,
     output_padding: &'a [i64],
-    groups: i64,
+    /// symbolic where vmap folds per-example weights into groups (one group per example)
+    groups: &'a Dim,
 }
 
 impl Conv {
@@ -46,7 +47,7 @@ impl Conv {
         match self {
             Conv::Convolution { stride, padding, dilation, transposed, output_padding, groups }
             | Conv::ConvolutionBackward { stride, padding, dilation, transposed, output_padding, groups, .. } => {
-                Geometry { stride, padding, dilation, transposed: *transposed, output_padding, groups: *groups }
+                Geometry { stride, padding, dilation, transposed: *transposed, output_padding, groups }
             }
         }
     }
@@ -57,20 +58,23 @@ impl Family for Conv {
         let geometry = self.geometry();
         match self {
             Conv::Convolution { .. } => {
-                let a = &batched(tensor(op, "a", &operands[0])?, facts);
-                let w = &constant(tensor(op, "weight", &operands[1])?, facts);
-                let bias = operands.get(2).map(|b| tensor(op, "bias", b)).transpose()?.map(|b| constant(b, facts));
+                let folded = geometry.groups.is_sym();
+                let a = &batched(tensor(op, "a", &operands[0])?, folded, facts);
+                let w = &constant(tensor(op, "weight", &operands[1])?, folded, facts);
+                let bias =
+                    operands.get(2).map(|b| tensor(op, "bias", b)).transpose()?.map(|b| constant(b, folded, facts));
                 Ok(vec![convolution(op, &geometry, a, w, bias.as_ref(), facts)?])
             }
             Conv::ConvolutionBackward { input_grad, weight_grad, bias_grad, .. } => {
-                let g = &batched(tensor(op, "grad", &operands[0])?, facts);
-                let a = &batched(tensor(op, "a", &operands[1])?, facts);
-                let w = &constant(tensor(op, "weight", &operands[2])?, facts);
+                let folded = geometry.groups.is_sym();
+                let g = &batched(tensor(op, "grad", &operands[0])?, folded, facts);
+                let a = &batched(tensor(op, "a", &operands[1])?, folded, facts);
+                let w = &constant(tensor(op, "weight", &operands[2])?, folded, facts);
                 let out = convolution(op, &geometry, a, w, None, facts)?;
                 if !facts.same_shape(&out.shape, &g.shape) || out.dtype != g.dtype {
                     bail!(Value, op, "grad is {} but the convolution gives {}", g.describe(), out.describe());
                 }
-                let bias = TensorMeta::new(g.dtype, g.device, vec![out.shape[1].hint()]);
+                let bias = TensorMeta::with_dims(g.dtype, g.device, vec![out.shape[1].clone()]);
                 let wanted = [(*input_grad, a.clone()), (*weight_grad, w.clone()), (*bias_grad, bias)];
                 Ok(wanted.into_iter().filter(|(want, _)| *want).map(|(_, m)| m).collect())
             }
@@ -102,7 +106,7 @@ impl Family for Conv {
             dilation: dilation.clone(),
             transposed: *transposed,
             output_padding: output_padding.clone(),
-            groups: *groups,
+            groups: groups.clone(),
             input_grad,
             weight_grad,
             bias_grad,
@@ -120,19 +124,21 @@ impl Family for Conv {
 
 /// `t` with its channels (dim 1) constant: its batch and spatial sizes may stay symbolic (a CNN
 /// over batches or images of several sizes), its channels are the weight's; a symbolic one is
-/// taken at its hint (a guard).
-fn batched(t: &TensorMeta, facts: &mut Facts) -> TensorMeta {
+/// taken at its hint (a guard). Under symbolic groups (`folded`: vmap's examples folded into
+/// the channels, a group each) the channels stay symbolic.
+fn batched(t: &TensorMeta, folded: bool, facts: &mut Facts) -> TensorMeta {
     let mut t = t.clone();
-    if let Some(c) = t.shape.get_mut(1) {
+    if let Some(c) = t.shape.get_mut(1).filter(|_| !folded) {
         *c = Dim::Const(facts.specialise(c));
     }
     t
 }
 
-/// `t` with every size constant (a weight or bias), symbolic ones taken at their hints.
-fn constant(t: &TensorMeta, facts: &mut Facts) -> TensorMeta {
+/// `t` with every size constant (a weight or bias), symbolic ones taken at their hints; under
+/// symbolic groups (`folded`) its first dim, which holds the examples' weights, stays symbolic.
+fn constant(t: &TensorMeta, folded: bool, facts: &mut Facts) -> TensorMeta {
     let mut t = t.clone();
-    for d in &mut t.shape {
+    for d in t.shape.iter_mut().skip(usize::from(folded)) {
         *d = Dim::Const(facts.specialise(d));
     }
     t
@@ -150,8 +156,8 @@ fn convolution(
 ) -> Result<TensorMeta> {
     let spatial = check_operands(op, a, w, bias)?;
     check_geometry(op, geo, spatial)?;
-    let out_channels = check_channels(op, geo, a, w, bias)?;
-    let mut shape = vec![a.shape[0].clone(), Dim::Const(out_channels)];
+    let out_channels = check_channels(op, geo, a, w, bias, facts)?;
+    let mut shape = vec![a.shape[0].clone(), out_channels];
     for i in 0..spatial {
         shape.push(spatial_output(op, geo, a, w, i, facts)?);
     }
@@ -209,24 +215,38 @@ fn check_geometry(op: &str, geo: &Geometry, spatial: usize) -> Result<()> {
             geo.padding
         );
     }
-    if geo.groups < 1 {
+    if geo.groups.hint() < 1 {
         bail!(Value, op, "non-positive groups is not supported (argument groups = {})", geo.groups);
     }
     Ok(())
 }
 
-/// The output channels, checking the input's channels, the weight's groups and the bias's shape.
-fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias: Option<&TensorMeta>) -> Result<i64> {
+/// The output channels, checking the input's channels, the weight's groups and the bias's shape
+/// (symbolic sizes: by the relations their hints satisfy, recorded in `facts`).
+fn check_channels(
+    op: &str,
+    geo: &Geometry,
+    a: &TensorMeta,
+    w: &TensorMeta,
+    bias: Option<&TensorMeta>,
+    facts: &mut Facts,
+) -> Result<Dim> {
     let groups = geo.groups;
     let (in_channels, out_channels) = if geo.transposed {
-        (w.shape[0].hint(), w.shape[1].hint() * groups)
+        (w.shape[0].clone(), w.shape[1].mul(groups))
     } else {
-        (w.shape[1].hint() * groups, w.shape[0].hint())
+        (w.shape[1].mul(groups), w.shape[0].clone())
     };
-    if a.shape[1].hint() != in_channels {
-        bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1].hint());
+    if !facts.equal(&a.shape[1], &in_channels) {
+        bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1]);
     }
-    if w.shape[0].hint() % groups != 0 {
+    // (a symbolic count that does not divide the weight's dim as a polynomial is taken at its hint)
+    let divisible = match groups.as_const() {
+        Some(k) => w.shape[0].hint() % k == 0,
+        None if w.shape[0].poly().exact_div(&groups.poly()).is_some() => true,
+        None => w.shape[0].hint() % facts.specialise(groups) == 0,
+    };
+    if !divisible {
         bail!(
             Runtime,
             op,
@@ -235,7 +255,7 @@ fn check_channels(op: &str, geo: &Geometry, a: &TensorMeta, w: &TensorMeta, bias
         );
     }
     if let Some(b) = bias {
-        if b.hints() != [out_channels] {
+        if !facts.same_shape(&b.shape, std::slice::from_ref(&out_channels)) {
             bail!(Runtime, op, "expected a bias of shape [{out_channels}], got {:?} (argument bias)", b.shape);
         }
     }

@@ -52,6 +52,11 @@ class BatchedProxy(TensorProxy):
 
     physical: torch.Tensor
     levels: int
+    #: functorch's physical tensor as a permutation of ``physical``'s dims (None: the same dims),
+    #: where functorch's levels are not all in front: an input mapped over ``in_dims`` keeps
+    #: its data where it is, each level at its in_dim, as dtype conversions of it do (other
+    #: rules move their levels first). Rules whose output layout follows it (embedding's) read it.
+    order: tuple | None = None
 
     def __new__(cls, physical: torch.Tensor, levels: int):
         logical = tuple(physical.shape[levels:])
@@ -168,7 +173,10 @@ def _conversion(func, args, kwargs):
     receiver, rest = args[0], args[1:]
     unwrap = lambda x: x.physical if isinstance(x, BatchedProxy) else x  # noqa: E731
     out = func(unwrap(receiver), *map(unwrap, rest), **{k: unwrap(v) for k, v in kwargs.items()})
-    return wrap(out, levels_of(receiver))
+    out = wrap(out, levels_of(receiver))
+    if func is not torch.Tensor.contiguous and isinstance(out, BatchedProxy) and not kwargs.get("memory_format"):
+        out.order = receiver.order  # (functorch's unary rules keep the levels where they are)
+    return out
 
 
 def _creation(func, args, kwargs):
@@ -287,7 +295,14 @@ def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
             f"torch.vmap: Expected all tensors to have the same size in the mapped "
             f"dimension, got sizes {size} and {x.shape[dim]} at {user_location()}"
         )
-    return BatchedProxy(torch.movedim(physical(x, depth), depth + dim, depth), depth + 1)
+    out = BatchedProxy(torch.movedim(physical(x, depth), depth + dim, depth), depth + 1)
+    rank = out.physical.ndim
+    inner = x.order if isinstance(x, BatchedProxy) and x.order is not None and x.levels == depth else range(rank)
+    moved = list(range(rank))
+    moved.insert(depth + dim, moved.pop(depth))  # (the new physical's dims in x's physical order)
+    order = tuple(moved[j] for j in inner)
+    out.order = None if order == tuple(range(rank)) else order
+    return out
 
 
 def _enter(args, in_dims):
