@@ -642,8 +642,10 @@ class Observer:
 
     def _is_state(self, value) -> bool:
         # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
+        # (State first: ``isinstance`` of a config that overrides ``__getattribute__`` runs it for
+        # ``__class__``, once per class checked.)
         return (
-            isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
+            value in self.state or isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value)
         )
 
     # -- profile events --------------------------------------------------------------------------
