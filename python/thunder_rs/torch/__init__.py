@@ -65,6 +65,7 @@ from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
 from thunder_rs.torch.masked_index import *  # noqa: E402,F401,F403
 from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401
+from thunder_rs.torch import forward_writes, setitem  # noqa: E402,F401 (register with inplace.assign)
 from thunder_rs.torch.complex_values import *  # noqa: E402,F401,F403
 
 
