@@ -56,6 +56,7 @@ from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.label_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
+from thunder_rs.torch import view_ops  # noqa: E402,F401 (registers the view ops views.py links)
 from thunder_rs.torch import batching, nn_batching  # noqa: E402,F401 (torch.vmap's batching rules)
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
 from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
