@@ -56,6 +56,7 @@ from thunder_rs.torch.margin_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.label_losses import *  # noqa: E402,F401,F403
 from thunder_rs.torch.view_scatters import *  # noqa: E402,F401,F403
 from thunder_rs.torch import views  # noqa: E402,F401
+from thunder_rs.torch import view_ops  # noqa: E402,F401 (registers the view ops views.py links)
 from thunder_rs.torch import batching, nn_batching  # noqa: E402,F401 (torch.vmap's batching rules)
 from thunder_rs.torch.padding import *  # noqa: E402,F401,F403
 from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
@@ -65,6 +66,7 @@ from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
 from thunder_rs.torch.masked_index import *  # noqa: E402,F401,F403
 from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401
+from thunder_rs.torch import forward_writes, setitem  # noqa: E402,F401 (register with inplace.assign)
 from thunder_rs.torch.complex_values import *  # noqa: E402,F401,F403
 
 

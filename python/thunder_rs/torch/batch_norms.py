@@ -1,7 +1,7 @@
 """Batch norm (``torch.nn.functional``): its decomposition and checks, the fused
 ``native_batch_norm`` kernels (with and without running statistics) and their backward, which
 eager's autograd runs, and the grad rules. The in-place update of the running statistics is
-``inplace.py``'s; instance norm (``normalization.py``) normalises with these kernels.
+``forward_writes.py``'s; instance norm (``normalization.py``) normalises with these kernels.
 """
 
 import math

@@ -13,12 +13,12 @@ The mapping is one rule, applied to every in-place callable torch has (``Tensor.
 ``torch.name_``, ``Tensor.__iname__``, functions with an ``inplace`` argument): its out-of-place
 form ``name`` when torch has one, else the in-place op itself run on a copy. In-place calls that
 change a tensor's shape, storage or autograd flags (``unsqueeze_``, ``resize_``, ``set_``,
-``detach_``) are refused with an error naming the call and the user's line.
+``detach_``) are refused with an error naming the call and the user's line. Indexed assignment
+is ``setitem.py``'s, the forwards that write their arguments (batch norm's running statistics,
+embedding's ``max_norm``) are ``forward_writes.py``'s: both ``assign`` as these do.
 """
 
 import inspect
-import itertools
-import sys
 import types
 
 import torch
@@ -26,14 +26,13 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
-from thunder_rs.core.lang import traced_grads, values
+from thunder_rs.core.lang import traced_grads
 from thunder_rs.core.lang.complex_calls import differentiates_complex
-from thunder_rs.core.lang.fallback import fallback, user_fallback
+from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.eager_layouts import take_layouts
 from thunder_rs.core.lang.langctx import (
     MUTATING,
     TORCH_TO_LTORCH,
-    VALUE_READS,
     set_out_handler,
     torch_function,
     user_location,
@@ -47,15 +46,13 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import batch_norms, complex_views, layers, nn, saved_writes, view_scatters, views
+from thunder_rs.torch import complex_views, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
-from thunder_rs.torch.elementwise import where
-from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
 from thunder_rs.torch.random import DRAWN_IN_PLACE, IN_PLACE_SAMPLERS
 from thunder_rs.torch.scatter import fill
-from thunder_rs.torch.shape import clone, reshape_to
+from thunder_rs.torch.shape import clone
 from thunder_rs.torch.strides import is_contiguous
 from thunder_rs.torch.common import SCALAR_NAMES
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
@@ -603,195 +600,12 @@ def write_out(func, args, kwargs):
     return type(value)(targets) if hasattr(type(value), "n_fields") else tuple(targets)
 
 
-# -- indexed assignment ----------------------------------------------------------------------------
-
-_MASKS = (torch.bool, torch.uint8)
-
-
-def _is_basic(entry) -> bool:
-    return (
-        entry is None
-        or entry is Ellipsis
-        or isinstance(entry, slice)
-        or (isinstance(entry, int) and not isinstance(entry, bool))
-        or type(entry) is SymInt  # (an index from a size: written through a view, as an int is)
-    )
-
-
-def _is_mask(entry) -> bool:
-    return isinstance(entry, torch.Tensor) and entry.dtype in _MASKS
-
-
-def setitem_on_copy(a, key, value):
-    """``a[key] = value`` on a copy of ``a``: indexed assignment by tensors, as one eager fallback."""
-    out = a.clone()
-    entries = key if type(key) is tuple else (key,)
-    if a.is_meta and any(isinstance(e, torch.Tensor) and e.ndim == 0 for e in entries):
-        # A 0-dim index tensor is read as a number (``x[x.argmax()] = v``), which a meta tensor
-        # has none of: the copy's metadata is all the trace needs; the call checks the value.
-        return out
-    out[key] = value
-    return out
-
-
-def _drop_leading_ones(value, ndim: int):
-    """``value`` without the leading size-one dims beyond ``ndim`` (eager's indexed assignment drops them)."""
-    if not isinstance(value, torch.Tensor) or value.ndim <= ndim:
-        return value
-    lead = 0
-    while value.ndim - lead > ndim and value.shape[lead] == 1:
-        lead += 1
-    return reshape_to(value, value.shape[lead:]) if lead else value
-
-
-def _masked_assign(a, entries: tuple, at: int, value) -> bool:
-    """``a[entries] = value`` where ``entries[at]`` is a boolean mask and the others are basic:
-    a ``where`` on the view the basic entries select. Only a ``value`` with one element per true
-    mask element is data-dependent: where the jit reads values that assignment is left to the
-    caller (returns False), elsewhere it is refused."""
-    op = "setitem"
-    mask = entries[at]
-    check_mask_shapes(entries, a)
-    basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1 :]
-    view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, basic)
-    ellipsis = a.ndim - sum(1 for e in basic if e is not None and e is not Ellipsis)
-    start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
-    rest = view.ndim - start - mask.ndim
-    if isinstance(value, torch.Tensor):
-        value = _drop_leading_ones(value, start + 1 + rest)
-        at_mask = value.ndim - rest - 1  # the dim of value that lines up with the selected elements
-        if at_mask >= 0:
-            if value.shape[at_mask] != 1 and values.active() is not None:
-                return False
-            check(
-                value.shape[at_mask] == 1,
-                op,
-                lambda: (
-                    f"a value of shape {list(value.shape)} gives one element per true mask element, which is "
-                    "data-dependent; assign a value that broadcasts (argument value)"
-                ),
-                ThunderNotImplementedError,
-            )
-            value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
-    mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
-    # (eager's gradient of the old values: the gradient with zeros where the mask is, not added to zeros)
-    new = where(mask, clang.maybe_convert(value, view.dtype), _read_to_overwrite(view))
-    assign(view, new, op, copy=True, overwrite=True)
-    return True
-
-
-def setitem(a, key, value):
-    """``a[key] = value``: basic indexing writes through a view, a boolean mask is a ``where``, and
-    tensor indices run eager's indexed assignment on a copy."""
-    op = "setitem"
-    check(isinstance(a, TensorProxy), op, lambda: f"expected a tensor, got {type(a).__name__}", ThunderTypeError)
-    entries = key if type(key) is tuple else (key,)
-    if all(map(_is_basic, entries)):
-        view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, key)
-        assign(view, _drop_leading_ones(value, view.ndim), op, copy=True)
-        return
-    masks = [i for i, e in enumerate(entries) if _is_mask(e)]
-    if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
-        if _masked_assign(a, entries, masks[0], value):
-            return
-    key = key_read_by_values(key, a)  # the masks' nonzero indices, where the jit reads values
-    check(
-        not any(map(_is_mask, key if type(key) is tuple else (key,))),
-        op,
-        "a boolean mask together with other tensor or list indices is data-dependent (argument key)",
-        ThunderNotImplementedError,
-    )
-    assign(a, fallback(setitem_on_copy, (a, key, value), {}), op, copy=True)
-
-
-# -- batch norm ------------------------------------------------------------------------------------
-
-#: nn.BatchNorm with ``momentum=None`` averages its running statistics over all batches so far,
-#: with factor ``1.0 / float(self.num_batches_tracked)``: a value read from a buffer. That read is
-#: answered with a stand-in number, and the factor it becomes is mapped back to the buffer here.
-_count_factors: dict[float, TensorProxy] = {}
-_stand_ins = itertools.count(1)
-_COUNTING_FORWARDS = frozenset(
-    cls.forward.__code__ for cls in (torch.nn.modules.batchnorm._BatchNorm, torch.nn.SyncBatchNorm)
-)
-
-
-def _batch_count(args):
-    """``float(self.num_batches_tracked)`` in nn.BatchNorm's forward: a stand-in number, else None."""
-    frame = sys._getframe(1)
-    for _ in range(6):
-        if frame is None or frame.f_code in _COUNTING_FORWARDS:
-            break
-        frame = frame.f_back
-    if frame is None or frame.f_code not in _COUNTING_FORWARDS or not isinstance(args[0], TensorProxy):
-        return None
-    stand_in = float(2**52 + next(_stand_ins))
-    _count_factors[1.0 / stand_in] = args[0]
-    return stand_in
-
-
-def _momentum(momentum):
-    """``momentum`` as batch norm's update takes it: the cumulative factor 1 / count as a tensor."""
-    count = _count_factors.pop(momentum, None) if isinstance(momentum, float) else None
-    if count is None:
-        return momentum
-    return 1.0 / clang.maybe_convert(count, torch.float64)
-
-
-def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05):
-    """``F.batch_norm``: in training mode with running statistics, the output and the updated
-    statistics, written into ``running_mean`` and ``running_var`` where autograd does not see."""
-    momentum = _momentum(momentum)
-    if not training or running_mean is None:
-        return batch_norms.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
-    batch_norms.check_batch_norm("batch_norm", input, running_mean, running_var, weight, bias, training)
-    batch_norms.check_stats_apart("batch_norm", running_mean, running_var)
-    out, _, _, new_mean, new_var = batch_norms.native_batch_norm(
-        input, weight, bias, running_mean, running_var, True, momentum, eps
-    )
-    assign(running_mean, new_mean, "batch_norm", tracked=False)
-    assign(running_var, new_var, "batch_norm", tracked=False)
-    return out
-
-
-def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
-    """``F.embedding``: with ``max_norm``, the rows ``input`` references renormalised in ``weight``
-    first, written where autograd does not see (eager's ``embedding_renorm_`` under
-    ``torch.no_grad()``), then looked up; the gradient goes to ``weight`` as to eager's."""
-    _renorm_rows(weight, input, max_norm, norm_type, "embedding(max_norm=)")
-    return nn.embedding(input, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
-
-
-def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, *args, **kwargs):
-    """``F.embedding_bag``: with ``max_norm``, as ``embedding``, then the bags."""
-    _renorm_rows(weight, input, max_norm, norm_type, "embedding_bag(max_norm=)")
-    return layers.embedding_bag(input, weight, offsets, None, norm_type, *args, **kwargs)
-
-
-def _renorm_rows(weight, indices, max_norm, norm_type, op: str) -> None:
-    """Writes ``weight`` with the rows ``indices`` references renormalised, when ``max_norm`` is given."""
-    if max_norm is not None:
-        with torch.no_grad():
-            value = nn.embedding_renorm(weight, indices, max_norm, norm_type)
-        assign(weight, value, op, tracked=False, versioned=True)  # (eager's embedding_renorm_ bumps it)
-
-
 # -- registration ----------------------------------------------------------------------------------
 
 
 def _register() -> None:
     _register_inplace_arguments()
     _register_in_place()
-    handlers = {
-        torch.Tensor.__setitem__: setitem,
-        F.batch_norm: batch_norm,
-        F.embedding: embedding,
-        F.embedding_bag: embedding_bag,
-    }
-    for fn, handler in handlers.items():
-        TORCH_TO_LTORCH[fn] = handler
-        MUTATING.add(fn)
-    VALUE_READS[torch.Tensor.__float__] = _batch_count
     set_out_handler(write_out)
 
 

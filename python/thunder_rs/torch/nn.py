@@ -183,7 +183,7 @@ def linear(input, weight, bias=None):
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     op = "ltorch.embedding"
-    # max_norm first writes the referenced rows of weight (``inplace.embedding``): a symbol does not write.
+    # max_norm first writes the referenced rows of weight (``forward_writes.embedding``): a symbol does not write.
     check(
         max_norm is None,
         op,

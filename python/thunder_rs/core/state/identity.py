@@ -19,7 +19,6 @@ where an inner function also reads the receiver (it is a cell then).
 import builtins
 import dis
 import functools
-import inspect
 import opcode
 import sys
 import weakref
@@ -336,7 +335,7 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
         return f"{what}({name})" if what is not None else None
     if kind == "method":
         # (as found on the class: a cached staticmethod or classmethod is keyed by its arguments alone)
-        cached = isinstance(inspect.getattr_static(type(receiver), detail, None), functools._lru_cache_wrapper)
+        cached = isinstance(_on_class(type(receiver), detail), functools._lru_cache_wrapper)
         return f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
     if kind == "key":
         cls = type(receiver)
@@ -344,6 +343,20 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
     if detail is not None and _within(receiver, detail):
         return None
     return f"an 'is' comparison of {name}"
+
+
+def _on_class(cls: type, name: str):
+    """What ``cls`` holds as ``name`` in its own or a base's ``__dict__``, running no descriptor:
+    ``inspect.getattr_static`` on a class, whose checks for shadowed ``__dict__``s and the
+    metaclass cost most of a method call's observation (a module's methods are called per layer)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _ABSENT)
+        if found is not _ABSENT:
+            return found
+    return None
+
+
+_ABSENT = object()
 
 
 def _within(receiver, attr: str) -> bool:

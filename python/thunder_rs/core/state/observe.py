@@ -14,28 +14,23 @@ rebuilt on every call and need no guard.
 
 The default arguments of the functions it runs (the jitted function, functions passed in or read
 as globals and cells, the methods whose code runs) are guarded as one ``DefaultsGuard``; chains on
-library modules are matched against torch's global flags (``torch_flags.py``).
+library modules are matched against torch's global flags (``torch_flags.py``). What one read does
+(the step, its guard, the value followed) is ``attribute_reads.py``'s, this class's base.
 """
 
-import contextvars
 import functools
 import sys
 import types
-from typing import Any
 
 import torch
 
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
-    ClassSource,
     DefaultsGuard,
-    GlobalsSource,
     Guard,
     InputSource,
-    ItemSource,
     ModuleSource,
-    ModuleStoreSource,
     ObjectSource,
     StateGuard,
     StructureGuard,
@@ -43,27 +38,22 @@ from thunder_rs.core.state.guards import (
     is_simple,
 )
 from thunder_rs.core.state.tensor_guards import TensorGuard, tensor_meta
-from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.base.proxies import TENSOR_ATTRIBUTE_READS, TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.callables import (
-    CODE_TYPES,
     bound_objects,
     guard_partial,
     partial_origin,
-    program_method,
 )
+from thunder_rs.core.state.attribute_reads import AttributeReads
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
-from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards, original
-from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
-from thunder_rs.core.state.clocks import refuse_bound_clock
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, code_reads, library_module, stored_by_calls
+from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
+from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
-from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.reached import ArgumentTensor
-from thunder_rs.core.state.state import IntGuard, MethodGuard, ProgramState
+from thunder_rs.core.state.state import IntGuard, ProgramState
 from thunder_rs.core.state.type_reads import read_types
 from thunder_rs.core.state.torch_flags import (
     entered as _entered,
@@ -74,32 +64,13 @@ from thunder_rs.core.state.torch_flags import (
 from thunder_rs.errors import ThunderNotImplementedError
 
 
-#: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
-#: not among them): the module's structure and hooks have guards of their own.
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
-#: Where a module keeps its submodules, parameters and buffers (read through ``__getattr__``).
-_MODULE_STORES = ("_modules", "_parameters", "_buffers")
-_MODULE_GETATTR = torch.nn.Module.__getattr__
 #: A module's forward hook stores: the hooks a call of it runs.
 _FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
-#: Methods that change a generator's state: inside a traced program they would run only once.
-_GENERATOR_WRITES = frozenset({"manual_seed", "set_state", "seed", "graphsafe_set_state", "set_offset"})
-#: Methods that read a generator's state: a compiled call would return what they read while tracing.
-_GENERATOR_READS = frozenset({"initial_seed", "get_state", "get_offset", "graphsafe_get_state", "clone_state"})
-_MODULE_OR_CODE = (torch.nn.Module, *CODE_TYPES)
-#: Containers whose items a chain follows by constant key: exactly these types, whose reads by
-#: key have no code of their own.
-_CONTAINERS = (dict, list, tuple)
-_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 #: The devices whose autocast the cache key holds (``core.lang.autocast.AutocastState``).
 _DEVICES = ("cpu", "cuda")
-#: ``isinstance(x, torch.Generator)`` without the Python ``__instancecheck__`` of torch's custom-class
-#: metaclass (torch 2.15's), which the observer paid on every attribute read: the same answer for
-#: anything a program holds (that hook only adds the fake script objects of ``torch.compile``'s tracing).
-_is_generator = functools.partial(type.__instancecheck__, torch.Generator)
 
 
-class Observer:
+class Observer(AttributeReads):
     """Collects the guards of one acquisition (a context manager around running the program).
 
     ``inputs`` are the program's flat inputs: its non-tensor, non-simple leaves are program state
@@ -235,11 +206,6 @@ class Observer:
         self._keep(source, name, value, user_location())
         return value
 
-    def guard_state(self, guard) -> None:
-        """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
-        first: the first read of the acquisition is what the state was when the call began."""
-        self._guards.setdefault(("state", guard.label), guard)
-
     def add_guard(self, key, guard) -> None:
         """Adds ``guard`` on what the call passed that its key leaves out (``offsets.OffsetGuard``),
         one per ``key``."""
@@ -353,43 +319,6 @@ class Observer:
             or any(getattr(g, "expected", None) is obj for g in self._guards.values())
         )
 
-    def _add_function(self, fn) -> None:
-        fn = getattr(fn, "__func__", fn)
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        self._add_defaults(fn)
-        code = getattr(fn, "__code__", None)
-        if code is not None and code.co_freevars and getattr(fn, "__closure__", None):
-            known = self._functions.setdefault(code, [])
-            if fn not in known:
-                known.append(fn)
-
-    def _add_defaults(self, fn) -> None:
-        """Watches the default arguments of ``fn``: setting ``fn.__defaults__`` or
-        ``__kwdefaults__`` between calls changes what the program computes."""
-        if (
-            isinstance(fn, types.FunctionType)
-            and (fn.__defaults__ or fn.__kwdefaults__)
-            and id(fn) not in self._defaults
-        ):
-            self._defaults[id(fn)] = DefaultsGuard.entry(fn)
-            self._guard_mutable_defaults(fn)
-
-    def _guard_mutable_defaults(self, fn) -> None:
-        """A list, dict or set among ``fn``'s defaults (``def f(x, scales=[1.0])``) changes in
-        place, which ``DefaultsGuard``'s identity test does not see: guarded by its contents, so
-        it recompiles when changed between calls and is refused when the program changes it."""
-        origin = f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
-        for holder, name in ((fn.__defaults__, "__defaults__"), (fn.__kwdefaults__, "__kwdefaults__")):
-            source = ItemSource(holder, f"{fn.__qualname__}.{name}")
-            items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
-            for key, value in items:  # an index or a keyword's name, as ItemSource reads it
-                if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
-                    found = (value, source.describe(key), origin, iterator_position(value))
-                    self._iterators.setdefault(id(value), found)
-                if isinstance(value, MUTABLE) and (source.key, key) not in self._guards:
-                    self._guards[(source.key, key)] = Guard(source, key, value, origin)
-
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
         (a module class defined in a function) and, for a hook object (``steer.alpha``), its
@@ -402,248 +331,6 @@ class Observer:
                     self._add_function(hook)
                 elif isinstance(getattr(hook, "__dict__", None), dict) and not isinstance(hook, torch.nn.Module):
                     self.state.add(hook, ObjectSource(hook, type(hook).__name__))
-
-    # -- one attribute read ----------------------------------------------------------------------
-
-    def _traced_module(self, module) -> bool:
-        """Whether ``module`` was made while tracing (``self.layers[:n]`` builds a new
-        ``ModuleList`` of the clones): the program's own temporary, which no guard may keep."""
-        if id(module) in self._originals:
-            return False
-        if id(module) in self._made:
-            return True
-        d = module.__dict__
-        return any(
-            isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values()
-        ) or any(id(m) in self._originals for m in d.get("_modules", {}).values())
-
-    def _attr_source(self, obj):
-        """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
-        if isinstance(obj, torch.nn.Module):
-            source = self._module_sources.get(id(obj))
-            if source is None:
-                original = self._originals.get(id(obj))
-                if original is None and self._traced_module(obj):
-                    return None
-                original = original or obj
-                source = self._module_sources[id(obj)] = ModuleSource(original, type(original).__name__)
-            return source
-        return self.state.source_of(obj)
-
-    def _step(self, obj, attr: str, origin: str):
-        """Reads ``obj.attr`` as the program did and guards it; returns the value to follow, or
-        MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
-        if type(attr) is _Item:
-            return self._item_step(obj, attr.key, origin)
-        if attr is ALL_ATTRIBUTES or attr == "__dict__":
-            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
-                self.state.read_whole(obj, origin, self._guards)
-            return MISSING
-        if _is_generator(obj):
-            if attr in _GENERATOR_WRITES:
-                raise ThunderNotImplementedError(
-                    f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
-                    "does not create; that would run once, while tracing. Seed it outside the jitted call, or use "
-                    "torch.manual_seed inside (which every call repeats)"
-                )
-            if attr in _GENERATOR_READS:
-                raise ThunderNotImplementedError(
-                    f"torch.Generator.{attr}: the traced program at {origin} reads the state of a generator; a "
-                    "compiled call would see what it read while tracing, not the generator's state when it runs. Read "
-                    "it outside the jitted call and pass the value in"
-                )
-            return MISSING
-        if isinstance(obj, (type, types.ModuleType)):
-            return self._module_global(obj, attr, origin)
-        mapping = attributes_of(obj)
-        if mapping is None:
-            return MISSING
-        if module := isinstance(obj, torch.nn.Module):
-            if attr in _MODULE_INTERNALS:
-                return MISSING
-            if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
-                return self._module_store_read(obj, mapping, attr, origin)
-        source = self._attr_source(obj)
-        if source is None:
-            return MISSING
-        value = mapping.get(attr, MISSING)
-        if value is MISSING:
-            return self._class_attribute(obj, source, attr, origin)
-        if module:
-            value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
-            if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
-                return MISSING  # the program set it earlier in this call (a write replayed after each call)
-            return self._keep(source, attr, value, origin, holder=mapping)
-        self.state.read(obj, attr, origin, self._guards)
-        return self._keep(source, attr, value, origin, guard=False)
-
-    def _item_step(self, obj, key, origin: str):
-        """``obj[key]`` for a dict, list or tuple kept as state (reached from a module, a global or
-        a closure, not from an argument: ``self.cfg["sub"]``, ``SCALES[0]``), guarded like an
-        attribute; for a module container (``self.blocks[0]``), its submodule, whose attributes
-        are guarded as a module's."""
-        if isinstance(obj, _MODULE_CONTAINERS):
-            try:
-                value = obj[key]
-            except (IndexError, KeyError, TypeError):
-                return MISSING
-            return value if isinstance(value, torch.nn.Module) else MISSING
-        parent = self.state.source_of(obj) if type(obj) in _CONTAINERS else None
-        if not isinstance(parent, ObjectSource):
-            # An object a list or dict of the arguments holds (``cache.layers[0]``) is state of
-            # its own, found with its path before the program ran.
-            value = obj[key] if type(obj) in _CONTAINERS and has_item(obj, key) else MISSING
-            return value if value is not MISSING and value in self.state else MISSING
-        source = ItemSource(obj, parent.label)
-        value = source.fixed().get(key, MISSING)
-        return MISSING if value is MISSING else self._keep(source, key, value, origin)
-
-    def _class_attribute(self, obj, source, attr: str, origin: str):
-        """``obj.attr`` where ``obj`` has no attribute of its own by that name: guards that it
-        still has none and what its class holds (``class Config: scale = 2.0``; setting
-        ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
-        properties and other descriptors give MISSING: their own code is observed."""
-        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
-        if value is MISSING and getattr(type(obj), "__getattr__", _MODULE_GETATTR) is _MODULE_GETATTR:
-            # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
-            # which setting the attribute later changes.
-            self._guard_absent(obj, source, attr, origin)
-        if value is MISSING or hasattr(type(value), "__get__"):
-            if program_method(value) or isinstance(value, (staticmethod, classmethod)):
-                # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
-                # class between calls is other code (``act = staticmethod(torch.relu)`` too).
-                self._guard_absent(obj, source, attr, origin)
-                if ("method", id(type(obj)), attr) not in self._guards:  # (made once: it reads the class statically)
-                    self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
-                self._add_function(getattr(value, "__func__", value))
-            stand_in_cached_method(type(obj), attr, self._cached_results)  # (a cached method too)
-            return MISSING
-        if isinstance(obj, torch.nn.Module):
-            if (source.key, attr) not in self._guards:
-                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
-        else:
-            self.state.read(obj, attr, origin, self._guards)
-        return self._keep(ClassSource(type(obj)), attr, value, origin)
-
-    def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
-        if isinstance(obj, torch.nn.Module):
-            if (source.key, attr) not in self._guards:
-                self._guards[(source.key, attr)] = Guard(source, attr, MISSING, origin)
-        else:
-            self.state.read(obj, attr, origin, self._guards)
-
-    def _module_store_read(self, module, mapping, attr, origin):
-        """``module.attr`` for a submodule, parameter or buffer: followed (a submodule) and, for a
-        module the program does not own (a global model a function calls), guarded by identity.
-        The jitted module's own stores are guarded by its binding."""
-        for store in _MODULE_STORES:
-            value = mapping.get(store, {}).get(attr, MISSING)
-            if value is MISSING:
-                continue
-            if (
-                id(module) not in self._originals
-                and not isinstance(value, TensorProxy)
-                and not self._traced_module(module)
-            ):
-                key = ((id(module), store), attr)  # ModuleStoreSource.key, as ``_keep`` keys guards
-                if key not in self._guards:
-                    self._guards[key] = Guard(
-                        ModuleStoreSource(module, store, type(module).__name__), attr, value, origin
-                    )
-            return value if isinstance(value, torch.nn.Module) else MISSING
-        return MISSING
-
-    def _module_global(self, module, attr, origin):
-        """``settings.SCALE`` for a user module ``settings``: a global of that module; ``Config.scale``
-        for a user class: what its class attributes hold (a method or property: its own code)."""
-        if isinstance(module, type):
-            return self._class_read(module, attr, origin)
-        if library_module(module):
-            return MISSING
-        value = module.__dict__.get(attr, MISSING)
-        if value is MISSING:
-            return MISSING
-        return self._keep(self._globals_source(module.__dict__), attr, value, origin)
-
-    def _class_read(self, cls: type, attr: str, origin: str):
-        home = sys.modules.get(getattr(cls, "__module__", ""), None)
-        if home is None or library_module(home):
-            return MISSING
-        value = ClassSource(cls).fixed().get(attr, MISSING)
-        if value is MISSING or hasattr(type(value), "__get__"):
-            stand_in_cached_method(cls, attr, self._cached_results)  # (``Config.table(n)``)
-            return MISSING
-        return self._keep(ClassSource(cls), attr, value, origin)
-
-    def _globals_source(self, g: dict):
-        source = self._module_sources.get(id(g))
-        if source is None:
-            source = self._module_sources[id(g)] = GlobalsSource(g, g.get("__name__", "?"))
-        return source
-
-    def _keep(self, source, name: str, value, origin: str, guard: bool = True, holder=None):
-        """Guards ``value``, read as ``name`` at ``source`` (unless the source guards it another
-        way); returns it if reads may go on from it.
-
-        Most reads repeat one made before in the acquisition (a config attribute read by every
-        layer, a module's attribute by each call of it): what the first made (guards, the first
-        source, iterator positions) holds for them, so a read of the same object at the same
-        place answers as the first did (``_kept``; a dict only for the code that first read it,
-        whose returns ``containers`` watches)."""
-        kept = (type(source), source.key, name, guard)
-        known = self._kept.get(kept)
-        if known is not None and known[0] is value and (known[1] is None or known[1] is self.state.containers.reading):
-            return known[2]
-        out = self._keep_first(source, name, value, origin, guard, holder)
-        if self.state.containers.settled(source):
-            self._kept[kept] = (value, self.state.containers.reading if type(value) is dict else None, out)
-        return out
-
-    def _keep_first(self, source, name: str, value, origin: str, guard: bool, holder=None):
-        value = original(value)  # (a cached function's stand-in read again)
-        if isinstance(value, TensorProxy):
-            return MISSING
-        if hasattr(type(value), "__next__") and id(value) not in self._iterators:
-            self._iterators[id(value)] = (value, name, origin, iterator_position(value))
-        note_generator(self._generators, value, source.describe(name), origin)
-        if type(value) is contextvars.ContextVar:
-            # ``SCALE.get()`` reads the current context's value, which no attribute holds.
-            read = functools.partial(value.get, MISSING)
-            self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
-        if isinstance(value, types.FunctionType):
-            self._add_function(value)
-        elif type(value) is functools.partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
-            guard_partial(self._guards, value, source.describe(name), origin)
-        if callable(value):
-            library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
-            stand_in_cached(source, name, value, self._cached_results, holder, origin)
-        refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
-        if guard and not isinstance(value, types.ModuleType):
-            # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
-            # helper between calls changes what the program does.
-            key = (source.key, name)
-            if key not in self._guards:
-                self._guards[key] = Guard(source, name, value, origin)
-        state_object = not isinstance(value, _MODULE_OR_CODE)
-        if state_object:
-            self.state.containers.note(value, source, name, origin)  # a cache the program may fill
-        if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int
-            return MISSING
-        if state_object and value not in self.state:  # (the first source found stays its source)
-            self.state.add(value, _child_source(source, name, value))
-        return value
-
-    def _follow(self, value, attrs: tuple, origin: str) -> None:
-        for attr in attrs:
-            value = self._step(value, attr, origin)
-            if value is MISSING:
-                return
-
-    def _is_state(self, value) -> bool:
-        # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).
-        return (
-            isinstance(value, (torch.nn.Module, types.ModuleType, type)) or _is_generator(value) or value in self.state
-        )
 
     # -- profile events --------------------------------------------------------------------------
 
@@ -748,20 +435,6 @@ class Observer:
             if all(_cell_value(c) is local.get(n, MISSING) for n, c in zip(code.co_freevars, fn.__closure__)):
                 return fn
         return None
-
-
-def _child_source(source, name: str, value):
-    """The source of the attributes of ``value``, read as ``name`` at ``source``."""
-    if isinstance(source, ItemSource):
-        label = f"{source.label}[{name!r}]"
-    elif type(name) is _Item:
-        label = f"{source.label}{name}"
-    else:
-        label = f"{source.label}.{name}" if not isinstance(source, (GlobalsSource, CellSource)) else name
-    if isinstance(source, InputSource):
-        slotted = source.slotted or not isinstance(attributes_of(value), dict)
-        return InputSource(source.position, (*source.path, name), label, slotted)
-    return ObjectSource(value, label)
 
 
 def _cell_value(cell):
