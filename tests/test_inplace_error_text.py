@@ -125,6 +125,14 @@ def _sin_of_unbind_output_then_write_base(x):
     return z.sum()
 
 
+def _sin_of_a_view_of_unbind_output_then_write_base(x):
+    y = x * 1
+    v = torch.unbind(y)[1].view(2)  # (eager names the view's own node: "Output 0 of View")
+    z = v.sin()
+    y.mul_(2)
+    return z.sum()
+
+
 def _sin_of_chunk_then_write_base_under_no_grad(x):
     _, b = x.chunk(2)
     z = b.sin()
@@ -178,6 +186,10 @@ TEXT_CASES = {
     "a custom Function's saved output written": (_custom_function_saved_output_written, [_x(3)]),
     "a transposed view saved": (_transposed_view_saved, [_x(2, 3)]),
     "one of unbind's views saved, its base written": (_sin_of_unbind_output_then_write_base, [_x(3, 2)]),
+    "a view of one of unbind's views saved, its base written": (
+        _sin_of_a_view_of_unbind_output_then_write_base,
+        [_x(3, 2)],
+    ),
     "one of chunk's views of a leaf saved, the leaf written": (_sin_of_chunk_then_write_base_under_no_grad, [_x(4, 2)]),
     "linear saves a view of its 3-d input": (_linear_of_3d_input_then_write, [_x(2, 5, 3), _x(4, 3)]),
     "attention's math path, its query written": (
@@ -311,11 +323,44 @@ def _write_one_of_chunks_under_no_grad(x):
     return y.sum()
 
 
-@pytest.mark.parametrize("fn", [_write_one_of_chunks, _write_one_of_unbinds, _write_one_of_chunks_under_no_grad])
+def _write_an_element_of_one_of_splits(x):
+    y = x * 1
+    a, _ = y.split(2)
+    a[0].mul_(2)  # (eager: "Output 0 of Select is a view and is being modified inplace")
+    return y.sum()
+
+
+def _write_a_view_of_a_view_of_one_of_chunks(x):
+    y = x * 1
+    a, _ = y.chunk(2)
+    a.view(-1)[1:].mul_(2)
+    return y.sum()
+
+
+def _write_a_view_of_one_of_unbinds_under_no_grad(x):
+    y = x * 1
+    u = y.unbind(0)
+    with torch.no_grad():
+        u[1].view(3).mul_(2)
+    return y.sum()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _write_one_of_chunks,
+        _write_one_of_unbinds,
+        _write_one_of_chunks_under_no_grad,
+        _write_an_element_of_one_of_splits,
+        _write_a_view_of_a_view_of_one_of_chunks,
+        _write_a_view_of_one_of_unbinds_under_no_grad,
+    ],
+)
 def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):
     """Eager refuses, at the write, a write autograd sees into one of several views a call made of
-    memory that requires grad ('Output 1 of Split is a view and is being modified inplace'); the
-    compiled call ran it. Under no_grad both run."""
+    memory that requires grad ('Output 1 of Split is a view and is being modified inplace'), or
+    into a view of one (named by its own node: 'Output 0 of Select'); the compiled call ran it.
+    Under no_grad both run."""
     x = torch.randn(4, 3, requires_grad=True)
     try:
         expected = fn(x)

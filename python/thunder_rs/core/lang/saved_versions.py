@@ -155,7 +155,7 @@ class SavedVersions:
                 taken = {id(t.root) for t in made.values()}
                 proxies = call.outs
                 call.outs = tuple(_described(o, made) for o in call.outs)
-                if len(call.outs) > 1 and all(o.view for o in call.outs) and len({id(o.root) for o in call.outs}) == 1:
+                if _multi_view_call(call, made.values()):
                     for p, o in zip(proxies, call.outs):
                         self.multi_views[id(p)] = (weakref.ref(p), call, o)
                 for key in {id(t.root) for t in made.values()}:
@@ -320,6 +320,17 @@ def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
     node = _node_of(*entry[1:])
     if node is not None:
         raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
+
+
+def _multi_view_call(call: _Call, args) -> bool:
+    """Whether ``call``'s outputs are views eager marks as of a function that returns several
+    (``unbind``, ``chunk``, ``split``), or views taken of such a view among its ``args`` (eager's
+    views of one keep the mark, and are named by their own node: ``a[0]`` of ``a, b = x.split(2)``
+    is "Output 0 of Select")."""
+    outs = call.outs
+    if not outs or not all(o.view for o in outs) or len({id(o.root) for o in outs}) != 1:
+        return False
+    return len(outs) > 1 or any(t.multi is not None and t.root is outs[0].root for t in args)
 
 
 def _root(p):
@@ -633,7 +644,7 @@ def _node_of(call: _Call, t: _Tensor) -> tuple | None:
             with _probing(device):
                 args, kwargs = _stand_ins(call.args, {}, made, device)
                 results = _leaves(call.func(*args, **kwargs), torch.Tensor)
-                got = made.get(id(t)) if at is None or id(t) in made else results[at]
+                got = made.get(id(t)) if at is None else results[at]
                 if got is None or got.grad_fn is None:
                     return None
                 return node_name(got.grad_fn.name()), got.output_nr
