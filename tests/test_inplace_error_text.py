@@ -371,3 +371,72 @@ def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):
         assert "at " + __file__ in str(caught.value)
         return
     torch.testing.assert_close(thunder_rs.jit(fn)(x), expected)
+
+
+def _exp(x):
+    return x.exp()
+
+
+def _sigmoid_of_a_product(x):
+    return (x * 2).sigmoid()  # (the compiled forward computes it into the product's buffer: sigmoid_)
+
+
+def _relu_in_place(x):
+    y = x * 2
+    y.relu_()  # (relu_ saves its result: eager's node of y is Relu, at version 1)
+    return y
+
+
+def _qr_and_a_sum(x):
+    q, r = torch.linalg.qr(x)
+    return r, q.sum()
+
+
+def _tanh_twice(x):
+    y = torch.tanh(x + 1)
+    return y, y * 3
+
+
+@pytest.mark.parametrize("fn", [_exp, _sigmoid_of_a_product, _relu_in_place, _qr_and_a_sum, _tanh_twice])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_an_output_the_caller_writes_before_the_backward_gives_eagers_text(fn, create_graph):
+    """An output the program made, which its node saved, written by the caller between the call and
+    the backward: eager's text, naming the node that made it (Exp, Sigmoid, Relu, LinalgQr's output
+    1) and eager's versions, where the compiled call named none and counted the writes of the
+    buffer its forward computed the output into (sigmoid_: 'at version 2; expected version 1')."""
+    messages = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = torch.randn(3, 3, requires_grad=True)
+        out = f(x)
+        first = out[0] if isinstance(out, tuple) else out
+        first.mul_(2)
+        total = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
+        with pytest.raises(RuntimeError, match=LEADING) as caught:
+            total.backward(create_graph=create_graph)
+        messages.append(str(caught.value))
+    assert messages[1].startswith(messages[0]), messages
+
+
+def _scaled(x):
+    return x * 2  # (mul by a number saves nothing)
+
+
+def _sin(x):
+    return x.sin()  # (saves its input, not its result)
+
+
+@pytest.mark.parametrize("fn", [_scaled, _sin])
+def test_an_output_the_caller_writes_that_no_node_reached_saved_leaves_the_gradients_eagers(fn):
+    """Where eager's node of the written output saves no output, eager's backward runs: so does the
+    compiled one, with eager's gradients."""
+    grads = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = torch.randn(3, 3, requires_grad=True)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            x.copy_(torch.randn(3, 3))
+        out = f(x)
+        out.mul_(2)
+        out.sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
