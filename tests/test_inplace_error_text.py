@@ -440,3 +440,40 @@ def test_an_output_the_caller_writes_that_no_node_reached_saved_leaves_the_gradi
         out.sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def _attention_output_written(q, k, v):
+    out = F.scaled_dot_product_attention(q * 1, k, v)
+    out.mul_(2)
+    return out.sum()
+
+
+@pytest.mark.parametrize("head", [8, 12])
+@pytest.mark.parametrize("backend", ["FLASH", "EFFICIENT", "CUDNN"])
+def test_a_fused_kernels_saved_output_is_named_as_eagers_node_on_cuda(backend, head, monkeypatch):
+    """On CUDA (fake tensors, the kernel chosen replaced) a write to attention's output, which the
+    fused kernel saved, names the kernel's node as eager's error does (ScaledDotProductFlashAttention,
+    ...), not the CPU kernel's a run again chose (ScaledDotProductFlashAttentionForCpu); for flash with
+    a head size eager's composite pads to a multiple of 8, the padded output it saved ([.., 16]), and
+    a write to the query, of which flash saved a padded copy, leaves the backward valid (eager's
+    backward runs); the other kernels save the query itself."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(fused_attention, "_choose", lambda *args: getattr(fused_attention, backend))
+    name = {"FLASH": "Flash", "EFFICIENT": "Efficient", "CUDNN": "Cudnn"}[backend]
+    padded = head + (-head % 8 if backend == "FLASH" else 0)
+    for fn, shape, node in (
+        (_attention_output_written, padded, f"ScaledDotProduct{name}Attention"),
+        (_attention_then_write_query, None if padded != head else head, "Mul"),
+    ):
+        with FakeTensorMode():
+            q, k, v = (torch.empty(1, 2, 4, head, device="cuda", dtype=torch.half, requires_grad=True) for _ in "qkv")
+            out = thunder_rs.jit(fn)(q, k, v)
+            with torch.no_grad():
+                if shape is None:
+                    out.grad_fn.apply(torch.empty_like(out))
+                    continue
+                with pytest.raises(RuntimeError, match=LEADING) as caught:
+                    out.grad_fn.apply(torch.empty_like(out))
+        wanted = f"[torch.cuda.HalfTensor [1, 2, 4, {shape}]], which is output 0 of {node}, is at version 1; expected"
+        assert wanted in str(caught.value), str(caught.value)

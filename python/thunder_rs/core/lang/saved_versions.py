@@ -67,6 +67,7 @@ from thunder_rs.core.lang.saved_errors import (
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
     KERNEL_CHOICES,
+    KERNEL_NODES,
     SAVES_EVERY_TENSOR_ON_CUDA,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
@@ -224,6 +225,8 @@ class SavedVersions:
             i = next((i for i, o in enumerate(call.outs) if o.root is saved.root and not saved.view), None)
             if i is not None:
                 return call.label.removesuffix(".apply").rsplit(".", 1)[-1], i
+        elif any(o.root is saved.root for o in call.outs) and (kernel := _kernel_node(call)) is not None:
+            return kernel[0], 0  # (its node's output, the kernel's, which a run again does not choose)
         elif any(o is saved for o in call.outs):
             return _node_of(call, saved)
         if saved.view:  # (a view of memory written since: autograd makes its node again)
@@ -440,7 +443,7 @@ def _saved_by(call: _Call):
     # (a fused kernel's run again on small CPU tensors says which views of them it saves)
     fused_on_cpu = fused and not cuda and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
     if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (fused and not fused_on_cpu):
-        return _every_tensor(call)
+        return _kernel_saves(call) if fused and cuda else _every_tensor(call)
     known = _one_tensor_op(call)
     if known is not None:
         return known
@@ -468,6 +471,31 @@ def _saved_by(call: _Call):
     if saved is False:
         return False
     return {id(t.root): _as_saved(t, saved[index[k]]) for k, t in tensors.items() if index[k] in saved}
+
+
+def _kernel_node(call: _Call) -> tuple | None:
+    """``saved_ops.KERNEL_NODES``' answer for a call on CUDA that runs a fused kernel, else None."""
+    node = KERNEL_NODES.get(call.func)
+    if node is None or not any(t.device.type == "cuda" for t in call.tensors()):
+        return None
+    fused = call.fused if call.fused is not None else _fused(KERNEL_CHOICES[call.func][0], call.args)
+    if not fused:
+        return None
+    args, kwargs = call.args
+    try:
+        return node(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (no answer: the kernel's tensors taken as saved, its node unnamed)
+        return None
+
+
+def _kernel_saves(call: _Call) -> dict:
+    """What a fused kernel on CUDA saves: every tensor, or where it pads the last dim (``KERNEL_NODES``)
+    its output whole, the call's output a view of it (its inputs it saves padded, as copies)."""
+    node = _kernel_node(call)
+    if node is None or not node[1] or len(call.outs) != 1:
+        return _every_tensor(call)
+    out = call.outs[0]
+    return {id(out.root): _as_saved(out, (*out.shape[:-1], out.shape[-1] + node[1]))}
 
 
 def _every_tensor(call: _Call) -> dict:
