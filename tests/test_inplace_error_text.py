@@ -477,3 +477,14 @@ def test_a_fused_kernels_saved_output_is_named_as_eagers_node_on_cuda(backend, h
                     out.grad_fn.apply(torch.empty_like(out))
         wanted = f"[torch.cuda.HalfTensor [1, 2, 4, {shape}]], which is output 0 of {node}, is at version 1; expected"
         assert wanted in str(caught.value), str(caught.value)
+
+
+def test_asking_which_kernel_attention_ran_records_no_switches_into_the_program():
+    """Learning what attention saved (a run again under ``sdpa_kernel`` of the kernel eager chose)
+    sets and restores the kernel switches outside the program: the compiled call set them ten
+    times per call (``_set_sdp_use_*`` recorded as the program's effects)."""
+    q, k, v = (torch.randn(2, 4, 8, requires_grad=True) for _ in "qkv")
+    jfn = thunder_rs.jit(_attention_then_write_query)
+    with pytest.raises(RuntimeError, match=LEADING):
+        jfn(q, k, v).backward()
+    assert "_set_sdp_use" not in str(thunder_rs.last_traces(jfn)[-1])

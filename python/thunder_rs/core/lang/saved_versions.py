@@ -73,6 +73,7 @@ from thunder_rs.core.lang.saved_ops import (
     SAVES_NOTHING,
     wrapped_saves,
 )
+from thunder_rs.core.lang.recorder import paused_recording
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderRuntimeError
 
@@ -458,8 +459,9 @@ def _saved_by(call: _Call):
     saved = _ANSWERS.get(key) if key is not None else None
     if saved is None:
         # (the kernel chosen as the call ran; its composite on CUDA: run on meta tensors, not the
-        # CPU's, whose math path differs: attention upcasts half precision on the CPU only)
-        with contextlib.nullcontext() if choice is None else choice[1](fused):
+        # CPU's, whose math path differs: attention upcasts half precision on the CPU only. Its
+        # switches set and restored unrecorded: no effect of the program's)
+        with paused_recording(), contextlib.nullcontext() if choice is None else choice[1](fused):
             found = _run_cpu(call) if fused_on_cpu else None
             saved = _probe(call, index, choice is not None and cuda) if not fused_on_cpu else _numbered(found, index)
         if fused_on_cpu and saved is False:
