@@ -337,6 +337,27 @@ def _write_a_view_of_a_view_of_one_of_chunks(x):
     return y.sum()
 
 
+def _write_contiguous_of_one_of_splits(x):
+    y = x * 1
+    a, _ = y.split(2)
+    a.contiguous().mul_(2)  # (a itself: eager names Split's output)
+    return y.sum()
+
+
+def _write_the_transpose_of_one_of_unbinds(x):
+    y = x * 1
+    a = y.unbind(1)[0]
+    a.T.mul_(2)  # (a new view of a 1-d tensor, which the trace gives a's proxy: eager names Permute)
+    return y.sum()
+
+
+def _write_flatten_of_one_of_unbinds(x):
+    y = x * 1
+    a = y.unbind(1)[0]
+    a.flatten().mul_(2)  # (a itself: eager names Unbind's output)
+    return y.sum()
+
+
 def _write_a_view_of_one_of_unbinds_under_no_grad(x):
     y = x * 1
     u = y.unbind(0)
@@ -354,6 +375,9 @@ def _write_a_view_of_one_of_unbinds_under_no_grad(x):
         _write_an_element_of_one_of_splits,
         _write_a_view_of_a_view_of_one_of_chunks,
         _write_a_view_of_one_of_unbinds_under_no_grad,
+        _write_contiguous_of_one_of_splits,
+        _write_the_transpose_of_one_of_unbinds,
+        _write_flatten_of_one_of_unbinds,
     ],
 )
 def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):

@@ -117,6 +117,19 @@ KERNEL_CHOICES: dict = {}
 KERNEL_NODES: dict = {}
 
 
+def kernel_node(func, arguments: tuple, fused: bool) -> tuple | None:
+    """``KERNEL_NODES``' answer for a call on CUDA of ``func`` of ``arguments`` (``(args, kwargs)``)
+    that runs a fused kernel (``fused``), else None."""
+    node = KERNEL_NODES.get(func)
+    if node is None or not fused:
+        return None
+    args, kwargs = arguments
+    try:
+        return node(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (no answer: the kernel's tensors taken as saved, its node unnamed)
+        return None
+
+
 def _one_tensor_ops() -> dict:
     """``{torch function: (saves its tensor, saves its result)}`` of the functions bound to one
     of ``saved_aten``'s ops (torch's, ``Tensor``'s, ``torch.special``'s, ``torch.linalg``'s and

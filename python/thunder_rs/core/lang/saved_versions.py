@@ -69,6 +69,7 @@ from thunder_rs.core.lang.saved_ops import (
     KERNEL_CHOICES,
     KERNEL_NODES,
     SAVES_EVERY_TENSOR_ON_CUDA,
+    kernel_node,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
     wrapped_saves,
@@ -154,12 +155,14 @@ class SavedVersions:
                     entry = self.multi_views.get(pid)
                     if entry is not None and entry[0]() is not None:  # (alive: the id is still its)
                         t.multi = entry[1:]
-                taken = {id(t.root) for t in made.values()}
+                taken, arg_tensors = {id(t.root) for t in made.values()}, tuple(made.values())
                 proxies = call.outs
                 call.outs = tuple(_described(o, made) for o in call.outs)
-                if _multi_view_call(call, made.values()):
+                if _multi_view_call(call, arg_tensors):
                     for p, o in zip(proxies, call.outs):
-                        self.multi_views[id(p)] = (weakref.ref(p), call, o)
+                        prior = self.multi_views.get(id(p))  # (a view the trace gives its input's proxy)
+                        prior = prior[1:] if prior is not None and prior[0]() is p else None
+                        self.multi_views[id(p)] = (weakref.ref(p), call, o, prior)
                 for key in {id(t.root) for t in made.values()}:
                     self.pending.setdefault(key, []).append(call)
                 for o in call.outs:  # (an in-place call returns the tensor it took: not its maker)
@@ -234,7 +237,7 @@ class SavedVersions:
             if not (saved.requires_grad or key in self.nodes):
                 return None
             if saved.multi is not None:  # (which eager refuses for one of several views a call made)
-                node = _node_of(*saved.multi)
+                node = _multi_node(saved.multi)
                 return None if node is None else (MULTI_VIEW, *node)
             return ("AsStrided", 0)
         if key in self.nodes:
@@ -321,20 +324,32 @@ def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
     with DisableTorchFunctionSubclass():
         if not _root(dst).requires_grad:
             return
-    node = _node_of(*entry[1:])
+    node = _multi_node(entry[1:])
     if node is not None:
         raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
 
 
-def _multi_view_call(call: _Call, args) -> bool:
-    """Whether ``call``'s outputs are views eager marks as of a function that returns several
-    (``unbind``, ``chunk``, ``split``), or views taken of such a view among its ``args`` (eager's
-    views of one keep the mark, and are named by their own node: ``a[0]`` of ``a, b = x.split(2)``
-    is "Output 0 of Select")."""
+def _multi_view_call(call: _Call, args: tuple) -> bool:
+    """Whether ``call``'s outputs are views eager marks as of a function that returns several (``unbind``,
+    ``split``), or views of such a view among its ``args``, named by their own node (``a[0]``: Select)."""
     outs = call.outs
     if not outs or not all(o.view for o in outs) or len({id(o.root) for o in outs}) != 1:
         return False
     return len(outs) > 1 or any(t.multi is not None and t.root is outs[0].root for t in args)
+
+
+def _multi_node(entry: tuple) -> tuple | None:
+    """The node eager's error names for one of several views a call made, or a view of one (``entry``:
+    ``(call, its output, the output proxy's prior entry)``); the prior's where eager's op returned its
+    input itself (``contiguous`` of a contiguous tensor), whose proxy the trace gave the output."""
+    call, out, prior = entry
+    node = _node_of(call, out, _ITSELF)
+    if node is _ITSELF:
+        return None if prior is None else _multi_node(prior)
+    return node
+
+
+_ITSELF = ("itself", 0)  # (``_node_of``'s answer where the call returned its input itself)
 
 
 def _root(p):
@@ -476,23 +491,16 @@ def _saved_by(call: _Call):
 
 
 def _kernel_node(call: _Call) -> tuple | None:
-    """``saved_ops.KERNEL_NODES``' answer for a call on CUDA that runs a fused kernel, else None."""
-    node = KERNEL_NODES.get(call.func)
-    if node is None or not any(t.device.type == "cuda" for t in call.tensors()):
+    """``saved_ops.kernel_node`` of a call on CUDA, else None."""
+    if call.func not in KERNEL_NODES or not any(t.device.type == "cuda" for t in call.tensors()):
         return None
     fused = call.fused if call.fused is not None else _fused(KERNEL_CHOICES[call.func][0], call.args)
-    if not fused:
-        return None
-    args, kwargs = call.args
-    try:
-        return node(*args, **kwargs)
-    except Exception:  # noqa: BLE001 (no answer: the kernel's tensors taken as saved, its node unnamed)
-        return None
+    return kernel_node(call.func, call.args, fused)
 
 
 def _kernel_saves(call: _Call) -> dict:
     """What a fused kernel on CUDA saves: every tensor, or where it pads the last dim (``KERNEL_NODES``)
-    its output whole, the call's output a view of it (its inputs it saves padded, as copies)."""
+    its output whole, of which the call's output is a view (and copies of its inputs)."""
     node = _kernel_node(call)
     if node is None or not node[1] or len(call.outs) != 1:
         return _every_tensor(call)
@@ -660,11 +668,11 @@ def _probing(device: str):
 _NAMING_ELEMENTS = 1 << 22
 
 
-def _node_of(call: _Call, t: _Tensor) -> tuple | None:
+def _node_of(call: _Call, t: _Tensor, itself: tuple | None = None) -> tuple | None:
     """``(name, output number)`` of the node eager's autograd gives ``t`` (one of ``call``'s
     outputs, or the tensor the call writes in place) as eager's error names it: from the call run
     again on tensors of zeros (CPU ones where small enough, else meta); None where it runs on
-    neither or ``t`` gets no node."""
+    neither or ``t`` gets no node; ``itself`` where given and the call returned one it took."""
     small = sum(math.prod(u.shape) for u in call.tensors()) <= _NAMING_ELEMENTS
     at = next((i for i, o in enumerate(call.outs) if o is t), None)
     for device in ("cpu", "meta") if small else ("meta", "cpu"):
@@ -675,6 +683,8 @@ def _node_of(call: _Call, t: _Tensor) -> tuple | None:
                 args, kwargs = _stand_ins(call.args, {}, made, device)
                 results = _leaves(call.func(*args, **kwargs), torch.Tensor)
                 got = made.get(id(t)) if at is None else results[at]
+                if itself is not None and any(got is u for u in made.values()):
+                    return itself
                 if got is None or got.grad_fn is None:
                     return None
                 return node_name(got.grad_fn.name()), got.output_nr
