@@ -51,7 +51,7 @@ def _may_save(node) -> bool:
     """Whether the node a call gives its output (``(call, the output)``) may save it: not where the
     tables say it does not (``saved_ops``: ``sum``, ``mul``, ``linear``; ``sin`` saves its input), so
     that a call returning a loss checks no version."""
-    if node is None or type(node[0]) is str:
+    if node is None or type(node[0]) is str or node[0].func is None:  # (a custom Function's: not asked)
         return False
     call, t = node
     if call.func in SAVES_NOTHING or call.func in SAVES_NO_OUTPUT:
