@@ -47,6 +47,12 @@ def outputs_made(state: SavedVersions, out) -> dict:
     return made
 
 
+def _symbolic(call) -> bool:
+    """Whether a tensor of ``call`` (not described yet) has a symbolic size: describing it reads the
+    sizes' hints and the views' strides, which would specialise the trace on them."""
+    return any(not all(type(n) is int for n in t.shape) for t in _leaves((call.args, call.outs), TensorProxy))
+
+
 def _may_save(node) -> bool:
     """Whether the node a call gives its output (``(call, the output)``) may save it: not where the
     tables say it does not (``saved_ops``: ``sum``, ``mul``, ``linear``; ``sin`` saves its input), so
@@ -69,6 +75,8 @@ def _last_node(state: SavedVersions, p):
         return state.nodes[key]
     for call in reversed(state.calls):  # (not indexed: their outputs are proxies)
         if any(o is p for o in call.outs):
+            if call.func in SAVES_NOTHING or call.func in SAVES_NO_OUTPUT or _symbolic(call):
+                return None  # (no output saved; or sizes a description would read the hints of)
             made: dict = {}
             args = _described(call.args, made)
             outs = tuple(_described(o, made) for o in call.outs)
