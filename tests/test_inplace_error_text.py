@@ -125,6 +125,14 @@ def _sin_of_unbind_output_then_write_base(x):
     return z.sum()
 
 
+def _sin_of_a_view_of_unbind_output_then_write_base(x):
+    y = x * 1
+    v = torch.unbind(y)[1].view(2)  # (eager names the view's own node: "Output 0 of View")
+    z = v.sin()
+    y.mul_(2)
+    return z.sum()
+
+
 def _sin_of_chunk_then_write_base_under_no_grad(x):
     _, b = x.chunk(2)
     z = b.sin()
@@ -178,6 +186,10 @@ TEXT_CASES = {
     "a custom Function's saved output written": (_custom_function_saved_output_written, [_x(3)]),
     "a transposed view saved": (_transposed_view_saved, [_x(2, 3)]),
     "one of unbind's views saved, its base written": (_sin_of_unbind_output_then_write_base, [_x(3, 2)]),
+    "a view of one of unbind's views saved, its base written": (
+        _sin_of_a_view_of_unbind_output_then_write_base,
+        [_x(3, 2)],
+    ),
     "one of chunk's views of a leaf saved, the leaf written": (_sin_of_chunk_then_write_base_under_no_grad, [_x(4, 2)]),
     "linear saves a view of its 3-d input": (_linear_of_3d_input_then_write, [_x(2, 5, 3), _x(4, 3)]),
     "attention's math path, its query written": (
@@ -311,11 +323,68 @@ def _write_one_of_chunks_under_no_grad(x):
     return y.sum()
 
 
-@pytest.mark.parametrize("fn", [_write_one_of_chunks, _write_one_of_unbinds, _write_one_of_chunks_under_no_grad])
+def _write_an_element_of_one_of_splits(x):
+    y = x * 1
+    a, _ = y.split(2)
+    a[0].mul_(2)  # (eager: "Output 0 of Select is a view and is being modified inplace")
+    return y.sum()
+
+
+def _write_a_view_of_a_view_of_one_of_chunks(x):
+    y = x * 1
+    a, _ = y.chunk(2)
+    a.view(-1)[1:].mul_(2)
+    return y.sum()
+
+
+def _write_contiguous_of_one_of_splits(x):
+    y = x * 1
+    a, _ = y.split(2)
+    a.contiguous().mul_(2)  # (a itself: eager names Split's output)
+    return y.sum()
+
+
+def _write_the_transpose_of_one_of_unbinds(x):
+    y = x * 1
+    a = y.unbind(1)[0]
+    a.T.mul_(2)  # (a new view of a 1-d tensor, which the trace gives a's proxy: eager names Permute)
+    return y.sum()
+
+
+def _write_flatten_of_one_of_unbinds(x):
+    y = x * 1
+    a = y.unbind(1)[0]
+    a.flatten().mul_(2)  # (a itself: eager names Unbind's output)
+    return y.sum()
+
+
+def _write_a_view_of_one_of_unbinds_under_no_grad(x):
+    y = x * 1
+    u = y.unbind(0)
+    with torch.no_grad():
+        u[1].view(3).mul_(2)
+    return y.sum()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _write_one_of_chunks,
+        _write_one_of_unbinds,
+        _write_one_of_chunks_under_no_grad,
+        _write_an_element_of_one_of_splits,
+        _write_a_view_of_a_view_of_one_of_chunks,
+        _write_a_view_of_one_of_unbinds_under_no_grad,
+        _write_contiguous_of_one_of_splits,
+        _write_the_transpose_of_one_of_unbinds,
+        _write_flatten_of_one_of_unbinds,
+    ],
+)
 def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):
     """Eager refuses, at the write, a write autograd sees into one of several views a call made of
-    memory that requires grad ('Output 1 of Split is a view and is being modified inplace'); the
-    compiled call ran it. Under no_grad both run."""
+    memory that requires grad ('Output 1 of Split is a view and is being modified inplace'), or
+    into a view of one (named by its own node: 'Output 0 of Select'); the compiled call ran it.
+    Under no_grad both run."""
     x = torch.randn(4, 3, requires_grad=True)
     try:
         expected = fn(x)
@@ -326,3 +395,120 @@ def test_a_write_into_one_of_several_views_is_refused_as_eager(fn):
         assert "at " + __file__ in str(caught.value)
         return
     torch.testing.assert_close(thunder_rs.jit(fn)(x), expected)
+
+
+def _exp(x):
+    return x.exp()
+
+
+def _sigmoid_of_a_product(x):
+    return (x * 2).sigmoid()  # (the compiled forward computes it into the product's buffer: sigmoid_)
+
+
+def _relu_in_place(x):
+    y = x * 2
+    y.relu_()  # (relu_ saves its result: eager's node of y is Relu, at version 1)
+    return y
+
+
+def _qr_and_a_sum(x):
+    q, r = torch.linalg.qr(x)
+    return r, q.sum()
+
+
+def _tanh_twice(x):
+    y = torch.tanh(x + 1)
+    return y, y * 3
+
+
+@pytest.mark.parametrize("fn", [_exp, _sigmoid_of_a_product, _relu_in_place, _qr_and_a_sum, _tanh_twice])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_an_output_the_caller_writes_before_the_backward_gives_eagers_text(fn, create_graph):
+    """An output the program made, which its node saved, written by the caller between the call and
+    the backward: eager's text, naming the node that made it (Exp, Sigmoid, Relu, LinalgQr's output
+    1) and eager's versions, where the compiled call named none and counted the writes of the
+    buffer its forward computed the output into (sigmoid_: 'at version 2; expected version 1')."""
+    messages = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = torch.randn(3, 3, requires_grad=True)
+        out = f(x)
+        first = out[0] if isinstance(out, tuple) else out
+        first.mul_(2)
+        total = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
+        with pytest.raises(RuntimeError, match=LEADING) as caught:
+            total.backward(create_graph=create_graph)
+        messages.append(str(caught.value))
+    assert messages[1].startswith(messages[0]), messages
+
+
+def _scaled(x):
+    return x * 2  # (mul by a number saves nothing)
+
+
+def _sin(x):
+    return x.sin()  # (saves its input, not its result)
+
+
+@pytest.mark.parametrize("fn", [_scaled, _sin])
+def test_an_output_the_caller_writes_that_no_node_reached_saved_leaves_the_gradients_eagers(fn):
+    """Where eager's node of the written output saves no output, eager's backward runs: so does the
+    compiled one, with eager's gradients."""
+    grads = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = torch.randn(3, 3, requires_grad=True)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            x.copy_(torch.randn(3, 3))
+        out = f(x)
+        out.mul_(2)
+        out.sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def _attention_output_written(q, k, v):
+    out = F.scaled_dot_product_attention(q * 1, k, v)
+    out.mul_(2)
+    return out.sum()
+
+
+@pytest.mark.parametrize("head", [8, 12])
+@pytest.mark.parametrize("backend", ["FLASH", "EFFICIENT", "CUDNN"])
+def test_a_fused_kernels_saved_output_is_named_as_eagers_node_on_cuda(backend, head, monkeypatch):
+    """On CUDA (fake tensors, the kernel chosen replaced) a write to attention's output, which the
+    fused kernel saved, names the kernel's node as eager's error does (ScaledDotProductFlashAttention,
+    ...), not the CPU kernel's a run again chose (ScaledDotProductFlashAttentionForCpu); for flash with
+    a head size eager's composite pads to a multiple of 8, the padded output it saved ([.., 16]), and
+    a write to the query, of which flash saved a padded copy, leaves the backward valid (eager's
+    backward runs); the other kernels save the query itself."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(fused_attention, "_choose", lambda *args: getattr(fused_attention, backend))
+    name = {"FLASH": "Flash", "EFFICIENT": "Efficient", "CUDNN": "Cudnn"}[backend]
+    padded = head + (-head % 8 if backend == "FLASH" else 0)
+    for fn, shape, node in (
+        (_attention_output_written, padded, f"ScaledDotProduct{name}Attention"),
+        (_attention_then_write_query, None if padded != head else head, "Mul"),
+    ):
+        with FakeTensorMode():
+            q, k, v = (torch.empty(1, 2, 4, head, device="cuda", dtype=torch.half, requires_grad=True) for _ in "qkv")
+            out = thunder_rs.jit(fn)(q, k, v)
+            with torch.no_grad():
+                if shape is None:
+                    out.grad_fn.apply(torch.empty_like(out))
+                    continue
+                with pytest.raises(RuntimeError, match=LEADING) as caught:
+                    out.grad_fn.apply(torch.empty_like(out))
+        wanted = f"[torch.cuda.HalfTensor [1, 2, 4, {shape}]], which is output 0 of {node}, is at version 1; expected"
+        assert wanted in str(caught.value), str(caught.value)
+
+
+def test_asking_which_kernel_attention_ran_records_no_switches_into_the_program():
+    """Learning what attention saved (a run again under ``sdpa_kernel`` of the kernel eager chose)
+    sets and restores the kernel switches outside the program: the compiled call set them ten
+    times per call (``_set_sdp_use_*`` recorded as the program's effects)."""
+    q, k, v = (torch.randn(2, 4, 8, requires_grad=True) for _ in "qkv")
+    jfn = thunder_rs.jit(_attention_then_write_query)
+    with pytest.raises(RuntimeError, match=LEADING):
+        jfn(q, k, v).backward()
+    assert "_set_sdp_use" not in str(thunder_rs.last_traces(jfn)[-1])

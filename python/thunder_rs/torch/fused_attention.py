@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang import sdp_state, symfloat
-from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES
+from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES, KERNEL_NODES
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
@@ -517,4 +517,23 @@ def _chosen_kernel(fused: bool):
     return torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION if fused else SDPBackend.MATH)
 
 
+#: The autograd nodes of the fused kernels eager's composite calls on CUDA, as its error names them
+_NODES = {
+    FLASH: "ScaledDotProductFlashAttention",
+    EFFICIENT: "ScaledDotProductEfficientAttention",
+    CUDNN: "ScaledDotProductCudnnAttention",
+}
+
+
+def _kernel_node(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``saved_ops.KERNEL_NODES``' answer for a CUDA attention call: its kernel's node, and the
+    padding of the head size flash's composite makes (``_flash``: it saves padded copies of the
+    query, key and value, and the padded output, of which it returns a narrowed view)."""
+    metas = [None if t is None else _at_hints(_meta(t)) for t in (query, key, value, attn_mask)]
+    backend = _choose(metas, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+    name = _NODES.get(backend)
+    return None if name is None else (name, -hint(query.shape[-1]) % 8 if backend == FLASH else 0)
+
+
 KERNEL_CHOICES[torch.nn.functional.scaled_dot_product_attention] = (_runs_fused, _chosen_kernel)
+KERNEL_NODES[torch.nn.functional.scaled_dot_product_attention] = _kernel_node

@@ -42,7 +42,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import saved_versions, symfloat, symint
+from thunder_rs.core.lang import saved_outputs, saved_versions, symfloat, symint
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -122,6 +122,9 @@ class Acquired:
     #: where the program made leaves (``inner_leaves``), the positions of the trace's outputs that
     #: require grad: those that a call returns requiring none get a backward (``through_inner_leaves``)
     leaf_outputs: tuple = ()
+    #: per flat output position, a tensor the program made (``saved_outputs.OutputMade``): the node and
+    #: version eager's error names where the caller writes it before the backward
+    made_outputs: dict = field(default_factory=dict)
 
 
 def _reject_generators(fn, out) -> None:
@@ -530,16 +533,16 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
     return kept
 
 
-def _finish(
-    rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads, through_leaves
-):
+def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, reads, made):
     """Ends the recording with the program's outputs, then the tensors it printed or set as
     attributes, then the tensor inputs it wrote (``writeback``). Returns the trace, how to rebuild
     the outputs, the effects to repeat after each call (prints in order, draws in order, then
     attribute writes, then item writes), the write-backs, the output views and the outputs of the
     call traced where its reads computed them (``ValueReads.first_outputs``). ``repeated`` is
     ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies. With
-    ``through_leaves`` (``inner_leaves``), also the positions of the outputs that require grad."""
+    ``through_leaves`` (``inner_leaves``), also the positions of the outputs that require grad. ``made``:
+    ``(through_leaves, saved_outputs.outputs_made's answer)``; the latter by output position."""
+    through_leaves, outputs_made = made
     try:
         writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
             rec, out, writes, repeated, flat_inputs, inputs, captured, kept
@@ -549,7 +552,10 @@ def _finish(
         if reads is not None:
             reads.snapshots.forget()
     leaf_outputs = inner_leaves.grad_outputs(outputs) if through_leaves else ()
-    return rec.finish(outputs), out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs)
+    vids = [getattr(o, "_vid", None) for o in (outputs if type(outputs) in (tuple, list) else (outputs,))]
+    made_outputs = {k: outputs_made[v] for k, v in enumerate(vids) if v in outputs_made}
+    finished = rec.finish(outputs)
+    return finished, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs)
 
 
 def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
@@ -642,7 +648,7 @@ def acquire(
             out, observer, writes, repeated, inputs, (inference, hooks, through_leaves) = _trace_program(
                 fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
             )
-        stale_saves = saves.release()  # (its proxies would be found stored: ``_check_no_escape``)
+        stale_saves, outputs_made = saved_outputs.released(saves, out)  # (its proxies would be found stored)
     except ThunderError as e:
         _hint_compiler_disable(e)
         raise
@@ -650,8 +656,8 @@ def acquire(
     modules_called, size_checks, sites, interrupted = _observed_facts(observer)
     del observer
     kept = _kept_tensors(captures, inputs)
-    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs) = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, through_leaves
+    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, (through_leaves, outputs_made)
     )
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
@@ -664,8 +670,7 @@ def acquire(
     captured = captures.release()
     _check_no_escape(made, trace, sites, (placed, stand_ins))  # first: a stored tensor is the more precise reason
     guards = _check_guards_still_hold(guards, flat_inputs, interrupted)
-    at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
-    ints = tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
+    ints = _int_sources(size_inputs)
     return Acquired(
         trace,
         list(rec.consts()),
@@ -693,7 +698,14 @@ def acquire(
         floats=tuple(size_inputs.floats),
         stale_saves=stale_saves,
         leaf_outputs=leaf_outputs,
+        made_outputs=made_outputs,
     )
+
+
+def _int_sources(size_inputs: SizeInputs) -> tuple:
+    """The sources of the int arguments among the sizes traced as inputs, by input position."""
+    at_sizes = (*size_inputs.sources, *(at for at, _ in size_inputs.shared))
+    return tuple(sorted((at for at in at_sizes if type(at) in (HeldInt, ArgInt)), key=lambda at: at.input))
 
 
 def _disabled_code():

@@ -113,18 +113,26 @@ _RESIDUAL = (
 )
 
 
-def residual_error(r, then: int, inputs) -> RuntimeError:
+def residual_error(r, then: int, inputs, made=None) -> RuntimeError:
     """Eager's error for the tensor ``r`` a compiled call saved, at version ``then`` then: the
     node it is an output of is its ``grad_fn`` where it is one of the call's ``inputs`` (eager's
-    saved original); none is named for another (eager names the node of the op inside that saved
-    it, which the compiled call does not know)."""
+    saved original), and for one of the call's outputs the program made (``made``:
+    ``saved_outputs.OutputMade``), the node eager gives it at the program's end, its versions
+    counted from eager's then (the compiled forward may write its memory more often, computing
+    into a buffer it took over). None is named for another (eager names the node of the op inside
+    that saved it, which the compiled call does not know)."""
     node = r.grad_fn
     which = ""
+    now = r._version
     if node is not None and inputs is not None and any(r is t for t in inputs):
         which = f", which is output {r.output_nr} of {node_name(node.name())},"
+    elif made is not None:
+        named = made.node()
+        which = "" if named is None else f", which is output {named[1]} of {named[0]},"
+        now, then = made.version + now - then, made.version
     hint = _ANOMALY_ON if torch.is_anomaly_enabled() else _hint()
     return RuntimeError(
-        f"{_LEADING}[{type_name(r.dtype, r.device)} {list(r.shape)}]{which} is at version {r._version}; expected "
+        f"{_LEADING}[{type_name(r.dtype, r.device)} {list(r.shape)}]{which} is at version {now}; expected "
         f"version {then} instead. {hint}{_RESIDUAL}"
     )
 
@@ -195,3 +203,29 @@ _LEGACY_NAMED = frozenset(
         torch.bool,
     }
 )
+
+
+#: What the compile or the backward raises instead of eager's error (``saved_versions``).
+UNKNOWN = (
+    "could not be run again on meta or CPU tensors to learn which of its tensors eager's autograd saves, and {op} "
+    "at {where} writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and "
+    "refuses a gradient that may differ from eager's"
+)
+UNSEEN = (
+    "thunder_rs.jit: {op} at {where} writes through .data {tensor}, which {saver} saved for its backward, and a "
+    "backward from the call's outputs reaches that node: eager's backward reads the values written (a .data write "
+    "bumps no version it checks), whereas the compiled backward would compute the gradient from the values the "
+    "forward saw"
+)
+
+
+def refusal(saver: str, saved, op: str, where: str, why: str | None) -> str | None:
+    """The text of the ``ThunderNotImplementedError`` raised instead of eager's error (``why``):
+    by the backward where eager's answer is unknown; by the compile where eager computes from
+    values written unseen (``.data``)."""
+    if why is None:
+        return None
+    tensor = f"[{type_name(saved.dtype, saved.device)} {list(saved.shape)}]"
+    text = why.format(op=op, where=where, tensor=tensor, saver=saver)
+    prefix = "" if why is UNSEEN else f"backward: {saver} "
+    return prefix + text + ". Clone the tensor before writing it, or write it after the backward"

@@ -110,6 +110,25 @@ SAVES_EVERY_TENSOR_ON_CUDA = frozenset({torch._VF.lstm, torch._VF.gru, torch._VF
 #: Registered by the layer that knows the kernels (``thunder_rs.torch.fused_attention``).
 KERNEL_CHOICES: dict = {}
 
+#: Of ``KERNEL_CHOICES``' ops: ``{op: node(*args, **kwargs)}``, for a call on CUDA that runs a fused
+#: kernel, ``(the name eager's error gives its autograd node, how many elements it pads the last dim
+#: of its tensors by)``: a kernel that pads (flash attention's head size, to a multiple of 8) saves
+#: copies of its inputs and its output whole, of which the call returns a view. None where unknown.
+KERNEL_NODES: dict = {}
+
+
+def kernel_node(func, arguments: tuple, fused: bool) -> tuple | None:
+    """``KERNEL_NODES``' answer for a call on CUDA of ``func`` of ``arguments`` (``(args, kwargs)``)
+    that runs a fused kernel (``fused``), else None."""
+    node = KERNEL_NODES.get(func)
+    if node is None or not fused:
+        return None
+    args, kwargs = arguments
+    try:
+        return node(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (no answer: the kernel's tensors taken as saved, its node unnamed)
+        return None
+
 
 def _one_tensor_ops() -> dict:
     """``{torch function: (saves its tensor, saves its result)}`` of the functions bound to one

@@ -56,22 +56,27 @@ from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.saved_errors import (
+    UNKNOWN,
+    UNSEEN,
+    refusal,
     AT_CALL,
     MULTI_VIEW,
     MULTI_VIEW_WRITTEN,
     StaleSave,
     node_name,
-    type_name,
     where_note,
 )
 from thunder_rs.core.lang.saved_ops import (
     ONE_TENSOR_OPS,
     KERNEL_CHOICES,
+    KERNEL_NODES,
     SAVES_EVERY_TENSOR_ON_CUDA,
+    kernel_node,
     SAVES_NO_OUTPUT,
     SAVES_NOTHING,
     wrapped_saves,
 )
+from thunder_rs.core.lang.recorder import paused_recording
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderRuntimeError
 
@@ -155,12 +160,14 @@ class SavedVersions:
                     entry = self.multi_views.get(pid)
                     if entry is not None and entry[0]() is not None:  # (alive: the id is still its)
                         t.multi = entry[1:]
-                taken = {id(t.root) for t in made.values()}
+                taken, arg_tensors = {id(t.root) for t in made.values()}, tuple(made.values())
                 proxies = call.outs
                 call.outs = tuple(_described(o, made) for o in call.outs)
-                if len(call.outs) > 1 and all(o.view for o in call.outs) and len({id(o.root) for o in call.outs}) == 1:
+                if _multi_view_call(call, arg_tensors):
                     for p, o in zip(proxies, call.outs):
-                        self.multi_views[id(p)] = (weakref.ref(p), call, o)
+                        prior = self.multi_views.get(id(p))  # (a view the trace gives its input's proxy)
+                        prior = prior[1:] if prior is not None and prior[0]() is p else None
+                        self.multi_views[id(p)] = (weakref.ref(p), call, o, prior)
                 for key in {id(t.root) for t in made.values()}:
                     self.pending.setdefault(key, []).append(call)
                 for o in call.outs:  # (an in-place call returns the tensor it took: not its maker)
@@ -196,7 +203,7 @@ class SavedVersions:
                 call.saved = _saved_by(call)
             saved = call.saved.get(key) if call.saved is not False else _any_of(call, key)
             if saved is not None:
-                why = _UNSEEN if not counted else _UNKNOWN if call.saved is False else None
+                why = UNSEEN if not counted else UNKNOWN if call.saved is False else None
                 self.stale.append((call, saved, key, version, op, user_location(), why))
 
     def release(self) -> tuple:
@@ -211,9 +218,9 @@ class SavedVersions:
                 version,
                 self.versions[key],
                 where_note(call.name, op, where),
-                _refusal(call, saved, op, where, why),
+                refusal(call.name, saved, op, where, why),
                 saved.root._input_vid,
-                why is _UNSEEN,
+                why is UNSEEN,
             )
             out.append((error, call.vids))
         self.calls, self.pending, self.stale, self.arguments = [], {}, [], None
@@ -227,14 +234,15 @@ class SavedVersions:
             i = next((i for i, o in enumerate(call.outs) if o.root is saved.root and not saved.view), None)
             if i is not None:
                 return call.label.removesuffix(".apply").rsplit(".", 1)[-1], i
+        elif any(o.root is saved.root for o in call.outs) and (kernel := _kernel_node(call)) is not None:
+            return kernel[0], 0  # (its node's output, the kernel's, which a run again does not choose)
         elif any(o is saved for o in call.outs):
             return _node_of(call, saved)
         if saved.view:  # (a view of memory written since: autograd makes its node again)
             if not (saved.requires_grad or key in self.nodes):
                 return None
             if saved.multi is not None:  # (which eager refuses for one of several views a call made)
-                maker, made = saved.multi
-                node = _node_of(maker, made, multi=True)
+                node = _multi_node(saved.multi)
                 if node is not NOT_MULTI:
                     return None if node is None else (MULTI_VIEW, *node)
             return ("AsStrided", 0)
@@ -322,10 +330,32 @@ def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
     with DisableTorchFunctionSubclass():
         if not _root(dst).requires_grad:
             return
-    _, call, made = entry
-    node = _node_of(call, made, multi=True)
+    node = _multi_node(entry[1:])
     if node is not None and node is not NOT_MULTI:
         raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
+
+
+def _multi_view_call(call: _Call, args: tuple) -> bool:
+    """Whether ``call``'s outputs are views eager marks as of a function that returns several (``unbind``,
+    ``split``), or views of such a view among its ``args``, named by their own node (``a[0]``: Select)."""
+    outs = call.outs
+    if not outs or not all(o.view for o in outs) or len({id(o.root) for o in outs}) != 1:
+        return False
+    return len(outs) > 1 or any(t.multi is not None and t.root is outs[0].root for t in args)
+
+
+def _multi_node(entry: tuple) -> tuple | None:
+    """The node eager's error names for one of several views a call made, or a view of one (``entry``:
+    ``(call, its output, the output proxy's prior entry)``); the prior's where eager's op returned its
+    input itself (``contiguous`` of a contiguous tensor), whose proxy the trace gave the output."""
+    call, out, prior = entry
+    node = _node_of(call, out, _ITSELF, multi=len(call.outs) > 1)  # (a view of one: its own probe is plain)
+    if node is _ITSELF:
+        return None if prior is None else _multi_node(prior)
+    return node
+
+
+_ITSELF = ("itself", 0)  # (``_node_of``'s answer where the call returned its input itself)
 
 
 def _root(p):
@@ -435,7 +465,7 @@ def _saved_by(call: _Call):
     # (a fused kernel's run again on small CPU tensors says which views of them it saves)
     fused_on_cpu = fused and not cuda and sum(math.prod(t.shape) for t in call.tensors()) <= _CPU_ELEMENTS
     if (call.func in SAVES_EVERY_TENSOR_ON_CUDA and cuda) or (fused and not fused_on_cpu):
-        return _every_tensor(call)
+        return _kernel_saves(call) if fused and cuda else _every_tensor(call)
     known = _one_tensor_op(call)
     if known is not None:
         return known
@@ -450,8 +480,9 @@ def _saved_by(call: _Call):
     saved = _ANSWERS.get(key) if key is not None else None
     if saved is None:
         # (the kernel chosen as the call ran; its composite on CUDA: run on meta tensors, not the
-        # CPU's, whose math path differs: attention upcasts half precision on the CPU only)
-        with contextlib.nullcontext() if choice is None else choice[1](fused):
+        # CPU's, whose math path differs: attention upcasts half precision on the CPU only. Its
+        # switches set and restored unrecorded: no effect of the program's)
+        with paused_recording(), contextlib.nullcontext() if choice is None else choice[1](fused):
             found = _run_cpu(call) if fused_on_cpu else None
             saved = _probe(call, index, choice is not None and cuda) if not fused_on_cpu else _numbered(found, index)
         if fused_on_cpu and saved is False:
@@ -463,6 +494,24 @@ def _saved_by(call: _Call):
     if saved is False:
         return False
     return {id(t.root): _as_saved(t, saved[index[k]]) for k, t in tensors.items() if index[k] in saved}
+
+
+def _kernel_node(call: _Call) -> tuple | None:
+    """``saved_ops.kernel_node`` of a call on CUDA, else None."""
+    if call.func not in KERNEL_NODES or not any(t.device.type == "cuda" for t in call.tensors()):
+        return None
+    fused = call.fused if call.fused is not None else _fused(KERNEL_CHOICES[call.func][0], call.args)
+    return kernel_node(call.func, call.args, fused)
+
+
+def _kernel_saves(call: _Call) -> dict:
+    """What a fused kernel on CUDA saves: every tensor, or where it pads the last dim (``KERNEL_NODES``)
+    its output whole, of which the call's output is a view (and copies of its inputs)."""
+    node = _kernel_node(call)
+    if node is None or not node[1] or len(call.outs) != 1:
+        return _every_tensor(call)
+    out = call.outs[0]
+    return {id(out.root): _as_saved(out, (*out.shape[:-1], out.shape[-1] + node[1]))}
 
 
 def _every_tensor(call: _Call) -> dict:
@@ -630,12 +679,13 @@ _NAMING_ELEMENTS = 1 << 22
 NOT_MULTI = ("not one of several views", 0)
 
 
-def _node_of(call: _Call, t: _Tensor, multi: bool = False) -> tuple | None:
+def _node_of(call: _Call, t: _Tensor, itself: tuple | None = None, multi: bool = False) -> tuple | None:
     """``(name, output number)`` of the node eager's autograd gives ``t`` (one of ``call``'s
     outputs, or the tensor the call writes in place) as eager's error names it: from the call run
     again on tensors of zeros (CPU ones where small enough, else meta); None where it runs on
-    neither or ``t`` gets no node. ``multi``: ``NOT_MULTI`` unless eager makes ``t`` one of the
-    views of a node with several (``split``, ``unbind``), which it refuses to write in place."""
+    neither or ``t`` gets no node; ``itself`` where given and the call returned one it took.
+    ``multi``: ``NOT_MULTI`` unless eager makes ``t`` one of the views of a node with several
+    (``split``, ``unbind``), which it refuses to write in place."""
     small = sum(math.prod(u.shape) for u in call.tensors()) <= _NAMING_ELEMENTS
     at = next((i for i, o in enumerate(call.outs) if o is t), None)
     for device in ("cpu", "meta") if small else ("meta", "cpu"):
@@ -645,7 +695,9 @@ def _node_of(call: _Call, t: _Tensor, multi: bool = False) -> tuple | None:
             with _probing(device):
                 args, kwargs = _stand_ins(call.args, {}, made, device)
                 results = _leaves(call.func(*args, **kwargs), torch.Tensor)
-                got = made.get(id(t)) if at is None or id(t) in made else results[at]
+                got = made.get(id(t)) if at is None else results[at]
+                if itself is not None and any(got is u for u in made.values()):
+                    return itself
                 if got is None or got.grad_fn is None:
                     return None
                 # (``unsafe_split``'s are not views to autograd, whose node a write leaves: refused)
@@ -734,28 +786,3 @@ def _saved_storages(results: tuple, inputs: set) -> dict:
                 found.setdefault(_storage(t), t)
         stack.extend(n for n, _ in node.next_functions)
     return found
-
-
-_UNKNOWN = (
-    "could not be run again on meta or CPU tensors to learn which of its tensors eager's autograd saves, and {op} "
-    "at {where} writes one of them in place ({tensor}) before the backward; thunder_rs takes it as saved and "
-    "refuses a gradient that may differ from eager's"
-)
-_UNSEEN = (
-    "thunder_rs.jit: {op} at {where} writes through .data {tensor}, which {saver} saved for its backward, and a "
-    "backward from the call's outputs reaches that node: eager's backward reads the values written (a .data write "
-    "bumps no version it checks), whereas the compiled backward would compute the gradient from the values the "
-    "forward saw"
-)
-
-
-def _refusal(call: _Call, saved, op: str, where: str, why: str | None) -> str | None:
-    """The text of the ``ThunderNotImplementedError`` raised instead of eager's error (``why``):
-    by the backward where eager's answer is unknown; by the compile where eager computes from
-    values written unseen (``.data``)."""
-    if why is None:
-        return None
-    tensor = f"[{type_name(saved.dtype, saved.device)} {list(saved.shape)}]"
-    text = why.format(op=op, where=where, tensor=tensor, saver=call.name)
-    prefix = "" if why is _UNSEEN else f"backward: {call.name} "
-    return prefix + text + ". Clone the tensor before writing it, or write it after the backward"

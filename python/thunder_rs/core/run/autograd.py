@@ -5,6 +5,7 @@ serve, go to the entry's program as torch calls (``core.differentiable``)."""
 
 import functools
 import operator
+import weakref
 from collections.abc import Callable
 
 import sys
@@ -110,15 +111,19 @@ class _Packed:
         self.value = value
 
 
-def _check_versions(saved, versions, inputs) -> None:
+def _check_versions(saved, versions, inputs, ctx=None, made=None) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
-    computed from the new values."""
+    computed from the new values. ``made``: per output position of ``ctx``'s call, the node and
+    version eager's error names for an output the program made (``acquire.Acquired.made_outputs``;
+    ``ctx.made_refs``)."""
     if version_counters(saved) == versions:
         return
     for r, then in zip(saved, versions):
         if then >= 0 and r._version != then:
-            raise residual_error(r, then, inputs)
+            at = next((j for j, ref, _ in getattr(ctx, "made_refs", ()) if ref() is r), None) if made else None
+            output = None if at is None else made[at]
+            raise residual_error(r, then, inputs, output)
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -143,14 +148,17 @@ def _as_written_inputs(ctx, inputs, flat, written) -> None:
             ctx.versions[i] = inputs[k]._version + 1
 
 
-def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = ()) -> None:
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = (), made=None) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
     ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
     With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them;
     the inputs at ``stale_inputs`` as they were at the call (``saved_errors.state_at_call``: the
-    forward writes none of them, the call's write-backs come after it)."""
+    forward writes none of them, the call's write-backs come after it); the outputs at ``made`` by weak
+    reference, with their versions (``_check_made``)."""
     if stale_inputs:
         ctx.at_call = state_at_call(inputs, stale_inputs)
+    if made:  # (the outputs the program made, and their versions: see ``_check_made``)
+        ctx.made_refs = [(j, weakref.ref(flat[j]), flat[j]._version) for j in made]
     ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
@@ -161,13 +169,25 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
 
 
-def _unpacked(ctx, saved: list) -> list:
+def _check_made(refs: list, made: dict, grads: tuple) -> None:
+    """Raises eager's error where the caller wrote an output the program made (``made``), which the
+    node eager's autograd gave it saved, before a backward that reaches it (its cotangent is not
+    None): ``out = jfn(x); out.mul_(2); out.sum().backward()`` of an ``exp``. ``refs``: ``(position,
+    weak reference, version at the forward)`` of those outputs (a dropped one can be written no more)."""
+    for j, ref, then in refs:
+        out = ref()
+        if out is not None and out._version != then and grads[j] is not None and made[j].saved():
+            raise residual_error(out, then, None, made[j])
+
+
+def _unpacked(ctx, saved: list, made: dict | None = None) -> list:
     """The residuals a backward reads: unpacked by the saved-tensor hooks the call ran under, else
-    checked against their versions; freed from ``ctx`` unless the graph is retained."""
+    checked against their versions (``made``: see ``_check_versions``); freed from ``ctx`` unless the
+    graph is retained."""
     if ctx.unpack is not None:
         saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
     else:
-        _check_versions(saved, ctx.versions, ctx.inputs)
+        _check_versions(saved, ctx.versions, ctx.inputs, ctx, made)
     if _keep_graph():
         return list(saved)
     ctx.residuals = ctx.inputs = None
@@ -208,6 +228,7 @@ def grad_function(
     unread: tuple = (),
     stale: tuple = (),
     viewable: tuple | None = None,
+    made: dict | None = None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -225,8 +246,10 @@ def grad_function(
     moved a parameter no loss used). ``stale``: ``(error, flat output positions)`` per autograd node eager would
     have made whose saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
-    outputs an executor may return as views (``_own_views``; None: any)."""
+    outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
+    version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
     differentiable = frozenset(grad_positions) - non_differentiable
+    made = _reachable(made, differentiable, bool(reads))
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
@@ -244,7 +267,7 @@ def grad_function(
             flat = (outputs,) if single else tuple(outputs)
             if viewable != () or _function_modes():  # (none of them may be a view: nothing to read)
                 flat = _own_views(flat, inputs, viewable)
-            _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs)
+            _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs, made)
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -255,14 +278,10 @@ def grad_function(
 
         @staticmethod
         def backward(ctx, *grads):
-            saved = ctx.residuals
-            if saved is None:
-                raise RuntimeError(_FREED)
-            if stale and ctx.unpack is None:
-                _raise_stale(stale, grads, getattr(ctx, "at_call", None))
+            saved = _residuals_checked(ctx, stale, made, grads)
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                return _differentiated(ctx, program, grads)
-            saved = _unpacked(ctx, saved)
+                return _differentiated(ctx, program, grads, made)
+            saved = _unpacked(ctx, saved, made)
             cotangents = cotangents_of(grads)
             if partial:
                 absent = tuple(map(_is_none, cotangents))
@@ -272,6 +291,29 @@ def grad_function(
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
+
+
+def _reachable(made: dict | None, differentiable: frozenset, partial: bool) -> dict:
+    """The outputs of ``made`` (``_check_made``) that are differentiable, where a backward that
+    reaches one is told by its cotangent: the only one, or cotangents not materialised."""
+    if not made or not (len(differentiable) == 1 or partial):
+        return {}
+    return {j: m for j, m in made.items() if j in differentiable}
+
+
+def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
+    """The residuals of a backward (a freed graph raises eager's error), after the errors of the
+    outputs the caller wrote (``_check_made``) and of the nodes the program wrote (``_raise_stale``),
+    which eager does not raise under saved-tensor hooks."""
+    saved = ctx.residuals
+    if saved is None:
+        raise RuntimeError(_FREED)
+    if ctx.unpack is None:
+        if made:
+            _check_made(ctx.made_refs, made, grads)
+        if stale:
+            _raise_stale(stale, grads, getattr(ctx, "at_call", None))
+    return saved
 
 
 def _raise_stale(stale: tuple, grads: tuple, at_call: dict | None) -> None:
@@ -445,12 +487,12 @@ _HOOKED = (
 )
 
 
-def _differentiated(ctx, program, grads) -> tuple:
+def _differentiated(ctx, program, grads, made: dict | None = None) -> tuple:
     """The backward of a call under ``create_graph=True``: the gradients of the program computed
     again as torch calls, which autograd records (``core.differentiable``)."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
-    _check_versions(ctx.residuals, ctx.versions, ctx.inputs)
+    _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made)
     grads = program.gradients(ctx, grads)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None

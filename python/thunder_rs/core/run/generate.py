@@ -240,6 +240,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
+        partial["made"] = acquired.made_outputs
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         if wb is None:
             computation = grad_function(
