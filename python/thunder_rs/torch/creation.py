@@ -513,16 +513,7 @@ def _spaced(op: str, start, end, steps, dtype, device):
     and the second as ``end - step * (steps - 1 - i)``, each one FMA as the kernel's compiler
     contracts it (float16's a product and a sum in float32), rounded to ``dtype``. Returns them
     in the computing dtype, and that dtype."""
-    check(
-        is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
-    )
-    check(steps >= 0, op, "number of steps must be non-negative (argument steps)", ThunderRuntimeError)
-    check(
-        not dtypes.is_complex(dtype) and dtype != torch.bool,
-        op,
-        f"not supported for dtype {dtype} (argument dtype)",
-        ThunderNotImplementedError,
-    )
+    _check_spaced(op, steps, dtype)
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     compute = compute if dtypes.is_float(dtype) else torch.float64
     first = _endpoint(op, start, "start", compute, device)
@@ -546,6 +537,19 @@ def _spaced(op: str, start, end, steps, dtype, device):
     return clang.maybe_convert(prims.where(lower_half, below, above), compute), compute
 
 
+def _check_spaced(op: str, steps, dtype) -> None:
+    check(
+        is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
+    )
+    check(steps >= 0, op, "number of steps must be non-negative (argument steps)", ThunderRuntimeError)
+    check(
+        not dtypes.is_complex(dtype) and dtype != torch.bool,
+        op,
+        f"not supported for dtype {dtype} (argument dtype)",
+        ThunderNotImplementedError,
+    )
+
+
 def _product_plus(a, n, c):
     """``a * n + c`` of 0-d ``a`` and ``c``, rounded after the product and after the sum."""
     return prims.add(prims.broadcast_in_dim(c, n.shape, ()), prims.mul(n, prims.broadcast_in_dim(a, n.shape, ())))
@@ -565,16 +569,7 @@ def _exponents(op: str, start, end, steps, dtype, device):
     without FMA): the ends converted to ``dtype`` (integers truncated), their difference in
     ``dtype``, a float64 step, and ``start + step * i`` (the second half ``end - step * (steps - 1
     - i)``) in float64, a product and a sum; a single step is the start as given."""
-    check(
-        is_int(steps), op, f"expected an int for steps, got {type(steps).__name__} (argument steps)", ThunderTypeError
-    )
-    check(steps >= 0, op, "number of steps must be non-negative (argument steps)", ThunderRuntimeError)
-    check(
-        not dtypes.is_complex(dtype) and dtype != torch.bool,
-        op,
-        f"not supported for dtype {dtype} (argument dtype)",
-        ThunderNotImplementedError,
-    )
+    _check_spaced(op, steps, dtype)
     first, last = (_endpoint(op, x, name, torch.float64, device) for x, name in ((start, "start"), (end, "end")))
     if steps <= 1:
         return prims.broadcast_in_dim(first, (steps,), ())
