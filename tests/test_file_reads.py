@@ -116,3 +116,17 @@ def test_iterating_a_file_object_held_outside_is_refused(tmp_path, kind):
             thunder_rs.jit(fn)(torch.ones(3))
     finally:
         held.close()
+
+
+def test_a_file_opened_by_its_descriptor_is_refused_naming_the_line(tmp_path):
+    # eager reads the descriptor's file on every call; a compiled call would keep the first call's contents
+    path = tmp_path / "scale.txt"
+    path.write_text("1.0")
+
+    def f(x):
+        fd = os.open(path, os.O_RDONLY)
+        with open(fd) as fh:
+            return x * float(fh.read())
+
+    with pytest.raises(NotImplementedError, match=r"file descriptor at .*test_file_reads\.py:\d+"):
+        thunder_rs.jit(f)(torch.ones(2))

@@ -110,9 +110,14 @@ def _program(frame):
 
 def _opening(file, mode="r", *args, **kwargs):
     observer: Any = thread_state.observer
-    if observer is not None and not thread_state.inside and isinstance(file, (str, bytes, os.PathLike)):
+    if observer is not None and not thread_state.inside and isinstance(file, (str, bytes, os.PathLike, int)):
         caller = sys._getframe(1)
         program = _program(caller)
+        if program is not None and type(file) is int:  # (a descriptor: no path to guard the contents of)
+            raise ThunderNotImplementedError(
+                f"open({file}): the program opens a file descriptor at {site(caller)}; what it reads would be "
+                "baked into the compiled call (no path to guard, as an opened path is). Open the file by its path"
+            )
         if program is not None:
             where = f"{program.f_code.co_filename}:{program.f_lineno}"
             if _writes(mode):

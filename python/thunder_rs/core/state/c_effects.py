@@ -41,6 +41,7 @@ _FILE_WRITES = frozenset({"write", "writelines", "flush", "truncate"})
 _FILE_READS = frozenset({"read", "read1", "readline", "readlines", "readinto", "readinto1", "readall", "seek"})
 _FILES = (io.TextIOWrapper, io.BufferedReader, io.BufferedRandom, io.FileIO, io.StringIO, io.BytesIO)
 
+_CSV_WRITER = type(_csv.writer(io.StringIO()))
 #: owner (a module, or a type whose instances' methods count) -> the names of its builtins that
 #: write outside the program, whose calls by the program the profile hook reports
 C_WRITERS: dict = {
@@ -61,9 +62,8 @@ C_WRITERS: dict = {
         {"raise_signal", "pthread_kill", "alarm", "setitimer"}
     ),  # (``_signal``)
     _pickle: frozenset({"dump"}),
-    type(_csv.writer(io.StringIO())): frozenset({"writerow", "writerows"}),  # (their file's ``write``)
+    _CSV_WRITER: frozenset({"writerow", "writerows"}),  # (their file's ``write``)
 }
-_CSV_WRITER = type(_csv.writer(io.StringIO()))
 
 
 def _csv_stream(writer):
@@ -80,9 +80,6 @@ def _owner_name(owner) -> str:
         return {"posix": "os", "nt": "os", "_signal": "signal", "_pickle": "pickle"}.get(owner.__name__, owner.__name__)
     kind = owner if isinstance(owner, type) else type(owner)
     return f"{kind.__module__}.{kind.__qualname__}"
-
-
-#: the names of all of ``C_WRITERS``' builtins
 
 
 def writes(owner, name: str) -> bool:
