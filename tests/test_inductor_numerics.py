@@ -167,3 +167,18 @@ def test_add_and_sub_with_alpha_in_a_region_are_one_fma_as_eager(dtype):
     for actual, expected in zip(jfn(x, y), _with_alpha(x, y), strict=True):
         assert torch.equal(actual, expected), (actual - expected).abs().max()
     assert [r.name for r in thunder_rs.last_traces(jfn)[-1].regions()] == ["inductor_fusion0"]
+
+
+@pytest.mark.slow
+def test_add_and_sub_with_alpha_of_a_one_element_other_in_a_region_are_eagers():
+    """Eager's CPU kernel takes a one-element ``other`` (0-d or of shape ``(1,)``) as a number and
+    rounds ``alpha * other`` once for its loop's last elements: an FMA there was 1 ulp off in one
+    element of 3000. Those calls are the torch executor's (``inductor_claims._one_element``)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 1000, generator=gen), torch.randn(3, generator=gen)
+
+    def f(x, y):
+        return torch.add(x * 1, y[0], alpha=0.1), torch.sub(x * 1, y[1:2], alpha=0.7)
+
+    for actual, expected in zip(thunder_rs.jit(f, executors=["inductor"])(x, y), f(x, y), strict=True):
+        assert torch.equal(actual, expected), (actual - expected).abs().max()

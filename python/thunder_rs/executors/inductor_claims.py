@@ -243,7 +243,14 @@ def _alpha_as_eager(input, other, *, alpha=1) -> bool:
         and len(tensors) == 2
         and tensors[0].dtype == tensors[1].dtype
         and tensors[0].dtype in (torch.float32, torch.float64)
+        and not any(_one_element(t) for t in tensors)  # (eager's kernel takes one as a number)
     )
+
+
+def _one_element(t) -> bool:
+    """Whether ``t`` has one element (or may have: a symbolic size), which eager's CPU kernel reads
+    as a scalar operand, rounding ``alpha * other`` once for the loop's last elements."""
+    return not all(type(n) is int for n in t.shape) or math.prod(t.shape) == 1
 
 
 #: Symbols whose region implementation is not the torch executor's, by name (called as functions).
