@@ -231,3 +231,20 @@ def test_a_view_of_a_copying_reshape_is_a_new_tensor_as_in_eager(name):
     assert out.stride() == expected.stride()
     out.add_(1)
     assert torch.equal(x, before), "the output shares memory with the input"
+
+
+@pytest.mark.parametrize("take", ["view", "diagonal", "t"])
+def test_a_view_written_through_its_base_under_no_grad_keeps_its_gradient_as_eager(take):
+    # eager's view keeps its node when its base is written under no_grad: its gradient still reaches x
+    def f(x):
+        y = x * 1
+        v = {"view": lambda: y.view(4, 4), "diagonal": lambda: y.view(4, 4).diagonal(), "t": lambda: y.view(4, 4).t()}[
+            take
+        ]()
+        with torch.no_grad():
+            y[0] = 0
+        return (v * 2).sum() + x.sum()
+
+    x = torch.randn(16, requires_grad=True)
+    expected = torch.autograd.grad(f(x), x)[0]
+    assert torch.equal(torch.autograd.grad(thunder_rs.jit(f)(x), x)[0], expected)

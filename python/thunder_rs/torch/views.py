@@ -26,6 +26,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import contextlib
+
 import torch
 
 from thunder_rs import prims
@@ -394,9 +396,13 @@ def refresh(root, requires_grad: bool, written=None, value=None) -> None:
         # contiguous view); else it is the view of the new root, with eager's strides.
         new = value if view is written and _contiguous_view(view) else None
         if new is None:
-            new = root
-            for step in view._view.steps:
-                new = step.forward(new)
+            # (under ``no_grad`` too, a view that carries a gradient keeps it, as eager's keeps its node)
+            with torch._C.DisableTorchFunctionSubclass():
+                carries = requires_grad and view.requires_grad
+            with torch.enable_grad() if carries else contextlib.nullcontext():
+                new = root
+                for step in view._view.steps:
+                    new = step.forward(new)
         rebind(view, new, requires_grad and not detached(view))
     root._views[:] = alive
 
