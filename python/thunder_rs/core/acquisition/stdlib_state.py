@@ -75,7 +75,7 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
-from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
@@ -231,13 +231,9 @@ def _getEffectiveLevel(self):  # noqa: N802 (logging's name)
 _logger_log = logging.Logger._log
 
 
-def _refuse_formatted(texts, what: str, frame) -> None:
-    for text in texts:
-        if isinstance(text, str) and "TensorProxy(t" in text:
-            raise ThunderNotImplementedError(
-                f"{what}: the text at {_where(frame)} formats a traced tensor (an f-string or str() of it), which a "
-                f"compiled call cannot make with later values; pass the tensor as an argument (log.info('%s', x))"
-            )
+def _refuse_formatted(text, what: str, frame) -> None:
+    instead = "pass the tensor as an argument (log.info('%s', x))"
+    refuse_formatted((text,), f"{what}: the text", _where(frame), instead)
 
 
 class LogCall:
@@ -279,7 +275,7 @@ def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, st
     if frame is None:
         msg, args = at_hints((msg, args))  # (placeholders of sizes: their values, as traced)
         return _logger_log(self, level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
-    _refuse_formatted((msg,), f"logging ({self.name!r})", frame)
+    _refuse_formatted(msg, f"logging ({self.name!r})", frame)
     if exc_info:
         raise ThunderNotImplementedError(
             f"logging ({self.name!r}): the record logged at {_where(frame)} carries an exception (exc_info, "
@@ -349,7 +345,7 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
         return _warn(message, category, stacklevel + 1, source, **kwargs)
     for _ in range(max(stacklevel, 1) - 1):
         frame = frame.f_back if frame.f_back is not None else frame
-    _refuse_formatted((str(message),), "warnings.warn", frame)
+    _refuse_formatted(str(message), "warnings.warn", frame)
     if isinstance(message, Warning):
         category = type(message)
     category = UserWarning if category is None else category
