@@ -16,8 +16,7 @@ import sys
 
 from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.lang.printed_text import resolved
-from thunder_rs.core.state.c_effects import program_caller
-from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.core.state.hook import program_frame, thread_state
 
 
 class CurrentStream:
@@ -79,8 +78,8 @@ class StandIn:
         observer = thread_state.observer
         if recorded is None or observer is None or thread_state.inside:
             return None, None
-        program = program_caller(sys._getframe(2))
-        if program is None or importing_frame(program, observer.entry):
+        program = program_frame(sys._getframe(2))
+        if program is None:
             return None, None
         return recorded, program
 
