@@ -79,8 +79,7 @@ from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects, r
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
-from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
-from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
+from thunder_rs.core.state.cached_reads import put_back_cached, register_stand_in
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.hook import is_program, program_frame, thread_state
@@ -338,7 +337,7 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     return None
 
 
-set_warn_stand_in(_warn, _warnings_warn)
+register_stand_in(_warn, _warnings_warn)  # also where the program bound it (``from warnings import warn``)
 
 
 def _action(category, text: str, module: str, line: int) -> str:
@@ -486,7 +485,7 @@ def _clock(name: str, real=None):
 #: What ``consuming_iterators`` puts in ``time`` while a program is traced.
 _CLOCK_READERS = {name: _clock(name) for name in _clocks}
 for _name, _reader in _CLOCK_READERS.items():
-    register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
+    register_stand_in(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
 
 
 # -- entropy ---------------------------------------------------------------------------------------
@@ -529,7 +528,7 @@ def _seed_of(self, a=None, version=2):
     return _seed(self, a, version)
 
 
-register_clock(_urandom, _read_entropy)  # where the program bound it (``from os import urandom``)
+register_stand_in(_urandom, _read_entropy)  # also where the program bound it (``from os import urandom``)
 
 
 #: ``uuid``'s C clock (``uuid1`` reads it) while a program is traced: ``(module, real)``
@@ -608,7 +607,6 @@ def _put_back_readers() -> None:
     _put_back_effect_makers()
     put_back_open()
     put_back_streams()
-    put_back_bound_clocks()
     put_back_cached()
 
 

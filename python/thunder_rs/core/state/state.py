@@ -30,8 +30,7 @@ import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
-from thunder_rs.core.state.cached_reads import is_cached_reader, original
-from thunder_rs.core.state.clocks import is_clock_reader
+from thunder_rs.core.state.cached_reads import is_stand_in, original
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -194,11 +193,6 @@ def same_held_attributes(now, found: dict, names, held: frozenset, free: frozens
 
 #: ``ProgramState.names_read``'s name for an object read whole
 ALL_READ = object()
-
-
-def _stands_in(value) -> bool:
-    """Whether ``value`` stands in for a clock or a cached function while traced, not a write."""
-    return is_clock_reader(value) or is_cached_reader(value)
 
 
 class StateObject:
@@ -437,7 +431,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not _stands_in(now[k])]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_stand_in(now[k])]
             removed = [k for k in known.found if k not in now]
             if changed or removed:
                 self.written_ids.add(id(known.obj))
