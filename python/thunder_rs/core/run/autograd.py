@@ -244,7 +244,7 @@ def grad_function(
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
     moved a parameter no loss used). ``stale``: ``(error, flat output positions)`` per autograd node eager would
-    have made whose saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
+    have made whose saved tensors the program wrote in place (``version_tracking``): a backward that reaches one of
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
