@@ -48,33 +48,6 @@ from thunder_rs.core.state.items import same_attributes
 from thunder_rs.core.state.reached import ArgumentTensor
 
 
-class IntGuard:
-    """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
-    a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
-    check its value against what the trace relied on. Of ``kind`` float, a float the trace takes
-    as an input (``float_args.HeldFloat``): any float may be there."""
-
-    def __init__(self, source: InputSource, name: str, origin: str, kind: type = int):
-        self.source, self.name, self.origin, self.kind = source, name, origin, kind
-
-    @property
-    def per_call(self) -> bool:
-        return self.source.per_call
-
-    def read(self, flat):
-        return read_at(self.source, self.name, flat)
-
-    def holds(self, flat) -> bool:
-        return type(self.read(flat)) is self.kind
-
-    def describe(self, flat) -> str:
-        now, kind = self.read(flat), "an int" if self.kind is int else "a float"
-        return f"{self.source.describe(self.name)} is no longer {kind}: {short(now)} (read at {self.origin})"
-
-    def term(self, index: int, scope: dict) -> str:
-        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is {self.kind.__name__}"
-
-
 class WrittenGuard:
     """An attribute the program set on a state object, possibly after reading it where the
     observer does not follow (torch's ``GradScaler.scale`` makes its ``_scale`` when it is None):
@@ -122,6 +95,21 @@ class PathObjectGuard(WrittenGuard):
             f"{self.source.describe(self.name)} changed from a {self.expected_type.__name__} to "
             f"{short(self.read(flat))} (read at {self.origin})"
         )
+
+
+class IntGuard(WrittenGuard):
+    """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
+    a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
+    check its value against what the trace relied on. Of ``kind`` float, a float the trace takes
+    as an input (``float_args.HeldFloat``): any float may be there."""
+
+    def __init__(self, source: InputSource, name: str, origin: str, kind: type = int):
+        super().__init__(source, name, kind)
+        self.origin = origin
+
+    def describe(self, flat) -> str:
+        now, kind = self.read(flat), "an int" if self.expected_type is int else "a float"
+        return f"{self.source.describe(self.name)} is no longer {kind}: {short(now)} (read at {self.origin})"
 
 
 class MethodGuard:
