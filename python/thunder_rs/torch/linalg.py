@@ -93,6 +93,16 @@ def _check_matmul(input, other) -> None:
     clang.broadcast_shapes(op, input.shape[:-2], other.shape[:-2])
 
 
+def check_lengths(op: str, input, other, name: str) -> None:
+    """Raises eager's error unless the vectors ``input`` and ``other`` (argument ``name``) have one length."""
+    check(
+        input.shape[0] == other.shape[0],
+        op,
+        lambda: f"inconsistent tensor size: {input.shape[0]} and {other.shape[0]} elements (argument {name})",
+        ThunderRuntimeError,
+    )
+
+
 @torchsymbol(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
 def matmul(input, other):
     _check_matmul(input, other)
@@ -165,12 +175,7 @@ def mv(input, vec):
 def dot(input, tensor):
     op = "ltorch.dot"
     _check_operands(op, input, tensor, ("input", "tensor"), ranks=(1, 1))
-    check(
-        input.shape[0] == tensor.shape[0],
-        op,
-        f"inconsistent tensor size: {input.shape[0]} and {tensor.shape[0]} elements (argument tensor)",
-        ThunderRuntimeError,
-    )
+    check_lengths(op, input, tensor, "tensor")
     return prims.matmul(input, tensor)
 
 
