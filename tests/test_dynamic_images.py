@@ -222,3 +222,20 @@ def test_a_convolution_grouped_by_a_changing_channel_count_compiles_twice():
         expected.square().sum().backward()
         torch.testing.assert_close([a.grad for a in args], [a.grad for a in eager_args])
     assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+def test_per_sample_grouped_convolutions_under_vmap_compile_twice_over_batch_and_channel_sizes():
+    # vmap folds the per-sample weights into the groups (``2 * B`` of a weight dim ``B * C``): whether
+    # ``C`` divides by 2 is a guard on ``C``, not the batch size made constant (a compile per batch size).
+    def f(xs, ws):
+        return torch.vmap(lambda x, w: F.conv1d(x, w, groups=2))(xs, ws)
+
+    jf = thunder_rs.jit(f)
+    for b, c in ((2, 4), (3, 6), (4, 8), (5, 10), (3, 4)):
+        xs, ws = torch.randn(b, 1, 4, 8), torch.randn(b, c, 2, 3)
+        torch.testing.assert_close(jf(xs, ws), f(xs, ws))
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+    xs, ws = torch.randn(3, 1, 4, 8), torch.randn(3, 5, 2, 3)  # (an odd C: eager's error)
+    for fn in (f, jf):
+        with pytest.raises(RuntimeError, match="divisible by"):
+            fn(xs, ws)

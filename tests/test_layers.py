@@ -79,7 +79,7 @@ LAZY_MODULES: dict[tuple[str, str], str] = {
     ("thunder_rs.core.lang.fallback", "thunder_rs.core.lang.fallback_sizes"): (
         "symbolic output sizes of fallbacks (sympy, a ShapeEnv), for symbolic compiles only"
     ),
-    ("thunder_rs.torch.linalg", "thunder_rs.core.lang.fallback_sizes"): (
+    ("thunder_rs.torch.factorizations", "thunder_rs.core.lang.fallback_sizes"): (
         "symbolic output sizes of the opaque factorisations and solvers, for symbolic compiles only"
     ),
     # Front-door names resolved at their first use (PEP 562 ``__getattr__``).

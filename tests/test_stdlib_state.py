@@ -510,6 +510,25 @@ def test_a_clock_bound_before_tracing_is_refused_naming_the_line(program, name):
     assert program.__closure__ is None or program.__closure__[0].cell_contents is time.process_time
 
 
+class _Timed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.clock = time.perf_counter  # (a clock held as a module's attribute: read from its clone)
+
+    def forward(self, x):
+        return x * (self.clock() % 1)
+
+
+def test_a_clock_held_as_a_modules_attribute_is_refused_naming_the_line():
+    # Not replaced in the module's clone: every compiled call computed with the first call's reading.
+    module = _Timed()
+    with pytest.raises(
+        ThunderError, match=r"time.perf_counter: the program reads the clock at .*test_stdlib_state.py:\d+"
+    ):
+        thunder_rs.jit(module)(torch.ones(2))
+    assert module.clock is _PERF_COUNTER and "clock" not in type(module).__dict__
+
+
 def test_a_clock_bound_but_not_called_is_left_alone():
     jf, x = thunder_rs.jit(functools.partial(_by_a_clock_bound_as_a_global, timed=False)), torch.ones(2)
     assert torch.equal(jf(x), x) and torch.equal(jf(x), x)

@@ -32,6 +32,7 @@ from thunder_rs.torch.joins import *  # noqa: E402,F401,F403
 from thunder_rs.torch.conversions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
+from thunder_rs.torch.factorizations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.spectral import *  # noqa: E402,F401,F403
 from thunder_rs.torch.nn import *  # noqa: E402,F401,F403
 from thunder_rs.torch.layer_norms import *  # noqa: E402,F401,F403

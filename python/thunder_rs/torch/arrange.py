@@ -29,7 +29,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch.common import is_int
+from thunder_rs.torch.common import is_int, require_tensors
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import mul
 from thunder_rs.torch.padding import fresh
@@ -326,13 +326,7 @@ def _linked_views(symbol):
 @torchsymbol(torch.broadcast_tensors, sequence=True)
 def broadcast_tensors(*tensors):
     op = "ltorch.broadcast_tensors"
-    for i, t in enumerate(tensors):
-        check(
-            isinstance(t, torch.Tensor),
-            op,
-            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-            ThunderTypeError,
-        )
+    require_tensors(op, tensors)
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
     return tuple(_broadcast_view(t, shape, range(len(shape) - t.ndim, len(shape))) for t in tensors)
 
@@ -341,13 +335,8 @@ def _grid_inputs(op: str, tensors):
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         tensors = tuple(tensors[0])
     check(len(tensors) > 0, op, "meshgrid expects a non-empty TensorList (argument tensors)", ThunderRuntimeError)
+    require_tensors(op, tensors)
     for i, t in enumerate(tensors):
-        check(
-            isinstance(t, torch.Tensor),
-            op,
-            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-            ThunderTypeError,
-        )
         check(
             t.ndim <= 1,
             op,
@@ -416,13 +405,8 @@ def cartesian_prod(*tensors):
 def block_diag(*tensors):
     op = "ltorch.block_diag"
     blocks = []
+    require_tensors(op, tensors)
     for i, t in enumerate(tensors):
-        check(
-            isinstance(t, torch.Tensor),
-            op,
-            f"expected a tensor at position {i}, got {type(t).__name__} (argument tensors)",
-            ThunderTypeError,
-        )
         check(
             t.ndim <= 2,
             op,

@@ -16,13 +16,13 @@ from thunder_rs.core.lang.vmap import (
     BatchedProxy,
     batching_rule,
     elementwise,
-    full,
     levels_of,
     physical,
     refusal,
     wrap,
     wrap_tree,
 )
+from thunder_rs.core.lang.vmap_state import full
 from thunder_rs.errors import ThunderIndexError
 
 T = torch.Tensor

@@ -60,6 +60,18 @@ def require_tensor(op: str, a, arg: str = "input") -> None:
     )
 
 
+def require_tensors(op: str, tensors, arg: str = "tensors") -> None:
+    """Raises TypeError, naming ``op``, the argument and the position, unless every item of
+    ``tensors`` is a tensor."""
+    for i, t in enumerate(tensors):
+        check(
+            isinstance(t, torch.Tensor),
+            op,
+            lambda: f"expected a tensor at position {i}, got {type(t).__name__} (argument {arg})",
+            ThunderTypeError,
+        )
+
+
 def require_float(op: str, a, arg: str = "input") -> None:
     """Raises as eager does where it has a kernel only for floating dtypes: TypeError for a
     non-tensor ``a``, NotImplementedError for an integer or bool one."""

@@ -20,6 +20,7 @@ from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
+from thunder_rs.torch.indexing import is_basic, traced_bounds
 from thunder_rs.torch.storage_offsets import eager_offset
 from thunder_rs.torch.strides import FALLBACK_LAYOUTS, strides_of
 from thunder_rs.torch.symbols import torchsymbol
@@ -178,22 +179,12 @@ COMPLEX_GRADS = (
 )
 
 
-_BASIC_KEYS = (int, slice, type(None), type(Ellipsis))
-
-
 def _basic_key(args, kwargs) -> bool:
-    """Whether ``t[key]`` is basic indexing (ints, slices with int bounds, None, ...): a view by
-    shape prims. Indexing by tensors or lists gathers, which the trace does not differentiate for
-    complex values."""
+    """Whether ``t[key]`` is basic indexing (ints, slices with bounds that are not traced tensors,
+    None, ...): a view by shape prims. Indexing by tensors or lists gathers, which the trace does
+    not differentiate for complex values."""
     key = args[1] if len(args) > 1 else None
-    entries = key if type(key) is tuple else (key,)
-
-    def basic(k) -> bool:
-        if type(k) is slice:
-            return all(type(b) in (int, type(None)) for b in (k.start, k.stop, k.step))
-        return type(k) in _BASIC_KEYS
-
-    return all(map(basic, entries))
+    return all(is_basic(k) and not traced_bounds(k) for k in (key if type(key) is tuple else (key,)))
 
 
 def _mark_complex_grads() -> None:

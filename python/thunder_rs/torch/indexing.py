@@ -69,10 +69,8 @@ def key_read_by_values(key, a=None):
     entries = key if _treat_as_tuple(key) else (key,)
     if values.active() is None:
         return key
-    if any(map(_traced_bounds, entries)):  # ``x[t0:t1]``: eager reads the bounds (``__index__``)
-        entries = tuple(
-            slice(*map(_read_bound, (k.start, k.stop, k.step))) if _traced_bounds(k) else k for k in entries
-        )
+    if any(map(traced_bounds, entries)):  # ``x[t0:t1]``: eager reads the bounds (``__index__``)
+        entries = tuple(slice(*map(_read_bound, (k.start, k.stop, k.step))) if traced_bounds(k) else k for k in entries)
         key = entries if _treat_as_tuple(key) else entries[0]
     if not any(map(_is_mask, entries)):
         return key
@@ -87,9 +85,21 @@ def key_read_by_values(key, a=None):
     return tuple(expanded)
 
 
-def _traced_bounds(k) -> bool:
+def traced_bounds(k) -> bool:
     """Whether ``k`` is a slice with a traced tensor among its bounds."""
     return type(k) is slice and any(isinstance(b, TensorProxy) for b in (k.start, k.stop, k.step))
+
+
+def is_basic(entry) -> bool:
+    """Whether key entry ``entry`` is basic indexing (an int, a size, a slice, None, Ellipsis): a
+    view by shape prims, where tensors and lists gather."""
+    return (
+        entry is None
+        or entry is Ellipsis
+        or isinstance(entry, slice)
+        or (isinstance(entry, int) and not isinstance(entry, bool))
+        or type(entry) is SymInt  # (an index from a size: a view, as an int is)
+    )
 
 
 def _read_bound(b):

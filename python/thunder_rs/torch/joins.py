@@ -24,7 +24,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import is_int, pieces, size_value, slice_indices
+from thunder_rs.torch.common import is_int, pieces, require_tensors, size_value, slice_indices
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
@@ -57,13 +57,7 @@ def _tensor_list(op: str, tensors, empty_exc=ThunderRuntimeError, empty_msg="exp
         ThunderTypeError,
     )
     check(len(tensors) > 0, op, f"{empty_msg} (argument tensors)", empty_exc)
-    for i, x in enumerate(tensors):
-        check(
-            isinstance(x, torch.Tensor),
-            op,
-            f"expected a tensor at position {i}, got {type(x).__name__} (argument tensors)",
-            ThunderTypeError,
-        )
+    require_tensors(op, tensors)
     return list(tensors)
 
 

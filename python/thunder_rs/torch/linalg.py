@@ -5,50 +5,31 @@ Products do not promote: torch requires both operands to have one dtype and rais
 otherwise, as it does for shape mismatches. The checks here run before ``prims.matmul`` so that
 errors have eager's types; the prim's own meta errors are the backstop. The grad rule of
 matmul makes the calls eager's composite matmul makes, on the same views of its operands.
-
-The factorizations and solvers (svd, qr, eigh, cholesky, lu, solve, inv, det, ...) have no
-sensible decomposition into prims: each is an opaque symbol (``opaque``) rather than an eager
-fallback. It has a name and a meta rule (torch's own meta kernel, or one written here where torch
-has none), the torch executor runs it as one call of its first torch callable, and its backward
-``ltorch.<name>.vjp`` differentiates that call with torch's own derivative formula
-(``torch.autograd.grad`` on the saved inputs). They are one table, ``OPAQUE``; adding an op is one
-row. In the trace an opaque symbol has no subsymbols, so no pass looks inside it; its outputs'
-metadata are what eager's kernels return (int32 pivots and infos included).
+The factorizations and solvers are ``factorizations``' opaque symbols.
 """
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from thunder_rs import _core, clang, prims
-from thunder_rs.core.base.dtypes import CODES
-from thunder_rs.core.base.lazy import LazyModule
-from thunder_rs.core.base.proxies import TensorProxy, requires_grad_of
-from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
+from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import requires_grad_of
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.eager_layouts import eager_strides
-from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.errors import (
     ThunderNotImplementedError,
     ThunderRuntimeError,
     ThunderTypeError,
     check,
-    thunder_error_like,
 )
 from thunder_rs.torch.common import require_tensor, sum_to
-from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
 from thunder_rs.torch.strides import strides_of
-from thunder_rs.torch.symbols import ltorch, register, torchsymbol
-from thunder_rs.core.lang.symint import SymInt, identical, same_shape
+from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.core.lang.symint import identical, same_shape
 
 T = torch.Tensor
 __all__ = ["matmul", "rmatmul", "mm", "bmm", "mv", "dot", "inner", "outer", "addmm", "baddbmm", "flattened_product"]
-LA = torch.linalg
-#: Output sizes kept symbolic (loaded on the first call of an opaque op with symbolic sizes).
-_SIZES = LazyModule("thunder_rs.core.lang.fallback_sizes")
 
 
 def _check_operands(op: str, a, b, names: tuple[str, str], ranks=None) -> None:
@@ -110,6 +91,16 @@ def _check_matmul(input, other) -> None:
     )
     _check_inner(op, input, other, names)
     clang.broadcast_shapes(op, input.shape[:-2], other.shape[:-2])
+
+
+def check_lengths(op: str, input, other, name: str) -> None:
+    """Raises eager's error unless the vectors ``input`` and ``other`` (argument ``name``) have one length."""
+    check(
+        input.shape[0] == other.shape[0],
+        op,
+        lambda: f"inconsistent tensor size: {input.shape[0]} and {other.shape[0]} elements (argument {name})",
+        ThunderRuntimeError,
+    )
 
 
 @torchsymbol(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
@@ -184,12 +175,7 @@ def mv(input, vec):
 def dot(input, tensor):
     op = "ltorch.dot"
     _check_operands(op, input, tensor, ("input", "tensor"), ranks=(1, 1))
-    check(
-        input.shape[0] == tensor.shape[0],
-        op,
-        f"inconsistent tensor size: {input.shape[0]} and {tensor.shape[0]} elements (argument tensor)",
-        ThunderRuntimeError,
-    )
+    check_lengths(op, input, tensor, "tensor")
     return prims.matmul(input, tensor)
 
 
@@ -525,224 +511,3 @@ def matmul_grad(input, other):
     for x, grad in reversed(grads) if input is other and input.ndim >= 3 else grads:
         put_grad(x, grad)
     return out
-
-
-# -- opaque symbols: factorizations and solvers ----------------------------------------------------
-
-
-_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
-
-
-def _differentiable(x) -> bool:
-    return x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
-
-
-def _as_meta(x):
-    """A meta tensor like the proxy ``x``, requiring grad as it does, so that the meta kernel's
-    outputs say which of them eager's autograd differentiates."""
-    if not isinstance(x, TensorProxy):
-        return x
-    # Symbolic sizes are taken at their values (guarded): the static way, where the symbolic one
-    # (``_symbolic_metadata``) cannot be followed.
-    shape = [int(s) for s in x.shape]
-    return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=_differentiable(x))
-
-
-def _symbolic_metadata(func, args, kwargs):
-    """The outputs of ``func`` and their shapes with the inputs' symbolic sizes kept symbolic
-    (torch's meta kernel on fake tensors of symbolic sizes: ``fallback_sizes``; what it decides on
-    the sizes, ``min(m, n)`` of a factorisation, is recorded as a decision), or None: no input
-    size is symbolic, or torch's kernel cannot be followed so (the static way then raises eager's
-    error for invalid arguments)."""
-    leaves = tree_flatten((args, kwargs))[0]
-    if not any(type(x) is SymInt or (isinstance(x, TensorProxy) and x._symbolic) for x in leaves):
-        return None
-    with torch.enable_grad():
-        found = _SIZES.load().symbolic_metadata(func, args, kwargs, False, requires_grad=_differentiable)
-    return found if isinstance(found, tuple) else None
-
-
-def _metadata(func, meta, name: str, args, kwargs):
-    """The outputs of ``func`` as meta tensors and ``shape(t)`` of each: ``meta`` (given the
-    proxies) when there is one, else torch's meta kernel, with symbolic sizes where the inputs
-    have them. Invalid arguments raise what eager raises, with the op's name; torch's Python meta
-    kernels assert where eager's kernels raise RuntimeError."""
-    if meta is not None:
-        return meta(*args, **kwargs), _shape
-    symbolic = _symbolic_metadata(func, args, kwargs)
-    if symbolic is not None:
-        return symbolic
-    return _meta_outputs(func, name, args, kwargs), _shape
-
-
-def _shape(t):
-    return t.shape
-
-
-def _meta_outputs(func, name: str, args, kwargs):
-    meta_args, meta_kwargs = tree_map(_as_meta, (args, kwargs))
-    try:
-        with torch._C.DisableTorchFunctionSubclass(), torch.enable_grad():
-            return func(*meta_args, **meta_kwargs)
-    except NotImplementedError as e:
-        raise ThunderNotImplementedError(
-            f"{name}: torch cannot compute its output metadata on meta tensors ({e})"
-        ) from e
-    except AssertionError as e:
-        raise ThunderRuntimeError(f"{name}: {e}") from e
-    except Exception as e:
-        raise thunder_error_like(e, f"{name}: {e}") from e
-
-
-def _check_dtype(name: str, a, integers_rejected: bool) -> None:
-    """Meta kernels reject an integer input with a RuntimeError where eager's kernels raise
-    NotImplementedError (``integers_rejected``): the check is made here, with eager's type."""
-    check(
-        not integers_rejected or a.dtype.is_floating_point or a.dtype.is_complex,
-        name,
-        lambda: f"Expected a floating point or complex tensor as input. Got {a.dtype} (argument input)",
-        ThunderNotImplementedError,
-    )
-
-
-def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers_rejected: bool):
-    """Records one call of the opaque symbol ``sid``; its outputs' metadata come from ``meta``."""
-    in_leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
-    check(bool(in_leaves), name, "expected a tensor argument", ThunderTypeError)
-    _check_dtype(name, in_leaves[0], integers_rejected)
-    out, shape = _metadata(func, meta, name, args, kwargs)
-    leaves, spec = tree_flatten(out)
-    device = str(in_leaves[0].device)
-    requires_grad = torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)
-    for t in leaves:  # (half-precision complex: what fake CUDA tensors give for eig or stft of bf16/fp16)
-        check(
-            t.dtype in CODES,
-            name,
-            lambda: f"gives a {t.dtype} result, which thunder_rs does not represent (argument input)",
-            ThunderNotImplementedError,
-        )
-    metas = [output_meta(shape(t), t.dtype, device, requires_grad and t.requires_grad) for t in leaves]
-    if requires_grad:  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
-        note_gradient_through(metas, (*args, *kwargs.values()))
-    outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
-    return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
-
-
-def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
-    """Registers ``ltorch.<name>`` for ``torch_fns``: an opaque symbol the torch executor runs as
-    ``torch_fns[0]``, with ``meta`` (or torch's meta kernel) for its outputs, and a backward that
-    runs torch's derivative of ``torch_fns[0]``. ``integers_rejected``: eager raises
-    NotImplementedError for an integer input (else a RuntimeError, as its meta kernel does)."""
-    sym_name = f"ltorch.{name}"
-    sid = _core.register_symbol(sym_name, fallback=True)
-    func = torch_fns[0]
-    FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
-
-    def symbol(*args, **kwargs):
-        if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
-            del kwargs["out"]
-        if meta is None and _is_any_autocast_enabled():
-            # Eager's composites (pinv, ...) autocast the ops inside them: the call runs as an
-            # eager fallback under the traced autocast state. (Those with a meta rule here are
-            # kernels that autocast casts whole, as the language context has.)
-            return fallback(func, args, kwargs)
-        return _record(sid, func, meta, sym_name, args, kwargs, integers_rejected)
-
-    symbol.__name__ = symbol.__qualname__ = name
-    symbol.__doc__ = f"Records {sym_name}, run whole as {getattr(func, '__name__', name)}."
-    return register(symbol, sid, sym_name, torch_fns, opaque=True)
-
-
-#: (ltorch name, the torch callables it stands for (the first is what runs), meta rule or None
-#: for torch's own, whether eager rejects integer inputs with NotImplementedError).
-OPAQUE = (
-    ("linalg_solve", (LA.solve,), None, True),
-    ("linalg_solve_ex", (LA.solve_ex,), None, True),
-    ("linalg_lstsq", (LA.lstsq,), lstsq_meta, False),
-    ("linalg_svd", (LA.svd,), None, True),
-    ("linalg_svdvals", (LA.svdvals,), None, True),
-    ("svd", (torch.svd, T.svd), None, True),
-    ("linalg_qr", (LA.qr,), None, True),
-    ("geqrf", (torch.geqrf, T.geqrf), geqrf_meta, True),
-    ("ormqr", (torch.ormqr, T.ormqr), None, False),
-    ("linalg_householder_product", (LA.householder_product,), None, False),
-    ("orgqr", (torch.orgqr, T.orgqr), None, False),
-    ("linalg_eigh", (LA.eigh,), None, True),
-    ("linalg_eigvalsh", (LA.eigvalsh,), None, True),
-    ("linalg_cholesky", (LA.cholesky,), None, True),
-    ("linalg_cholesky_ex", (LA.cholesky_ex,), None, True),
-    ("cholesky_solve", (torch.cholesky_solve, T.cholesky_solve), None, False),
-    ("cholesky_inverse", (torch.cholesky_inverse, T.cholesky_inverse), None, True),
-    ("linalg_pinv", (LA.pinv,), None, False),
-    ("pinverse", (torch.pinverse, T.pinverse), None, False),
-    ("linalg_matrix_rank", (LA.matrix_rank,), None, False),
-    ("linalg_det", (LA.det,), None, True),
-    ("det", (torch.det, T.det), None, True),
-    ("linalg_slogdet", (LA.slogdet,), None, True),
-    ("slogdet", (torch.slogdet, T.slogdet), None, True),
-    ("logdet", (torch.logdet, T.logdet), None, True),
-    ("linalg_inv", (LA.inv,), None, True),
-    ("inverse", (torch.inverse, T.inverse), None, True),
-    ("linalg_inv_ex", (LA.inv_ex,), None, True),
-    ("linalg_solve_triangular", (LA.solve_triangular,), None, True),
-    ("triangular_solve", (torch.triangular_solve, T.triangular_solve), None, False),
-    ("linalg_lu_factor", (LA.lu_factor,), None, True),
-    ("linalg_lu_factor_ex", (LA.lu_factor_ex,), None, True),
-    ("linalg_lu", (LA.lu,), None, True),
-    ("lu", (torch.functional.lu, T.lu), None, True),
-    ("linalg_lu_solve", (LA.lu_solve,), None, True),
-    ("lu_solve", (torch.lu_solve, T.lu_solve), None, False),
-    ("linalg_ldl_factor", (LA.ldl_factor,), None, True),
-    ("linalg_ldl_factor_ex", (LA.ldl_factor_ex,), None, True),
-    ("linalg_ldl_solve", (LA.ldl_solve,), None, True),
-    ("linalg_matrix_exp", (LA.matrix_exp,), None, True),
-    ("matrix_exp", (torch.matrix_exp, T.matrix_exp), None, True),
-    ("linalg_matrix_sqrth", (LA.matrix_sqrth,), None, True),
-    ("linalg_polar", (LA.polar,), None, True),
-    ("linalg_eig", (LA.eig,), None, True),
-    ("linalg_eigvals", (LA.eigvals,), None, True),
-)
-
-
-globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
-__all__ += [row[0] for row in OPAQUE]
-
-
-def _differentiated(A) -> bool:
-    return torch.is_grad_enabled() and A.requires_grad
-
-
-def singular_values(A, *, driver=None, out=None):
-    """``linalg.svdvals`` as eager computes it: where ``A`` requires grad, eager's kernel computes the
-    singular vectors too (``_may_require_fw_or_bw_grad``), and LAPACK's values then differ in their
-    last bits from those computed alone, so the differentiable call is ``linalg_svd``'s."""
-    if _differentiated(A):
-        return ltorch.linalg_svd(A, full_matrices=False, driver=driver)[1]
-    return ltorch.linalg_svdvals(A, driver=driver)
-
-
-def hermitian_eigenvalues(A, UPLO="L", *, out=None):
-    """``linalg.eigvalsh`` as eager computes it: with the eigenvectors where ``A`` requires grad (as
-    ``singular_values``)."""
-    if _differentiated(A):
-        return ltorch.linalg_eigh(A, UPLO)[0]
-    return ltorch.linalg_eigvalsh(A, UPLO)
-
-
-def eigenvalues(A, *, out=None):
-    """``linalg.eigvals`` as eager computes it: with the eigenvectors where ``A`` requires grad (as
-    ``singular_values``)."""
-    if _differentiated(A):
-        return ltorch.linalg_eig(A)[0]
-    return ltorch.linalg_eigvals(A)
-
-
-TORCH_TO_LTORCH[LA.svdvals] = singular_values
-TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
-TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
-
-if TYPE_CHECKING:
-    # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
-    # Unannotated on purpose: an annotated return type is left unanalyzed by mypy inside the
-    # ltorch import cycle (python/mypy#5345), whereas an unannotated one is plain Any.
-    def __getattr__(name): ...

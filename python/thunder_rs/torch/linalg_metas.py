@@ -1,4 +1,4 @@
-"""Meta rules of linalg calls recorded whole (``linalg.opaque``) that torch has no meta kernel for, or
+"""Meta rules of linalg calls recorded whole (``factorizations.opaque``) that torch has no meta kernel for, or
 whose sizes must stay symbolic: what eager returns, described by shape, dtype and differentiability."""
 
 import torch

@@ -36,7 +36,7 @@ from thunder_rs.torch.base_losses import (
 )
 from thunder_rs.torch.activations import logsigmoid
 from thunder_rs.torch.common import LOW_PRECISION, require_float, sum_all, sum_to, to_compute_dtype
-from thunder_rs.torch.linalg import opaque
+from thunder_rs.torch.factorizations import opaque
 from thunder_rs.torch.linalg_metas import meta as _meta
 from thunder_rs.torch.special import xlogy
 from thunder_rs.torch.distances import _difference

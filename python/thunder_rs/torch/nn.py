@@ -40,7 +40,8 @@ from thunder_rs.torch.common import (
     to_compute_dtype,
     upcast,
 )
-from thunder_rs.torch.linalg import column_major, mm_product, opaque, row_major
+from thunder_rs.torch.factorizations import opaque
+from thunder_rs.torch.linalg import column_major, mm_product, row_major
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.symint import identical, same_shape

@@ -32,13 +32,13 @@ from thunder_rs.core.lang.vmap import (
     batched_call,
     batching_rule,
     elementwise,
-    full,
     levels_of,
     physical,
     randomness,
     refusal,
     wrap,
 )
+from thunder_rs.core.lang.vmap_state import full
 from thunder_rs.core.lang.vmap_state import random_error
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 

@@ -26,7 +26,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.common import LOW_PRECISION, is_int, kept, require_tensor
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.elementwise import add, sub
-from thunder_rs.torch.linalg import singular_values
+from thunder_rs.torch.factorizations import singular_values
 from thunder_rs.torch.reductions import _dims
 
 T = torch.Tensor

@@ -20,7 +20,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.creation import identity
 from thunder_rs.torch.elementwise import sub
-from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, _scaled, ignoring
+from thunder_rs.torch.linalg import _add_scaled, _check_inner, _check_operands, _scaled, check_lengths, ignoring
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.symint import same_shape
@@ -215,12 +215,7 @@ def vdot(input, other):
     op = "ltorch.vdot"
     _check_operands(op, input, other, ("input", "other"), ranks=(1, 1))
     _real(op, input, "input")
-    check(
-        input.shape[0] == other.shape[0],
-        op,
-        f"inconsistent tensor size: {input.shape[0]} and {other.shape[0]} elements (argument other)",
-        ThunderRuntimeError,
-    )
+    check_lengths(op, input, other, "other")
     return prims.matmul(input, other)
 
 

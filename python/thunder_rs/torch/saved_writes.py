@@ -1,5 +1,5 @@
 """Which in-place writes bump eager's version counter of the memory they write: what
-``core.lang.saved_versions`` checks the tensors eager saved for a backward against.
+``core.lang.version_tracking`` checks the tensors eager saved for a backward against.
 
 Every in-place op does (under ``torch.no_grad()`` too, and through ``.detach()``, which shares the
 counter), except the updates a kernel makes of arguments it writes where autograd does not see
@@ -8,14 +8,14 @@ that updates them leaves that backward valid, which reads them only in eval mode
 ``inplace.assign`` says which writes are such updates (``tracked=False``, unless ``versioned``).
 A write through ``.data``, whose tensor has a counter of its own, is noted as a write eager's
 backward does not check but reads: the compile refuses it where a backward from the program's
-outputs reaches a node that saved the tensor (``saved_versions``).
+outputs reaches a node that saved the tensor (``version_tracking``).
 """
 
 import weakref
 
 import torch
 
-from thunder_rs.core.lang import saved_versions
+from thunder_rs.core.lang import version_tracking
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH
 from thunder_rs.torch import views
 
@@ -35,7 +35,7 @@ def written(dst, op: str, value=None, tracked: bool = True) -> None:
         with torch._C.DisableTorchFunctionSubclass():
             grad = views.root_of(dst).requires_grad or getattr(value, "requires_grad", False)
         node = None if not grad else "call" if link is None else "view"
-    saved_versions.written(dst, op, counted, node)
+    version_tracking.written(dst, op, counted, node)
 
 
 def _data_view(detach):

@@ -9,24 +9,13 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
-from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
 from thunder_rs.torch.elementwise import where
-from thunder_rs.torch.indexing import check_mask_shapes, key_read_by_values
+from thunder_rs.torch.indexing import check_mask_shapes, is_basic, key_read_by_values
 from thunder_rs.torch.inplace import _read_to_overwrite, assign
 from thunder_rs.torch.shape import reshape_to
 
 _MASKS = (torch.bool, torch.uint8)
-
-
-def _is_basic(entry) -> bool:
-    return (
-        entry is None
-        or entry is Ellipsis
-        or isinstance(entry, slice)
-        or (isinstance(entry, int) and not isinstance(entry, bool))
-        or type(entry) is SymInt  # (an index from a size: written through a view, as an int is)
-    )
 
 
 def _is_mask(entry) -> bool:
@@ -97,12 +86,12 @@ def setitem(a, key, value):
     op = "setitem"
     check(isinstance(a, TensorProxy), op, lambda: f"expected a tensor, got {type(a).__name__}", ThunderTypeError)
     entries = key if type(key) is tuple else (key,)
-    if all(map(_is_basic, entries)):
+    if all(map(is_basic, entries)):
         view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, key)
         assign(view, _drop_leading_ones(value, view.ndim), op, copy=True)
         return
     masks = [i for i, e in enumerate(entries) if _is_mask(e)]
-    if len(masks) == 1 and all(_is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
+    if len(masks) == 1 and all(is_basic(e) for i, e in enumerate(entries) if i != masks[0]):
         if _masked_assign(a, entries, masks[0], value):
             return
     key = key_read_by_values(key, a)  # the masks' nonzero indices, where the jit reads values

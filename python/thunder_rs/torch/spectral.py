@@ -8,7 +8,7 @@ kernel, run on meta tensors at the traced sizes, makes eager's checks and gives 
 the frequency count; the frame count (and istft's signal length) is computed from the symbolic
 length, with what the checks relied on (the center padding fits, the padded signal holds one
 frame) recorded as guards. Values, strides and gradients are eager's: torch runs the op and its
-derivative (``linalg.opaque``).
+derivative (``factorizations.opaque``).
 """
 
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_map
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, thunder_error_like
-from thunder_rs.torch.linalg import opaque
+from thunder_rs.torch.factorizations import opaque
 
 __all__ = ["stft", "istft"]
 

@@ -37,7 +37,7 @@ def register(
     """Makes ``symbol`` ``ltorch.<name>`` for ``torch_fns`` (and tensor ``properties``): the one
     registry the language context, the namespace and the torch executor read. ``sequence``: the
     op returns a sequence of tensors (``unbind``), which may hold just one; ``opaque``: it has no
-    decomposition (``linalg.opaque``)."""
+    decomposition (``factorizations.opaque``)."""
     symbol.symbol_id, symbol.symbol_name, symbol.torch_fns = sym_id, sym_name, torch_fns
     symbol.returns_sequence, symbol.opaque = sequence, opaque
     rule = RULES_BY_NAME.get(sym_name.removeprefix("ltorch."))

@@ -15,7 +15,7 @@ import torch
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.common import require_tensor
-from thunder_rs.torch.linalg import singular_values
+from thunder_rs.torch.factorizations import singular_values
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 LA = torch.linalg

@@ -9,7 +9,7 @@ use super::Operand;
 use crate::bail;
 use crate::error::Result;
 use crate::grad::{Emitter, Grads};
-use crate::sym::{Dim, Facts};
+use crate::sym::{Dim, Facts, Poly};
 use crate::value::{Arg, TensorMeta, ValueKind};
 use crate::ValueId;
 
@@ -240,13 +240,7 @@ fn check_channels(
     if !facts.equal(&a.shape[1], &in_channels) {
         bail!(Runtime, op, "expected input {:?} to have {in_channels} channels (weight {:?}, groups {groups}), but got {} channels instead (argument a)", a.shape, w.shape, a.shape[1]);
     }
-    // (a symbolic count that does not divide the weight's dim as a polynomial is taken at its hint)
-    let divisible = match groups.as_const() {
-        Some(k) => w.shape[0].hint() % k == 0,
-        None if w.shape[0].poly().exact_div(&groups.poly()).is_some() => true,
-        None => w.shape[0].hint() % facts.specialise(groups) == 0,
-    };
-    if !divisible {
+    if !divisible(&w.shape[0], groups, facts) {
         bail!(
             Runtime,
             op,
@@ -260,6 +254,27 @@ fn check_channels(
         }
     }
     Ok(out_channels)
+}
+
+/// Whether `size` is a multiple of `groups`, decided as the other rules decide a size's remainder
+/// (`Facts::is` of `size % k`, a guard where it is symbolic). A symbolic count (vmap's examples
+/// folded into the groups, `2*t0`) divides `size` by its atoms as a polynomial first, leaving the
+/// remainder by its coefficient (`t0*t1 % (2*t0)` is `t1 % 2`); a count of another form is taken at
+/// its hint (a guard).
+fn divisible(size: &Dim, groups: &Dim, facts: &mut Facts) -> bool {
+    if let Some(k) = groups.as_const() {
+        return facts.is(&size.rem(k), 0);
+    }
+    if size.poly().exact_div(&groups.poly()).is_some() {
+        return true;
+    }
+    if let [(atoms, k)] = groups.poly().terms() {
+        if let Some(quotient) = size.poly().exact_div(&Poly::from_terms(vec![(atoms.clone(), 1)])) {
+            let hint = size.hint() / (groups.hint() / k);
+            return facts.is(&Dim::from_poly(quotient, hint).rem(*k), 0);
+        }
+    }
+    size.hint() % facts.specialise(groups) == 0
 }
 
 /// The output size of spatial dim `i`: an expression of the input's size where it is symbolic.

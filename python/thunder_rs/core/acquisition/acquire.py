@@ -42,7 +42,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import saved_outputs, saved_versions, symfloat, symint
+from thunder_rs.core.lang import saved_outputs, symfloat, symint, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -117,7 +117,7 @@ class Acquired:
     #: value id)`` each, in order; ``tail`` reads them after the ints
     floats: tuple = ()
     #: ``(error, value ids)`` per call whose saved tensors the program wrote in place: the error
-    #: eager's backward raises once it reaches those values (``saved_versions``)
+    #: eager's backward raises once it reaches those values (``version_tracking``)
     stale_saves: tuple = ()
     #: where the program made leaves (``inner_leaves``), the positions of the trace's outputs that
     #: require grad: those that a call returns requiring none get a backward (``through_inner_leaves``)
@@ -644,7 +644,7 @@ def acquire(
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
-        with saved_versions.tracking() as saves:
+        with version_tracking.tracking() as saves:
             out, observer, writes, repeated, inputs, (inference, hooks, through_leaves) = _trace_program(
                 fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
             )

@@ -39,14 +39,21 @@ def _print(*args, **kwargs):
         if recorded is not None:  # (text of sizes it formats holds placeholders: their values)
             args, kwargs = at_hints((args, kwargs))
         return _builtin_print(*args, **kwargs)
-    for leaf in pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, str) and "TensorProxy(t" in leaf:
-            raise ThunderNotImplementedError(
-                f"print: the text printed at {user_location()} formats a traced tensor (an f-string or str() of it), "
-                "which a compiled call cannot print with later values; pass the tensor to print as an argument"
-            )
+    texts = pytree.tree_leaves((args, kwargs))
+    refuse_formatted(texts, "print: the text printed", user_location(), "pass the tensor to print as an argument")
     recorded.append(resolved((args, kwargs)))
     return None
+
+
+def refuse_formatted(texts, what: str, site: str, instead: str) -> None:
+    """Refuses text the program prints, writes or logs (a string among ``texts``) that formats a
+    traced tensor: its proxy's text, which a compiled call would repeat where eager formats each
+    call's values. ``what`` names the text, ``site`` where it is made, ``instead`` what to do."""
+    if any(isinstance(text, str) and "TensorProxy(t" in text for text in texts):
+        raise ThunderNotImplementedError(
+            f"{what} at {site} formats a traced tensor (an f-string or str() of it), which a compiled call cannot "
+            f"make with later values; {instead}"
+        )
 
 
 def recording_prints(prints: list):

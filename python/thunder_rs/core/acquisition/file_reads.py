@@ -32,14 +32,13 @@ from thunder_rs.core.base.userframe import PACKAGE_DIR
 from thunder_rs.core.state.c_effects import site
 from thunder_rs.core.state.code_reads import interesting
 from thunder_rs.core.state.guards import StateGuard
-from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.core.state.hook import program_frame, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
 _open = io.open
 _time_ns = time.time_ns
 #: how long after a file's last change its times may not tell a later change (coarse clocks)
 _RACY_NS = 2_000_000_000
-_IMPORTING = ("<frozen importlib.", os.path.join(os.path.dirname(os.__file__), "importlib") + os.sep)
 
 
 def _stat(path) -> tuple | None:
@@ -93,26 +92,17 @@ def _writes(mode) -> bool:
     return isinstance(mode, str) and any(c in mode for c in "wax+")
 
 
-def _program(frame):
-    """The program's frame that opens the file from ``frame`` outward (through the standard
-    library's, torch's and installed libraries' frames), or None (thunder_rs's own, the import
-    system's, a module body the program's first call imports)."""
-    observer = thread_state.observer
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path.startswith(PACKAGE_DIR) or path.startswith(_IMPORTING):
-            return None
-        if interesting(frame.f_code):
-            return None if observer is not None and importing_frame(frame, observer.entry) else frame
-        frame = frame.f_back
-    return None
+def _not_the_programs(code) -> bool:
+    """Whether the frames of ``code`` are passed on the way out to the program's that opens a file:
+    the standard library's, torch's and installed libraries' (``program_frame``), not thunder_rs's."""
+    return not interesting(code) and not code.co_filename.startswith(PACKAGE_DIR)
 
 
 def _opening(file, mode="r", *args, **kwargs):
     observer: Any = thread_state.observer
     if observer is not None and not thread_state.inside and isinstance(file, (str, bytes, os.PathLike, int)):
         caller = sys._getframe(1)
-        program = _program(caller)
+        program = program_frame(caller, _not_the_programs)
         if program is not None and type(file) is int:  # (a descriptor: no path to guard the contents of)
             raise ThunderNotImplementedError(
                 f"open({file}): the program opens a file descriptor at {site(caller)}; what it reads would be "

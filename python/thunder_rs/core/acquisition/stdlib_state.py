@@ -75,48 +75,17 @@ import warnings
 from typing import Any
 
 from thunder_rs.core.acquisition import reparametrize
-from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
-from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
-from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
+from thunder_rs.core.state.cached_reads import put_back_cached, register_stand_in
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
-from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
-from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.core.state.hook import is_program, program_frame, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
-# -- the program's frame ---------------------------------------------------------------------------
-
-
-def _in_stdlib(path: str) -> bool:
-    # A virtual environment's platstdlib holds its site-packages.
-    return path.startswith(_STDLIB_FILES) and "site-packages" not in path
-
-
-#: Where the standard library's code is (``os`` and ``_collections_abc`` are frozen modules).
-_STDLIB_FILES = (*STDLIB_DIRS, "<frozen ")
-
-
-def _program_frame(frame, skip: int = 0):
-    """The first frame from ``frame`` outward that is not the standard library's (``os.getenv``,
-    ``Mapping.get``, ``Logger.info``), after ``skip`` more program frames (a ``stacklevel``), if
-    it is the program's; else None (thunder_rs's, torch's or the standard library's own reads)."""
-    while frame is not None and _in_stdlib(frame.f_code.co_filename):
-        frame = frame.f_back
-    for _ in range(skip):
-        if frame is None:
-            return None
-        frame = frame.f_back
-    return frame if frame is not None and _is_program(frame) else None
-
-
-def _is_program(frame) -> bool:
-    """Whether ``frame`` runs the program's code: not a library's, nor a module body's that the
-    program's first call imports (a library's setup at import happens once in eager too)."""
-    observer = thread_state.observer
-    return interesting(frame.f_code) and not (observer is not None and importing_frame(frame, observer.entry))
+# -- the program's reads ---------------------------------------------------------------------------
 
 
 def _tracing() -> bool:
@@ -149,7 +118,7 @@ def _unset(value) -> str:
 
 
 def _getitem(self, key):
-    if self is os.environ and _tracing() and _program_frame(sys._getframe(1)) is not None:
+    if self is os.environ and _tracing() and program_frame(sys._getframe(1)) is not None:
         _guard(f"os.environ[{key!r}]", functools.partial(_environ_value, key), _unset)
     return _environ_getitem(self, key)
 
@@ -163,7 +132,7 @@ def _environ_names() -> frozenset:
 
 
 def _guard_names(self) -> None:
-    if self is os.environ and _tracing() and _program_frame(sys._getframe(2)) is not None:
+    if self is os.environ and _tracing() and program_frame(sys._getframe(2)) is not None:
         _guard("the names set in os.environ", _environ_names, lambda names: f"{len(names)} names")
 
 
@@ -185,7 +154,7 @@ _parse_known_args = argparse.ArgumentParser.parse_known_args
 def _parse_known(self, args=None, namespace=None):
     """``parse_args()`` and ``parse_known_args()`` without ``args`` parse ``sys.argv``: guarded as
     a program's own read of it is (``torch_flags``)."""
-    if args is None and _tracing() and _program_frame(sys._getframe(1)) is not None:
+    if args is None and _tracing() and program_frame(sys._getframe(1)) is not None:
         _guard("sys.argv", _argv)
     return _parse_known_args(self, args, namespace)
 
@@ -212,7 +181,7 @@ def _show_level(value: tuple) -> str:
 
 
 def _guard_level(logger) -> None:
-    if _tracing() and _program_frame(sys._getframe(2)) is not None:
+    if _tracing() and program_frame(sys._getframe(2)) is not None:
         _guard(f"the level of logger {logger.name!r}", functools.partial(_level_of, logger), _show_level)
 
 
@@ -231,13 +200,9 @@ def _getEffectiveLevel(self):  # noqa: N802 (logging's name)
 _logger_log = logging.Logger._log
 
 
-def _refuse_formatted(texts, what: str, frame) -> None:
-    for text in texts:
-        if isinstance(text, str) and "TensorProxy(t" in text:
-            raise ThunderNotImplementedError(
-                f"{what}: the text at {_where(frame)} formats a traced tensor (an f-string or str() of it), which a "
-                f"compiled call cannot make with later values; pass the tensor as an argument (log.info('%s', x))"
-            )
+def _refuse_formatted(text, what: str, frame) -> None:
+    instead = "pass the tensor as an argument (log.info('%s', x))"
+    refuse_formatted((text,), f"{what}: the text", _where(frame), instead)
 
 
 class LogCall:
@@ -275,11 +240,13 @@ class LogCall:
 
 def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):
     recorded = recorded_effects()
-    frame = _program_frame(sys._getframe(1), max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
+    frame = (
+        program_frame(sys._getframe(1), skip=max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
+    )
     if frame is None:
         msg, args = at_hints((msg, args))  # (placeholders of sizes: their values, as traced)
         return _logger_log(self, level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
-    _refuse_formatted((msg,), f"logging ({self.name!r})", frame)
+    _refuse_formatted(msg, f"logging ({self.name!r})", frame)
     if exc_info:
         raise ThunderNotImplementedError(
             f"logging ({self.name!r}): the record logged at {_where(frame)} carries an exception (exc_info, "
@@ -345,11 +312,11 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
         # Made now, as eager makes it: ``catch_warnings(record=True)``'s list gets it while traced.
         return _warn(message, category, stacklevel + 1, source, **kwargs)
     frame = sys._getframe(1) if recorded is not None and _tracing() and not kwargs else None
-    if frame is None or not _is_program(frame):
+    if frame is None or not is_program(frame):
         return _warn(message, category, stacklevel + 1, source, **kwargs)
     for _ in range(max(stacklevel, 1) - 1):
         frame = frame.f_back if frame.f_back is not None else frame
-    _refuse_formatted((str(message),), "warnings.warn", frame)
+    _refuse_formatted(str(message), "warnings.warn", frame)
     if isinstance(message, Warning):
         category = type(message)
     category = UserWarning if category is None else category
@@ -370,7 +337,7 @@ def _warnings_warn(message, category=None, stacklevel=1, source=None, **kwargs):
     return None
 
 
-set_warn_stand_in(_warn, _warnings_warn)
+register_stand_in(_warn, _warnings_warn)  # also where the program bound it (``from warnings import warn``)
 
 
 def _action(category, text: str, module: str, line: int) -> str:
@@ -421,7 +388,7 @@ def _next(iterator, *default):
     observer = thread_state.observer
     if observer is not None and not thread_state.inside:
         frame = sys._getframe(1)
-        if _is_program(frame) and observer.reached_from_outside(iterator):
+        if is_program(frame) and observer.reached_from_outside(iterator):
             raise ThunderNotImplementedError(
                 f"next: the program consumes a {type(iterator).__name__} it did not create at {_where(frame)} (an "
                 "argument, a global or a closure cell); tracing takes its item once, and a compiled call would "
@@ -503,7 +470,7 @@ def _clock(name: str, real=None):
 
     def read(*args):
         frame: Any = sys._getframe(1)
-        program = _program_frame(frame) if _tracing() and (at is None or len(args) <= at or args[at] is None) else None
+        program = program_frame(frame) if _tracing() and (at is None or len(args) <= at or args[at] is None) else None
         if program is not None:
             raise ThunderNotImplementedError(
                 f"{_stdlib_entry(frame, program, f'time.{name}')}: the program reads the clock at {_where(program)}; "
@@ -518,7 +485,7 @@ def _clock(name: str, real=None):
 #: What ``consuming_iterators`` puts in ``time`` while a program is traced.
 _CLOCK_READERS = {name: _clock(name) for name in _clocks}
 for _name, _reader in _CLOCK_READERS.items():
-    register_clock(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
+    register_stand_in(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
 
 
 # -- entropy ---------------------------------------------------------------------------------------
@@ -532,7 +499,7 @@ def _refuse_entropy(what: str) -> None:
     """Refuses the read of the system's entropy by ``what`` if program code made it, directly or
     through the standard library, whose function it called is named."""
     frame: Any = sys._getframe(2)
-    program = _program_frame(frame) if _tracing() else None
+    program = program_frame(frame) if _tracing() else None
     if program is not None:
         raise ThunderNotImplementedError(
             f"{_stdlib_entry(frame, program, what)}: the program draws from the system's entropy ({what}) at "
@@ -561,7 +528,7 @@ def _seed_of(self, a=None, version=2):
     return _seed(self, a, version)
 
 
-register_clock(_urandom, _read_entropy)  # where the program bound it (``from os import urandom``)
+register_stand_in(_urandom, _read_entropy)  # also where the program bound it (``from os import urandom``)
 
 
 #: ``uuid``'s C clock (``uuid1`` reads it) while a program is traced: ``(module, real)``
@@ -577,7 +544,7 @@ def _refusing_effect(what: str, real):
 
     def make(*args, **kwargs):
         frame: Any = sys._getframe(1)
-        program = _program_frame(frame) if _tracing() else None
+        program = program_frame(frame) if _tracing() else None
         if program is not None:
             raise ThunderNotImplementedError(
                 f"{_stdlib_entry(frame, program, what)}: the program calls it at {_where(program)}, an effect outside "
@@ -640,7 +607,6 @@ def _put_back_readers() -> None:
     _put_back_effect_makers()
     put_back_open()
     put_back_streams()
-    put_back_bound_clocks()
     put_back_cached()
 
 

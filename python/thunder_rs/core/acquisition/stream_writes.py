@@ -14,11 +14,9 @@ it was traced (``out = sys.stdout`` at import) is the stream itself, and its wri
 
 import sys
 
-from thunder_rs.core.acquisition.effects import recorded_effects
+from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.lang.printed_text import resolved
-from thunder_rs.core.state.c_effects import program_caller
-from thunder_rs.core.state.hook import importing_frame, thread_state
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.core.state.hook import program_frame, thread_state
 
 
 class CurrentStream:
@@ -51,12 +49,8 @@ class StandIn:
         return self._record(recorded, program, text)
 
     def _record(self, recorded: list, program, text):
-        if isinstance(text, str) and "TensorProxy(t" in text:
-            raise ThunderNotImplementedError(
-                f"sys.{self._name}.write: the text written at {program.f_code.co_filename}:{program.f_lineno} formats "
-                "a traced tensor (an f-string or str() of it), which a compiled call cannot write with later values; "
-                "print the tensor (print(x)) instead"
-            )
+        site, what = f"{program.f_code.co_filename}:{program.f_lineno}", f"sys.{self._name}.write: the text written"
+        refuse_formatted((text,), what, site, "print the tensor (print(x)) instead")
         if not isinstance(text, str):
             return self._stream.write(text)  # (its TypeError, as eager raises it)
         recorded.append(resolved(((text,), {"end": "", "file": CurrentStream(self._name)})))
@@ -84,8 +78,8 @@ class StandIn:
         observer = thread_state.observer
         if recorded is None or observer is None or thread_state.inside:
             return None, None
-        program = program_caller(sys._getframe(2))
-        if program is None or importing_frame(program, observer.entry):
+        program = program_frame(sys._getframe(2))
+        if program is None:
             return None, None
         return recorded, program
 

@@ -87,6 +87,11 @@ def _named(expr, name) -> bool:
     return isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == name
 
 
+def callable_name(fn) -> str:
+    """How messages name a jitted callable: its qualified name, else its type's name (a module)."""
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def warn_recompiles(name: str, misses: int, reason: str) -> None:
     warn_at_user_frame(f"thunder_rs: {name} recompiled {misses} times; last change: {reason}")
 

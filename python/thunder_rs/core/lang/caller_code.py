@@ -31,6 +31,8 @@ import warnings
 
 import torch
 
+from thunder_rs.core.state.cached_reads import is_stand_in
+
 # Instructions that may stand between formatting a size and passing the text to the call: loads
 # and string building, nothing that reads the text (no comparison, no jump, no other call).
 _BUILDING = frozenset(
@@ -230,7 +232,7 @@ def _recorded_warn():
     is in place (``stdlib_state``: on the module, and the names bound to ``warnings.warn`` the program
     reads, ``from warnings import warn``); else None."""
     warn = warnings.warn
-    return warn if getattr(warn, "cached", None) is not None else None
+    return warn if is_stand_in(warn) else None
 
 
 def _gets_logger(instructions, c: int, frame) -> bool:

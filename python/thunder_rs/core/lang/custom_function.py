@@ -21,7 +21,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import GRAD_RULES, lift_captured, record_composite
-from thunder_rs.core.lang.saved_versions import note_saved
+from thunder_rs.core.lang.version_tracking import note_saved
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.core.lang.symint import same_shape
 

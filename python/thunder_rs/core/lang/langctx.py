@@ -39,7 +39,7 @@ from thunder_rs.core.lang.recorder import (
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.numpy_scalars import as_python
 from thunder_rs.core.lang.rng import RANDOM
-from thunder_rs.core.lang.saved_versions import note_arguments, note_call
+from thunder_rs.core.lang.version_tracking import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)

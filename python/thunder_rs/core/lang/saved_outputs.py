@@ -1,5 +1,5 @@
 """The program's outputs in memory it made, and the node eager's autograd gives each at the
-program's end (``saved_versions``' bookkeeping, read as the trace ends): where the caller writes
+program's end (``version_tracking``' bookkeeping, read as the trace ends): where the caller writes
 one in place between the call and a backward that reaches a node that saved it
 (``out = jfn(x); out.mul_(2); out.sum().backward()`` of an ``exp``), eager's backward raises
 "...which is output 0 of Exp, is at version 1; expected version 0 instead". The compiled call
@@ -16,7 +16,6 @@ from torch._C import DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.saved_versions import (
-    SavedVersions,
     _Call,
     _Tensor,
     _described,
@@ -26,6 +25,7 @@ from thunder_rs.core.lang.saved_versions import (
     _saved_by,
 )
 from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
+from thunder_rs.core.lang.version_tracking import SavedVersions
 
 
 def released(state: SavedVersions, out) -> tuple:

@@ -102,25 +102,12 @@ class _Untraceable(Exception):
     """The call runs eagerly instead."""
 
 
-def _batched(x) -> bool:
-    return hasattr(x, "physical")  # (a BatchedProxy: ``core.lang.vmap``)
-
-
-def _full(x, sizes: tuple) -> TensorProxy:
-    """``x``'s physical tensor with one leading dim per active level, of that level's size."""
-    levels = x.levels if _batched(x) else 0
-    phys = x.physical if _batched(x) else x
-    shape = tuple(phys.shape)
-    phys = phys.reshape(shape[:levels] + (1,) * (len(sizes) - levels) + shape[levels:])
-    return phys.expand(*sizes, *shape[levels:])
-
-
 def _differentiable(rec, x, sizes: tuple):
     """A stand-in of ``x`` that requires grad: an alias of it (of its physical tensor expanded
     over the active levels, under vmap), returned as the function sees it, and that alias."""
     if not isinstance(x, TensorProxy) or not x.dtype.is_floating_point:
         raise _Untraceable  # (torch.func raises its error: the eager call does)
-    phys = _full(x, sizes) if sizes else x
+    phys = vmap_state.full(x, len(sizes))
     alias = prims.convert_element_type(phys, phys.dtype)
     rec.set_requires_grad(alias._vid, True)
     (alias,) = proxies(rec.tensors([alias._vid]))
@@ -140,12 +127,12 @@ def _as_outside(rec, tree) -> None:
     """The flags of ``tree``'s proxies as the level outside sees them (``differentiate`` changed
     them in the trace)."""
     for x in tree_flatten(tree)[0]:
-        for p in (x, x.physical) if _batched(x) else (x,):
+        for p in (x, x.physical) if vmap_state.levels_of(x) else (x,):
             if isinstance(p, TensorProxy) and p._vid is not None:
                 (meta,) = rec.tensors([p._vid])
                 with DisableTorchFunctionSubclass():
                     _SET_REQUIRES_GRAD(p, meta.requires_grad)
-        if _batched(x):
+        if vmap_state.levels_of(x):
             with DisableTorchFunctionSubclass():
                 _SET_REQUIRES_GRAD(x, x.physical.requires_grad)
 
@@ -184,7 +171,7 @@ def _backward(rec, mark, seeds: list, aliases: list, specs: list, outside) -> li
     flat = [a for group in aliases for a in group]
     pairs = []
     for out, cotangent in seeds:
-        phys, cot = (_full(out, sizes), _full(cotangent, sizes)) if sizes else (out, cotangent)
+        phys, cot = vmap_state.full(out, len(sizes)), vmap_state.full(cotangent, len(sizes))
         if tuple(phys.shape) != tuple(cot.shape):
             raise _Untraceable
         pairs.append((phys._vid, cot._vid))

@@ -41,6 +41,7 @@ from thunder_rs.core.lang.langctx import is_metadata_query, refuse_data_dependen
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured
 from thunder_rs.core.lang import functorch_calls, vmap_state
+from thunder_rs.core.lang.vmap_state import levels_of, physical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderValueError
 
 _levels, _randomness = vmap_state.levels, vmap_state.randomness
@@ -94,22 +95,6 @@ def refusal(func, why: str):
     )
 
 
-def levels_of(x) -> int:
-    return x.levels if isinstance(x, BatchedProxy) else 0
-
-
-def physical(x, depth: int, rank: int | None = None):
-    """``x``'s physical tensor with ``depth`` level dims and, when ``rank`` is given, that many
-    logical dims (size-1 dims inserted after the level dims)."""
-    levels = levels_of(x)
-    phys = x.physical if isinstance(x, BatchedProxy) else x
-    logical = tuple(phys.shape[levels:])
-    ones = (1,) * (depth - levels) + (1,) * (0 if rank is None else rank - len(logical))
-    if not ones:
-        return phys
-    return phys.reshape(tuple(phys.shape[:levels]) + ones + logical)
-
-
 def wrap(phys, depth: int):
     return BatchedProxy(phys, depth) if depth else phys
 
@@ -122,16 +107,6 @@ def active_sizes() -> tuple:
 def randomness() -> str:
     """The innermost level's ``randomness`` (what decides a random op under it, as in functorch)."""
     return _randomness.get()[-1]
-
-
-def full(x, depth: int):
-    """``x``'s physical tensor with ``depth`` level dims, each of its level's size (expanded where
-    ``x`` is not batched over it): for ops that fold the levels into a dim of theirs."""
-    phys = physical(x, depth)
-    sizes = _levels.get()[:depth]
-    if tuple(phys.shape[:depth]) == sizes:
-        return phys
-    return phys.expand((*sizes, *phys.shape[depth:]))
 
 
 def wrap_tree(out, depth: int):

@@ -1,5 +1,5 @@
-"""The active ``torch.vmap`` levels of the program being traced (``core.lang.vmap``), and what a
-random draw under them does.
+"""The active ``torch.vmap`` levels of the program being traced (``core.lang.vmap``), what a
+random draw under them does, and a value's physical tensor at them.
 
 Under functorch's vmap every random op consults the innermost level's ``randomness``: ``"error"``
 (the default) raises, ``"same"`` draws once for all examples, ``"different"`` draws per example.
@@ -23,6 +23,35 @@ randomness: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_ran
 #: the class of the values a level batches (``core.lang.vmap.BatchedProxy``, which registers it
 #: here): what a transform traced under vmap (``core.lang.traced_grads``) wraps its results in
 BATCHED: list = []
+
+
+def levels_of(x) -> int:
+    """How many level dims lead ``x``'s physical tensor (0: ``x`` is not batched)."""
+    return x.levels if BATCHED and isinstance(x, BATCHED[0]) else 0
+
+
+def physical(x, depth: int, rank: int | None = None):
+    """``x``'s physical tensor with ``depth`` level dims and, when ``rank`` is given, that many
+    logical dims (size-1 dims inserted after the level dims)."""
+    levels = levels_of(x)
+    phys = x.physical if levels else x
+    logical = tuple(phys.shape[levels:])
+    ones = (1,) * (depth - levels) + (1,) * (0 if rank is None else rank - len(logical))
+    if not ones:
+        return phys
+    return phys.reshape(tuple(phys.shape[:levels]) + ones + logical)
+
+
+def full(x, depth: int):
+    """``x``'s physical tensor with ``depth`` level dims, each of its level's size (expanded where
+    ``x`` is not batched over it): for ops that fold the levels into a dim of theirs, and for a
+    transform traced under vmap (``core.lang.traced_grads``)."""
+    phys = physical(x, depth)
+    sizes = levels.get()[:depth]
+    if tuple(phys.shape[:depth]) == sizes:
+        return phys
+    return phys.expand((*sizes, *phys.shape[depth:]))
+
 
 #: how many draws were recorded under ``randomness="same"`` (a vmap run again eagerly must have none)
 draws: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_vmap_draws", default=0)

@@ -202,7 +202,7 @@ def _own_views(flat: tuple, inputs: tuple, viewable: tuple | None = None) -> tup
     seen by the saved-tensor checks). Views of inputs and of other outputs are kept. Only the
     outputs at ``viewable`` may be views (``fresh_outputs``; None: any, as under a torch
     function mode, which may answer any call with a view)."""
-    may = flat if viewable is None or _function_modes() else [flat[i] for i in viewable]
+    may = flat if viewable is None else [flat[i] for i in viewable]
     if not any(isinstance(o, torch.Tensor) and o._is_view() for o in may):
         return flat
     held = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
@@ -244,7 +244,7 @@ def grad_function(
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
     moved a parameter no loss used). ``stale``: ``(error, flat output positions)`` per autograd node eager would
-    have made whose saved tensors the program wrote in place (``saved_versions``): a backward that reaches one of
+    have made whose saved tensors the program wrote in place (``version_tracking``): a backward that reaches one of
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
@@ -265,8 +265,9 @@ def grad_function(
                 ctx.inputs = None  # see _differentiated
             outputs, residuals = forward(*inputs)
             flat = (outputs,) if single else tuple(outputs)
-            if viewable != () or _function_modes():  # (none of them may be a view: nothing to read)
-                flat = _own_views(flat, inputs, viewable)
+            may = None if _function_modes() else viewable  # (a mode may answer any call with a view)
+            if may != ():  # (none of them may be a view: nothing to read)
+                flat = _own_views(flat, inputs, may)
             _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs, made)
             constant = outputs_at.constant(flat)
             if constant:

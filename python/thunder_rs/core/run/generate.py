@@ -184,7 +184,7 @@ def _unread(acquired) -> tuple:
 
 
 def _stale(acquired, grad_positions: list) -> tuple:
-    """Per call whose saved tensors the program wrote in place (``saved_versions``): eager's error
+    """Per call whose saved tensors the program wrote in place (``version_tracking``): eager's error
     and the flat outputs through which a backward reaches the call's node. A node whose saved
     tensor was written through ``.data``, which eager's backward reads, is refused here."""
     stale = []

@@ -37,10 +37,11 @@ from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.state.modules import apply_hook_changes
-from thunder_rs.core.base.userframe import warn_at_user_frame, warn_recompiles
-from thunder_rs.core.run.variants import at_site, lookups, serves
-from thunder_rs.core.lang.reads import Diverged, Read, decision
-from thunder_rs.core.lang.value_sizes import above_values, other_side, place_guards, widened
+from thunder_rs.core.base.userframe import callable_name, warn_recompiles
+from thunder_rs.core.run.variants import VALUE_VARIANT_LIMIT as VALUE_VARIANT_LIMIT  # (tests read it here)
+from thunder_rs.core.run.variants import other_path
+from thunder_rs.core.lang.reads import Diverged
+from thunder_rs.core.lang.value_sizes import above_values, place_guards
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
@@ -55,7 +56,6 @@ from thunder_rs.core.run.wrapped_module import (
     present_state_dict_as_wrapped,
 )
 from thunder_rs.errors import (
-    ThunderRuntimeError,
     ThunderValueError,
     runtime_error,
 )
@@ -74,12 +74,6 @@ _ENTRY = LazyModule("thunder_rs.core.run.entry")
 _GENERATORS = LazyModule("thunder_rs.core.acquisition.generator_inputs")
 
 MISS_WARNING_THRESHOLD = 8
-#: How many variants one call may hand over to after its values diverged (``_other_path``).
-MAX_DIVERGENCES = 16
-#: How many variants one cache key compiles for the values its calls read; past it a call whose
-#: values no variant has runs eagerly (torch.compile's recompile limit does the same): a value that
-#: differs on every call (``x.max().item()`` used as a number) would otherwise compile every call.
-VALUE_VARIANT_LIMIT = 16
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
@@ -216,6 +210,8 @@ class ThunderFunction:
 
     #: calls with keyword or non-tensor arguments, and calls the fast path leaves (``call_paths``)
     _call_general = call_general
+    #: a call abandoned where a value it read differs from its entry's (``variants``)
+    _other_path = other_path
 
     def _inputs(self, entry, flat):
         """What ``entry``'s callable takes for the call of ``flat`` (as ``call_paths`` builds it)."""
@@ -225,101 +221,6 @@ class ThunderFunction:
         if entry.tail is not None:
             inputs.extend(entry.tail(flat))
         return inputs
-
-    # -- values the program reads -----------------------------------------------------------------
-
-    def _other_path(self, diverged: Diverged, entry: Entry, key, flat, spec, run, eager):
-        """After ``entry``'s call was abandoned at a check (a value it read differs from the one it
-        was specialised on), runs the variant for the values read (``run(variant)``); returns the
-        variant and its outputs, or None and ``eager()``'s outputs where the key has as many
-        variants as it may compile. ``spec()`` is the call's spec, for a variant still to compile. A
-        variant that diverges in its turn hands over likewise, a bounded number of times (the
-        values are the call's own, so the second variant's checks hold unless its Python state
-        changed or numerics differ between variants)."""
-        tried = {id(entry)}
-        for _ in range(MAX_DIVERGENCES):
-            found = self._variant_after(diverged, entry, key, flat, spec, tried)
-            if found is None:
-                return None, self._run_eagerly(diverged, eager)
-            entry = found
-            tried.add(id(entry))
-            try:
-                return entry, run(entry)
-            except Diverged as again:
-                diverged = again
-            except Exception as e:
-                raise runtime_error(e, entry.filename, entry.source) from e
-        raise ThunderRuntimeError(
-            f"thunder_rs.jit: {_name(self._fn)}: the values the program reads differ from one compiled variant to the "
-            f"next within one call ({diverged}); the variants compute them differently"
-        )
-
-    def _variant_after(self, diverged: Diverged, entry: Entry, key, flat, spec, tried: set) -> Entry | None:
-        """The variant of ``key`` whose reads agree with ``entry``'s up to the one that diverged
-        and read there what the call read: from the value tree, or compiled with those reads'
-        values given (the program makes them again, on the same values); None where the tree
-        holds ``VALUE_VARIANT_LIMIT`` variants already. ``tried``: the ids of the variants the
-        call ran already, each of which diverged."""
-        read = diverged.read
-        prefix = entry.decisions[: read.index]
-        with self._lock:
-            wide, steps = None, [decision(diverged.value)]
-            if self._dynamic_off is None and self._dynamic is not False:
-                wide, sized = self._symbolic_answer(read, diverged.value, entry.tree, prefix)
-                steps.extend(sized)
-            for found in lookups(entry, steps, diverged, tried):
-                if found is not None and id(found) not in tried and serves(found, key, flat):
-                    found.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
-                    if key in self._cache:
-                        self._cache[key] = found
-                    return found
-            if entry.tree is not None and len(entry.tree) >= VALUE_VARIANT_LIMIT:
-                return None
-            if wide is not None:  # (where it fails to compile, ``_compile`` compiles it for the values read)
-                self._sized_sites[(read.what, read.where)] = wide.sizes
-                # The site's earlier reads are symbolic too (the experts before the one whose count
-                # changed): the next call whose count changes there is served.
-                earlier = tuple(at_site(r, read, wide) for r in entry.reads[: read.index])
-                return self._variant_compile(entry, (*earlier, wide), key, flat, spec, diverged)
-            forced = (*entry.reads[: read.index], read.answered(diverged.value))
-            return self._variant_compile(entry, forced, key, flat, spec, diverged)
-
-    def _symbolic_answer(self, read: Read, value, tree: ValueTree | None, prefix: tuple) -> tuple:
-        """The read a variant for ``value`` at ``read`` makes with symbolic sizes, or None, and the
-        value tree's keys of the variants that may serve it. ``read`` constant: its sizes that
-        changed, symbolic (``widened``; a variant then serves every count). ``read`` symbolic, its
-        value failed a guard the trace relied on there: each variant of its pattern on another side
-        of its guards, and a new side (``other_side``), as torch.compile recompiles a graph whose
-        guard on a symbolic size failed with the size still symbolic."""
-        if not read.sizes:
-            wide = widened(read, value, self._sized_sites.get((read.what, read.where), ()))
-            return wide, [wide.key()] if wide is not None else []
-        keys = [read.side_key(side) for side in range(VALUE_VARIANT_LIMIT)]
-        taken = [tree is not None and tree.get(prefix + (k,)) is not None for k in keys]
-        free = taken.index(False) if False in taken else None
-        wide = other_side(read, value, free) if free is not None else None
-        return wide, [k for k, t in zip(keys, taken) if t] if wide is not None else []
-
-    def _variant_compile(self, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
-        """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
-        static = functools.partial(self._compile, flat, spec(), key, str(diverged), forced, entry)
-        if entry.symbolic is not None and self._dynamic_off is None:
-            # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
-            sizes, held = entry.symbolic_args
-            return self._symbolic_first(static, sizes, held, entry.tree)
-        return static()
-
-    def _run_eagerly(self, diverged: Diverged, eager):
-        """A call whose values no variant has, once its key has all the variants it may compile:
-        the program runs as eager code (nothing of the abandoned call was visible). Warns once."""
-        self._stats.eager_calls += 1
-        if self._stats.eager_calls == 1:
-            warn_at_user_frame(
-                f"thunder_rs: {_name(self._fn)} compiled {VALUE_VARIANT_LIMIT} variants for the values it reads and "
-                f"now runs calls with other values eagerly ({diverged}). A value that changes on every call is better "
-                "kept as a tensor (x / x.max() rather than x / x.max().item())"
-            )
-        return eager()
 
     def _module_tensors(self) -> list:
         """The module's parameters and buffers as the trace takes them, read from their slots on
@@ -396,7 +297,7 @@ class ThunderFunction:
             return self._symbolic_first(static, others, held, tree) if others or held else static()
         entry = static()
         self._dynamic_off = failure
-        log_dynamic_off(_name(self._fn), failure)
+        log_dynamic_off(callable_name(self._fn), failure)
         return entry
 
     def _compile(self, flat, spec, key, guard_reason=None, forced: tuple = (), prior=None, **options) -> Entry:
@@ -533,7 +434,7 @@ class ThunderFunction:
         acquired = _GENERATORS.load().acquired_with_stand_ins(acquire, flat, names[0])
         modes, reads = kept
         acquiring = time.perf_counter() - start
-        name = getattr(self._fn, "__qualname__", None) or type(self._fn).__name__
+        name = callable_name(self._fn)
         if self._module is not None and self._binding is not None:
             names = (names[0], self._binding.qualified)
         made = generated(acquired, name, modes, self._passes, executors, names)
@@ -624,9 +525,9 @@ class ThunderFunction:
             for t in stage_traces:
                 key = f"{prefix}:{t.label}"
                 stats.stage_s[key] = stats.stage_s.get(key, 0.0) + t.seconds
-        log_compile(_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
+        log_compile(callable_name(self._fn), stats.cache_misses, reason, stats.last_compile_s, stats.stage_s)
         if stats.cache_misses == MISS_WARNING_THRESHOLD:
-            warn_recompiles(_name(self._fn), stats.cache_misses, reason)
+            warn_recompiles(callable_name(self._fn), stats.cache_misses, reason)
 
 
 def _general_structure(args) -> tuple | None:
@@ -634,10 +535,6 @@ def _general_structure(args) -> tuple | None:
     call of them (a tensor's refusal, a sparse one's, depends on the tensor), else None."""
     structure = tuple(map(type, args))
     return None if all(issubclass(t, torch.Tensor) for t in structure) else structure
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")

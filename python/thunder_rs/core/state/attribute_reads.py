@@ -17,7 +17,6 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
-from thunder_rs.core.state.clocks import refuse_bound_clock
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, library_module
 from thunder_rs.core.state.generator_states import note_generator
 from thunder_rs.core.state.guards import (
@@ -339,7 +338,6 @@ class AttributeReads:
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
             stand_in_cached(source, name, value, self._cached_results, holder, origin)
-        refuse_bound_clock(source, name, value)  # (``from time import perf_counter``)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.

@@ -32,7 +32,7 @@ import sys
 import time
 import types
 
-from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
+from thunder_rs.core.state.code_reads import in_stdlib, installed
 from thunder_rs.errors import ThunderNotImplementedError
 
 _FILE_WRITES = frozenset({"write", "writelines", "flush", "truncate"})
@@ -94,35 +94,11 @@ def site(frame) -> str:
     library's code (``np.save``'s ``write``, ``json.dump``'s), the line outside such code that
     called it."""
     site, caller = f"{frame.f_code.co_filename}:{frame.f_lineno}", frame
-    while caller is not None and (_installed(caller.f_code.co_filename) or _stdlib(caller.f_code.co_filename)):
+    while caller is not None and (installed(caller.f_code.co_filename) or in_stdlib(caller.f_code.co_filename)):
         caller = caller.f_back
     if caller is frame or caller is None:
         return site
     return f"{site}, reached from {caller.f_code.co_filename}:{caller.f_lineno}"
-
-
-def _installed(path: str) -> bool:
-    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
-
-
-_STDLIB_FILES = (*STDLIB_DIRS, "<frozen ")
-#: the import system's code: what it writes (``.pyc`` files) is no effect of the program
-_IMPORTING = ("<frozen importlib.", os.path.join(STDLIB_DIRS[0], "importlib") + os.sep)
-
-
-def _stdlib(path: str) -> bool:
-    return path.startswith(_STDLIB_FILES) and not _installed(path)
-
-
-def program_caller(frame):
-    """The program's frame whose call runs ``frame``, the standard library's code (``json.dump``
-    writing to the program's file), if any; None for the import system's code and for code
-    thunder_rs, torch or nothing of the program called."""
-    while frame is not None and _stdlib(path := frame.f_code.co_filename):
-        if path.startswith(_IMPORTING):
-            return None
-        frame = frame.f_back
-    return frame if frame is not None and interesting(frame.f_code) else None
 
 
 def refuse_c_effect(frame, function, observer) -> None:

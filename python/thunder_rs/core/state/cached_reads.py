@@ -25,6 +25,13 @@ for a value it passes to a function it does not trace. Eager makes each call onc
 program; the compiled call's guards, its miss reason and the traces of a compile share the calls
 of one program call (``made_call``), so ``cache_info()`` counts what eager's does.
 
+A function of the standard library that a stand-in replaces while programs are traced (``time``'s
+clocks and ``os.urandom``, which refuse to be read by the program; ``warnings.warn``, which records
+the warning: ``acquisition.stdlib_state`` registers each, ``register_stand_in``) is looked up where
+the program found it, not in its module, when the program bound it before (``from time import
+perf_counter``, ``from warnings import warn``: a global, a closure cell, an object's or a module's
+attribute): ``stand_in_cached`` puts its stand-in there too, as a cached function's reader.
+
 Each cached function the program reads is watched (``CachedCalls``): a call that found its
 arguments in the cache other than through a reader (an item of a dict, a ``functools.partial``)
 is refused naming where it was read, once the trace is made.
@@ -47,8 +54,12 @@ from thunder_rs.errors import ThunderNotImplementedError
 #: dict (globals, an instance's attributes), a closure cell with ``name`` None, or a class whose
 #: ``name`` held the staticmethod or classmethod ``cached`` (``reader``: the one put in its place)
 _bound: list = []
-#: id of a reader -> the reader
+#: id of a reader put in place -> ``(the reader, the function it stands in for)``
 _readers: dict = {}
+#: id of a standard library function -> its stand-in while traced (``register_stand_in``)
+_stdlib: dict = {}
+#: id of such a stand-in -> the function it stands in for
+_stdlib_readers: dict = {}
 
 
 class CachedCalls:
@@ -266,24 +277,21 @@ def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, o
     watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
     if type(value) is functools.partial and type(value.func) is functools._lru_cache_wrapper:
         calls.watch(value.func, f"held by the partial {source.describe(name)}, read at {origin}")
-    if value is _WARN[0] and value is not None:  # (``from warnings import warn``)
-        _stand_in(source, name, value, _WARN[1], holder)
+    stand_in = _stdlib.get(id(value))
+    if stand_in is not None:  # (``from time import perf_counter``, ``from warnings import warn``)
+        _stand_in(source, name, value, stand_in, holder)
     if type(value) is not functools._lru_cache_wrapper:
         return
     calls.watch(value, f"{source.describe(name)}, read at {origin}")
     _stand_in(source, name, value, CachedReader(value, calls), holder)
 
 
-#: ``[warnings.warn, its stand-in while traced]`` (``acquisition.stdlib_state``, ``set_warn_stand_in``)
-_WARN: list = [None, None]
-
-
-def set_warn_stand_in(warn, stand_in) -> None:
-    """While a program is traced, ``stand_in`` replaces ``warnings.warn`` on the module, and a name
-    the program bound to it before (``from warnings import warn``: a global or a closure variable,
-    which would warn once, when traced) reads ``stand_in`` too, as a cached function's reader."""
-    stand_in.cached = warn
-    _WARN[:] = [warn, stand_in]
+def register_stand_in(real, stand_in) -> None:
+    """While a program is traced, ``stand_in`` replaces ``real``, a function of the standard library,
+    on its module (``acquisition.stdlib_state``) and, where the program bound ``real`` before
+    (``from time import perf_counter``, which tracing would read once), at that name too."""
+    _stdlib[id(real)] = stand_in
+    _stdlib_readers[id(stand_in)] = real
 
 
 def _stand_in(source, name: str, value, reader, holder) -> None:
@@ -296,7 +304,7 @@ def _stand_in(source, name: str, value, reader, holder) -> None:
         if isinstance(mapping, dict) and mapping.get(name) is value:
             mapping[name] = reader
             _bound.append((mapping, name, value, reader))
-    _readers[id(reader)] = reader
+    _readers[id(reader)] = (reader, value)
 
 
 def stand_in_cached_method(cls: type, name: str, calls: CachedCalls) -> None:
@@ -310,7 +318,7 @@ def stand_in_cached_method(cls: type, name: str, calls: CachedCalls) -> None:
         method = CachedMethodReader(found, calls)
         setattr(owner, name, method)
         _bound.append((owner, name, found, method))
-        _readers[id(method)] = method
+        _readers[id(method)] = (method, found)
         return
     if owner is None or not isinstance(found, (staticmethod, classmethod)):
         return
@@ -322,21 +330,23 @@ def stand_in_cached_method(cls: type, name: str, calls: CachedCalls) -> None:
     stand_in = type(found)(reader)
     setattr(owner, name, stand_in)
     _bound.append((owner, name, found, stand_in))
-    _readers[id(reader)] = reader
+    _readers[id(reader)] = (reader, cached)
 
 
-def is_cached_reader(value) -> bool:
-    """Whether ``value`` is a reader standing in for a cached function (not a write of the program's)."""
-    return id(value) in _readers
+def is_stand_in(value) -> bool:
+    """Whether ``value`` is a reader standing in for a cached function or a standard library's
+    function while traced (not a write of the program's)."""
+    return id(value) in _readers or id(value) in _stdlib_readers
 
 
 def original(value):
-    """The cached function ``value`` stands in for, if it is a reader; else ``value``."""
-    return value.cached if id(value) in _readers else value
+    """The function ``value`` stands in for, if it is a reader (``is_stand_in``); else ``value``."""
+    found = _readers.get(id(value))
+    return found[1] if found is not None else _stdlib_readers.get(id(value), value)
 
 
 def put_back_cached() -> None:
-    """Puts back the cached functions ``stand_in_cached`` replaced (once no program is traced)."""
+    """Puts back the functions ``stand_in_cached`` replaced (once no program is traced)."""
     while _bound:
         holder, name, cached, reader = _bound.pop()
         if name is None:

@@ -1,14 +1,12 @@
-"""Clocks the program bound before it was traced (``from time import perf_counter``): replaced by
-refusing readers while tracing, as ``time``'s own are.
+"""Clocks the program reads: ``time``'s, and the wall clock of ``datetime``'s C methods.
 
 While some program is traced, ``time``'s clocks are readers that refuse when program code calls
-them (``stdlib_state``, which registers each here): a compiled call would reuse tracing's reading.
-A clock bound before tracing, as a global, a closure cell or an attribute of a global object, is
-not looked up in ``time``: the observer finds it among the reads of the function being entered,
-before its body runs (``observe.Observer._keep``), and ``refuse_bound_clock`` puts the reader at
-that name until no program is traced (``put_back_bound_clocks``); the object's attributes do not
-count it as a write of the program's (``is_clock_reader``). A program that holds the name but
-takes no branch that calls it runs as before. A clock held as a module's attribute is not replaced.
+them (``acquisition.stdlib_state``, which registers each with ``cached_reads.register_stand_in``):
+a compiled call would reuse tracing's reading. A clock bound before tracing, as a global, a closure
+cell or an attribute of an object or a module, is not looked up in ``time``: the observer finds it
+among the reads of the function being entered, before its body runs (``observe.Observer._keep``),
+and ``cached_reads.stand_in_cached`` puts the reader at that name until no program is traced. A
+program that holds the name but takes no branch that calls it runs as before.
 
 The wall clock ``datetime`` reads (``datetime.datetime.now()``, ``utcnow()``, ``today()``,
 ``datetime.date.today()``, however the program reached the type, or a subclass's) is a C method
@@ -19,57 +17,7 @@ those that read the clock.
 
 import datetime
 
-from thunder_rs.core.state.guards import CellSource, GlobalsSource, ObjectSource
 from thunder_rs.errors import ThunderNotImplementedError
-
-#: id of a clock -> its refusing reader (``register_clock``)
-_readers: dict = {}
-#: ids of the readers
-_reader_ids: set = set()
-#: ``(holder, name, clock)`` where a reader stands in for a bound clock while programs are traced:
-#: ``holder`` a mapping, or a closure cell with ``name`` None
-_bound: list = []
-
-
-def register_clock(clock, reader) -> None:
-    """``reader`` stands in for ``clock`` wherever the program bound it, while it is traced."""
-    _readers[id(clock)] = reader
-    _reader_ids.add(id(reader))
-
-
-def is_clock_reader(value) -> bool:
-    """Whether ``value`` is a reader standing in for a clock (not a write of the program's)."""
-    return id(value) in _reader_ids
-
-
-def refuse_bound_clock(source, name, value) -> None:
-    """If ``value``, read as ``name`` at ``source`` (a globals dict, a state object's dict, a closure
-    cell), is a registered clock, puts its reader there until tracing ends."""
-    reader = _readers.get(id(value))
-    if reader is None:
-        return
-    if isinstance(source, CellSource):
-        source.cell.cell_contents = reader
-        _bound.append((source.cell, None, value))
-        return
-    if type(source) not in (GlobalsSource, ObjectSource):
-        return  # (a module's attributes are read from its clone while traced)
-    mapping = source.fixed()
-    if isinstance(mapping, dict) and mapping.get(name) is value:
-        mapping[name] = reader
-        _bound.append((mapping, name, value))
-
-
-def put_back_bound_clocks() -> None:
-    """Puts back the clocks ``refuse_bound_clock`` replaced (once no program is traced)."""
-    while _bound:
-        holder, name, clock = _bound.pop()
-        reader = _readers[id(clock)]
-        if name is None:
-            if holder.cell_contents is reader:
-                holder.cell_contents = clock
-        elif holder.get(name) is reader:
-            holder[name] = clock
 
 
 #: owner (a type) -> the names of its builtins that read the wall clock, whose calls by the program

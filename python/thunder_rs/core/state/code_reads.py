@@ -34,6 +34,10 @@ _TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
 _TORCH_DISTRIBUTIONS_DIR = os.path.join(_TORCH_DIR, "distributions") + os.sep
 _TORCH_MODULES_SKIPPED = ("module.py", "lazy.py", "_functions.py")
 STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+#: Where the standard library's code is (``os`` and ``_collections_abc`` are frozen modules).
+_STDLIB_FILES = (*STDLIB_DIRS, "<frozen ")
+#: the import system's code (what it reads and writes, ``.pyc`` files, is no effect of the program)
+IMPORTING = ("<frozen importlib.", os.path.join(os.path.dirname(os.__file__), "importlib") + os.sep)
 _LOAD_ATTR = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _LOAD_ROOT = frozenset(
     {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_GLOBAL", "LOAD_NAME"}
@@ -69,6 +73,16 @@ def _in_library(path: str) -> bool:
             return False
         return not (path.startswith(_TORCH_MODULES_DIR) and not path.endswith(_TORCH_MODULES_SKIPPED))
     return path.startswith(STDLIB_DIRS) and "site-packages" not in path
+
+
+def installed(path: str) -> bool:
+    """Whether ``path`` is an installed package's (a virtual environment's platstdlib holds its site-packages)."""
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
+def in_stdlib(path: str) -> bool:
+    """Whether ``path`` is the standard library's code."""
+    return path.startswith(_STDLIB_FILES) and not installed(path)
 
 
 _library_modules: dict = {}

@@ -7,9 +7,9 @@ import threading
 import warnings
 
 from thunder_rs import _core
-from thunder_rs.core.state.c_effects import C_WRITERS, program_caller, refuse_c_effect
+from thunder_rs.core.state.c_effects import C_WRITERS, refuse_c_effect
 from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
-from thunder_rs.core.state.code_reads import classify
+from thunder_rs.core.state.code_reads import IMPORTING, classify, in_stdlib, interesting
 
 
 class _ThreadState(threading.local):
@@ -45,6 +45,36 @@ def importing_frame(frame, entry) -> bool:
     return False
 
 
+def _stdlib_code(code) -> bool:
+    return in_stdlib(code.co_filename)
+
+
+def program_frame(frame, passing=_stdlib_code, skip: int = 0, imports: bool = True):
+    """The program's frame that runs ``frame``: the first from it outward whose code ``passing``
+    does not pass (the standard library's: ``os.getenv``, ``json.dump`` writing to the program's
+    file), after ``skip`` more (a ``stacklevel``), if it runs the program's code (``is_program``;
+    without ``imports``, a module body being imported is not looked for); else None (thunder_rs's,
+    torch's or the import system's code, a library's setup at import)."""
+    while frame is not None and passing(frame.f_code):
+        if frame.f_code.co_filename.startswith(IMPORTING):
+            return None
+        frame = frame.f_back
+    for _ in range(skip):
+        if frame is None:
+            return None
+        frame = frame.f_back
+    if frame is None or not (is_program(frame) if imports else interesting(frame.f_code)):
+        return None
+    return frame
+
+
+def is_program(frame) -> bool:
+    """Whether ``frame`` runs the program's code: not a library's, nor a module body's that the
+    program's first call imports (a library's setup at import happens once in eager too)."""
+    observer = _thread.observer
+    return interesting(frame.f_code) and not (observer is not None and importing_frame(frame, observer.entry))
+
+
 def _dispatch_call(frame, importing: bool) -> bool:
     """A call of an interesting code (``classify``). ``importing``: a module body started since the
     hook did runs (else none is between the frame and the entry, and the walk is skipped). True
@@ -72,7 +102,7 @@ def _dispatch_c_call(frame, function, importing: bool, interesting: bool):
     observer = _thread.observer
     if observer is None or _thread.inside:
         return
-    program = frame if interesting else program_caller(frame)
+    program = frame if interesting else program_frame(frame, imports=False)
     if program is None or (importing and importing_frame(program, observer.entry)):
         return
     if interesting:

@@ -30,8 +30,7 @@ import torch
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
-from thunder_rs.core.state.cached_reads import is_cached_reader, original
-from thunder_rs.core.state.clocks import is_clock_reader
+from thunder_rs.core.state.cached_reads import is_stand_in, original
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -47,33 +46,6 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.tensor_guards import TensorGuard, tensor_meta
 from thunder_rs.core.state.items import same_attributes
 from thunder_rs.core.state.reached import ArgumentTensor
-
-
-class IntGuard:
-    """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
-    a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
-    check its value against what the trace relied on. Of ``kind`` float, a float the trace takes
-    as an input (``float_args.HeldFloat``): any float may be there."""
-
-    def __init__(self, source: InputSource, name: str, origin: str, kind: type = int):
-        self.source, self.name, self.origin, self.kind = source, name, origin, kind
-
-    @property
-    def per_call(self) -> bool:
-        return self.source.per_call
-
-    def read(self, flat):
-        return read_at(self.source, self.name, flat)
-
-    def holds(self, flat) -> bool:
-        return type(self.read(flat)) is self.kind
-
-    def describe(self, flat) -> str:
-        now, kind = self.read(flat), "an int" if self.kind is int else "a float"
-        return f"{self.source.describe(self.name)} is no longer {kind}: {short(now)} (read at {self.origin})"
-
-    def term(self, index: int, scope: dict) -> str:
-        return f"type({self.source.code(f'm{index}', scope)}.get({self.name!r}, MISSING)) is {self.kind.__name__}"
 
 
 class WrittenGuard:
@@ -123,6 +95,21 @@ class PathObjectGuard(WrittenGuard):
             f"{self.source.describe(self.name)} changed from a {self.expected_type.__name__} to "
             f"{short(self.read(flat))} (read at {self.origin})"
         )
+
+
+class IntGuard(WrittenGuard):
+    """An int an argument object holds that the trace takes as a size input (``dynamic.HeldInt``:
+    a count a KV cache keeps): any int may be there; the entry's size checks (``SizesGuard``)
+    check its value against what the trace relied on. Of ``kind`` float, a float the trace takes
+    as an input (``float_args.HeldFloat``): any float may be there."""
+
+    def __init__(self, source: InputSource, name: str, origin: str, kind: type = int):
+        super().__init__(source, name, kind)
+        self.origin = origin
+
+    def describe(self, flat) -> str:
+        now, kind = self.read(flat), "an int" if self.expected_type is int else "a float"
+        return f"{self.source.describe(self.name)} is no longer {kind}: {short(now)} (read at {self.origin})"
 
 
 class MethodGuard:
@@ -194,11 +181,6 @@ def same_held_attributes(now, found: dict, names, held: frozenset, free: frozens
 
 #: ``ProgramState.names_read``'s name for an object read whole
 ALL_READ = object()
-
-
-def _stands_in(value) -> bool:
-    """Whether ``value`` stands in for a clock or a cached function while traced, not a write."""
-    return is_clock_reader(value) or is_cached_reader(value)
 
 
 class StateObject:
@@ -437,7 +419,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not _stands_in(now[k])]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_stand_in(now[k])]
             removed = [k for k in known.found if k not in now]
             if changed or removed:
                 self.written_ids.add(id(known.obj))
