@@ -41,9 +41,11 @@ def outputs_made(state: SavedVersions, out) -> dict:
     with DisableTorchFunctionSubclass():
         for p in _leaves(out, TensorProxy):
             if p._view is None and p._input_vid is None and p.requires_grad and p._vid not in made:
-                node = OutputMade.unrooted(_last_node(state, p))
+                last = _last_node(state, p)
+                node = OutputMade.unrooted(last)
                 if _may_save(node):
-                    made[p._vid] = OutputMade(node, state.versions.get(id(p), 0))
+                    vids = (p._vid, *(() if last is None or type(last[0]) is str else last[0].vids))
+                    made[p._vid] = OutputMade(node, state.versions.get(id(p), 0), vids)
     return made
 
 
@@ -80,19 +82,22 @@ def _last_node(state: SavedVersions, p):
             made: dict = {}
             args = _described(call.args, made)
             outs = tuple(_described(o, made) for o in call.outs)
-            return _Call(call.func, args, outs, ()), made[key]
+            return _Call(call.func, args, outs, call.vids), made[key]
     return state.makers.get(key)
 
 
 class OutputMade:
     """A program's output in memory it made: the node eager's autograd gives it at the program's end
     (``(name, output number)``, or ``(call, its _Tensor)``, named once asked; None where unknown) and
-    its version then (the program's writes eager counts)."""
+    its version then (the program's writes eager counts). ``vids``: the output's value id and those
+    of the node's call's outputs (the others of a ``qr``), through which a backward reaches that
+    node (``generate._made``: ``reach``, the flat output positions whose backward runs it)."""
 
-    __slots__ = ("_node", "_made", "version")
+    __slots__ = ("_node", "_made", "version", "vids", "reach")
 
-    def __init__(self, node, version: int):
-        self._node, self.version = node, version
+    def __init__(self, node, version: int, vids: tuple = ()):
+        self._node, self.version, self.vids = node, version, vids
+        self.reach: frozenset = frozenset()
         #: ``(call, its _Tensor)`` of a node a call gives, asked what it saves (``saved``)
         self._made = None if node is None or type(node[0]) is str else node
 

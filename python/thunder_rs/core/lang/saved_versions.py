@@ -180,7 +180,8 @@ class SavedVersions:
         made: dict = {}
         with DisableTorchFunctionSubclass():
             args = _described(arguments, made)
-            call = _Call(func, args, tuple(_described(o, made) for o in _leaves(out, TensorProxy)), ())
+            outs = _leaves(out, TensorProxy)
+            call = _Call(func, args, tuple(_described(o, made) for o in outs), tuple(o._vid for o in outs))
         for key in keys:
             dst = next((t for t in made.values() if id(t.root) == key and not t.view), None)
             if dst is not None:
