@@ -102,3 +102,46 @@ def test_a_backward_from_one_output_computes_after_what_only_the_others_node_sav
         grads.append((a.grad, w.grad.detach()))
     assert grads[1][0] is None and grads[0][0] is None
     torch.testing.assert_close(grads[1][1], grads[0][1])
+
+
+def _exp_and_its_sine(x):
+    y = x.exp()
+    return y, y.sin()  # (sin saves y as its input)
+
+
+def _scaled_and_its_sine(x):
+    y = x * 2  # (its node saves nothing)
+    return y, y.sin()
+
+
+def _plus_one_and_its_square(x):
+    y = x + 1
+    return y, y * y
+
+
+def _qr_and_a_product(x):
+    q, r = torch.linalg.qr(x)
+    return r, q @ r  # (mm saves r, output 1 of qr)
+
+
+def _no_grad_double(t):
+    with torch.no_grad():
+        t.mul_(2)
+
+
+@pytest.mark.parametrize("fn", [_exp_and_its_sine, _scaled_and_its_sine, _plus_one_and_its_square, _qr_and_a_product])
+@pytest.mark.parametrize("write", [lambda t: t.mul_(2), lambda t: t.add_(1), _no_grad_double])
+def test_an_output_a_later_call_saved_is_named_by_its_node_at_the_backward_as_eager(fn, write):
+    """The first output, which a later call of the program saved as its input, written by the
+    caller before a backward from the second: eager's error names the tensor's node then (the
+    caller's ``mul_``: 'output 0 of Mul'; ``add_``: Add; one under no_grad: the node that made it),
+    with its output number at the save (1 for ``R`` of ``qr``); the compiled call's named the node
+    that made it (Exp, LinalgQr) or none."""
+    texts = []
+    for f in (fn, thunder_rs.jit(fn)):
+        first, second = f(_spd())
+        write(first)
+        with pytest.raises(RuntimeError, match=LEADING) as caught:
+            second.sum().backward()
+        texts.append(str(caught.value).partition(" instead.")[0])
+    assert texts[1] == texts[0]

@@ -12,9 +12,12 @@ What the node saves is asked on the error's path only, by a run of the call agai
 (``saved_versions._saved_by``), of a copy of the call that keeps no proxy (``_unrooted``).
 """
 
+from typing import Any
+
 from torch._C import DisableTorchFunctionSubclass
 
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.saved_errors import node_name
 from thunder_rs.core.lang.saved_versions import (
     SavedVersions,
     _Call,
@@ -23,6 +26,7 @@ from thunder_rs.core.lang.saved_versions import (
     _leaves,
     _node_of,
     _one_tensor_op,
+    _root,
     _saved_by,
 )
 from thunder_rs.core.lang.saved_ops import SAVES_NO_OUTPUT, SAVES_NOTHING
@@ -36,17 +40,47 @@ def released(state: SavedVersions, out) -> tuple:
 
 def outputs_made(state: SavedVersions, out) -> dict:
     """``{value id: OutputMade}`` of the program's outputs (the tensors of ``out``) in memory the
-    program made, not views, that require grad, whose node may save them (``_may_save``)."""
+    program made, not views, that require grad; ``may_save`` where their node may save them
+    (``_may_save``)."""
     made: dict = {}
+    readers = _unindexed_readers(state)
     with DisableTorchFunctionSubclass():
         for p in _leaves(out, TensorProxy):
             if p._view is None and p._input_vid is None and p.requires_grad and p._vid not in made:
-                last = _last_node(state, p)
-                node = OutputMade.unrooted(last)
-                if _may_save(node):
-                    vids = (p._vid, *(() if last is None or type(last[0]) is str else last[0].vids))
-                    made[p._vid] = OutputMade(node, state.versions.get(id(p), 0), vids)
+                last, shared = _last_node(state, p), dict[object, Any]()
+                node = OutputMade.unrooted(last, shared)
+                vids = (p._vid, *(() if last is None or type(last[0]) is str else last[0].vids))
+                output = made[p._vid] = OutputMade(node, state.versions.get(id(p), 0), vids)
+                output.may_save = _may_save(node)
+                output.readers = _readers(state, p, shared, readers.get(id(p), ()))
+                output.root = shared.get(("root", id(p)))
     return made
+
+
+def _unindexed_readers(state: SavedVersions) -> dict:
+    """Per memory (its root proxy's id), the calls not indexed yet that take it as an argument."""
+    readers: dict = {}
+    for call in state.calls:
+        for key in {id(_root(t)) for t in _leaves(call.args, TensorProxy)}:
+            readers.setdefault(key, []).append(call)
+    return readers
+
+
+def _readers(state: SavedVersions, p, shared: dict, unindexed) -> tuple:
+    """``(call, its outputs' value ids)`` of the program's calls since ``p``'s last write that took
+    its memory as an argument and returned none of it (a ``sin`` of it, which saves it as its
+    input), unrooted as its node (``shared``: one root per memory); calls with symbolic sizes left
+    out (``_symbolic``). ``unindexed``: those of ``_unindexed_readers``."""
+    key, found = id(p), []
+    for call in state.pending.get(key, ()):  # (indexed: their tensors described)
+        if any(id(t.root) == key for t in _leaves(call.args, _Tensor)) and all(id(o.root) != key for o in call.outs):
+            found.append((OutputMade.unrooted((call, None), shared)[0], call.vids))
+    for call in unindexed:  # (their tensors are proxies)
+        if all(o is not p for o in call.outs) and call.func is not None and not _symbolic(call):
+            described: dict = {}
+            args, outs = _described(call.args, described), tuple(_described(o, described) for o in call.outs)
+            found.append((OutputMade.unrooted((_Call(call.func, args, outs, ()), None), shared)[0], call.vids))
+    return tuple(found)
 
 
 def _symbolic(call) -> bool:
@@ -77,8 +111,8 @@ def _last_node(state: SavedVersions, p):
         return state.nodes[key]
     for call in reversed(state.calls):  # (not indexed: their outputs are proxies)
         if any(o is p for o in call.outs):
-            if call.func in SAVES_NOTHING or call.func in SAVES_NO_OUTPUT or _symbolic(call):
-                return None  # (no output saved; or sizes a description would read the hints of)
+            if _symbolic(call):
+                return None  # (sizes a description would read the hints of)
             made: dict = {}
             args = _described(call.args, made)
             outs = tuple(_described(o, made) for o in call.outs)
@@ -93,11 +127,17 @@ class OutputMade:
     of the node's call's outputs (the others of a ``qr``), through which a backward reaches that
     node (``generate._made``: ``reach``, the flat output positions whose backward runs it)."""
 
-    __slots__ = ("_node", "_made", "version", "vids", "reach")
+    __slots__ = ("_node", "_made", "version", "vids", "reach", "may_save", "readers", "reader_reach", "root")
 
     def __init__(self, node, version: int, vids: tuple = ()):
         self._node, self.version, self.vids = node, version, vids
         self.reach: frozenset = frozenset()
+        self.may_save = True
+        #: ``_readers``, and per reader the flat outputs whose backward runs its node (``reach``'s)
+        self.readers: tuple = ()
+        self.reader_reach: tuple = ()
+        #: the ``_Root`` of the output's memory in its node's and readers' copies (None: none has it)
+        self.root: _Root | None = None
         #: ``(call, its _Tensor)`` of a node a call gives, asked what it saves (``saved``)
         self._made = None if node is None or type(node[0]) is str else node
 
@@ -116,14 +156,33 @@ class OutputMade:
         saved = _saved_by(call)
         return saved is False or id(t.root) in saved
 
+    def named(self, out, own, reached) -> tuple | None:
+        """The node eager's error names for this output ``out``, written by the caller, at the
+        backward (``own``: the compiled call's node): its node at the program's end, where its own
+        saved it; where a reader's node saved it (``sin`` of it), which eager's backward runs first,
+        the tensor's ``grad_fn`` then (``Mul`` after the caller's ``mul_``; the node at the
+        program's end where the write recorded none) as output 0 (eager keeps no output number
+        of a tensor saved as an input). ``reached``: whether a flat output's cotangent is present."""
+        node = self.node()
+        for (call, _), reach in zip(self.readers, self.reader_reach):
+            if any(map(reached, reach)):
+                saved = _saved_by(call)
+                if saved is False or id(self.root) in saved:
+                    now = out.grad_fn
+                    if now is not None and now is not own:
+                        return node_name(now.name()), 0
+                    return None if node is None else (node[0], 0)
+        return node
+
     @staticmethod
-    def unrooted(node):
+    def unrooted(node, made: dict | None = None):
         """``node`` (``(call, its _Tensor)``) without the proxies its tensors stand for (kept past
-        the trace, a proxy would be found stored: ``acquire._check_no_escape``); a name as it is."""
+        the trace, a proxy would be found stored: ``acquire._check_no_escape``); a name as it is.
+        ``made``: the copies so far (one root per memory)."""
         if node is None or type(node[0]) is str:
             return node
         call, t = node
-        made: dict = {}
+        made = {} if made is None else made
         args = _unrooted(call.args, made)
         return _Call(call.func, args, tuple(_unrooted(o, made) for o in call.outs), ()), _unrooted(t, made)
 

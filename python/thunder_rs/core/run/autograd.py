@@ -111,20 +111,40 @@ class _Packed:
         self.value = value
 
 
-def _check_versions(saved, versions, inputs, ctx=None, made=None, read=None) -> None:
+def _check_versions(saved, versions, inputs, ctx=None, made=None, read=None, grads=()) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values. ``made``: per output position of ``ctx``'s call, the node and
     version eager's error names for an output the program made (``acquire.Acquired.made_outputs``;
-    ``ctx.made_refs``). ``read``: the positions of the residuals the backward reads, where it
-    reaches some outputs only (None: all); eager checks none of a node it does not run."""
+    found from the tensor's ``grad_fn``, named as ``OutputMade.named`` says for ``grads``). ``read``:
+    the positions of the residuals the backward reads, where it reaches some outputs only (None:
+    all); eager checks none of a node it does not run."""
     if version_counters(saved) == versions:
         return
     for i, (r, then) in enumerate(zip(saved, versions)):
         if then >= 0 and r._version != then and (read is None or i in read):
-            at = next((j for j, ref, _ in getattr(ctx, "made_refs", ()) if ref() is r), None) if made else None
-            output = None if at is None else made[at]
-            raise residual_error(r, then, inputs, output)
+            output = made.get(_output_position(r, ctx)) if made else None
+            named = None if output is None else output.named(r, ctx, _present(grads))
+            raise residual_error(r, then, inputs, output, named)
+
+
+def _output_position(r, ctx) -> int | None:
+    """The position among ``ctx``'s call's flat outputs of ``r``, one of them (its ``grad_fn``, or
+    the first edge of the nodes of the caller's in-place writes since); None for another tensor."""
+    node, at = r.grad_fn, r.output_nr
+    for _ in range(64):
+        if node is None or node is ctx:
+            return None if node is None else at
+        edges = node.next_functions
+        if not edges:
+            return None
+        node, at = edges[0]
+    return None
+
+
+def _present(grads: tuple):
+    """``position -> whether its cotangent in grads is present``."""
+    return lambda i: i < len(grads) and grads[i] is not None
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -170,30 +190,30 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
 
 
-def _check_made(refs: list, made: dict, grads: tuple) -> None:
+def _check_made(ctx, made: dict, grads: tuple) -> None:
     """Raises eager's error where the caller wrote an output the program made (``made``), which the
     node eager's autograd gave it saved, before a backward that reaches that node (the cotangent of
     an output of ``reach`` is not None): ``out = jfn(x); out.mul_(2); out.sum().backward()`` of an
     ``exp``; ``Q, R = jfn(x); R.mul_(2); Q.sum().backward()`` of a ``qr``. ``refs``: ``(position,
     weak reference, version at the forward)`` of those outputs (a dropped one can be written no more)."""
-    for j, ref, then in refs:
+    for j, ref, then in ctx.made_refs:
         out = ref()
         if out is not None and out._version != then and _reached_any(grads, made[j].reach) and made[j].saved():
-            raise residual_error(out, then, None, made[j])
+            raise residual_error(out, then, None, made[j], made[j].named(out, ctx, _present(grads)))
 
 
 def _reached_any(grads: tuple, positions: frozenset) -> bool:
     return any(grads[i] is not None for i in positions)
 
 
-def _unpacked(ctx, saved: list, made: dict | None = None, read: frozenset | None = None) -> list:
+def _unpacked(ctx, saved: list, made: dict | None = None, read: frozenset | None = None, grads: tuple = ()) -> list:
     """The residuals a backward reads: unpacked by the saved-tensor hooks the call ran under, else
-    checked against their versions (``made``, ``read``: see ``_check_versions``); freed from
+    checked against their versions (``made``, ``read``, ``grads``: see ``_check_versions``); freed from
     ``ctx`` unless the graph is retained."""
     if ctx.unpack is not None:
         saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
     else:
-        _check_versions(saved, ctx.versions, ctx.inputs, ctx, made, read)
+        _check_versions(saved, ctx.versions, ctx.inputs, ctx, made, read, grads)
     if _keep_graph():
         return list(saved)
     ctx.residuals = ctx.inputs = None
@@ -255,7 +275,7 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
     differentiable = frozenset(grad_positions) - non_differentiable
-    made = _reachable(made, differentiable)
+    outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
@@ -290,8 +310,8 @@ def grad_function(
             pattern = unreached.of(cotangents) if partial else None
             read = None if pattern is None else pattern[3]
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                return _differentiated(ctx, program, grads, made, read)
-            saved = _unpacked(ctx, saved, made, read)
+                return _differentiated(ctx, program, grads, outputs, read)
+            saved = _unpacked(ctx, saved, outputs, read, grads)
             if pattern is not None:
                 return _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
             return backward(saved, *cotangents)
@@ -301,12 +321,12 @@ def grad_function(
 
 
 def _reachable(made: dict | None, differentiable: frozenset) -> dict:
-    """The outputs of ``made`` (``_check_made``) whose node a backward from a differentiable output
-    reaches (``reach``), told by its cotangent: with several differentiable outputs, cotangents
-    are not materialised (``grad_function``'s ``partial``)."""
+    """The outputs of ``made`` (``_check_made``) whose node may save them (``may_save``) and a
+    backward from a differentiable output reaches (``reach``), told by its cotangent: with several
+    differentiable outputs, cotangents are not materialised (``grad_function``'s ``partial``)."""
     if not made:
         return {}
-    return {j: m for j, m in made.items() if m.reach & differentiable}
+    return {j: m for j, m in made.items() if m.may_save and m.reach & differentiable}
 
 
 def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
@@ -318,7 +338,7 @@ def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
         raise RuntimeError(_FREED)
     if ctx.unpack is None:
         if made:
-            _check_made(ctx.made_refs, made, grads)
+            _check_made(ctx, made, grads)
         if stale:
             _raise_stale(stale, grads, getattr(ctx, "at_call", None))
     return saved
@@ -507,7 +527,7 @@ def _differentiated(ctx, program, grads, made: dict | None = None, read: frozens
     ``_check_versions``."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
-    _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made, read)
+    _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made, read, grads)
     grads = program.gradients(ctx, grads)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None

@@ -203,12 +203,14 @@ def _made(acquired, grad_positions: list) -> dict:
     """``acquired.made_outputs`` (``saved_outputs.OutputMade`` by output position) that a backward
     may reach the node of, each given ``reach``: the differentiable flat outputs whose backward
     runs that node (``Trace.outputs_reaching`` from the values of its call): a backward from ``Q``
-    of ``qr`` unpacks the ``R`` it saved, as from ``R`` itself (``run.autograd._check_made``)."""
-    wb = acquired.writebacks
+    of ``qr`` unpacks the ``R`` it saved, as from ``R`` itself (``run.autograd._check_made``); and
+    ``reader_reach``, those of the nodes of the calls that read it (``OutputMade.named``)."""
+    wb, trace = acquired.writebacks, acquired.trace
     positions = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
     made = {}
     for j, output in acquired.made_outputs.items():
-        output.reach = frozenset(acquired.trace.outputs_reaching(list(output.vids), positions))
+        output.reach = frozenset(trace.outputs_reaching(list(output.vids), positions))
+        output.reader_reach = tuple(frozenset(trace.outputs_reaching(list(v), positions)) for _, v in output.readers)
         if output.reach:
             made[j] = output
     return made
