@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 LEADING = "one of the variables needed for gradient computation has been modified by an inplace operation"
 
@@ -145,3 +146,24 @@ def test_an_output_a_later_call_saved_is_named_by_its_node_at_the_backward_as_ea
             second.sum().backward()
         texts.append(str(caught.value).partition(" instead.")[0])
     assert texts[1] == texts[0]
+
+
+def _qr_and_tanh(x):
+    q, r = torch.linalg.qr(x)
+    return q, r, x.tanh()
+
+
+def test_an_unreached_output_a_zeros_backward_reads_is_refused_not_named_as_eagers_error():
+    """The tanh output written, then a backward from ``Q`` alone: eager's backward runs no node
+    that saved it and computes. The compiled backward for that pattern cannot leave out ``R``'s
+    absent cotangent (``qr``'s gradient mixes both), so it computes every gradient from zeros and
+    reads the written output: refused, where eager's text ('output 0 of Tanh') claimed eager's
+    error."""
+    x = _spd()
+    q, _, t = _qr_and_tanh(x)
+    t.mul_(2)
+    q.sum().backward()  # (eager computes)
+    q, _, t = thunder_rs.jit(_qr_and_tanh)(_spd())
+    t.mul_(2)
+    with pytest.raises(ThunderNotImplementedError, match="no node eager's backward runs saved it"):
+        q.sum().backward()

@@ -156,6 +156,11 @@ class OutputMade:
         saved = _saved_by(call)
         return saved is False or id(t.root) in saved
 
+    def reached(self, reached) -> bool:
+        """Whether eager's backward, given the cotangents ``reached`` says are present, runs the
+        output's node or a node of a call that read it (``named``)."""
+        return any(map(reached, self.reach)) or any(any(map(reached, r)) for r in self.reader_reach)
+
     def named(self, out, own, reached) -> tuple | None:
         """The node eager's error names for this output ``out``, written by the caller, at the
         backward (``own``: the compiled call's node): its node at the program's end, where its own

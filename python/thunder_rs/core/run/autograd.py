@@ -118,14 +118,27 @@ def _check_versions(saved, versions, inputs, ctx=None, made=None, read=None, gra
     version eager's error names for an output the program made (``acquire.Acquired.made_outputs``;
     found from the tensor's ``grad_fn``, named as ``OutputMade.named`` says for ``grads``). ``read``:
     the positions of the residuals the backward reads, where it reaches some outputs only (None:
-    all); eager checks none of a node it does not run."""
+    all); eager checks none of a node it does not run. Where none that saved such an output runs,
+    though the compiled backward reads it (one computing the others' gradients from zeros), it is
+    refused: eager's computes."""
     if version_counters(saved) == versions:
         return
     for i, (r, then) in enumerate(zip(saved, versions)):
         if then >= 0 and r._version != then and (read is None or i in read):
-            output = made.get(_output_position(r, ctx)) if made else None
+            at = _output_position(r, ctx) if made else None
+            output = made.get(at) if made else None
+            if output is not None and grads and not output.reached(_present(grads)):
+                raise ThunderNotImplementedError(_UNREACHED.format(list(r.shape), at))
             named = None if output is None else output.named(r, ctx, _present(grads))
             raise residual_error(r, then, inputs, output, named)
+
+
+_UNREACHED = (
+    "backward: output {1} of a thunder_rs-compiled call (a tensor of shape {0}), written in place after the call, "
+    "is read by the call's backward from the outputs it reaches (computing the others' gradients as zeros), though "
+    "no node eager's backward runs saved it; the compiled backward would compute from the written values. Clone "
+    "the output before writing it, or write it after the backward"
+)
 
 
 def _output_position(r, ctx) -> int | None:
