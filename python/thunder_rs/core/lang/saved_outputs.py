@@ -8,7 +8,12 @@ keeps them (a backward computing ``qr`` again from its input keeps neither outpu
 the node and eager's versions (``saved_errors.residual_error``): the compiled forward may write
 an output's memory more often than eager, computing into a buffer it took over (``sigmoid_``).
 
-What the node saves is asked on the error's path only, by a run of the call again
+A backward reaches the node from any output computed from the values of its call (``reach``: a
+backward from ``Q`` of ``qr`` unpacks the ``R`` it saved). The calls that read an output after its
+last write (``_readers``: a ``sin`` of it, which saves it as its input) run before its node in
+eager's backward, whose error then names the tensor's ``grad_fn`` at the backward (``named``).
+
+What the nodes save is asked on the error's path only, by a run of the call again
 (``saved_versions._saved_by``), of a copy of the call that keeps no proxy (``_unrooted``).
 """
 
