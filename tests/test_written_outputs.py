@@ -41,11 +41,18 @@ OPS = {
     "exp and sin": (lambda x: (x.exp(), (x * 3).sin()), 2),
     "tanh and cos": (lambda x: (x.tanh(), x.cos()), 2),
     "sort values": (lambda x: (torch.sort(x, -1)[0],), 1),
+    # (views returned: the caller's write into one writes the memory a node saved)
+    "qr, a view of R": (lambda x: (lambda q, r: (q, r[1:]))(*torch.linalg.qr(x)), 2),
+    "a row of exp, its sum": (lambda x: (lambda y: (y[0], y.sum()))(x.exp()), 2),
+    "exp transposed": (lambda x: (x.exp().t(),), 1),
+    # (V @ diag(L) @ V.T saves a view of V: eager names its node made again, AsStrided)
+    "eigh, a product": (lambda x: (lambda v, w: (v, w, w @ torch.diag(v) @ w.T))(*torch.linalg.eigh(x)), 3),
 }
 
 CASES = [(op, w, lo) for op, (_, n) in OPS.items() for w in range(n) for lo in range(n)]
-#: one quick case each of a multi-output node (another output written) and a partial backward
-QUICK = {("qr", 1, 0), ("tanh and cos", 0, 1)}
+#: one quick case each of a multi-output node (another output written), a partial backward, a view
+#: returned, and a view a later call saved
+QUICK = {("qr", 1, 0), ("tanh and cos", 0, 1), ("qr, a view of R", 1, 0), ("eigh, a product", 1, 2)}
 
 
 def _outcome(fn, written: int, loss: int):

@@ -45,13 +45,14 @@ def released(state: SavedVersions, out) -> tuple:
 
 def outputs_made(state: SavedVersions, out) -> dict:
     """``{value id: OutputMade}`` of the program's outputs (the tensors of ``out``) in memory the
-    program made, not views, that require grad; ``may_save`` where their node may save them
-    (``_may_save``)."""
+    program made, that require grad, a view's by its root (which the trace returns in its place:
+    ``output_views``; the caller's write into ``r[1:]`` of ``qr``'s ``R`` writes ``R``); ``may_save``
+    where their node may save them (``_may_save``)."""
     made: dict = {}
     readers = _unindexed_readers(state)
     with DisableTorchFunctionSubclass():
-        for p in _leaves(out, TensorProxy):
-            if p._view is None and p._input_vid is None and p.requires_grad and p._vid not in made:
+        for p in map(_root, _leaves(out, TensorProxy)):
+            if p._input_vid is None and p.requires_grad and p._vid not in made:
                 last, shared = _last_node(state, p), dict[object, Any]()
                 node = OutputMade.unrooted(last, shared)
                 vids = (p._vid, *(() if last is None or type(last[0]) is str else last[0].vids))
@@ -174,10 +175,12 @@ class OutputMade:
         program's end where the write recorded none) as output 0 (eager keeps no output number
         of a tensor saved as an input). ``reached``: whether a flat output's cotangent is present."""
         node = self.node()
-        for (call, _), reach in zip(self.readers, self.reader_reach):
+        for (call, _), reach in zip(reversed(self.readers), reversed(self.reader_reach)):  # (the last runs first)
             if any(map(reached, reach)):
                 saved = _saved_by(call)
                 if saved is False or id(self.root) in saved:
+                    if saved is not False and saved[id(self.root)].view:  # (its node made again)
+                        return "AsStrided", 0
                     now = out.grad_fn
                     if now is not None and now is not own:
                         return node_name(now.name()), 0
