@@ -82,7 +82,7 @@ def _readers(state: SavedVersions, p, shared: dict, unindexed) -> tuple:
         if any(id(t.root) == key for t in _leaves(call.args, _Tensor)) and all(id(o.root) != key for o in call.outs):
             found.append((OutputMade.unrooted((call, None), shared)[0], call.vids))
     for call in unindexed:  # (their tensors are proxies)
-        if all(o is not p for o in call.outs) and call.func is not None and not _symbolic(call):
+        if all(_root(o) is not p for o in call.outs) and call.func is not None and not _symbolic(call):
             described: dict = {}
             args, outs = _described(call.args, described), tuple(_described(o, described) for o in call.outs)
             found.append((OutputMade.unrooted((_Call(call.func, args, outs, ()), None), shared)[0], call.vids))

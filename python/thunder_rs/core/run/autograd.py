@@ -207,8 +207,9 @@ def _check_made(ctx, made: dict, grads: tuple) -> None:
     """Raises eager's error where the caller wrote an output the program made (``made``), which the
     node eager's autograd gave it saved, before a backward that reaches that node (the cotangent of
     an output of ``reach`` is not None): ``out = jfn(x); out.mul_(2); out.sum().backward()`` of an
-    ``exp``; ``Q, R = jfn(x); R.mul_(2); Q.sum().backward()`` of a ``qr``. ``refs``: ``(position,
-    weak reference, version at the forward)`` of those outputs (a dropped one can be written no more)."""
+    ``exp``; ``Q, R = jfn(x); R.mul_(2); Q.sum().backward()`` of a ``qr``. ``ctx.made_refs``:
+    ``(position, weak reference, version at the forward)`` of those outputs (a dropped one can be
+    written no more)."""
     for j, ref, then in ctx.made_refs:
         out = ref()
         if out is not None and out._version != then and _reached_any(grads, made[j].reach) and made[j].saved():
@@ -482,10 +483,9 @@ class _Unreached(dict):
     where an absent cotangent meets a present gradient other than added to it: they are passed as
     zeros), and the positions of the residuals that backward reads (None: all). The pattern is
     compiled for the first time it comes, though a script backpropagating once pays for a second
-    backward compile: the whole backward given zeros computes what eager
-    never computes (``g / x`` of a ``log`` output, NaN where ``x`` is 0, added to the gradients)
-    and adds zeros eager never adds (laying a gradient out as they are, which changes the order
-    of a later sum: an ulp off)."""
+    backward compile: the whole backward given zeros computes what eager never computes (``g / x``
+    of a ``log`` output, NaN where ``x`` is 0, added to the gradients) and adds zeros eager never
+    adds (laying a gradient out as they are, which changes the order of a later sum: an ulp off)."""
 
     def __init__(self, reads: tuple, compile_backward):
         super().__init__()
