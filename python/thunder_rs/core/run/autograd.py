@@ -324,7 +324,7 @@ def grad_function(
             pattern = unreached.of(cotangents) if partial else None
             read = None if pattern is None else pattern[3]
             if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                return _differentiated(ctx, program, grads, outputs, read)
+                return _differentiated(ctx, program, grads, outputs, pattern)
             saved = _unpacked(ctx, saved, outputs, read, grads)
             if pattern is not None:
                 return _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
@@ -534,14 +534,15 @@ _HOOKED = (
 )
 
 
-def _differentiated(ctx, program, grads, made: dict | None = None, read: frozenset | None = None) -> tuple:
+def _differentiated(ctx, program, grads, made: dict | None = None, pattern: tuple | None = None) -> tuple:
     """The backward of a call under ``create_graph=True``: the gradients of the program computed
-    again as torch calls, which autograd records (``core.differentiable``); ``read``: see
-    ``_check_versions``."""
+    again as torch calls, which autograd records (``core.differentiable``); ``pattern``: the
+    ``_Unreached`` entry of its absent cotangents (the residuals and inputs it checks)."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
+    read, unread = (None, ()) if pattern is None else (pattern[3], pattern[1])
     _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made, read, grads)
-    grads = program.gradients(ctx, grads)
+    grads = program.gradients(ctx, grads, unread)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None
     program.recording = program.may_record
