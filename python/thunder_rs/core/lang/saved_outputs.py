@@ -91,8 +91,11 @@ def _readers(state: SavedVersions, p, shared: dict, unindexed) -> tuple:
 
 def _symbolic(call) -> bool:
     """Whether a tensor of ``call`` (not described yet) has a symbolic size: describing it reads the
-    sizes' hints and the views' strides, which would specialise the trace on them."""
-    return any(not all(type(n) is int for n in t.shape) for t in _leaves((call.args, call.outs), TensorProxy))
+    sizes' hints and the views' strides, which would specialise the trace on them: a view's strides
+    are worked out from its root's sizes (``x.unfold(1, 2, x.shape[1] // 2)``)."""
+    tensors = _leaves((call.args, call.outs), TensorProxy)
+    shapes = [t.shape for t in tensors] + [t._view.root.shape for t in tensors if t._view is not None]
+    return any(not all(type(n) is int for n in shape) for shape in shapes)
 
 
 def _may_save(node) -> bool:
