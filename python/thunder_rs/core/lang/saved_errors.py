@@ -113,21 +113,22 @@ _RESIDUAL = (
 )
 
 
-def residual_error(r, then: int, inputs, made=None) -> RuntimeError:
+def residual_error(r, then: int, inputs, made=None, named=None) -> RuntimeError:
     """Eager's error for the tensor ``r`` a compiled call saved, at version ``then`` then: the
     node it is an output of is its ``grad_fn`` where it is one of the call's ``inputs`` (eager's
     saved original), and for one of the call's outputs the program made (``made``:
     ``saved_outputs.OutputMade``), the node eager gives it at the program's end, its versions
     counted from eager's then (the compiled forward may write its memory more often, computing
     into a buffer it took over). None is named for another (eager names the node of the op inside
-    that saved it, which the compiled call does not know)."""
+    that saved it, which the compiled call does not know). ``named``: the node ``made.named`` says
+    eager's error names (a reader of the output that saved it names its ``grad_fn`` then)."""
     node = r.grad_fn
     which = ""
     now = r._version
     if node is not None and inputs is not None and any(r is t for t in inputs):
         which = f", which is output {r.output_nr} of {node_name(node.name())},"
     elif made is not None:
-        named = made.node()
+        named = made.node() if named is None else named
         which = "" if named is None else f", which is output {named[1]} of {named[0]},"
         now, then = made.version + now - then, made.version
     hint = _ANOMALY_ON if torch.is_anomaly_enabled() else _hint()

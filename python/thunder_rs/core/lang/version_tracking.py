@@ -129,7 +129,8 @@ class SavedVersions:
         made: dict = {}
         with DisableTorchFunctionSubclass():
             args = _described(arguments, made)
-            call = _Call(func, args, tuple(_described(o, made) for o in _leaves(out, TensorProxy)), ())
+            outs = _leaves(out, TensorProxy)
+            call = _Call(func, args, tuple(_described(o, made) for o in outs), tuple(o._vid for o in outs))
         for key in keys:
             dst = next((t for t in made.values() if id(t.root) == key and not t.view), None)
             if dst is not None:
@@ -298,6 +299,10 @@ def _multi_node(entry: tuple) -> tuple | None:
     ``(call, its output, the output proxy's prior entry)``); the prior's where eager's op returned its
     input itself (``contiguous`` of a contiguous tensor), whose proxy the trace gave the output."""
     call, out, prior = entry
+    if len(call.outs) == 1:  # (a view of one is as eager made that one: a slice of tensor_split's is plain)
+        of = next((t.multi for t in _leaves(call.args, _Tensor) if t.multi is not None and t.root is out.root), None)
+        if of is not None and _multi_node(of) is NOT_MULTI:
+            return NOT_MULTI
     node = _node_of(call, out, _ITSELF, multi=len(call.outs) > 1)  # (a view of one: its own probe is plain)
     if node is _ITSELF:
         return None if prior is None else _multi_node(prior)

@@ -111,19 +111,53 @@ class _Packed:
         self.value = value
 
 
-def _check_versions(saved, versions, inputs, ctx=None, made=None) -> None:
+def _check_versions(saved, versions, inputs, ctx=None, made=None, read=None, grads=()) -> None:
     """Raises eager's error when a tensor saved for the backward was written in place after the
     forward (``opt.step()`` before ``loss.backward()``, ``out.add_(1)``): its gradient would be
     computed from the new values. ``made``: per output position of ``ctx``'s call, the node and
     version eager's error names for an output the program made (``acquire.Acquired.made_outputs``;
-    ``ctx.made_refs``)."""
+    found from the tensor's ``grad_fn``, named as ``OutputMade.named`` says for ``grads``). ``read``:
+    the positions of the residuals the backward reads, where it reaches some outputs only (None:
+    all); eager checks none of a node it does not run. Where none that saved such an output runs,
+    though the compiled backward reads it (one computing the others' gradients from zeros), it is
+    refused: eager's computes."""
     if version_counters(saved) == versions:
         return
-    for r, then in zip(saved, versions):
-        if then >= 0 and r._version != then:
-            at = next((j for j, ref, _ in getattr(ctx, "made_refs", ()) if ref() is r), None) if made else None
-            output = None if at is None else made[at]
-            raise residual_error(r, then, inputs, output)
+    for i, (r, then) in enumerate(zip(saved, versions)):
+        if then >= 0 and r._version != then and (read is None or i in read):
+            at = _output_position(r, ctx) if made else None
+            output = made.get(at) if made else None
+            if output is not None and grads and not output.reached(_present(grads)):
+                raise ThunderNotImplementedError(_UNREACHED.format(list(r.shape), at))
+            named = None if output is None else output.named(r, ctx, _present(grads))
+            raise residual_error(r, then, inputs, output, named)
+
+
+_UNREACHED = (
+    "backward: output {1} of a thunder_rs-compiled call (a tensor of shape {0}), written in place after the call, "
+    "is read by the call's backward from the outputs it reaches (computing the others' gradients as zeros), though "
+    "no node eager's backward runs saved it; the compiled backward would compute from the written values. Clone "
+    "the output before writing it, or write it after the backward"
+)
+
+
+def _output_position(r, ctx) -> int | None:
+    """The position among ``ctx``'s call's flat outputs of ``r``, one of them (its ``grad_fn``, or
+    the first edge of the nodes of the caller's in-place writes since); None for another tensor."""
+    node, at = r.grad_fn, r.output_nr
+    for _ in range(64):
+        if node is None or node is ctx:
+            return None if node is None else at
+        edges = node.next_functions
+        if not edges:
+            return None
+        node, at = edges[0]
+    return None
+
+
+def _present(grads: tuple):
+    """``position -> whether its cotangent in grads is present``."""
+    return lambda i: i < len(grads) and grads[i] is not None
 
 
 def _unshared(residuals, inputs, overwritten) -> list:
@@ -169,25 +203,31 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
 
 
-def _check_made(refs: list, made: dict, grads: tuple) -> None:
+def _check_made(ctx, made: dict, grads: tuple) -> None:
     """Raises eager's error where the caller wrote an output the program made (``made``), which the
-    node eager's autograd gave it saved, before a backward that reaches it (its cotangent is not
-    None): ``out = jfn(x); out.mul_(2); out.sum().backward()`` of an ``exp``. ``refs``: ``(position,
-    weak reference, version at the forward)`` of those outputs (a dropped one can be written no more)."""
-    for j, ref, then in refs:
+    node eager's autograd gave it saved, before a backward that reaches that node (the cotangent of
+    an output of ``reach`` is not None): ``out = jfn(x); out.mul_(2); out.sum().backward()`` of an
+    ``exp``; ``Q, R = jfn(x); R.mul_(2); Q.sum().backward()`` of a ``qr``. ``ctx.made_refs``:
+    ``(position, weak reference, version at the forward)`` of those outputs (a dropped one can be
+    written no more)."""
+    for j, ref, then in ctx.made_refs:
         out = ref()
-        if out is not None and out._version != then and grads[j] is not None and made[j].saved():
-            raise residual_error(out, then, None, made[j])
+        if out is not None and out._version != then and _reached_any(grads, made[j].reach) and made[j].saved():
+            raise residual_error(out, then, None, made[j], made[j].named(out, ctx, _present(grads)))
 
 
-def _unpacked(ctx, saved: list, made: dict | None = None) -> list:
+def _reached_any(grads: tuple, positions: frozenset) -> bool:
+    return any(grads[i] is not None for i in positions)
+
+
+def _unpacked(ctx, saved: list, made: dict | None = None, read: frozenset | None = None, grads: tuple = ()) -> list:
     """The residuals a backward reads: unpacked by the saved-tensor hooks the call ran under, else
-    checked against their versions (``made``: see ``_check_versions``); freed from ``ctx`` unless the
-    graph is retained."""
+    checked against their versions (``made``, ``read``, ``grads``: see ``_check_versions``); freed from
+    ``ctx`` unless the graph is retained."""
     if ctx.unpack is not None:
         saved = [ctx.unpack(r.value) if isinstance(r, _Packed) else r for r in saved]
     else:
-        _check_versions(saved, ctx.versions, ctx.inputs, ctx, made)
+        _check_versions(saved, ctx.versions, ctx.inputs, ctx, made, read, grads)
     if _keep_graph():
         return list(saved)
     ctx.residuals = ctx.inputs = None
@@ -249,7 +289,7 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
     differentiable = frozenset(grad_positions) - non_differentiable
-    made = _reachable(made, differentiable, bool(reads))
+    outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
@@ -280,26 +320,28 @@ def grad_function(
         @staticmethod
         def backward(ctx, *grads):
             saved = _residuals_checked(ctx, stale, made, grads)
-            if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                return _differentiated(ctx, program, grads, made)
-            saved = _unpacked(ctx, saved, made)
             cotangents = cotangents_of(grads)
-            if partial:
-                absent = tuple(map(_is_none, cotangents))
-                if True in absent:
-                    return _reached(backward, saved, cotangents, absent, ctx.shapes, outputs_at, unreached)
+            # (absent cotangents: the residuals the backward for their pattern reads are checked)
+            pattern = unreached.of(cotangents) if partial else None
+            read = None if pattern is None else pattern[3]
+            if _is_grad_enabled():  # create_graph=True: a backward autograd records
+                return _differentiated(ctx, program, grads, outputs, pattern)
+            saved = _unpacked(ctx, saved, outputs, read, grads)
+            if pattern is not None:
+                return _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
             return backward(saved, *cotangents)
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _reachable(made: dict | None, differentiable: frozenset, partial: bool) -> dict:
-    """The outputs of ``made`` (``_check_made``) that are differentiable, where a backward that
-    reaches one is told by its cotangent: the only one, or cotangents not materialised."""
-    if not made or not (len(differentiable) == 1 or partial):
+def _reachable(made: dict | None, differentiable: frozenset) -> dict:
+    """The outputs of ``made`` (``_check_made``) whose node may save them (``may_save``) and a
+    backward from a differentiable output reaches (``reach``), told by its cotangent: with several
+    differentiable outputs, cotangents are not materialised (``grad_function``'s ``partial``)."""
+    if not made:
         return {}
-    return {j: m for j, m in made.items() if j in differentiable}
+    return {j: m for j, m in made.items() if m.may_save and m.reach & differentiable}
 
 
 def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
@@ -311,7 +353,7 @@ def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
         raise RuntimeError(_FREED)
     if ctx.unpack is None:
         if made:
-            _check_made(ctx.made_refs, made, grads)
+            _check_made(ctx, made, grads)
         if stale:
             _raise_stale(stale, grads, getattr(ctx, "at_call", None))
     return saved
@@ -440,11 +482,11 @@ class _Unreached(dict):
     absent ones, the inputs no reached output reads, from ``reads`` (per grad position, the
     inputs its output reads), and the backward ``compile_backward`` compiled for the pattern (None
     where an absent cotangent meets a present gradient other than added to it: they are passed as
-    zeros). The pattern is compiled for the first time it comes, though a script backpropagating
-    once pays for a second backward compile: the whole backward given zeros computes what eager
-    never computes (``g / x`` of a ``log`` output, NaN where ``x`` is 0, added to the gradients)
-    and adds zeros eager never adds (laying a gradient out as they are, which changes the order
-    of a later sum: an ulp off)."""
+    zeros), and the positions of the residuals that backward reads (None: all). The pattern is
+    compiled for the first time it comes, though a script backpropagating once pays for a second
+    backward compile: the whole backward given zeros computes what eager never computes (``g / x``
+    of a ``log`` output, NaN where ``x`` is 0, added to the gradients) and adds zeros eager never
+    adds (laying a gradient out as they are, which changes the order of a later sum: an ulp off)."""
 
     def __init__(self, reads: tuple, compile_backward):
         super().__init__()
@@ -456,15 +498,20 @@ class _Unreached(dict):
         zeros = tuple(k for k, none in enumerate(absent) if none)
         unread = tuple(sorted(everything - reached))
         compiled = self.compile_backward(zeros) if self.compile_backward is not None and zeros else None
-        self[absent] = out = (zeros, unread, compiled)
+        self[absent] = out = (zeros, unread, *(compiled or (None, None)))
         return out
 
+    def of(self, cotangents: tuple) -> tuple | None:
+        """The entry of the pattern of absent ``cotangents``; None where none is absent."""
+        absent = tuple(map(_is_none, cotangents))
+        return self[absent] if True in absent else None
 
-def _reached(backward, saved, cotangents, absent: tuple, shapes: list, outputs: _Outputs, unreached) -> tuple:
+
+def _reached(backward, saved, cotangents, pattern: tuple, shapes: list, outputs: _Outputs) -> tuple:
     """The gradients of a backward that reached the outputs whose cotangents are not None
-    (``absent`` marks the others): theirs are zeros, and inputs that only they read get None.
-    A backward compiled for the pattern takes no zeros: it adds none."""
-    zeros, unread, compiled = unreached[absent]
+    (``pattern``: ``_Unreached``'s entry for the others): theirs are zeros, and inputs that only they
+    read get None. A backward compiled for the pattern takes no zeros: it adds none."""
+    zeros, unread, compiled, _ = pattern
     if compiled is not None:
         grads = compiled(saved, *cotangents)
     else:
@@ -488,13 +535,15 @@ _HOOKED = (
 )
 
 
-def _differentiated(ctx, program, grads, made: dict | None = None) -> tuple:
+def _differentiated(ctx, program, grads, made: dict | None = None, pattern: tuple | None = None) -> tuple:
     """The backward of a call under ``create_graph=True``: the gradients of the program computed
-    again as torch calls, which autograd records (``core.differentiable``)."""
+    again as torch calls, which autograd records (``core.differentiable``); ``pattern``: the
+    ``_Unreached`` entry of its absent cotangents (the residuals and inputs it checks)."""
     if ctx.inputs is None:
         raise ThunderNotImplementedError(_HOOKED)
-    _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made)
-    grads = program.gradients(ctx, grads)
+    read, unread = (None, ()) if pattern is None else (pattern[3], pattern[1])
+    _check_versions(ctx.residuals, ctx.versions, ctx.inputs, ctx, made, read, grads)
+    grads = program.gradients(ctx, grads, unread)
     if not _keep_graph():
         ctx.residuals = ctx.inputs = None
     program.recording = program.may_record

@@ -84,7 +84,8 @@ class DifferentiableProgram:
         self._single = single
         self.outputs = tuple(outputs)
         reads = frozenset(reads)
-        self._unsaved = _picker(tuple(sorted(reads - frozenset(saved) - frozenset(overwritten))))
+        self._unsaved_at = tuple(sorted(reads - frozenset(saved) - frozenset(overwritten)))
+        self._unsaved = _picker(self._unsaved_at)
         #: Inputs the call overwrites that the recomputation reads: kept as they were.
         self.copied = tuple(k for k in overwritten if k in reads)
         #: The others: computed again from a copy, which later calls do not write into.
@@ -121,11 +122,13 @@ class DifferentiableProgram:
         ctx.copies = {k: inputs[k].clone() for k in self.copied} if self.copied else None
         ctx.generator_states = None if self._generators is None else [g.get_state() for g in self._generators]
 
-    def gradients(self, ctx, cotangents: tuple) -> tuple:
+    def gradients(self, ctx, cotangents: tuple, unread: tuple = ()) -> tuple:
         """The gradients of the call's inputs for ``cotangents`` (one per flat output), computed
-        by autograd from the forward computed again, recorded so that they can be differentiated."""
+        by autograd from the forward computed again, recorded so that they can be differentiated.
+        ``unread``: the inputs no output with a cotangent reads, which the caller may have written
+        since (eager's backward runs no node that saved them)."""
         inputs = list(ctx.inputs)
-        if version_counters(self._unsaved(inputs)) != ctx.input_versions:
+        if self._written_since(ctx, inputs, unread):
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: an "
                 "input of a thunder_rs-compiled call, which a double backward (create_graph=True) computes the call "
@@ -163,6 +166,14 @@ class DifferentiableProgram:
             for i, g in zip(wanted, found):
                 grads[i] = g
         return tuple(grads)
+
+    def _written_since(self, ctx, inputs: list, unread: tuple) -> bool:
+        """Whether an input the recomputation reads, not kept, was written since the call, other
+        than those at ``unread``."""
+        now = version_counters(self._unsaved(inputs))
+        if now == ctx.input_versions:
+            return False
+        return any(a != b and k not in unread for k, a, b in zip(self._unsaved_at, now, ctx.input_versions))
 
 
 class _RecomputeModes:

@@ -154,8 +154,9 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
 
     def compile_backward(absent: tuple):
         """The backward where the cotangents at ``absent`` are absent, as eager's autograd runs
-        it: nothing they alone reach, no add of them (``passes::absent``); None where one meets a
-        present gradient other than in an add."""
+        it: nothing they alone reach, no add of them (``passes::absent``), and the positions of the
+        residuals it reads (those it takes come first); None where one meets a present gradient
+        other than in an add."""
         table, _ = executor_table(executors)
         checker = _checker(executors)
         try:
@@ -166,7 +167,8 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
             return None
         trace = compiled.backward[-1]
         regions = _fused_regions(trace, filename + " backward", namespace, executors)
-        return _load(trace, "backward", filename + " backward", namespace, regions)[1]
+        read = frozenset(k for k in trace.inputs_needed() if k < trace.num_inputs - len(grad_positions))
+        return _load(trace, "backward", filename + " backward", namespace, regions)[1], read
 
     reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions)
     return {"reads": reads, "compile_backward": compile_backward}
@@ -195,6 +197,23 @@ def _stale(acquired, grad_positions: list) -> tuple:
                 raise error.error()
             stale.append((error, frozenset(reached)))
     return tuple(stale)
+
+
+def _made(acquired, grad_positions: list) -> dict:
+    """``acquired.made_outputs`` (``saved_outputs.OutputMade`` by output position) that a backward
+    may reach the node of, each given ``reach``: the differentiable flat outputs whose backward
+    runs that node (``Trace.outputs_reaching`` from the values of its call): a backward from ``Q``
+    of ``qr`` unpacks the ``R`` it saved, as from ``R`` itself (``run.autograd._check_made``); and
+    ``reader_reach``, those of the nodes of the calls that read it (``OutputMade.named``)."""
+    wb, trace = acquired.writebacks, acquired.trace
+    positions = [i for i in grad_positions if wb is None or i not in wb.non_differentiable]
+    made = {}
+    for j, output in acquired.made_outputs.items():
+        output.reach = frozenset(trace.outputs_reaching(list(output.vids), positions))
+        output.reader_reach = tuple(frozenset(trace.outputs_reaching(list(v), positions)) for _, v in output.readers)
+        if output.reach:
+            made[j] = output
+    return made
 
 
 def _with_captured(fn, captured: tuple):
@@ -240,7 +259,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
-        partial["made"] = acquired.made_outputs
+        partial["made"] = _made(acquired, grad_positions)
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         if wb is None:
             computation = grad_function(
