@@ -5,6 +5,11 @@ eager's kernels are the ones compiled calls run.
   the torch executor under ``decomposing``): its base grid is aten's ``linspace(-1, 1, steps)``,
   whose CPU kernel takes each point as one FMA from its nearer end; the decomposition multiplied
   and added in the dtype (an ulp off in most sizes over 6, float32 and float64).
+- ``torch.native_group_norm``'s input gradient through its mean and rstd outputs: eager adds
+  ``var_mean_backward`` of the variance's cotangent (-rstd^3 / 2 times rstd's) and the mean's to
+  the backward kernel's, each op in the input's dtype and the group's mean taken again from a
+  contiguous copy of the input; the grad rule wrote the two as one ``a + b * x`` in float32 (an
+  ulp off in float32 and float64, more in bfloat16).
 """
 
 from __future__ import annotations
@@ -53,3 +58,27 @@ def test_affine_grid_in_an_inductor_region_is_eager_s(dtype):
         results.append((out.detach(), grad))
     (out, grad), (expected, expected_grad) = results
     assert torch.equal(out, expected) and torch.equal(grad, expected_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("stats", ["mean", "rstd", "both", "only"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_native_group_norm_gradient_through_its_statistics(dtype, stats, channels_last):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 6, 5, 4, generator=gen).to(dtype)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    weight, bias = (torch.randn(6, generator=gen).to(dtype) for _ in range(2))
+
+    def program(x, weight, bias):
+        out, mean, rstd = torch.native_group_norm(x, weight, bias, 3, 6, 20, 3, 1e-5)
+        through = (mean * mean).sum() * 2 if stats != "rstd" else 0
+        through = through + (rstd.sum() * 3 if stats != "mean" else 0)
+        return through if stats == "only" else (out * out).sum() * 0.3 + through
+
+    results = []
+    for fn in (thunder_rs.jit(program), program):
+        args = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        fn(*args).backward()
+        results.append([a.grad for a in args])
+    for actual, expected in zip(*results, strict=True):
+        assert torch.equal(actual, expected) and actual.stride() == expected.stride()
