@@ -59,6 +59,7 @@ _PRIM_VIEWS = (
     "slice_tensor",
     "unbind",
     "getitem",
+    "alias",
 )
 #: View ops of each of several tensors (``tracked_each``); ``atleast_3d`` is ``arrange``'s.
 _EACH_VIEWS = ("atleast_1d", "atleast_2d")
