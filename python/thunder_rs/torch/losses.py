@@ -368,24 +368,31 @@ def binary_cross_entropy_with_logits_grad(
 ):
     """Eager's: ``(sigmoid(input) - target) * g`` (with ``pos_weight``, ``((p * t + 1 - t) *
     sigmoid(input) - p * t) * g``) and ``-input * g`` (``(log_sigmoid(-input) - log_sigmoid(input)
-    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do."""
+    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do; each
+    then times the weight and, for ``mean``, divided by the element count, as eager rounds them."""
     op = "ltorch.binary_cross_entropy_with_logits"
     out = ltorch.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
     if input.dtype != target.dtype or input.dtype != out.dtype:
         return out  # the decomposition's VJP
-    g = _loss_cotangent(get_grad(out), _reduction(op, reduction, size_average, reduce), input)
-    if weight is not None:
-        g = g * weight
+    reduction = _reduction(op, reduction, size_average, reduce)
+    g = get_grad(out)
+    g = ltorch.expand(g, input.shape) if reduction != "none" else g
+    count = input.numel() if reduction == "mean" else 1
+
+    def finished(grad):
+        grad = grad * g if weight is None else grad * g * weight
+        return grad if type(count) is int and count == 1 else grad / count
+
     if input.requires_grad:
         if pos_weight is None:
             grad = ltorch.sigmoid(input) - target
         else:
             scaled = pos_weight * target
             grad = (scaled + 1 - target) * ltorch.sigmoid(input) - scaled
-        put_grad(input, grad * g)
+        put_grad(input, finished(grad))
     if target.requires_grad:
         grad = -input if pos_weight is None else logsigmoid(-input) - logsigmoid(input) * pos_weight
-        put_grad(target, grad * g)
+        put_grad(target, finished(grad))
     return out
 
 
