@@ -13,6 +13,8 @@ eager's kernels are the ones compiled calls run.
 - ``F.binary_cross_entropy_with_logits``'s gradients: eager's backward multiplies by the
   cotangent, then the weight, then divides by the count for ``mean``; the rule divided the
   cotangent by the count first (an ulp off).
+- ``torch.quantile``/``nanquantile`` of a 0-d tensor along dim 0 with ``keepdim``: eager's result
+  is 0-d; the decomposition (what runs when the input requires grad) unsqueezed it to ``[1]``.
 """
 
 from __future__ import annotations
@@ -109,3 +111,19 @@ def test_binary_cross_entropy_with_logits_gradients(dtype, reduction, weighted):
         results.append([out.detach(), *torch.autograd.grad(out, args, cotangent)])
     for actual, expected in zip(*results, strict=True):
         assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("quantile", [torch.quantile, torch.nanquantile])
+@pytest.mark.parametrize("interpolation", ["linear", "midpoint", "nearest"])
+def test_quantile_of_a_0d_tensor_keeping_its_dim_is_0d(quantile, interpolation):
+    def program(x):
+        return quantile(x, 0.5, dim=0, keepdim=True, interpolation=interpolation)
+
+    results = []
+    for fn in (thunder_rs.jit(program), program):
+        x = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), x.grad))
+    (out, grad), (expected, expected_grad) = results
+    assert out.shape == expected.shape and torch.equal(out, expected) and torch.equal(grad, expected_grad)
