@@ -15,6 +15,9 @@ eager's kernels are the ones compiled calls run.
   cotangent by the count first (an ulp off).
 - ``torch.quantile``/``nanquantile`` of a 0-d tensor along dim 0 with ``keepdim``: eager's result
   is 0-d; the decomposition (what runs when the input requires grad) unsqueezed it to ``[1]``.
+- ``Tensor.float``/``double``/``bfloat16`` given a ``memory_format``: eager's result is the tensor
+  itself where it has the dtype and the layout, else a copy in that format; the trace dropped
+  the format (the tensor itself, its own strides).
 """
 
 from __future__ import annotations
@@ -127,3 +130,25 @@ def test_quantile_of_a_0d_tensor_keeping_its_dim_is_0d(quantile, interpolation):
         results.append((out.detach(), x.grad))
     (out, grad), (expected, expected_grad) = results
     assert out.shape == expected.shape and torch.equal(out, expected) and torch.equal(grad, expected_grad)
+
+
+@pytest.mark.parametrize("method", ["float", "double", "bfloat16"])
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format, torch.preserve_format])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_a_conversion_given_a_memory_format_lays_out_and_aliases_as_eager(method, memory_format, layout):
+    """``x.float(memory_format=...)`` of a float32 tensor: eager returns the tensor itself where
+    it is laid out so, and a copy in that format otherwise (the trace returned the tensor itself)."""
+    x = torch.arange(36.0).reshape(2, 3, 2, 3)
+    x = x.to(memory_format=torch.channels_last) if layout == "channels_last" else x
+
+    def program(x):
+        return getattr(x, method)(memory_format=memory_format)
+
+    results = []
+    for fn in (thunder_rs.jit(program), program):
+        written = x.clone(memory_format=torch.preserve_format)
+        out = fn(written)
+        out.add_(1)
+        results.append((out, out.stride(), written))
+    (out, strides, written), (expected, expected_strides, eager_written) = results
+    assert torch.equal(out, expected) and strides == expected_strides and torch.equal(written, eager_written)
