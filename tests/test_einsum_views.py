@@ -2,6 +2,7 @@
 return views in eager: a write through the result inside the program changes the tensor it views
 (and its version), and a write to the tensor shows through the result. The trace computed new
 tensors for both (einsum's composite, alias an eager fallback), so such writes were silently lost.
+``ravel`` is the other way round: eager copies a tensor that is not contiguous.
 """
 
 from __future__ import annotations
@@ -94,3 +95,22 @@ def test_a_write_inside_the_program_through_aten_alias_is_eagers(alias, write):
 
     _assert_as_eager(program, lambda: torch.arange(6.0).reshape(2, 3))
     assert not thunder_rs.examine(program, torch.ones(2, 3)).fallbacks
+
+
+@pytest.mark.parametrize("take", ["contiguous", "strided", "transposed"])
+@pytest.mark.parametrize("ravel", [torch.ravel, torch.Tensor.ravel])
+def test_ravel_copies_where_eager_copies(take, ravel):
+    """``ravel`` is eager's ``contiguous().view(-1)``: a copy of a tensor that is not contiguous,
+    also of a slice with a step whose dims a reshape would view; the trace viewed it, so a write
+    through the result changed the tensor."""
+
+    def program(x):
+        y = ravel(x)
+        y.add_(1)
+        return (y * 2,)
+
+    def make():
+        base = torch.arange(100.0).reshape(5, 5, 4)
+        return {"contiguous": base, "strided": base[..., ::2], "transposed": base.transpose(0, 1)}[take]
+
+    _assert_as_eager(program, make)
