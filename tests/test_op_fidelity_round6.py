@@ -18,6 +18,11 @@ eager's kernels are the ones compiled calls run.
 - ``Tensor.float``/``double``/``bfloat16`` given a ``memory_format``: eager's result is the tensor
   itself where it has the dtype and the layout, else a copy in that format; the trace dropped
   the format (the tensor itself, its own strides).
+- ``F.huber_loss``/``F.smooth_l1_loss`` gradients: eager's backward kernels round the outer
+  branch one way in their vector loop (``norm * delta * g``) and another in their scalar tail
+  (``norm * g * delta`` in double); the torch executor now runs the kernels themselves
+  (``ltorch.huber_loss_backward``, ``smooth_l1_loss_backward``), for the target too (eager's
+  kernel of (target, input), not a negation).
 """
 
 from __future__ import annotations
@@ -152,3 +157,25 @@ def test_a_conversion_given_a_memory_format_lays_out_and_aliases_as_eager(method
         results.append((out, out.stride(), written))
     (out, strides, written), (expected, expected_strides, eager_written) = results
     assert torch.equal(out, expected) and strides == expected_strides and torch.equal(written, eager_written)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("loss", ["huber", "smooth_l1", "huber_weighted"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_loss_gradients_are_eager_s_kernels(dtype, loss, reduction):
+    gen = torch.Generator().manual_seed(4)
+    x, target, weight = ((torch.rand(3, 37, generator=gen) * 18 - 9).to(dtype) for _ in range(3))
+    cotangent = torch.randn(() if reduction != "none" else (3, 37), generator=gen).to(dtype)
+
+    def program(x, target):
+        if loss == "smooth_l1":
+            return F.smooth_l1_loss(x, target, reduction=reduction, beta=0.5)
+        return F.huber_loss(x, target, reduction, 8.7, weight if loss == "huber_weighted" else None)
+
+    results = []
+    for fn in (thunder_rs.jit(program), program):
+        args = [x.clone().requires_grad_(), target.clone().requires_grad_()]
+        out = fn(*args)
+        results.append([out.detach(), *torch.autograd.grad(out, args, cotangent)])
+    for actual, expected in zip(*results, strict=True):
+        assert torch.equal(actual, expected) and actual.stride() == expected.stride()
