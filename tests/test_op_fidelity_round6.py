@@ -23,6 +23,9 @@ eager's kernels are the ones compiled calls run.
   (``norm * g * delta`` in double); the torch executor now runs the kernels themselves
   (``ltorch.huber_loss_backward``, ``smooth_l1_loss_backward``), for the target too (eager's
   kernel of (target, input), not a negation).
+- ``torch.remainder``/``fmod``/``__rmod__``: the divisor's gradient is ``-grad * dividend.div(divisor,
+  rounding_mode=...)``, eager's rounded division; the prim's VJP rounded ``a / b`` to the dtype
+  before the floor (bfloat16's ``764 / 3`` is 255, floor-divided 254: a whole ``grad`` off).
 """
 
 from __future__ import annotations
@@ -179,3 +182,26 @@ def test_regression_loss_gradients_are_eager_s_kernels(dtype, loss, reduction):
         results.append([out.detach(), *torch.autograd.grad(out, args, cotangent)])
     for actual, expected in zip(*results, strict=True):
         assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["remainder", "fmod", "mod", "rmod"])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_the_divisor_s_gradient_of_a_remainder_is_eager_s(dtype, op, broadcast):
+    gen = torch.Generator().manual_seed(5)
+    dividend = torch.cat([torch.tensor([764.0, -764.0, 13.5]), torch.rand(37, generator=gen) * 200 - 100]).to(dtype)
+    divisor = torch.cat([torch.tensor([3.0, 3.0, 0.25]), torch.rand(37, generator=gen) * 4 + 0.5]).to(dtype)
+    dividend = dividend.expand(2, 40).contiguous() if not broadcast else dividend
+
+    def program(a, b):
+        if op == "rmod":
+            return b.__rmod__(a)
+        return a % b if op == "mod" else getattr(torch, op)(a, b)
+
+    results = []
+    for fn in (thunder_rs.jit(program), program):
+        args = [dividend.clone().requires_grad_(), divisor.expand(2, 40).clone().requires_grad_()]
+        out = fn(*args)
+        results.append([out.detach(), *torch.autograd.grad(out, args, torch.ones_like(out))])
+    for actual, expected in zip(*results, strict=True):
+        assert torch.equal(actual, expected)
