@@ -555,6 +555,7 @@ OPS = [
     OpInfo("movedim", torch.movedim, MOVEDIMS, movedim_errors, ALL),
     OpInfo("movedim", torch.Tensor.moveaxis, MOVEDIMS, dtypes=ALL, variant="moveaxis"),
     OpInfo("contiguous", torch.Tensor.contiguous, unary_samples, dtypes=ALL),
+    OpInfo("alias", torch.ops.aten.alias, unary_samples, dtypes=ALL),
     OpInfo("expand", torch.Tensor.expand, EXPANDS, expand_errors, ALL),
     OpInfo("expand_as", torch.Tensor.expand_as, expand_as_samples, expand_as_errors, ALL),
     OpInfo("broadcast_to", torch.broadcast_to, broadcast_to_samples, broadcast_to_errors, ALL),

@@ -136,7 +136,12 @@ def tensor_type(a, dtype=None, non_blocking=False, **kwargs):
 def _define_conversion(method: str, dtype: torch.dtype):
     @torchsymbol(getattr(Tensor, method), name=method)
     def convert(a, memory_format=torch.preserve_format):
-        return clang.maybe_convert(a, dtype)
+        """``a`` in ``dtype``: itself when it has it (eager's alias), or converted; laid out in
+        ``memory_format`` where one is given, as ``to`` lays it out."""
+        out = clang.maybe_convert(a, dtype)
+        if memory_format not in (None, torch.preserve_format) and (out is not a or not aliases_to(a, memory_format)):
+            return clone(out, memory_format=memory_format)
+        return out
 
     return convert
 

@@ -16,6 +16,8 @@ import string
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.products import same_dtype
@@ -146,8 +148,10 @@ def _sizes(labelled) -> dict:
     return sizes
 
 
-def _take_diagonals(x, labels):
-    """``x`` with each repeated label of one operand reduced to its diagonal (moved last)."""
+def _take_diagonals(x, labels, diagonal=None):
+    """``x`` with each repeated label of one operand reduced to its diagonal (moved last), by
+    ``diagonal`` (``ltorch.diagonal`` when None)."""
+    diagonal = diagonal or ltorch.diagonal
     while len(set(labels)) < len(labels):
         lab = next(c for c in labels if labels.count(c) > 1)
         i = labels.index(lab)
@@ -158,7 +162,7 @@ def _take_diagonals(x, labels):
             f"subscript {lab} is repeated for operand but the sizes don't match, {x.shape[i]} != {x.shape[j]}",
             ThunderRuntimeError,
         )
-        x = ltorch.diagonal(x, 0, i, j)
+        x = diagonal(x, 0, i, j)
         labels = [c for k, c in enumerate(labels) if k not in (i, j)] + [lab]
     return x, labels
 
@@ -257,3 +261,22 @@ def einsum(*args):
     for x, ls in labelled[1:]:
         out, out_l = _contract_pair(out, out_l, x, ls, counts, position, set(out_labels))
     return clang.maybe_convert(_lay_out(out, out_l, out_labels), operands[0].dtype)
+
+
+def _einsum_of_one(*args):
+    """``torch.einsum`` of one tensor that sums no label (a permutation of its dims, diagonals of
+    repeated labels): eager's result is a view of the tensor (``at::einsum`` takes diagonals and
+    permutes), so the trace takes it by the view ops, which link it to the tensor: a write
+    through either is seen by the other, as in eager. Any other einsum makes a new tensor."""
+    equation, operands = _equation_and_operands(args)
+    x = operands[0] if len(operands) == 1 else None
+    if type(x) is not TensorProxy:
+        return einsum(*args)
+    (labels,), out_labels = _parse_einsum(equation, operands)
+    if set(labels) != set(out_labels):
+        return einsum(*args)
+    x, labels = _take_diagonals(x, list(labels), TORCH_TO_LTORCH[torch.diagonal])
+    return TORCH_TO_LTORCH[torch.permute](x, [labels.index(c) for c in out_labels])
+
+
+TORCH_TO_LTORCH[torch.einsum] = _einsum_of_one

@@ -408,6 +408,37 @@ def div_grad(input, other, *, rounding_mode=None):
     return out
 
 
+def _remainder_grad(symbol, rounding_mode: str, reflected: bool = False):
+    """Eager's gradient of ``remainder``/``fmod`` (``reflected``: ``__rmod__``, the divisor first):
+    ``grad`` for the dividend and ``-grad * dividend.div(divisor, rounding_mode=...)`` for the
+    divisor, eager's rounded division (the prim's VJP rounded ``a / b`` to the dtype before the
+    floor: a whole ``grad`` off where that rounding crosses an integer, bfloat16's often), each
+    summed to its operand's shape. Floating tensors of one dtype; others keep the
+    decomposition's VJP."""
+
+    def rule(a, b):
+        out = symbol(a, b)
+        dividend, divisor = (b, a) if reflected else (a, b)
+        tensors = isinstance(dividend, torch.Tensor) and isinstance(divisor, torch.Tensor)
+        if not (tensors and divisor.requires_grad and dividend.dtype == divisor.dtype == out.dtype):
+            return out  # the decomposition's VJP
+        if not out.dtype.is_floating_point:
+            return out
+        g = get_grad(out)
+        if dividend.requires_grad:
+            put_grad(dividend, sum_to(g, dividend.shape))
+        quotient = ltorch.div(dividend, divisor, rounding_mode=rounding_mode)
+        put_grad(divisor, sum_to(-g * quotient, divisor.shape))
+        return out
+
+    register_grad(symbol, rule)
+
+
+_remainder_grad(ltorch.remainder, "floor")
+_remainder_grad(ltorch.rremainder, "floor", reflected=True)
+_remainder_grad(ltorch.fmod, "trunc")
+
+
 @register_grad(ltorch.pow)
 def pow_grad(input, exponent):
     """A float of sizes as the exponent (``x.pow(T / 8)``): eager's ``pow_backward``, zeros where

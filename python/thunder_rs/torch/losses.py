@@ -368,42 +368,92 @@ def binary_cross_entropy_with_logits_grad(
 ):
     """Eager's: ``(sigmoid(input) - target) * g`` (with ``pos_weight``, ``((p * t + 1 - t) *
     sigmoid(input) - p * t) * g``) and ``-input * g`` (``(log_sigmoid(-input) - log_sigmoid(input)
-    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do."""
+    * p) * g``), the input's terms first, so that the gradients take its layout as eager's do; each
+    then times the weight and, for ``mean``, divided by the element count, as eager rounds them."""
     op = "ltorch.binary_cross_entropy_with_logits"
     out = ltorch.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
     if input.dtype != target.dtype or input.dtype != out.dtype:
         return out  # the decomposition's VJP
-    g = _loss_cotangent(get_grad(out), _reduction(op, reduction, size_average, reduce), input)
-    if weight is not None:
-        g = g * weight
+    reduction = _reduction(op, reduction, size_average, reduce)
+    g = get_grad(out)
+    g = ltorch.expand(g, input.shape) if reduction != "none" else g
+    count = input.numel() if reduction == "mean" else 1
+
+    def finished(grad):
+        grad = grad * g if weight is None else grad * g * weight
+        return grad if type(count) is int and count == 1 else grad / count
+
     if input.requires_grad:
         if pos_weight is None:
             grad = ltorch.sigmoid(input) - target
         else:
             scaled = pos_weight * target
             grad = (scaled + 1 - target) * ltorch.sigmoid(input) - scaled
-        put_grad(input, grad * g)
+        put_grad(input, finished(grad))
     if target.requires_grad:
         grad = -input if pos_weight is None else logsigmoid(-input) - logsigmoid(input) * pos_weight
-        put_grad(target, grad * g)
+        put_grad(target, finished(grad))
     return out
 
 
-def _kernel_grads(input, target, reduction: str, g, slope, opmath=False) -> None:
-    """Eager's regression kernels' gradients: ``slope(input - target, norm, g)``, with the norm of
-    ``mean`` (rounded as eager's: ``kernel_norm``), contiguous as the kernel writes them, and their
-    negation for ``target`` (torch's operators: the trace takes their layouts). With ``opmath``
-    (smooth_l1's kernel) half precision computes all of it in float32, the norm unrounded."""
+def _kernel_grad(input, target, reduction: str, g, slope, opmath=False):
+    """Eager's regression kernels' gradient of ``input``: ``slope(input - target, norm, g)``, with
+    the norm of ``mean`` (rounded as eager's: ``kernel_norm``), contiguous as the kernel writes it.
+    With ``opmath`` (smooth_l1's kernel) half precision computes all of it in float32, the norm
+    unrounded."""
     if opmath and g.dtype in LOW_PRECISION:
         dtype, difference = g.dtype, to_compute_dtype(input) - to_compute_dtype(target)
         count = difference.numel() if reduction == "mean" else 1
         g = to_compute_dtype(g) if type(count) is int else to_compute_dtype(g) / count
         norm = 1.0 / count if type(count) is int else 1.0
-        grad = kernel_layout(ltorch.to(slope(difference, norm, g), dtype))
-    else:
-        difference = input - target
-        norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
-        grad = kernel_layout(slope(difference, norm, g))
+        return kernel_layout(ltorch.to(slope(difference, norm, g), dtype))
+    difference = input - target
+    norm, g = kernel_norm(1.0, difference.numel() if reduction == "mean" else 1, g)
+    return kernel_layout(slope(difference, norm, g))
+
+
+def _huber_slope(delta: float):
+    def slope(x, n, g):
+        return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
+
+    return slope
+
+
+def _smooth_l1_slope(beta: float, half: bool):
+    # (the kernel's half-precision loop divides by beta before the cotangent multiplies)
+    def slope(x, n, g):
+        inside = n * x / beta * g if half else n * x * g / beta
+        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, inside))
+
+    return slope
+
+
+@torchsymbol(name="huber_loss_backward")
+def huber_loss_backward(grad_output, input, target, reduction: str, delta: float):
+    """Eager's ``huber_loss_backward`` kernel, which the torch executor runs (``TORCH_IMPLS``): its
+    vector loop and its scalar tail round the outer branch otherwise (``n * delta * g`` and
+    ``n * g * delta`` in double), so only the kernel itself is eager's bit for bit. The
+    decomposition is the kernel's formula."""
+    return _kernel_grad(input, target, reduction, grad_output, _huber_slope(delta))
+
+
+@torchsymbol(name="smooth_l1_loss_backward")
+def smooth_l1_loss_backward(grad_output, input, target, reduction: str, beta: float):
+    """Eager's ``smooth_l1_loss_backward`` kernel, as ``huber_loss_backward``."""
+    slope = _smooth_l1_slope(beta, input.dtype in LOW_PRECISION)
+    return _kernel_grad(input, target, reduction, grad_output, slope, opmath=True)
+
+
+def _kernel_grads(input, target, reduction: str, g, kernel, param, slope, opmath=False) -> None:
+    """The gradients eager's autograd gives ``input`` and ``target`` of a regression loss: its
+    backward ``kernel`` of (input, target) and of (target, input); of a broadcast pair, the
+    kernel's formula on the broadcast difference, summed back (and negated for ``target``)."""
+    if same_shape(input.shape, target.shape):
+        for x, other in ((input, target), (target, input)):
+            if x.requires_grad:
+                put_grad(x, kernel(g, x, other, reduction, param))
+        return
+    grad = _kernel_grad(input, target, reduction, g, slope, opmath)
     if input.requires_grad:
         put_grad(input, sum_to(grad, input.shape))
     if target.requires_grad:
@@ -416,15 +466,9 @@ def smooth_l1_loss_grad(input, target, size_average=None, reduce=None, reduction
     if beta == 0 or input.dtype != target.dtype:
         return out  # (eager's beta=0 is l1_loss, differentiated as a composite)
     reduction = _reduction("ltorch.smooth_l1_loss", reduction, size_average, reduce)
-
-    # (the kernel's half-precision loop divides by beta before the cotangent multiplies)
-    half = input.dtype in LOW_PRECISION
-
-    def slope(x, n, g):
-        inside = n * x / beta * g if half else n * x * g / beta
-        return torch.where(x <= -beta, -n * g, torch.where(x >= beta, n * g, inside))
-
-    _kernel_grads(input, target, reduction, get_grad(out), slope, opmath=True)
+    slope = _smooth_l1_slope(beta, input.dtype in LOW_PRECISION)
+    g = get_grad(out)
+    _kernel_grads(input, target, reduction, g, smooth_l1_loss_backward, beta, slope, opmath=True)
     return out
 
 
@@ -438,20 +482,30 @@ def huber_loss_grad(input, target, reduction="mean", delta=1.0, weight=None):
         if not same or weight.dtype != input.dtype:
             return out  # the decomposition's VJP
     reduction = _reduction("ltorch.huber_loss", reduction, None, None)
-
-    def slope(x, n, g):
-        return torch.where(x <= -delta, -n * g * delta, torch.where(x >= delta, n * g * delta, n * x * g))
-
+    slope = _huber_slope(delta)
     if weight is None:
-        _kernel_grads(input, target, reduction, get_grad(out), slope)
+        _kernel_grads(input, target, reduction, get_grad(out), huber_loss_backward, delta, slope)
         return out
     # F.huber_loss's ``huber_loss(reduction="none") * weight``, then ``mean()`` or ``sum()``: their
     # backwards (a mean's a new tensor), mul's, then the kernel's, contiguous
     g = _unreduced_cotangent(get_grad(out), reduction, input)
     if weight.requires_grad:
         put_grad(weight, g * ltorch.huber_loss(input, target, "none", delta))
-    _kernel_grads(input, target, "none", g * weight, slope)
+    _kernel_grads(input, target, "none", g * weight, huber_loss_backward, delta, slope)
     return out
+
+
+_REDUCTION_ENUMS = {"none": 0, "mean": 1, "sum": 2}
+
+#: The aten calls the torch executor runs for the backward kernels.
+TORCH_IMPLS = {
+    huber_loss_backward: lambda g, x, t, reduction, delta: torch.ops.aten.huber_loss_backward(
+        g, x, t, _REDUCTION_ENUMS[reduction], delta
+    ),
+    smooth_l1_loss_backward: lambda g, x, t, reduction, beta: torch.ops.aten.smooth_l1_loss_backward(
+        g, x, t, _REDUCTION_ENUMS[reduction], beta
+    ),
+}
 
 
 # -- grad rules of the composite losses: eager's autograd through their ops ------------------------

@@ -291,21 +291,19 @@ def group_norm_grad(input, num_groups, weight=None, bias=None, eps=1e-05):
     return out
 
 
-def _through_stats(input, mean, rstd, g_mean, g_rstd, n: int, c: int, groups: int):
-    """The input's gradient through the mean and rstd outputs of ``native_group_norm``: each
-    group's mean moves by 1 / M of each element, its rstd by -rstd^3 (x - mean) / M. Written as
-    a + b * x with a and b per (sample, channel), so that x is read in its own layout."""
-    size = max(input.numel() // max(n * groups, 1), 1)
-    mean, rstd, g_mean, g_rstd = (to_compute_dtype(t) for t in (mean, rstd, g_mean, g_rstd))
-    scale = g_rstd * rstd * rstd * rstd
-    per_channel = (n, c, *(1,) * (input.ndim - 2))
-
-    def spread(t):
-        grouped = ltorch.expand(ltorch.reshape(t, (n, groups, 1)), (n, groups, c // groups))
-        return ltorch.reshape(grouped, per_channel)
-
-    term = ltorch.addcmul(spread((g_mean + scale * mean) / size), spread(-scale / size), to_compute_dtype(input))
-    return cast(term, input.dtype)
+def _through_stats(input, rstd, g_mean, g_rstd, n: int, c: int, hxw: int, groups: int):
+    """The input's gradient through the mean and rstd outputs of ``native_group_norm``, as
+    eager's backward adds it to the kernel's: ``var_mean_backward`` of the variance's cotangent
+    (-rstd^3 / 2 times rstd's) and the mean's over each group, ops of their own in the input's
+    dtype, the group's mean taken again from a contiguous copy of the input (as eager's sums it)."""
+    shape, stats = (n, groups, c // groups, hxw), (n, groups, 1, 1)
+    x = ltorch.reshape(ltorch.clone(input, memory_format=torch.contiguous_format), shape)
+    rstd = ltorch.reshape(rstd, stats)
+    g_var = -0.5 * (rstd * rstd * rstd) * ltorch.reshape(g_rstd, stats)
+    size = c // groups * hxw
+    through_var = (2.0 / size) * g_var * (x - ltorch.mean(x, (2, 3), keepdim=True))
+    through_mean = ltorch.expand(ltorch.reshape(g_mean, stats), shape) / size
+    return ltorch.reshape(through_var + through_mean, input.shape)
 
 
 @register_grad(native_group_norm)
@@ -322,7 +320,7 @@ def native_group_norm_grad(input, weight, bias, N, C, HxW, group, eps):
     grads = native_group_norm_backward(g, input, mean, rstd, weight, N, C, HxW, group, mask)
     grads = list(grads) if isinstance(grads, tuple) else [grads]
     if input.requires_grad:
-        grads[0] = grads[0] + _through_stats(input, mean, rstd, g_mean, g_rstd, N, C, group)
+        grads[0] = grads[0] + _through_stats(input, rstd, g_mean, g_rstd, N, C, HxW, group)
     for x, grad in zip([x for x, w in zip((input, weight, bias), mask) if w], grads):
         put_grad(x, grad)
     return out, mean, rstd

@@ -16,11 +16,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from thunder_rs import prims
+from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.common import OpaqueKernel, flows
+from thunder_rs.torch.creation import _spaced
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.symint import SymInt, same_shape
 from thunder_rs.core.state.guards import StateGuard
@@ -33,16 +34,14 @@ __all__ = ["affine_grid", "grid_sample", "grid_sampler"]
 
 
 def _linspace_from_neg_one(theta, steps: int, align_corners: bool):
-    """aten's ``linspace(-1, 1, steps)`` (the first half counted up from -1, the rest down from
-    1), scaled by (steps - 1) / steps without align_corners; a single step is 0."""
+    """aten's ``linspace(-1, 1, steps)``, computed as ``torch.linspace``'s CPU kernel computes it
+    (``creation._spaced``: each point one FMA from its nearer end), then scaled by (steps - 1) /
+    steps in the dtype without align_corners; a single step is 0."""
     dtype, device = theta.dtype, theta.device
     if steps <= 1:
         return prims.full((steps,), 0.0, device, dtype)
-    step = float(torch.tensor(2.0, dtype=dtype) / (steps - 1))  # in the dtype, as aten divides
-    i = prims.convert_element_type(prims.iota(steps, 0, 1, device, torch.int64), dtype)
-    up = prims.add(prims.mul(i, step), -1.0)
-    down = prims.sub(1.0, prims.mul(prims.sub(float(steps - 1), i), step))
-    values = prims.where(prims.lt(i, float(steps // 2)), up, down)
+    values, _ = _spaced("ltorch.affine_grid", -1, 1, steps, dtype, device)
+    values = clang.maybe_convert(values, dtype)
     if not align_corners:
         values = prims.div(prims.mul(values, float(steps - 1)), float(steps))
     return values

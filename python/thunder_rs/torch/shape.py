@@ -41,6 +41,7 @@ __all__ = [
     "mT",
     "contiguous",
     "clone",
+    "alias",
     "expand",
     "expand_as",
     "broadcast_to",
@@ -364,6 +365,13 @@ def contiguous(a, memory_format=torch.contiguous_format):
 
 
 TORCH_TO_LTORCH[Tensor.contiguous] = contiguous
+
+
+@torchsymbol(torch.ops.aten.alias.default, torch.ops.aten.alias, name="alias")
+def alias(a):
+    """``aten.alias``: a view of ``a`` with its shape and strides (``view_ops`` links it to ``a``,
+    so that a write through either is seen by the other, as in eager)."""
+    return prims.reshape(a, tuple(a.shape))
 
 
 @torchsymbol(torch.clone, Tensor.clone)

@@ -235,7 +235,7 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
         )
         out = _lerp(out, ltorch.take_along_dim(values, ltorch.to(ltorch.ceil(ranks), torch.int64), -1), weights)
     out = ltorch.movedim(out, -1, 0)  # quantiles first, then the reduced shape
-    if keepdim:
+    if keepdim and (flat or input.ndim > 0):  # (a 0-d input's reduced shape is its own: 0-d)
         out = ltorch.reshape(out, (out.shape[0], *(1 for _ in input.shape))) if flat else ltorch.unsqueeze(out, d + 1)
     return ltorch.squeeze(out, 0) if scalar_q else out
 

@@ -59,6 +59,7 @@ _PRIM_VIEWS = (
     "slice_tensor",
     "unbind",
     "getitem",
+    "alias",
 )
 #: View ops of each of several tensors (``tracked_each``); ``atleast_3d`` is ``arrange``'s.
 _EACH_VIEWS = ("atleast_1d", "atleast_2d")
@@ -116,6 +117,19 @@ def _contiguous_or_copy(symbol):
         return out
 
     return contiguous
+
+
+def _ravel(view_op):
+    """``ravel``: eager's ``contiguous().view(-1)``, so a copy of a tensor that is not contiguous,
+    even one whose dims a reshape would merge into a view (a slice with a step)."""
+
+    def ravel(a):
+        if isinstance(a, TensorProxy) and numel_of(a) > 1 and not _in_format(a, torch.contiguous_format):
+            a = _shape.clone(a, memory_format=torch.contiguous_format)
+        return view_op(a)
+
+    ravel.__wrapped__ = view_op
+    return ravel
 
 
 #: The formats that order a tensor's elements otherwise than its dims.
@@ -316,6 +330,7 @@ def _register() -> None:
     PROPERTY_TO_LTORCH["mH"] = _of_real("mH", PROPERTY_TO_LTORCH["mT"], 2)
     PROPERTY_TO_LTORCH["H"] = _of_real("H", PROPERTY_TO_LTORCH["T"], 2, exact=True)
     rewrap(_shape.contiguous, _contiguous_or_copy(_shape.contiguous))
+    rewrap(TORCH_TO_LTORCH[torch.ravel], _ravel(TORCH_TO_LTORCH[torch.ravel]))
     for name in _COPIES:
         rewrap(_symbol(name), _fresh(_symbol(name)))
     rewrap(diagonal, opaque(diagonal, diagonal_scatter, _diagonal_strides, eager=torch.diagonal))
