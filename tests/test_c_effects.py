@@ -279,3 +279,30 @@ def test_a_file_object_of_a_python_subclass_the_program_holds_stays_open(tmp_pat
         assert not log.closed
     finally:
         log.close()
+
+
+def test_a_type_decided_once_per_trace_still_sees_its_instances_and_subclasses(tmp_path):
+    """The profile hook decides once per type whether its builtins are watched
+    (``CallObserver.watches``, a decision kept until the trace ends): a write to an instance of a
+    Python subclass of an in-memory stream held outside is refused after builtins of unwatched
+    types ran, in each of two traces (a new subclass each)."""
+    buffers = []
+
+    def make(kind):
+        class Held(kind):
+            pass
+
+        buffers.append(Held())
+        return buffers[-1]
+
+    for kind in (io.StringIO, io.BytesIO):
+        held, payload = make(kind), ("s" if kind is io.StringIO else b"s")
+
+        def fn(x, held=held, payload=payload):
+            {}.get(1), [1].index(1), "a".startswith("a")  # (builtins of unwatched types first)
+            held.write(payload)
+            return x + 1
+
+        with pytest.raises(ThunderNotImplementedError, match=r"Held\.write: the program calls it"):
+            thunder_rs.jit(fn)(torch.ones(2))
+        assert held.getvalue() == payload[:0]  # refused before it wrote

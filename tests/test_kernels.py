@@ -220,7 +220,30 @@ def embedding(padding_idx: int, by_freq: bool):
     return inputs
 
 
+def embedding_bag_forward(mode: int, padding: int = -1, last: bool = False, weighted: bool = False):
+    def inputs(dtype):
+        indices = torch.tensor([1, 2, 1, 5, 1, 9, 2, 0, 3, 3])
+        offsets = torch.tensor([0, 3, 3, 6, 10] if last else [0, 3, 3, 6])
+        sample_weights = randn(10, dtype=dtype) if weighted else None
+        return (
+            randn(10, 4, dtype=dtype),
+            indices,
+            offsets,
+            sample_weights,
+        ), lambda w, i, o, p: ltorch.embedding_bag_forward(w, i, o, mode, p, last, padding)
+
+    return inputs
+
+
 CASES = [
+    Case("embedding_bag_forward_sum", ltorch.embedding_bag_forward, embedding_bag_forward(0)),
+    Case("embedding_bag_forward_mean_padding", ltorch.embedding_bag_forward, embedding_bag_forward(1, padding=2)),
+    Case("embedding_bag_forward_mean_last", ltorch.embedding_bag_forward, embedding_bag_forward(1, last=True)),
+    Case(
+        "embedding_bag_forward_sum_weighted_padding",
+        ltorch.embedding_bag_forward,
+        embedding_bag_forward(0, padding=1, weighted=True),
+    ),
     Case(
         "native_layer_norm",
         ltorch.native_layer_norm,

@@ -11,7 +11,8 @@ test found a few ulps off.
   one row (``masked_select``), as eager's ``masked_fill_backward``.
 - ``torch.cross`` and ``torch.linalg.cross`` gradients: cross products, as eager's formula.
 - ``torch.renorm``: eager's ``renorm_backward``, in the accumulate dtype.
-- ``F.embedding_bag`` sum and mean gradients: eager's backward kernels.
+- ``F.embedding_bag`` sum and mean gradients: eager's backward kernels, on the bookkeeping its
+  forward kernel left (as eager's autograd saves it), not a run of the forward again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import thunder_rs
 from thunder_rs.executors.torch_ex import decomposing
@@ -177,3 +180,43 @@ def test_embedding_bag_gradient_decompositions(case):
         actual = _run(thunder_rs.jit(program), inputs, 0)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
+
+
+class _AtenCalls(TorchDispatchMode):
+    """The aten ops run while active, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _aten_calls(program, inputs) -> list[str]:
+    with _AtenCalls() as calls:
+        _run(program, inputs, 0)
+    return calls.names
+
+
+@pytest.mark.parametrize("case", [*_BAGS, "max"])
+def test_embedding_bag_backward_reads_what_its_forward_kernel_left(case):
+    """A jitted sum or mean ``F.embedding_bag`` runs eager's forward kernel once per call and its
+    backward kernels read what it left, as eager's autograd does, reading no value to the host
+    (``_local_scalar_dense``: a device sync on a GPU). The backward ran ``_embedding_bag`` again
+    for each gradient (three runs with the per-sample weights'), and the forward read the first
+    and last offsets and whether they decrease. Max bags run the decomposition's VJP (which reads
+    the offsets to check them); their values and gradients are eager's too."""
+    program, inputs = _bag_program_and_inputs(torch.float32, "mean" if case == "max" else case)
+    if case == "max":
+        indices, offsets = torch.tensor([1, 2, 4, 4, 3]), torch.tensor([0, 1, 1])
+        program = lambda weight: F.embedding_bag(indices, weight, offsets, mode="max")  # noqa: E731
+    jitted = thunder_rs.jit(program)
+    _run(jitted, inputs, 0)  # (compiled: the calls below are the hit path's)
+    eager, jit = _aten_calls(program, inputs), _aten_calls(jitted, inputs)
+    if case != "max":
+        assert "_local_scalar_dense.default" not in jit
+        assert jit.count("_embedding_bag.default") == eager.count("_embedding_bag.default") == 1
+    for a, e in zip(_run(jitted, inputs, 0), _run(program, inputs, 0)):
+        assert torch.equal(a, e)

@@ -17,6 +17,9 @@
 //! subclass of the type, or an instance of it: `f.write` on a file object) go to
 //! `on_c_call(frame, function, importing, interesting)`, whose error is raised at that call;
 //! `interesting`: the frame's code is (the standard library's `json.dump` writes for the program).
+//! Whether a type is an owner or derives from one is decided once per type while the hook is
+//! started (`kinds`), so that a builtin call costs two hash lookups, not a walk of every owner's
+//! subclass check.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -58,6 +61,11 @@ pub struct CallObserver {
     /// Addresses of the objects (kept in `owner_refs`) whose builtins' calls go to `on_c_call`.
     owners: FxHashSet<usize>,
     owner_refs: Vec<Py<PyAny>>,
+    /// Type address -> whether it is one of the owners that are types or a subclass of one,
+    /// decided at a builtin's first call bound to it (or to an instance of it); the types are
+    /// kept in `kind_refs` until `stop` so an address is not reused while it is in this table.
+    kinds: FxHashMap<usize, bool>,
+    kind_refs: Vec<Py<PyAny>>,
     on_c_call: Option<Py<PyAny>>,
     /// The first Python error a callback raised; reported by `stop`.
     error: Option<PyErr>,
@@ -80,6 +88,8 @@ impl CallObserver {
             on_return,
             owners: FxHashSet::default(),
             owner_refs: Vec::new(),
+            kinds: FxHashMap::default(),
+            kind_refs: Vec::new(),
             on_c_call: None,
             error: None,
             started: false,
@@ -94,6 +104,7 @@ impl CallObserver {
     fn watch_c_calls(&mut self, owners: Vec<Py<PyAny>>, on_c_call: Py<PyAny>) {
         self.owners = owners.iter().map(|o| o.as_ptr() as usize).collect();
         self.owner_refs = owners;
+        self.forget_kinds();
         self.on_c_call = Some(on_c_call);
     }
 
@@ -108,10 +119,12 @@ impl CallObserver {
         install(slf);
     }
 
-    /// Removes the hook from the calling thread; raises the first error a callback raised.
+    /// Removes the hook from the calling thread; raises the first error a callback raised. The
+    /// types whose builtins it saw are let go (a class the program made is not kept alive).
     fn stop(&mut self) -> PyResult<()> {
         self.started = false;
         uninstall();
+        self.forget_kinds();
         self.error.take().map_or(Ok(()), Err)
     }
 
@@ -152,19 +165,33 @@ fn uninstall() {
 impl CallObserver {
     /// Whether `owner`, a builtin's `__self__`, is watched: one of `owners`, a subclass of one
     /// (`class Stamp(datetime.datetime)`), or an instance of one (a file object's `write`).
-    fn watches(&self, owner: *mut ffi::PyObject) -> bool {
+    fn watches(&mut self, py: Python<'_>, owner: *mut ffi::PyObject) -> bool {
         if owner.is_null() {
             return false;
         }
         if self.owners.contains(&(owner as usize)) {
             return true;
         }
-        // SAFETY: the GIL is held; `owner` and the owners are live objects.
+        // SAFETY: the GIL is held; `owner` is a live object.
         let is_type = unsafe { ffi::PyType_Check(owner) != 0 };
-        let kind = if is_type { owner.cast() } else { unsafe { ffi::Py_TYPE(owner) } };
-        self.owner_refs.iter().any(|o| unsafe {
-            ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(kind, o.as_ptr().cast()) != 0
-        })
+        let kind: *mut ffi::PyObject = if is_type { owner } else { unsafe { ffi::Py_TYPE(owner) }.cast() };
+        if let Some(&known) = self.kinds.get(&(kind as usize)) {
+            return known;
+        }
+        let watched = self.owner_refs.iter().any(|o| unsafe {
+            ffi::PyType_Check(o.as_ptr()) != 0 && ffi::PyType_IsSubtype(kind.cast(), o.as_ptr().cast()) != 0
+        });
+        self.kinds.insert(kind as usize, watched);
+        // SAFETY: the GIL is held; `kind` is a live type (the owner's, or the owner itself).
+        self.kind_refs.push(unsafe { Bound::from_borrowed_ptr(py, kind) }.unbind());
+        watched
+    }
+
+    /// Lets go of the decisions of `watches` by type: a type's bases may be assigned between
+    /// traces, and the types are not kept alive past one.
+    fn forget_kinds(&mut self) {
+        self.kinds.clear();
+        self.kind_refs.clear();
     }
 
     /// The flags of `code`, asking `classify` on its first call.
@@ -257,11 +284,14 @@ unsafe fn c_call(obj: *mut ffi::PyObject, frame: *mut ffi::PyFrameObject, functi
         return 0;
     };
     let callback = {
-        let Ok(observer) = observer.try_borrow() else {
+        let Ok(mut observer) = observer.try_borrow_mut() else {
             return 0;
         };
         let owner = unsafe { ffi::PyCFunction_GetSelf(function) };
-        let Some(callback) = observer.on_c_call.as_ref().filter(|_| observer.watches(owner)) else {
+        if observer.on_c_call.is_none() || !observer.watches(py, owner) {
+            return 0;
+        }
+        let Some(callback) = observer.on_c_call.as_ref() else {
             return 0;
         };
         let code = unsafe { Bound::<PyAny>::from_owned_ptr(py, ffi::PyFrame_GetCode(frame).cast()) };

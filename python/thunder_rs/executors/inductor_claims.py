@@ -79,6 +79,10 @@ NOT_CLAIMED = {
     # Inductor runs aten._embedding_bag as a fallback kernel (eager's, on contiguous copies): nothing to fuse.
     # (max_norm's write of weight is ltorch.embedding_renorm's, before the bags.)
     "ltorch.embedding_bag": "Inductor runs eager's kernel for it (make_fallback), on contiguous copies",
+    "ltorch.embedding_bag_forward": (
+        "eager's kernel whose bookkeeping the backward reads: its CPU sum fast path leaves the position-to-bag map "
+        "empty (filled in by the implementation), where a compiled graph takes the meta kernel's shape"
+    ),
     # The result depends on tensor values beyond what a layout fixes, or on memory.
     "ltorch.repeat_interleave": "a tensor of repeats sets the output's shape",
     "ltorch.as_strided": "reads storage as laid out in memory, which a compiled graph need not keep",

@@ -22,7 +22,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, T
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.core.lang.symint import same_shape
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import OpaqueKernel, sum_to
+from thunder_rs.torch.common import OpaqueKernel, flows, sum_to
 
 __all__ = ["bilinear", "trilinear", "embedding_bag"]
 
@@ -164,11 +164,8 @@ def bilinear_grad(input1, input2, weight, bias=None):
 _MODES = ("sum", "mean", "max")
 
 
-def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
-    """The flat indices, the bags' starts, the flat per-sample weights and the bag count, as
-    F.embedding_bag reads a 1-D input with offsets or a 2-D input of equal bags. Offsets are
-    data: eager's checks of their values are made where the starts are taken
-    (``embedding_bag_bounds``)."""
+def _check_bags(op: str, input, offsets) -> None:
+    """Eager's checks of the input's and offsets' ranks and dtypes."""
     if input.ndim == 2:
         check(
             offsets is None,
@@ -177,10 +174,7 @@ def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
             "of fixed length sequences (argument offsets)",
             ThunderValueError,
         )
-        flat = ltorch.reshape(input, (input.numel(),))
-        starts = prims.iota(input.shape[0], 0, input.shape[1], input.device, input.dtype)
-        weights = None if per_sample_weights is None else ltorch.reshape(per_sample_weights, (input.numel(),))
-        return flat, starts, weights, input.shape[0]
+        return
     check(
         input.ndim == 1,
         op,
@@ -195,6 +189,26 @@ def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
         f"expected input and offsets to have the same dtype, got {input.dtype} and {offsets.dtype} (argument offsets)",
         ThunderRuntimeError,
     )
+
+
+def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
+    """The flat indices, the bags' starts, the flat per-sample weights and the bag count, as
+    F.embedding_bag reads a 1-D input with offsets or a 2-D input of equal bags. Offsets are
+    data: eager's checks of their values are made where the starts are taken
+    (``embedding_bag_bounds``)."""
+    _check_bags(op, input, offsets)
+    if input.ndim == 2:
+        flat = ltorch.reshape(input, (input.numel(),))
+        starts = prims.iota(input.shape[0], 0, input.shape[1], input.device, input.dtype)
+        weights = None if per_sample_weights is None else ltorch.reshape(per_sample_weights, (input.numel(),))
+        return flat, starts, weights, input.shape[0]
+    count = _bag_count(op, offsets, include_last_offset)
+    starts = embedding_bag_bounds(offsets, count, input.shape[0], include_last_offset)[0]
+    return input, starts, per_sample_weights, count
+
+
+def _bag_count(op: str, offsets, include_last_offset) -> int:
+    """The number of bags 1-D ``offsets`` make."""
     count = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     check(
         count >= 0,
@@ -202,8 +216,7 @@ def _bags(op: str, input, offsets, per_sample_weights, include_last_offset):
         "include_last_offset: number of offsets should be at least 1 (argument offsets)",
         ThunderRuntimeError,
     )
-    starts = embedding_bag_bounds(offsets, count, input.shape[0], include_last_offset)[0]
-    return input, starts, per_sample_weights, count
+    return count
 
 
 def _bounds_meta(offsets, count, length, include_last_offset):
@@ -240,10 +253,6 @@ def _aten_embedding_bag_bounds(offsets, count, length, include_last_offset):
                 f"({length}); eager's modes disagree on the positions past it (argument offsets)"
             )
     return offsets[:count]
-
-
-#: The aten calls the torch executor runs for the kernels.
-TORCH_IMPLS = {embedding_bag_bounds: _aten_embedding_bag_bounds}
 
 
 def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights):
@@ -345,52 +354,118 @@ def embedding_bag(
     op = "ltorch.embedding_bag"
     _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights)
     flat, starts, sample_weights, count = _bags(op, input, offsets, per_sample_weights, include_last_offset)
-    if padding_idx is not None:
-        check(
-            -weight.shape[0] <= padding_idx < weight.shape[0],
-            op,
-            "padding_idx must be within the number of embeddings (argument padding_idx)",
-            ThunderRuntimeError,
-        )
-        padding_idx %= weight.shape[0]
+    padding_idx = _padding(op, weight, padding_idx)
     rows = ltorch.embedding(flat, weight, scale_grad_by_freq=scale_grad_by_freq)
     bag = _bag_of_each(flat, starts, count)
     valid = None if padding_idx is None else prims.ne(flat, padding_idx)
     if mode == "max":
         return _max_of_bags(rows, bag, valid, count)
+    return _sum_or_mean_of_bags(rows, bag, valid, sample_weights, count, mode == "mean")[0]
+
+
+def _padding(op: str, weight, padding_idx):
+    """``padding_idx`` as a row of ``weight`` (None for none)."""
+    if padding_idx is None:
+        return None
+    check(
+        -weight.shape[0] <= padding_idx < weight.shape[0],
+        op,
+        "padding_idx must be within the number of embeddings (argument padding_idx)",
+        ThunderRuntimeError,
+    )
+    return padding_idx % weight.shape[0]
+
+
+def _sum_or_mean_of_bags(rows, bag, valid, sample_weights, count: int, mean: bool):
+    """Each bag's sum (or mean) of its rows (times their per-sample weights), and each bag's
+    number of rows that are not the padding index."""
     if sample_weights is not None:
         rows = rows * ltorch.unsqueeze(sample_weights, 1)
     if valid is not None:
         rows = ltorch.where(ltorch.unsqueeze(valid, 1), rows, 0.0)
-    zeros = ltorch.zeros((count, weight.shape[1]), dtype=rows.dtype, device=weight.device)
+    zeros = ltorch.zeros((count, rows.shape[1]), dtype=rows.dtype, device=rows.device)
     total = ltorch.index_add(zeros, 0, bag, rows)
-    if mode == "sum":
-        return total
-    ones = ltorch.ones(flat.shape, dtype=rows.dtype, device=weight.device)
+    ones = ltorch.ones((rows.shape[0],), dtype=rows.dtype, device=rows.device)
     members = ones if valid is None else ltorch.where(valid, ones, 0.0)
-    sizes = ltorch.index_add(ltorch.zeros((count,), dtype=rows.dtype, device=weight.device), 0, bag, members)
-    return ltorch.where(ltorch.unsqueeze(sizes == 0, 1), 0.0, total / ltorch.unsqueeze(sizes, 1))
+    sizes = ltorch.index_add(ltorch.zeros((count,), dtype=rows.dtype, device=rows.device), 0, bag, members)
+    if not mean:
+        return total, sizes
+    return ltorch.where(ltorch.unsqueeze(sizes == 0, 1), 0.0, total / ltorch.unsqueeze(sizes, 1)), sizes
 
 
 _MODE_NUMBERS = {"sum": 0, "mean": 1, "max": 2}
 
 
-def _eager_bag_weight_grad(grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
-    """Eager's weight gradient of ``torch.embedding_bag``: its bags' bookkeeping from
-    ``_embedding_bag`` (which depends on the indices and offsets only), then its backward kernel."""
-    aten = torch.ops.aten
+def _make_offset2bag(offsets, length: int):
+    """Each position's bag as eager's ``make_offset2bag`` numbers them (``_embedding_bag_backward``
+    makes it so from the offsets where the forward left it empty)."""
+    offset2bag = torch.zeros(length + 1, dtype=offsets.dtype, device=offsets.device)
+    offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
+    offset2bag[0] -= 1
+    return offset2bag.cumsum(0, dtype=offsets.dtype)[:length]
+
+
+def _eager_bag_forward(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    """Eager's ``_embedding_bag`` (what ``F.embedding_bag`` runs when a gradient is wanted): the
+    bags and the bookkeeping its backward reads. Where the CPU kernel's sum fast path leaves the
+    position-to-bag map empty, it is made here as the backward would make it (the trace holds one
+    size for it)."""
     indices, offsets = indices.contiguous(), offsets.contiguous()  # (as eager's embedding_bag passes them)
-    bags = aten._embedding_bag(
+    out, offset2bag, bag_size, _ = torch.ops.aten._embedding_bag(
         weight, indices, offsets, False, mode, False, per_sample_weights, include_last_offset, padding_idx
     )
-    _, offset2bag, bag_size, maximum_indices = bags
-    return aten._embedding_bag_backward(
+    if offset2bag.shape[0] != indices.shape[0]:
+        offset2bag = _make_offset2bag(offsets, indices.shape[0])
+    return out, offset2bag, bag_size
+
+
+def _bag_forward_meta(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    """The bags, each position's bag and each bag's size (CUDA's kernel keeps one per offset); None
+    on other devices (the decomposition's)."""
+    device = weight.device.type
+    if device not in ("cpu", "cuda"):
+        return None
+    count = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    return [
+        ((count, weight.shape[1]), weight.dtype, flows(weight, per_sample_weights)),
+        ((indices.shape[0],), indices.dtype, False),
+        ((count if device == "cpu" else offsets.shape[0],), indices.dtype, False),
+    ]
+
+
+@torchsymbol(name="embedding_bag_forward", meta=_bag_forward_meta)
+def embedding_bag_forward(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    """A sum or mean ``embedding_bag`` of 1-D ``indices`` (``padding_idx`` -1 for none) with what
+    its backward reads: each position's bag and, for a mean, each bag's size not counting the
+    padding index (zeros for a sum, as eager's CPU kernel leaves them)."""
+    count = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    starts = embedding_bag_bounds(offsets, count, indices.shape[0], include_last_offset)[0]
+    bag = _bag_of_each(indices, starts, count)
+    valid = None if padding_idx < 0 else prims.ne(indices, padding_idx)
+    rows = ltorch.embedding(indices, weight)
+    mean = mode == _MODE_NUMBERS["mean"]
+    out, sizes = _sum_or_mean_of_bags(rows, bag, valid, per_sample_weights, count, mean)
+    if mean:
+        sizes = prims.convert_element_type(sizes, indices.dtype)
+    else:
+        sizes = ltorch.zeros((count,), dtype=indices.dtype, device=indices.device)
+    return out, prims.convert_element_type(bag, indices.dtype), sizes
+
+
+def _eager_bag_weight_grad(
+    grad, weight, indices, offsets, bags, mode, per_sample_weights, include_last_offset, padding_idx
+):
+    """Eager's weight gradient of ``torch.embedding_bag``: its backward kernel on the forward's
+    bookkeeping (``bags``: ``embedding_bag_forward``'s position-to-bag map and bag sizes; the
+    maxima eager's kernel takes are read by max bags only)."""
+    offset2bag, bag_size = bags
+    return torch.ops.aten._embedding_bag_backward(
         grad,
-        indices,
-        offsets,
+        indices.contiguous(),
+        offsets.contiguous(),
         offset2bag,
         bag_size,
-        maximum_indices,
+        bag_size,
         weight.shape[0],
         False,
         mode,
@@ -402,7 +477,7 @@ def _eager_bag_weight_grad(grad, weight, indices, offsets, mode, per_sample_weig
 
 @torchsymbol(_eager_bag_weight_grad, name="embedding_bag_weight_grad")
 def embedding_bag_weight_grad(
-    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    grad, weight, indices, offsets, bags, mode, per_sample_weights, include_last_offset, padding_idx
 ):
     """The gradient of a sum or mean ``embedding_bag``'s weight: each looked-up row gets its bag's
     cotangent (divided by the bag's size for a mean, times its per-sample weight), added into the
@@ -426,21 +501,18 @@ def embedding_bag_weight_grad(
 
 
 def _eager_bag_sample_weights_grad(
-    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    grad, weight, indices, offsets, bags, mode, per_sample_weights, include_last_offset, padding_idx
 ):
-    """Eager's gradient of ``torch.embedding_bag``'s per-sample weights: its bags' bookkeeping from
-    ``_embedding_bag``, then its backward kernel (a dot product per sample)."""
-    aten = torch.ops.aten
-    indices, offsets = indices.contiguous(), offsets.contiguous()  # (as eager's embedding_bag passes them)
-    bags = aten._embedding_bag(
-        weight, indices, offsets, False, mode, False, per_sample_weights, include_last_offset, padding_idx
+    """Eager's gradient of ``torch.embedding_bag``'s per-sample weights: its backward kernel (a dot
+    product per sample) on the forward's position-to-bag map."""
+    return torch.ops.aten._embedding_bag_per_sample_weights_backward(
+        grad, weight, indices.contiguous(), offsets.contiguous(), bags[0], mode, padding_idx
     )
-    return aten._embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, bags[1], mode, padding_idx)
 
 
 @torchsymbol(_eager_bag_sample_weights_grad, name="embedding_bag_sample_weights_grad")
 def embedding_bag_sample_weights_grad(
-    grad, weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    grad, weight, indices, offsets, bags, mode, per_sample_weights, include_last_offset, padding_idx
 ):
     """The gradient of a sum ``embedding_bag``'s per-sample weights: each sample's looked-up row
     times its bag's cotangent, summed over the features (zero for the padding index)."""
@@ -465,39 +537,40 @@ def embedding_bag_grad(
     include_last_offset=False,
     padding_idx=None,
 ):
-    """Eager's gradients for sum and mean bags (``embedding_bag_weight_grad``,
-    ``embedding_bag_sample_weights_grad``); the VJP of the decomposition for max bags and for
-    gradients scaled by the frequency."""
-    out = ltorch.embedding_bag(
-        input,
-        weight,
-        offsets,
-        max_norm,
-        norm_type,
-        scale_grad_by_freq,
-        mode,
-        sparse,
-        per_sample_weights,
-        include_last_offset,
-        padding_idx,
-    )
+    """Eager's kernels for sum and mean bags, as its autograd runs them: ``_embedding_bag``
+    (``embedding_bag_forward``), whose bookkeeping its backward kernels read
+    (``embedding_bag_weight_grad``, ``embedding_bag_sample_weights_grad``); the VJP of the
+    decomposition for max bags and for gradients scaled by the frequency."""
+    args = (max_norm, norm_type, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset)
     if mode == "max" or scale_grad_by_freq:  # (eager's kernels here take no frequency scaling)
-        return out
+        return ltorch.embedding_bag(input, weight, offsets, *args, padding_idx)
+    op = "ltorch.embedding_bag"
+    _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights)
+    _check_bags(op, input, offsets)
     indices, sample_weights = input, per_sample_weights
     if input.ndim == 2:  # (F.embedding_bag's bags of equal length)
         indices = ltorch.reshape(input, (input.numel(),))
         offsets = prims.iota(input.shape[0], 0, input.shape[1], input.device, input.dtype)
         if per_sample_weights is not None:
             sample_weights = ltorch.reshape(per_sample_weights, (input.numel(),))
-    padding = -1 if padding_idx is None else padding_idx % weight.shape[0]
-    bags = (indices, offsets, _MODE_NUMBERS[mode], sample_weights, include_last_offset, padding)
+    else:
+        _bag_count(op, offsets, include_last_offset)
+    padding = _padding(op, weight, padding_idx)
+    padding = -1 if padding is None else padding
+    number = _MODE_NUMBERS[mode]
+    out, *bags = embedding_bag_forward(weight, indices, offsets, number, sample_weights, include_last_offset, padding)
+    context = (indices, offsets, tuple(bags), number, sample_weights, include_last_offset, padding)
     g = get_grad(out)
     if weight.requires_grad:
-        put_grad(weight, embedding_bag_weight_grad(g, weight, *bags))
+        put_grad(weight, embedding_bag_weight_grad(g, weight, *context))
     if per_sample_weights is not None and per_sample_weights.requires_grad:
-        grad = embedding_bag_sample_weights_grad(g, weight, *bags)
+        grad = embedding_bag_sample_weights_grad(g, weight, *context)
         put_grad(per_sample_weights, ltorch.reshape(grad, tuple(per_sample_weights.shape)))
     return out
+
+
+#: The aten calls the torch executor runs for the kernels.
+TORCH_IMPLS = {embedding_bag_bounds: _aten_embedding_bag_bounds, embedding_bag_forward: _eager_bag_forward}
 
 
 def _packed_sequences(*args, **kwargs):
