@@ -21,6 +21,7 @@ from thunder_rs import _core
 from thunder_rs.core.lang import autocast
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
@@ -245,7 +246,7 @@ def _device(in_leaves, kwargs) -> str:
     if in_leaves:
         return str(in_leaves[0].device)
     device = kwargs.get("device")
-    return str(torch.device(device) if device is not None else torch.get_default_device())
+    return str(indexed(torch.device(device)) if device is not None else torch.get_default_device())
 
 
 #: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.

@@ -1,0 +1,122 @@
+"""A CUDA device named without an index (``"cuda"``, ``torch.device("cuda")``, ``Tensor.cuda()``)
+is the current CUDA device, as in eager: factories put their tensors there, ``Tensor.to`` and
+``Tensor.cuda`` move a tensor on another CUDA device there, and the tensor itself where it is there
+already. Checked on fake CUDA tensors (``FakeTensorMode`` puts ``cuda`` on ``cuda:0``), with a GPU
+twin on real tensors (gpu_check's selection).
+"""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import thunder_rs
+from thunder_rs.core.lang import devices
+from thunder_rs.errors import ThunderRuntimeError
+
+#: Programs that meet a CUDA tensor with a tensor made on ``"cuda"``.
+FACTORIES = {
+    "ones": lambda x: x + torch.ones(5, device="cuda"),
+    "full": lambda x: x + torch.full((5,), 2.0, device=torch.device("cuda")),
+    "arange": lambda x: x + torch.arange(5, device="cuda"),
+    "linspace": lambda x: x + torch.linspace(0, 1, 5, device="cuda"),
+    "eye": lambda x: x @ torch.eye(5, device="cuda"),
+    "zeros_like": lambda x: x + torch.zeros_like(x, device="cuda"),
+    "new_ones": lambda x: x + x.new_ones(5, device="cuda"),
+    "randn": lambda x: x + torch.randn(5, device="cuda"),
+    "randint": lambda x: x + torch.randint(0, 4, (5,), device="cuda"),
+    "tril_indices": lambda x: x[:2, :3] + torch.tril_indices(3, 3, device="cuda")[:, :3],
+    "empty_filled": lambda x: x + torch.empty(5, device="cuda").fill_(1),
+    "Tensor.cuda": lambda x: x + torch.ones(5).cuda(),
+}
+#: Moves to a CUDA device named without an index.
+MOVES = {
+    "to": lambda x: x.to("cuda"),
+    "to_device_dtype": lambda x: x.to(torch.device("cuda"), torch.float64),
+    "cuda": lambda x: x.cuda(),
+    "as_tensor": lambda x: torch.as_tensor(x, device="cuda"),
+}
+
+
+def _metadata(t):
+    return (t.device, t.dtype, tuple(t.shape), t.stride())
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_a_tensor_made_on_cuda_without_an_index_meets_a_cuda_tensor_as_in_eager(name):
+    """It was made on ``cuda`` where the input is on ``cuda:0``: the compile raised "expected all
+    tensors on one device, got ['cuda', 'cuda:0']" (``Tensor.cuda()``'s result was traced on the
+    CPU) where eager computes."""
+    fn = FACTORIES[name]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(2, 5, device="cuda")
+        assert _metadata(thunder_rs.jit(fn)(x)) == _metadata(fn(x))
+
+
+@pytest.mark.parametrize("name", MOVES)
+@pytest.mark.parametrize("device", ["cuda:0", "cuda:1"])
+def test_a_move_to_cuda_without_an_index_goes_to_the_current_device_as_in_eager(name, device):
+    """A tensor on ``cuda:1`` sent to ``cuda`` while ``cuda:0`` is current is copied there (it was
+    returned as it was, on ``cuda:1``); one on ``cuda:0`` is returned itself."""
+    fn = MOVES[name]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(2, 5, device=device)
+        expected, out = fn(x), thunder_rs.jit(fn)(x)
+        assert _metadata(out) == _metadata(expected)
+        assert (out is x) == (expected is x)
+
+
+def test_tensor_cuda_takes_eagers_arguments():
+    """``Tensor.cuda(device, non_blocking, memory_format)``: an index, a memory format, and eager's
+    error for a device that is not a CUDA one, naming the op."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(2, 3, 4, 5)
+        for fn in (
+            lambda x: x.cuda(1) * 2,
+            lambda x: x.cuda(non_blocking=True, memory_format=torch.channels_last) * 2,
+            lambda x: x.cuda("cuda:1").cuda() + 1,
+        ):
+            assert _metadata(thunder_rs.jit(fn)(x)) == _metadata(fn(x))
+        with pytest.raises(RuntimeError, match="Invalid device, must be cuda device"):
+            x.cuda("cpu")
+        with pytest.raises(ThunderRuntimeError, match="ltorch.cuda: Invalid device, must be cuda device"):
+            thunder_rs.jit(lambda x: x.cuda("cpu"))(x)
+
+
+def test_a_change_of_the_current_cuda_device_compiles_again(monkeypatch):
+    """The program was traced with ``cuda`` as ``cuda:0``: after ``torch.cuda.set_device(1)`` eager
+    makes its tensors on ``cuda:1``, so the entry holds only while the current device is the one
+    it was traced with (the trace then names ``cuda:1``). Programs that name no such device read
+    nothing."""
+    current = [0]
+    monkeypatch.setattr(devices, "current_cuda_index", lambda: current[0])
+    jf = thunder_rs.jit(lambda x: (x * 2, torch.ones(5, device="cuda")))
+    plain = thunder_rs.jit(lambda x: x * 2)
+    x = torch.randn(2, 5)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for index in (0, 1, 1):
+            current[0] = index
+            jf(x)
+            plain(x)
+            assert f"cuda:{index} f32[5]" in str(thunder_rs.last_traces(jf)[-1])
+    assert thunder_rs.cache_misses(jf) == 2 and thunder_rs.cache_misses(plain) == 1
+
+
+@pytest.mark.gpu
+def test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager():
+    """The GPU twin: values as eager's, aliases as eager's, and on a machine with two GPUs a
+    tensor on the second one moved to ``cuda``, and the current device changed between calls."""
+    x = torch.randn(2, 5, device="cuda")
+    for fn in (*FACTORIES.values(), *MOVES.values()):
+        torch.manual_seed(0)
+        expected = fn(x)
+        torch.manual_seed(0)
+        out = thunder_rs.jit(fn)(x)
+        assert _metadata(out) == _metadata(expected) and (out is x) == (expected is x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    if torch.cuda.device_count() < 2:
+        return
+    x1 = torch.randn(2, 5, device="cuda:1")
+    jf = thunder_rs.jit(lambda x: x.to("cuda") + torch.ones(5, device="cuda"))
+    assert jf(x1).device == torch.device("cuda:0")
+    with torch.cuda.device(1):
+        assert jf(x1).device == torch.device("cuda:1")
