@@ -36,6 +36,14 @@ MOVES = {
     "as_tensor": lambda x: torch.as_tensor(x, device="cuda"),
 }
 
+#: Calls run as eager fallbacks that take a CPU tensor and put their result where ``device`` says.
+NAMED_DEVICES = {
+    "randn_like": lambda x, y: y + torch.randn_like(x, device="cuda"),
+    "rand_like": lambda x, y: y + torch.rand_like(x, device="cuda:0"),
+    "randint_like": lambda x, y: y + torch.randint_like(x, 3, device="cuda"),
+    "new_tensor": lambda x, y: y + x.new_tensor([1.0, 2.0, 3.0, 4.0, 5.0], device="cuda"),
+}
+
 
 def _metadata(t):
     return (t.device, t.dtype, tuple(t.shape), t.stride())
@@ -105,12 +113,13 @@ def test_a_change_of_the_current_cuda_device_compiles_again(monkeypatch):
 def test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager():
     """The GPU twin: values as eager's, aliases as eager's, and on a machine with two GPUs a
     tensor on the second one moved to ``cuda``, and the current device changed between calls."""
-    x = torch.randn(2, 5, device="cuda")
-    for fn in (*FACTORIES.values(), *MOVES.values()):
+    x, on_cpu = torch.randn(2, 5, device="cuda"), torch.randn(2, 5)
+    calls = [(fn, (x,)) for fn in (*FACTORIES.values(), *MOVES.values())]
+    for fn, args in calls + [(fn, (on_cpu, x)) for fn in NAMED_DEVICES.values()]:
         torch.manual_seed(0)
-        expected = fn(x)
+        expected = fn(*args)
         torch.manual_seed(0)
-        out = thunder_rs.jit(fn)(x)
+        out = thunder_rs.jit(fn)(*args)
         assert _metadata(out) == _metadata(expected) and (out is x) == (expected is x)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
     if torch.cuda.device_count() < 2:
@@ -120,3 +129,13 @@ def test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager():
     assert jf(x1).device == torch.device("cuda:0")
     with torch.cuda.device(1):
         assert jf(x1).device == torch.device("cuda:1")
+
+
+@pytest.mark.parametrize("name", NAMED_DEVICES)
+def test_a_call_run_eagerly_puts_its_result_on_the_device_it_names(name):
+    """Its output was traced on its first tensor's device (the CPU): the compile raised "expected
+    all tensors on one device, got ['cpu', 'cuda:0']" where eager computes."""
+    fn = NAMED_DEVICES[name]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x, y = torch.randn(2, 5), torch.randn(2, 5, device="cuda")
+        assert _metadata(thunder_rs.jit(fn)(x, y)) == _metadata(fn(x, y))
