@@ -109,6 +109,30 @@ def test_a_change_of_the_current_cuda_device_compiles_again(monkeypatch):
     assert thunder_rs.cache_misses(jf) == 2 and thunder_rs.cache_misses(plain) == 1
 
 
+class _MovesItself(torch.nn.Module):
+    """A module whose forward moves itself to the current CUDA device (where it is already)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4, device=device)
+
+    def forward(self, x):
+        self.cuda()
+        self.to("cuda")
+        return self.linear(x.cuda())
+
+
+def test_a_module_moving_itself_to_the_cuda_device_it_is_on_is_left_as_eager_leaves_it():
+    """``self.cuda()`` in a forward, the parameters on the current device already: eager's
+    ``Tensor.cuda`` returns each parameter itself, so the module stays as it is. The fallback that
+    ran ``Tensor.cuda`` made new tensors, and the compile refused it as a conversion of the
+    module's parameters."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module, x = _MovesItself("cuda"), torch.randn(2, 4)
+        expected = module.linear(x.cuda())
+        assert _metadata(thunder_rs.jit(module)(x)) == _metadata(expected)
+
+
 @pytest.mark.gpu
 def test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager():
     """The GPU twin: values as eager's, aliases as eager's, and on a machine with two GPUs a
@@ -122,6 +146,8 @@ def test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager():
         out = thunder_rs.jit(fn)(*args)
         assert _metadata(out) == _metadata(expected) and (out is x) == (expected is x)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    module = _MovesItself("cuda")
+    torch.testing.assert_close(thunder_rs.jit(module)(x.cpu()), module(x.cpu()), rtol=0, atol=0)
     if torch.cuda.device_count() < 2:
         return
     x1 = torch.randn(2, 5, device="cuda:1")
