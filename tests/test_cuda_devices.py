@@ -109,6 +109,16 @@ def test_a_change_of_the_current_cuda_device_compiles_again(monkeypatch):
     assert thunder_rs.cache_misses(jf) == 2 and thunder_rs.cache_misses(plain) == 1
 
 
+@pytest.mark.parametrize("in_dims", [0, 1])
+def test_device_moves_under_vmap_are_batched_as_in_eager(in_dims):
+    """``r.cuda()`` and ``r.cpu()`` of a mapped tensor move its physical tensor, the levels where
+    they were (they had no batching rule: the compile raised where eager computes)."""
+    fn = torch.vmap(lambda r: r.cuda().cpu().cuda(0) * 2, in_dims=in_dims)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(2, 3)
+        assert _metadata(thunder_rs.jit(fn)(x)) == _metadata(fn(x))
+
+
 class _MovesItself(torch.nn.Module):
     """A module whose forward moves itself to the current CUDA device (where it is already)."""
 
