@@ -14,7 +14,10 @@ __all__ = ["current_cuda_index", "indexed"]
 
 def current_cuda_index() -> int:
     """The current CUDA device's index; 0 where CUDA is not there (fake CUDA tensors, which
-    ``FakeTensorMode`` puts on ``cuda:0``)."""
+    ``FakeTensorMode`` puts on ``cuda:0``). Read by the guard on every call: once CUDA is
+    initialized, without ``torch.cuda.current_device``'s checks (a few microseconds)."""
+    if torch.cuda.is_initialized():
+        return torch._C._cuda_getDevice()
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
