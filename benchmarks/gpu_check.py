@@ -62,7 +62,10 @@ import gpu_report  # noqa: E402
 #: CUDA (half-precision regions rounding as eager); random draws across reads; channels_last layouts
 #: through nvFuser regions; training under CUDA autocast and CUDA random draws (test_contexts.py,
 #: test_random.py); CUDA generator arguments and a module's CUDA generator (test_generators.py);
-#: torch.vmap's batching rules on CUDA (test_vmap_rules.py, 79 cases).
+#: torch.vmap's batching rules on CUDA (test_vmap_rules.py, 79 cases); ``cuda`` without an index as
+#: the current device in factories and moves (test_cuda_devices.py); torch.func's grad, vjp and
+#: vmap of grad and complex values (RoPE, polar) through the default executors (test_cuda_transforms.py);
+#: rotary tables of functools.lru_cache'd helpers made on the GPU by misses (test_cached_misses.py).
 #: About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine (2026-11-28). test_ops.py's
 #: 20,000 CUDA parameters are left out: collecting its 47,000 items costs each worker 40 s, running
 #: them 10 minutes.
@@ -85,6 +88,9 @@ TESTS = [
     "tests/test_generators.py::test_on_cuda_generator_arguments_and_a_module_held_generator_draw_as_eager",
     "tests/test_kernel_fidelity.py::test_on_cuda_grid_sample_gradients_follow_the_forwards_switch_as_eagers",
     "tests/test_vmap_rules.py::test_batched_ops_on_cuda_match_eagers_vmap",
+    "tests/test_cuda_devices.py::test_on_cuda_devices_without_an_index_are_the_current_one_as_in_eager",
+    "tests/test_cuda_transforms.py::test_on_cuda_transforms_and_complex_values_match_eager",
+    "tests/test_cached_misses.py::test_on_cuda_training_with_cached_tables_matches_eager_gradients",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,

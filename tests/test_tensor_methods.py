@@ -35,6 +35,7 @@ UNCHECKED = {
     "map2_": "refused in a trace: runs a Python callable per element",
     "set_": "refused in a trace: swaps the tensor's storage",
     "share_memory_": "refused in a trace: moves storage to shared memory",
+    "cuda": "needs a CUDA device: checked on fake CUDA tensors in test_cuda_devices.py",
 }
 
 

@@ -232,6 +232,20 @@ def cpu_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(make((2, 3, 4, 4), dtype, device), memory_format=torch.channels_last)
 
 
+def cuda_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """``Tensor.cuda()`` of a tensor on the CUDA device: itself, or a copy in the layout asked for.
+    None on the CPU, where the move needs a GPU (test_cuda_devices.py moves fake CUDA tensors)."""
+    if device != "cuda":
+        return
+    yield SampleInput(make((3, 4), dtype, device))
+    yield SampleInput(transposed((3, 4), dtype, device), 0, non_blocking=True)
+    yield SampleInput(make((2, 3, 4, 4), dtype, device), memory_format=torch.channels_last)
+
+
+def cuda_errors() -> Iterable[ErrorInput]:
+    yield ErrorInput(SampleInput(cpu((3,)), "cpu"), RuntimeError, "Invalid device, must be cuda device")
+
+
 OPS = [
     OpInfo("arange", torch.arange, arange_samples, arange_errors, NUMERIC, supports_grad=False),
     OpInfo("arange", _arange_in_fn, FINITE, dtypes=ALL, variant="in_fn"),
@@ -268,4 +282,5 @@ OPS = [
     OpInfo("type", torch.Tensor.type, type_samples, type_errors, ALL),
     OpInfo("type_as", torch.Tensor.type_as, type_as_samples, dtypes=ALL),
     OpInfo("cpu", torch.Tensor.cpu, cpu_samples, dtypes=ALL),
+    OpInfo("cuda", torch.Tensor.cuda, cuda_samples, cuda_errors, ALL),
 ]

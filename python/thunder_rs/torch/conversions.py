@@ -1,11 +1,13 @@
-"""Dtype and device moves: ``Tensor.to``, ``type_as``, ``Tensor.type`` and ``Tensor.float()``
-and its kin. A move to the tensor's own dtype and device returns the input itself, so its
-composite dissolves from the trace.
+"""Dtype and device moves: ``Tensor.to``, ``Tensor.cuda``, ``type_as``, ``Tensor.type`` and
+``Tensor.float()`` and its kin. A move to the tensor's own dtype and device returns the input
+itself, so its composite dissolves from the trace; ``cuda`` without an index is the current CUDA
+device (``devices.indexed``), as in eager.
 """
 
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.eager_layouts import aliases_to
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -18,7 +20,7 @@ from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import clone
 
 Tensor = torch.Tensor
-__all__ = ["to", "cpu", "type_as", "tensor_type"]
+__all__ = ["to", "cuda", "cpu", "type_as", "tensor_type"]
 
 
 # -- dtype and device -----------------------------------------------------------------------------
@@ -26,12 +28,14 @@ __all__ = ["to", "cpu", "type_as", "tensor_type"]
 
 def _device(op: str, device) -> torch.device:
     try:
-        return torch.device(device)
+        return indexed(torch.device(device))
     except (RuntimeError, TypeError) as e:
         raise ThunderRuntimeError(f"{op}: {e} (argument device)") from None
 
 
 def _same_device(a, device: torch.device) -> bool:
+    """Whether ``a`` is on ``device`` (an indexed one: eager moves a tensor on ``cuda:1`` that is
+    sent to ``cuda`` while ``cuda:0`` is current)."""
     return device.type == a.device.type and device.index in (None, a.device.index)
 
 
@@ -73,6 +77,16 @@ def to(a, *args, **kwargs):
     ):
         return clone(out, memory_format=memory_format)
     return clone(out) if copy and out is a else out
+
+
+@torchsymbol(Tensor.cuda)
+def cuda(a, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    """``Tensor.cuda()``: ``to`` the CUDA device named, the current one without an index, so the
+    tensor itself when it is there already. ``non_blocking`` changes no value."""
+    target = _device("ltorch.cuda", "cuda" if device is None else device)
+    invalid = "Invalid device, must be cuda device (argument device)"
+    check(target.type == "cuda", "ltorch.cuda", invalid, ThunderRuntimeError)
+    return to(a, target, memory_format=memory_format)
 
 
 @torchsymbol(Tensor.cpu)
@@ -129,7 +143,7 @@ def tensor_type(a, dtype=None, non_blocking=False, **kwargs):
         ThunderValueError,
     )
     out = clang.maybe_convert(a, _TENSOR_TYPES[name])
-    device = torch.device("cuda" if "cuda" in prefix else "cpu")
+    device = indexed(torch.device("cuda" if "cuda" in prefix else "cpu"))
     return out if _same_device(a, device) else prims.device_put(out, device)
 
 

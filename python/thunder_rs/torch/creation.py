@@ -15,6 +15,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, SIZE_DATA
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -71,7 +72,7 @@ def _device(device, like=None) -> torch.device:
     cache key holds the default device (``cache.global_key``)."""
     if device is None:
         return like.device if like is not None else torch.get_default_device()
-    return device if isinstance(device, torch.device) else torch.device(device)
+    return indexed(device if isinstance(device, torch.device) else torch.device(device))
 
 
 def filled(shape, fill_value, device, dtype):

@@ -12,6 +12,7 @@ import math
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
@@ -195,7 +196,7 @@ def _triangle_indices(op: str, row, col, offset, dtype, device, layout, lower: b
         ),
         ThunderNotImplementedError,
     )
-    device = torch.get_default_device() if device is None else torch.device(device)
+    device = torch.get_default_device() if device is None else indexed(torch.device(device))
     if any(type(v) is SymInt for v in (row, col, offset)):
         return clang.maybe_convert(_symbolic_triangle(row, col, offset, device, lower), dtype)
     rows: list[int] = []

@@ -7,6 +7,7 @@ through whose outputs a write is refused. Registered at import, after ``views``.
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
 from thunder_rs.core.base.proxies import TensorProxy, numel_of
@@ -176,8 +177,8 @@ def _conversion(fn):
         out = data
         if dtype is not None and dtype != data.dtype:
             out = prims.convert_element_type(out, dtype)
-        if device is not None and torch.device(device) != data.device:
-            out = prims.device_put(out, torch.device(device))
+        if device is not None and indexed(torch.device(device)) != data.device:
+            out = prims.device_put(out, indexed(torch.device(device)))
         return copy_of(out) if copy and out is data else out
 
     return convert

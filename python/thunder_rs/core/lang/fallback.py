@@ -21,6 +21,7 @@ from thunder_rs import _core
 from thunder_rs.core.lang import autocast
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
+from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
@@ -102,12 +103,12 @@ def _named_generator(args, kwargs) -> torch.Generator | None:
 
 def _generator(args, kwargs) -> torch.Generator:
     """The generator a random call draws from: the one it names, else the default one of the
-    device of its first tensor (or of its ``device=``)."""
+    device its outputs go to (``_device``)."""
     gen = _named_generator(args, kwargs)
     if gen is not None:
         return gen
     tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or torch.get_default_device())
+    device = torch.device(_device(tensors, kwargs))
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
     return torch.default_generator
@@ -242,10 +243,12 @@ def _to_fake(x):
 
 
 def _device(in_leaves, kwargs) -> str:
-    if in_leaves:
-        return str(in_leaves[0].device)
+    """Where a call puts its outputs: the device it names (``torch.randn_like(x, device="cuda")``,
+    ``x.new_tensor(data, device=...)``), else its first tensor's, else the default device."""
     device = kwargs.get("device")
-    return str(torch.device(device) if device is not None else torch.get_default_device())
+    if device is not None:
+        return str(indexed(torch.device(device)))
+    return str(in_leaves[0].device if in_leaves else torch.get_default_device())
 
 
 #: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.

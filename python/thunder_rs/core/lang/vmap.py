@@ -144,7 +144,7 @@ def elementwise(func, args, kwargs):
 
 
 def _conversion(func, args, kwargs):
-    """``x.to(...)``, ``x.bool()``: the receiver's physical tensor converted, at its levels."""
+    """``x.to(...)``, ``x.cuda()``, ``x.bool()``: the receiver's physical tensor converted, at its levels."""
     receiver, rest = args[0], args[1:]
     unwrap = lambda x: x.physical if isinstance(x, BatchedProxy) else x  # noqa: E731
     out = func(unwrap(receiver), *map(unwrap, rest), **{k: unwrap(v) for k, v in kwargs.items()})
@@ -192,7 +192,7 @@ def _indexing(func, args, kwargs):
 
 #: torch callables -> batching rules; the elementwise family adds its ops (``batch_as_elementwise``).
 _RULES: dict = {}
-for _name in ("to", "bool", "long", "int", "float", "double", "contiguous", "clone", "type_as"):
+for _name in ("to", "cuda", "cpu", "bool", "long", "int", "float", "double", "contiguous", "clone", "type_as"):
     _RULES[getattr(torch.Tensor, _name)] = _conversion
 for _name in ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor"):
     _RULES[getattr(torch.Tensor, _name)] = _creation
