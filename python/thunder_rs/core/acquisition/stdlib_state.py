@@ -83,6 +83,12 @@ from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_i
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.guards import MISSING, StateGuard
+from thunder_rs.core.state.handed_effects import (
+    passes_on,
+    put_back_held,
+    put_back_module_stand_ins,
+    put_module_stand_ins,
+)
 from thunder_rs.core.state.code_reads import STDLIB_DIRS, interesting
 from thunder_rs.core.state.hook import importing_frame, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
@@ -430,6 +436,9 @@ def _next(iterator, *default):
     return _builtin_next(iterator, *default)
 
 
+passes_on(_next)  # (a ``map`` of ``os.read`` it advances reads for the program)
+
+
 def _generator_position(gen):
     frame = gen.gi_frame
     return None if frame is None else frame.f_lasti
@@ -621,6 +630,7 @@ def _put_readers() -> None:
         _uuid_clock.append((uuid, real))
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
+    put_module_stand_ins()
     put_open()
     put_streams()
 
@@ -638,6 +648,8 @@ def _put_back_readers() -> None:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
     _put_back_effect_makers()
+    put_back_module_stand_ins()
+    put_back_held()
     put_back_open()
     put_back_streams()
     put_back_bound_clocks()

@@ -37,34 +37,40 @@ def register_clock(clock, reader) -> None:
     _reader_ids.add(id(reader))
 
 
+def register_stand_in(reader) -> None:
+    """``reader`` stands in for a function while programs are traced (not a write of the program's
+    where it is put: ``handed_effects``)."""
+    _reader_ids.add(id(reader))
+
+
 def is_clock_reader(value) -> bool:
     """Whether ``value`` is a reader standing in for a clock (not a write of the program's)."""
     return id(value) in _reader_ids
 
 
-def refuse_bound_clock(source, name, value) -> None:
+def refuse_bound_clock(source, name, value, reader=None) -> None:
     """If ``value``, read as ``name`` at ``source`` (a globals dict, a state object's dict, a closure
-    cell), is a registered clock, puts its reader there until tracing ends."""
-    reader = _readers.get(id(value))
+    cell), is a registered clock, puts its reader there until tracing ends; ``reader``: the one to
+    put for another function (``handed_effects.bound_stand_in``)."""
+    reader = reader or _readers.get(id(value))
     if reader is None:
         return
     if isinstance(source, CellSource):
         source.cell.cell_contents = reader
-        _bound.append((source.cell, None, value))
+        _bound.append((source.cell, None, value, reader))
         return
     if type(source) not in (GlobalsSource, ObjectSource):
         return  # (a module's attributes are read from its clone while traced)
     mapping = source.fixed()
     if isinstance(mapping, dict) and mapping.get(name) is value:
         mapping[name] = reader
-        _bound.append((mapping, name, value))
+        _bound.append((mapping, name, value, reader))
 
 
 def put_back_bound_clocks() -> None:
     """Puts back the clocks ``refuse_bound_clock`` replaced (once no program is traced)."""
     while _bound:
-        holder, name, clock = _bound.pop()
-        reader = _readers[id(clock)]
+        holder, name, clock, reader = _bound.pop()
         if name is None:
             if holder.cell_contents is reader:
                 holder.cell_contents = clock

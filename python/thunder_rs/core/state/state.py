@@ -32,6 +32,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
 from thunder_rs.core.state.cached_reads import is_cached_reader, original
 from thunder_rs.core.state.clocks import is_clock_reader
+from thunder_rs.core.state.handed_effects import stand_in_held
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -245,6 +246,7 @@ class ProgramState:
         """Adds a state object; ``whole``: an argument object guarded on all its attributes."""
         if id(obj) not in self._objects:
             self._objects[id(obj)] = StateObject(obj, source, whole)
+            stand_in_held(obj)  # a file object's writes and reads, however the program calls them
 
     def found_attributes(self) -> list:
         """``(object, its instance dict, its attributes when the program found it)`` of each state
