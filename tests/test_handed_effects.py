@@ -3,12 +3,17 @@
 does not see: eager makes them on every call where tracing made them once, so each is refused
 naming the user's line (``core/state/handed_effects.py``); a file descriptor's reads
 (``os.read``) the same, however called. A program that holds a file and does not write it runs as
-eager, and what tracing put in place is put back."""
+eager, and what tracing put in place is put back. Clocks and the environment read through
+thunder_rs's own ``next`` (a ``map`` or ``iter`` it advances), ``time.clock_gettime``, the
+process's times and ``os.environb`` are refused or guarded as ``time.time`` and ``os.environ``
+are (``acquisition/stdlib_state.py``)."""
 
 import functools
 import itertools
 import operator
 import os
+import re
+import time
 from os import write as bound_write
 
 import pytest
@@ -156,3 +161,50 @@ def test_a_held_file_the_program_does_not_write_runs_as_eager_and_is_put_back(he
     assert thunder_rs.compile_stats(jf).miss_reasons == ["first call"]
     assert "write" not in vars(held) and os.write is real_write
     list(map(held.write, []))  # (eager code outside the program is left alone)
+
+
+# -- reads through a C caller, and the other clocks ------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["iter_perf_counter", "clock_gettime", "clock_gettime_ns", "os_times", "getrusage"])
+def test_a_clock_read_through_next_or_the_other_clocks_are_refused_naming_the_line(how):
+    # Each was read once while traced: every compiled call computed with that reading.
+    resource = pytest.importorskip("resource") if how == "getrusage" else None
+    cases = {
+        "iter_perf_counter": (lambda x: x * (next(iter(time.perf_counter, None)) % 1), "time.perf_counter"),
+        "clock_gettime": (lambda x: x * (time.clock_gettime(time.CLOCK_MONOTONIC) % 1), "time.clock_gettime"),
+        "clock_gettime_ns": (lambda x: x * (time.clock_gettime_ns(time.CLOCK_MONOTONIC) % 7), "time.clock_gettime_ns"),
+        "os_times": (lambda x: x * (os.times().user % 1), "os.times"),
+        "getrusage": (lambda x: x * (resource.getrusage(resource.RUSAGE_SELF).ru_utime % 1), "resource.getrusage"),
+    }
+    fn, what = cases[how]
+    jf = thunder_rs.jit(fn)
+    for _ in range(2):
+        with pytest.raises(
+            ThunderNotImplementedError, match=rf"{what}: the program reads the clock at .*test_handed_effects.py:"
+        ):
+            jf(torch.ones(2))
+    assert os.times is _OS_TIMES and time.perf_counter is _PERF_COUNTER  # put back after tracing
+
+
+_OS_TIMES, _PERF_COUNTER = os.times, time.perf_counter
+_VAR = "THUNDER_RS_TEST_HANDED_SCALE"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: x * float(next(map(os.environ.get, [_VAR]))),
+        lambda x: x * float(os.environb[_VAR.encode()]),
+    ],
+    ids=["map_of_environ_get", "environb"],
+)
+def test_the_environment_read_through_next_or_as_bytes_is_guarded(monkeypatch, program):
+    # Each read was not guarded: a compiled call computed with the first call's value.
+    jf, x = thunder_rs.jit(program), torch.ones(2)
+    for value in ("2", "3", "3"):
+        monkeypatch.setenv(_VAR, value)
+        torch.testing.assert_close(jf(x), program(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jf).cache_misses == 2
+    misses = thunder_rs.compile_stats(jf).miss_reasons
+    assert re.search(r"os.environb?\[b?'THUNDER_RS_TEST_HANDED_SCALE'\] changed from b?'2' to b?'3'", misses[1])

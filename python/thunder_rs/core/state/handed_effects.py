@@ -72,6 +72,10 @@ def passes_on(function) -> None:
     _PASSING_ON.add(function.__code__)
 
 
+def passing_on(code) -> bool:
+    return code in _PASSING_ON
+
+
 def _stand_in(function, called=None):
     """A Python function refusing ``function``'s call by the program while it is traced, calling
     ``called`` (``function`` by default: a ``partial`` of it) otherwise."""
