@@ -487,6 +487,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
         _check_arguments_unchanged(args, kwargs, leaves)
+        reached.refuse_changed_in_place()
     except BaseException:
         _put_back(placed, failed=True)
         restore_hook_stores(pairs)
