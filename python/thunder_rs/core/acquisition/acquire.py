@@ -176,6 +176,7 @@ def _trace_program(
             )
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
+            observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or

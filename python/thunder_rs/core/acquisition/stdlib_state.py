@@ -80,6 +80,7 @@ from typing import Any
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
+from thunder_rs.core.acquisition.setters import put_back_setters, put_setters
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
 from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
@@ -661,6 +662,7 @@ def _put_readers() -> None:
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
     put_module_stand_ins()
+    put_setters()
     put_open()
     put_streams()
 
@@ -683,6 +685,7 @@ def _put_back_readers() -> None:
         uuid._generate_time_safe = real
     _put_back_effect_makers()
     put_back_module_stand_ins()
+    put_back_setters()
     put_back_held()
     put_back_open()
     put_back_streams()

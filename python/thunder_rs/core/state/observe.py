@@ -23,6 +23,7 @@ import sys
 import types
 
 import torch
+from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -53,7 +54,7 @@ from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
 from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.reached import ArgumentTensor
-from thunder_rs.core.state.state import IntGuard, ProgramState
+from thunder_rs.core.state.state import IntGuard, ProgramState, stands_in
 from thunder_rs.core.state.type_reads import read_types
 from thunder_rs.core.state.torch_flags import (
     entered as _entered,
@@ -138,6 +139,9 @@ class Observer(AttributeReads):
         self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
+        #: ``(id of a globals dict, name)`` -> ``(the dict, name, value before, code, offset)`` of the
+        #: globals the program's code sets (``refuse_unread_global_stores``)
+        self._global_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
@@ -219,6 +223,23 @@ class Observer(AttributeReads):
         if not enabled:
             read = functools.partial(torch.get_autocast_dtype, device_type)
             self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
+
+    def refuse_unread_global_stores(self) -> None:
+        """Refuses a program that set (or deleted) a global it does not read (``global n; n = 1``):
+        tracing set it once, where eager sets it on every call. (One it reads is guarded: its guard
+        refuses the change after tracing, naming the read.)"""
+        for g, name, before, code, offset in self._global_stores.values():
+            now = g.get(name, MISSING)
+            if now is before or (id(g), name) in self._guards or stands_in(now):
+                continue
+            if any(isinstance(leaf, TensorProxy) for leaf in pytree.tree_leaves(now)):
+                continue  # (a stored tensor: ``escapes`` names it)
+            line = next((p[0] for i, p in enumerate(code.co_positions()) if 2 * i == offset), code.co_firstlineno)
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program sets global {name!r} of {g.get('__name__', '?')} at "
+                f"{code.co_filename}:{line}; tracing set it once, and a compiled call would not set it again where "
+                "eager sets it on every call. Keep such state in a module attribute or a buffer, or return it"
+            )
 
     def refuse_consumed_iterators(self) -> None:
         """Refuses a program that advanced an iterator it did not create (``for i in
@@ -351,6 +372,9 @@ class Observer(AttributeReads):
         locals (else ``frame`` is a dict of the locals known)."""
         reads = code_reads(code)
         origin, self.state.containers.reading = reads.line, code
+        for name, offset in reads.stores:  # (before the code sets them)
+            if (id(g), name) not in self._global_stores:
+                self._global_stores[id(g), name] = (g, name, g.get(name, MISSING), code, offset)
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:

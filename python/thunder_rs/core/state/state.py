@@ -197,7 +197,7 @@ def same_held_attributes(now, found: dict, names, held: frozenset, free: frozens
 ALL_READ = object()
 
 
-def _stands_in(value) -> bool:
+def stands_in(value) -> bool:
     """Whether ``value`` stands in for a clock or a cached function while traced, not a write."""
     return is_clock_reader(value) or is_cached_reader(value)
 
@@ -439,7 +439,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not _stands_in(now[k])]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not stands_in(now[k])]
             removed = [k for k in known.found if k not in now]
             if changed or removed:
                 self.written_ids.add(id(known.obj))
