@@ -2,7 +2,8 @@
 ``os.umask``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are made again by every
 compiled call, as eager makes them (``core/acquisition/setters.py``): tracing made them once, and a
 setting changed between calls stayed changed. A global the program sets without reading it is
-refused, naming the line (``core/state/observe.py``)."""
+refused, naming the line, and one set through ``globals()`` or the module object, naming it
+(``core/state/observe.py``)."""
 
 import os
 import sys
@@ -114,3 +115,22 @@ def test_a_global_the_program_sets_without_reading_it_is_refused_naming_the_line
         ThunderNotImplementedError, match=rf"sets global 'COUNT' of {__name__} at .*test_program_settings.py:{line}"
     ):
         thunder_rs.jit(_sets_an_unread_global)(torch.ones(2))
+
+
+def _counts_through_globals(x):
+    globals()["COUNT"] += 1
+    return x + 1
+
+
+def _counts_through_the_module(x):
+    sys.modules[__name__].COUNT += 1
+    return x + 1
+
+
+@pytest.mark.parametrize("program", [_counts_through_globals, _counts_through_the_module], ids=["globals", "module"])
+def test_a_global_set_through_globals_or_the_module_object_is_refused(program):
+    # Counted once, while traced: eager counts on every call.
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"sets global 'COUNT' of {__name__} \(through globals\(\), the module object"
+    ):
+        thunder_rs.jit(program)(torch.ones(2))
