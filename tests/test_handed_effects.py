@@ -13,6 +13,7 @@ import itertools
 import operator
 import os
 import re
+import socket
 import time
 from os import write as bound_write
 
@@ -161,6 +162,26 @@ def test_a_held_file_the_program_does_not_write_runs_as_eager_and_is_put_back(he
     assert thunder_rs.compile_stats(jf).miss_reasons == ["first call"]
     assert "write" not in vars(held) and os.write is real_write
     list(map(held.write, []))  # (eager code outside the program is left alone)
+
+
+def test_a_socket_send_handed_to_map_is_refused_and_sends_nothing():
+    a, b = socket.socketpair()
+
+    def fn(x):
+        list(map(a.send, [b"x"]))
+        return x + 1
+
+    try:
+        refused = r"socket.socket.send: the program calls it at .*test_handed_effects.py:"
+        with pytest.raises(ThunderNotImplementedError, match=refused):
+            thunder_rs.jit(fn)(torch.ones(2))
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(1)
+        assert "send" not in vars(socket.socket)  # (put back after tracing)
+    finally:
+        a.close()
+        b.close()
 
 
 # -- reads through a C caller, and the other clocks ------------------------------------------------

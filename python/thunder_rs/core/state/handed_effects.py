@@ -10,7 +10,7 @@ those effects once where eager makes them on every call. While some program is t
 - the module functions of ``c_effects.C_WRITERS`` and ``C_FD_READS`` (``os.write``, ``os.read``,
   ``time.sleep``, ``signal.raise_signal``, ``pickle.dump``) are stand-ins in their module
   (``put_module_stand_ins``), and also where the program bound them before it was traced (``from
-  os import write``: ``clocks.refuse_bound_clock``);
+  os import write``: ``clocks.refuse_bound_clock``); a socket's sends on ``socket.socket``;
 - a file object the program reached from outside (an argument, a global, a closure cell, an
   attribute of its state: ``state.ProgramState.add``) holds stand-ins for its writes and reads in its
   own ``__dict__``, which its class's methods give way to, so that however the program reaches
@@ -121,16 +121,43 @@ for _module, _name, _function in _MODULE_FUNCTIONS:
 _active: list = []
 
 
+def _method_stand_in(method):
+    """A stand-in for ``method``, a C method of ``_socket.socket`` (``send``), on its Python
+    subclass ``socket.socket``, whose instances have no ``__dict__`` to hold one."""
+
+    @functools.wraps(method)
+    def stand_in(self, *args, **kwargs):
+        _refuse(sys._getframe(1), method.__get__(self))
+        return method(self, *args, **kwargs)
+
+    return stand_in
+
+
+#: ``(class, name, method)`` put on ``socket.socket`` while traced (``put_module_stand_ins``)
+_socket_methods: list = []
+
+
 def put_module_stand_ins() -> None:
     _active[:] = [True]
     for module, name, _function in _MODULE_FUNCTIONS:
         setattr(module, name, _MODULE_STAND_INS[id(module), name])
+    socket = sys.modules.get("socket")
+    kind = getattr(socket, "socket", None)
+    if kind is not None and not _socket_methods:
+        for name in sorted(C_WRITERS.get(kind.__mro__[1], ())):
+            method = getattr(kind.__mro__[1], name, None)
+            if method is not None and name not in vars(kind):
+                _socket_methods.append((kind, name, method))
+                setattr(kind, name, _method_stand_in(method))
 
 
 def put_back_module_stand_ins() -> None:
     _active.clear()
     for module, name, function in _MODULE_FUNCTIONS:
         setattr(module, name, function)
+    while _socket_methods:
+        kind, name, _method = _socket_methods.pop()
+        delattr(kind, name)
 
 
 #: ``(file object, name, stand-in)`` put in its ``__dict__`` (``stand_in_held``)
