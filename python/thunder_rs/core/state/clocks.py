@@ -43,6 +43,10 @@ def register_stand_in(reader) -> None:
     _reader_ids.add(id(reader))
 
 
+def unregister_stand_in(reader) -> None:
+    _reader_ids.discard(id(reader))
+
+
 def is_clock_reader(value) -> bool:
     """Whether ``value`` is a reader standing in for a clock (not a write of the program's)."""
     return id(value) in _reader_ids

@@ -43,7 +43,7 @@ from thunder_rs.core.state.c_effects import (
     program_caller,
     refuse_c_effect,
 )
-from thunder_rs.core.state.clocks import register_clock, register_stand_in
+from thunder_rs.core.state.clocks import register_clock, register_stand_in, unregister_stand_in
 from thunder_rs.core.state.hook import importing_frame, thread_state
 
 
@@ -76,9 +76,10 @@ def passing_on(code) -> bool:
     return code in _PASSING_ON
 
 
-def _stand_in(function, called=None):
+def _stand_in(function, called=None, made=None):
     """A Python function refusing ``function``'s call by the program while it is traced, calling
-    ``called`` (``function`` by default: a ``partial`` of it) otherwise."""
+    ``called`` (``function`` by default: a ``partial`` of it) otherwise; kept in ``made`` (for one
+    tracing: its id is let go with it, ``put_back_held``)."""
     called = called or function
 
     @functools.wraps(function)
@@ -88,6 +89,8 @@ def _stand_in(function, called=None):
 
     register_stand_in(stand_in)
     _stand_ins.add(id(stand_in))
+    if made is not None:
+        made.append(stand_in)
     return stand_in
 
 
@@ -179,17 +182,26 @@ def stand_in_held(obj) -> None:
     for name in sorted(names):
         if name in attributes or not hasattr(kind, name):
             continue
-        stand_in = _stand_in(getattr(obj, name))
+        stand_in = _stand_in(getattr(obj, name), made=_made)
         attributes[name] = stand_in
         _held.append((obj, name, stand_in))
 
 
+#: the stand-ins made for one tracing (``stand_in_held``, ``bound_stand_in``), alive until it ends
+_made: list = []
+
+
 def put_back_held() -> None:
+    """Takes the stand-ins out of the file objects, and lets go of those made while traced (the
+    bound ones are put back by ``clocks.put_back_bound_clocks``)."""
     while _held:
         obj, name, stand_in = _held.pop()
         if obj.__dict__.get(name) is stand_in:
             del obj.__dict__[name]
+    while _made:
+        stand_in = _made.pop()
         _stand_ins.discard(id(stand_in))
+        unregister_stand_in(stand_in)
 
 
 def bound_stand_in(value, observer):
@@ -202,4 +214,4 @@ def bound_stand_in(value, observer):
     reads = function.__name__ in FILE_READS and isinstance(owner, FILES) and observer.reached_from_outside(owner)
     if not reads and effect(function, observer) is None:
         return None
-    return _stand_in(function, value)
+    return _stand_in(function, value, _made)
