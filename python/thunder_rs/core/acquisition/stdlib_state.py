@@ -54,6 +54,12 @@ here lives behind library calls it does not follow, so it is handled by a table 
   opening one to write (``file_reads``), and ``sys.stdout``/``sys.stderr`` record the program's
   writes, made by every call as ``print`` is (``stream_writes``).
 
+- **the file system and the process's settings.** What program code reads of the file system
+  besides files' contents (``os.stat`` and ``os.listdir`` under ``os.path.exists``, ``glob``,
+  ``pathlib``; ``os.getcwd``) is guarded (``core.state.fs_reads``); the settings it makes
+  (``os.environ[k] = v``, ``os.chdir``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are
+  made again by every call (``setters``).
+
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
 
@@ -86,6 +92,7 @@ from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, speciali
 from thunder_rs.core.state.cached_reads import put_back_cached, set_warn_stand_in
 from thunder_rs.core.state.clocks import put_back_bound_clocks, register_clock
 from thunder_rs.core.state.collector import keep_out
+from thunder_rs.core.state.fs_reads import put_back_fs_readers, put_fs_readers
 from thunder_rs.core.state.guards import MISSING, StateGuard
 from thunder_rs.core.state.handed_effects import (
     passes_on,
@@ -662,6 +669,7 @@ def _put_readers() -> None:
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
     put_module_stand_ins()
+    put_fs_readers()
     put_setters()
     put_open()
     put_streams()
@@ -685,6 +693,7 @@ def _put_back_readers() -> None:
         uuid._generate_time_safe = real
     _put_back_effect_makers()
     put_back_module_stand_ins()
+    put_back_fs_readers()
     put_back_setters()
     put_back_held()
     put_back_open()
