@@ -176,6 +176,7 @@ def _trace_program(
             )
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
+            observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -487,6 +488,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
         _check_arguments_unchanged(args, kwargs, leaves)
+        reached.refuse_changed_in_place()
     except BaseException:
         _put_back(placed, failed=True)
         restore_hook_stores(pairs)

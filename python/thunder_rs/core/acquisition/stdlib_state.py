@@ -5,8 +5,8 @@ Tracing runs the program once, so what it reads is baked into the trace and what
 once. The bytecode observer (``observe.py``) guards reads of the program's own objects; the state
 here lives behind library calls it does not follow, so it is handled by a table each:
 
-- **readers → guards.** ``os.environ`` (``[...]``, ``get``, ``in``, ``os.getenv``: all go through
-  ``os._Environ.__getitem__``, wrapped once) and the level of a logger (``isEnabledFor``,
+- **readers → guards.** ``os.environ`` and ``os.environb`` (``[...]``, ``get``, ``in``,
+  ``os.getenv``: all go through ``os._Environ.__getitem__``, wrapped once) and the level of a logger (``isEnabledFor``,
   ``getEffectiveLevel``: wrapped on ``logging.Logger``) are guarded when the program reads them
   while it is traced, by name, so a changed value recompiles and the miss reason names it. The
   names set in ``os.environ`` are guarded when the program iterates it or takes its length, and
@@ -31,10 +31,12 @@ here lives behind library calls it does not follow, so it is handled by a table 
   ``uuid.uuid4``), ``os.getrandom`` and ``random.Random`` seeded from them (``random.Random()``)
   read by program code are refused the same way, naming the function it called;
   ``datetime``'s wall clock by the observer (``core.state.clocks``).
-- **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time`` and ``thread_time``
-  (and their ``_ns``), and ``localtime``, ``gmtime``, ``ctime``, ``asctime`` and ``strftime`` not
-  given a time, read by program code while it is traced (directly or through the standard library:
-  ``uuid.uuid1``) are refused, naming the line: a compiled call would reuse the first reading.
+- **clocks.** ``time.time()``, ``perf_counter``, ``monotonic``, ``process_time``, ``thread_time``
+  and ``clock_gettime`` (and their ``_ns``), ``os.times`` and ``resource.getrusage``, and
+  ``localtime``, ``gmtime``, ``ctime``, ``asctime`` and ``strftime`` not given a time, read by
+  program code while it is traced (directly, through the standard library: ``uuid.uuid1``, or
+  through a ``map`` or ``iter`` that ``next`` advances) are refused, naming the line: a compiled
+  call would reuse the first reading.
   Like ``next``, they are wrapped only while some program is traced (``consuming_iterators``); so
   is a clock the program bound before tracing (``from time import perf_counter``), where it bound
   it (``core.state.clocks``).
@@ -44,12 +46,19 @@ here lives behind library calls it does not follow, so it is handled by a table 
   the line: tracing makes them once, and a compiled call would not make them again. They are
   replaced only while some program is traced (``_put_effect_makers``); the C functions that write
   (a file object's ``write``, ``os.write``, ``os.kill``, ``time.sleep``) are refused by the
-  observer's profile hook (``core.state.c_effects``); handed to a C caller (``functools.partial``,
-  ``map``, ``sorted(key=...)``) they are not seen: stand-ins for those callers, put in while traced,
-  stayed in the modules the program imported then (``from functools import partial``) and broke
-  torch's own lazy imports. Also while traced: ``open`` guards the files the program reads and refuses
+  observer's profile hook (``core.state.c_effects``), and handed to a C caller
+  (``functools.partial``, ``map``, ``operator.methodcaller``) by stand-ins for them
+  (``core.state.handed_effects``: stand-ins for the callers instead stayed in the modules the
+  program imported while traced, ``from functools import partial``, and broke torch's own lazy
+  imports). Also while traced: ``open`` guards the files the program reads and refuses
   opening one to write (``file_reads``), and ``sys.stdout``/``sys.stderr`` record the program's
   writes, made by every call as ``print`` is (``stream_writes``).
+
+- **the file system and the process's settings.** What program code reads of the file system
+  besides files' contents (``os.stat`` and ``os.listdir`` under ``os.path.exists``, ``glob``,
+  ``pathlib``; ``os.getcwd``) is guarded (``core.state.fs_reads``); the settings it makes
+  (``os.environ[k] = v``, ``os.chdir``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are
+  made again by every call (``setters``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -77,15 +86,37 @@ from typing import Any
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
+from thunder_rs.core.acquisition.setters import put_back_setters, put_setters
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
 from thunder_rs.core.state.cached_reads import put_back_cached, register_stand_in
 from thunder_rs.core.state.collector import keep_out
+from thunder_rs.core.state.fs_reads import put_back_fs_readers, put_fs_readers
 from thunder_rs.core.state.guards import MISSING, StateGuard
+from thunder_rs.core.state.handed_effects import (
+    passes_on,
+    passing_on,
+    put_back_held,
+    put_back_module_stand_ins,
+    put_module_stand_ins,
+)
+from thunder_rs.core.state.code_reads import in_stdlib
 from thunder_rs.core.state.hook import is_program, program_frame, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
-# -- the program's reads ---------------------------------------------------------------------------
+# -- the program's frame ---------------------------------------------------------------------------
+
+
+def _passing(code) -> bool:
+    """Code the program's frame is looked for beyond: the standard library's (``os.getenv``,
+    ``Mapping.get``, ``Logger.info``), and thunder_rs's ``next`` calling on for the program (a
+    ``map`` of ``os.environ.get``: ``handed_effects.passes_on``)."""
+    return in_stdlib(code.co_filename) or passing_on(code)
+
+
+def _program_frame(frame, skip: int = 0):
+    """The program's frame running ``frame`` (``hook.program_frame``), after ``skip`` more."""
+    return program_frame(frame, _passing, skip)
 
 
 def _tracing() -> bool:
@@ -106,11 +137,19 @@ def _guard(label: str, read, show=repr) -> None:
 _environ_getitem = os._Environ.__getitem__
 
 
-def _environ_value(key):
+def _environ_value(key, environ=os.environ):
     try:
-        return _environ_getitem(os.environ, key)
+        return _environ_getitem(environ, key)
     except KeyError:
         return MISSING
+
+
+def _environ_name(mapping) -> str | None:
+    """``os.environ``, or ``os.environb`` (the same names, as bytes), as ``mapping`` is; else None."""
+    return "os.environ" if mapping is os.environ else "os.environb" if mapping is _ENVIRONB else None
+
+
+_ENVIRONB = getattr(os, "environb", None)
 
 
 def _unset(value) -> str:
@@ -118,8 +157,9 @@ def _unset(value) -> str:
 
 
 def _getitem(self, key):
-    if self is os.environ and _tracing() and program_frame(sys._getframe(1)) is not None:
-        _guard(f"os.environ[{key!r}]", functools.partial(_environ_value, key), _unset)
+    name = _environ_name(self)
+    if name is not None and _tracing() and _program_frame(sys._getframe(1)) is not None:
+        _guard(f"{name}[{key!r}]", functools.partial(_environ_value, key, self), _unset)
     return _environ_getitem(self, key)
 
 
@@ -132,7 +172,7 @@ def _environ_names() -> frozenset:
 
 
 def _guard_names(self) -> None:
-    if self is os.environ and _tracing() and program_frame(sys._getframe(2)) is not None:
+    if _environ_name(self) is not None and _tracing() and _program_frame(sys._getframe(2)) is not None:
         _guard("the names set in os.environ", _environ_names, lambda names: f"{len(names)} names")
 
 
@@ -154,7 +194,7 @@ _parse_known_args = argparse.ArgumentParser.parse_known_args
 def _parse_known(self, args=None, namespace=None):
     """``parse_args()`` and ``parse_known_args()`` without ``args`` parse ``sys.argv``: guarded as
     a program's own read of it is (``torch_flags``)."""
-    if args is None and _tracing() and program_frame(sys._getframe(1)) is not None:
+    if args is None and _tracing() and _program_frame(sys._getframe(1)) is not None:
         _guard("sys.argv", _argv)
     return _parse_known_args(self, args, namespace)
 
@@ -181,7 +221,7 @@ def _show_level(value: tuple) -> str:
 
 
 def _guard_level(logger) -> None:
-    if _tracing() and program_frame(sys._getframe(2)) is not None:
+    if _tracing() and _program_frame(sys._getframe(2)) is not None:
         _guard(f"the level of logger {logger.name!r}", functools.partial(_level_of, logger), _show_level)
 
 
@@ -241,7 +281,7 @@ class LogCall:
 def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):
     recorded = recorded_effects()
     frame = (
-        program_frame(sys._getframe(1), skip=max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
+        _program_frame(sys._getframe(1), skip=max(stacklevel, 1) - 1) if recorded is not None and _tracing() else None
     )
     if frame is None:
         msg, args = at_hints((msg, args))  # (placeholders of sizes: their values, as traced)
@@ -397,6 +437,9 @@ def _next(iterator, *default):
     return _builtin_next(iterator, *default)
 
 
+passes_on(_next)  # (a ``map`` of ``os.read`` it advances reads for the program)
+
+
 def _generator_position(gen):
     frame = gen.gi_frame
     return None if frame is None else frame.f_lasti
@@ -447,7 +490,10 @@ def consuming_iterators(flat_inputs: list):
 #: ``time``'s clocks: a reading differs on every call, and a traced program would keep its first.
 _CLOCKS: tuple[str, ...] = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
 _CLOCKS += tuple(
-    name for name in ("process_time", "process_time_ns", "thread_time", "thread_time_ns") if hasattr(time, name)
+    name
+    for base in ("process_time", "thread_time", "clock_gettime")
+    for name in (base, f"{base}_ns")
+    if hasattr(time, name)
 )
 #: ``time``'s functions that read the clock when not given a time: name -> the position of that argument
 _TIME_TAKING = {"localtime": 0, "gmtime": 0, "ctime": 0, "asctime": 0, "strftime": 1}
@@ -458,22 +504,24 @@ def _stdlib_entry(frame, program, name: str) -> str:
     """What the program called to reach ``frame``: the outermost of the standard library's frames
     from ``frame`` to ``program``'s (``uuid.uuid4``), or ``name`` where it called it directly."""
     while frame is not program:
-        name = f"{frame.f_globals.get('__name__')}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        if not passing_on(frame.f_code):
+            name = f"{frame.f_globals.get('__name__')}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
         frame = frame.f_back
     return name
 
 
-def _clock(name: str, real=None):
-    """A reader standing in for ``real``, ``time``'s ``name`` by default, that refuses to be read by
-    program code while it is traced."""
+def _clock(name: str, real=None, module: str = "time"):
+    """A reader standing in for ``real``, ``module``'s ``name`` (``time``'s by default), that refuses
+    to be read by program code while it is traced."""
     real, at = real or _clocks[name], _TIME_TAKING.get(name)
 
     def read(*args):
         frame: Any = sys._getframe(1)
-        program = program_frame(frame) if _tracing() and (at is None or len(args) <= at or args[at] is None) else None
+        program = _program_frame(frame) if _tracing() and (at is None or len(args) <= at or args[at] is None) else None
         if program is not None:
+            entry = _stdlib_entry(frame, program, f"{module}.{name}")
             raise ThunderNotImplementedError(
-                f"{_stdlib_entry(frame, program, f'time.{name}')}: the program reads the clock at {_where(program)}; "
+                f"{entry}: the program reads the clock at {_where(program)}; "
                 "tracing reads it once, and a compiled call would reuse that reading. Time the jitted call from "
                 "outside it, or pass the time in"
             )
@@ -486,6 +534,12 @@ def _clock(name: str, real=None):
 _CLOCK_READERS = {name: _clock(name) for name in _clocks}
 for _name, _reader in _CLOCK_READERS.items():
     register_stand_in(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
+#: the process's times (CPU time, as ``time.process_time`` reads it): ``os.times``, and
+#: ``resource.getrusage`` where the program imported ``resource`` (``_usage_clock``: ``(module, real)``)
+_os_times = os.times
+_TIMES_READER = _clock("times", _os_times, "os")
+register_stand_in(_os_times, _TIMES_READER)
+_usage_clock: list = []
 
 
 # -- entropy ---------------------------------------------------------------------------------------
@@ -499,7 +553,7 @@ def _refuse_entropy(what: str) -> None:
     """Refuses the read of the system's entropy by ``what`` if program code made it, directly or
     through the standard library, whose function it called is named."""
     frame: Any = sys._getframe(2)
-    program = program_frame(frame) if _tracing() else None
+    program = _program_frame(frame) if _tracing() else None
     if program is not None:
         raise ThunderNotImplementedError(
             f"{_stdlib_entry(frame, program, what)}: the program draws from the system's entropy ({what}) at "
@@ -544,7 +598,7 @@ def _refusing_effect(what: str, real):
 
     def make(*args, **kwargs):
         frame: Any = sys._getframe(1)
-        program = program_frame(frame) if _tracing() else None
+        program = _program_frame(frame) if _tracing() else None
         if program is not None:
             raise ThunderNotImplementedError(
                 f"{_stdlib_entry(frame, program, what)}: the program calls it at {_where(program)}, an effect outside "
@@ -582,12 +636,20 @@ def _put_readers() -> None:
     random.Random.seed = _seed_of  # type: ignore[method-assign]
     if _getrandom is not None:
         os.getrandom = _read_getrandom
+    os.times = _TIMES_READER
+    resource = sys.modules.get("resource")
+    if resource is not None and not _usage_clock:
+        _usage_clock.append((resource, resource.getrusage))
+        resource.getrusage = _clock("getrusage", resource.getrusage, "resource")  # type: ignore[attr-defined]
     uuid = sys.modules.get("uuid")  # (imported by the program if it uses it)
     real = getattr(uuid, "_generate_time_safe", None)
     if real is not None and not _uuid_clock:
         _uuid_clock.append((uuid, real))
         uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
     _put_effect_makers()
+    put_module_stand_ins()
+    put_fs_readers()
+    put_setters()
     put_open()
     put_streams()
 
@@ -601,10 +663,18 @@ def _put_back_readers() -> None:
     random.Random.seed = _seed  # type: ignore[method-assign]
     if _getrandom is not None:
         os.getrandom = _getrandom
+    os.times = _os_times
+    while _usage_clock:
+        resource, real = _usage_clock.pop()
+        resource.getrusage = real
     while _uuid_clock:
         uuid, real = _uuid_clock.pop()
         uuid._generate_time_safe = real
     _put_back_effect_makers()
+    put_back_module_stand_ins()
+    put_back_fs_readers()
+    put_back_setters()
+    put_back_held()
     put_back_open()
     put_back_streams()
     put_back_cached()

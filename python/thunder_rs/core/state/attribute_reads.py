@@ -17,6 +17,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
+from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, library_module
 from thunder_rs.core.state.generator_states import note_generator
 from thunder_rs.core.state.guards import (
@@ -190,6 +191,8 @@ class AttributeReads:
         value = mapping.get(attr, MISSING)
         if value is MISSING:
             return self._class_attribute(obj, source, attr, origin)
+        if is_handed_stand_in(value):  # (a file object's method while traced: ``handed_effects``)
+            return MISSING
         if module:
             value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
@@ -337,7 +340,9 @@ class AttributeReads:
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):
             library_read(self, value, ())  # from torch import are_deterministic_algorithms_enabled
-            stand_in_cached(source, name, value, self._cached_results, holder, origin)
+            # (``from time import perf_counter``; ``emit = f.write``, ``partial(os.write, 1)``)
+            handed = functools.partial(bound_stand_in, value, self)
+            stand_in_cached(source, name, value, self._cached_results, holder, origin, handed)
         if guard and not isinstance(value, types.ModuleType):
             # Functions and classes too, by identity: rebinding ``ACT = torch.tanh`` or redefining a
             # helper between calls changes what the program does.

@@ -270,14 +270,18 @@ def _held_result_error(cached, caller) -> ThunderNotImplementedError:
     )
 
 
-def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, origin: str = "") -> None:
+def stand_in_cached(source, name: str, value, calls: CachedCalls, holder=None, origin: str = "", handed=None) -> None:
     """If ``value``, read as ``name`` at ``source`` (by the code at ``origin``), is a cached function
     held by a globals dict, a closure cell or an object's attributes, puts a reader noting its calls
     into ``calls`` there until tracing ends; one held otherwise (an item of a dict, a partial's) is
-    watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's)."""
+    watched only. ``holder``: the instance dict the program reads instead of the source's (a clone's).
+    A standard library function registered here (``register_stand_in``) gets its stand-in there; any
+    other, the one ``handed()`` makes, if any (``handed_effects.bound_stand_in``: ``emit = f.write``)."""
     if type(value) is functools.partial and type(value.func) is functools._lru_cache_wrapper:
         calls.watch(value.func, f"held by the partial {source.describe(name)}, read at {origin}")
     stand_in = _stdlib.get(id(value))
+    if stand_in is None and handed is not None:
+        stand_in = handed()
     if stand_in is not None:  # (``from time import perf_counter``, ``from warnings import warn``)
         _stand_in(source, name, value, stand_in, holder)
     if type(value) is not functools._lru_cache_wrapper:

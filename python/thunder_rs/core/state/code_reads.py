@@ -127,7 +127,7 @@ def classify(code) -> int:
 class CodeReads:
     """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
 
-    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver", "types")
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver", "types", "stores")
 
     def __init__(self, code):
         chains, whole = _chains(code)
@@ -145,6 +145,12 @@ class CodeReads:
         self.receiver = code.co_varnames[0] if code.co_argcount else None
         #: its calls of ``type`` with one argument (``type_reads``), checked at its entry and return
         self.types = type_calls(code)
+        #: the globals it sets or deletes (``global n; n = 1``): ``(name, offset)``, the first of each
+        stored: dict = {}
+        for ins in instructions(code):
+            if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                stored.setdefault(ins.argval, ins.offset)
+        self.stores = tuple(stored.items())
 
 
 def _chains(code) -> tuple:

@@ -2,6 +2,7 @@
 by identity, save tensors read per call and objects guarded through their own paths, which
 other tensors and other objects of the type may replace."""
 
+import array
 import collections
 import copy
 import operator
@@ -11,13 +12,17 @@ import torch
 
 #: Containers that change in place, which no write counter sees: their guards check every call.
 #: Their subclasses too (``Counter``, ``defaultdict``, ``OrderedDict``, ``deque``): ``isinstance``.
-MUTABLE = (list, dict, set, collections.deque)
+#: Buffers of numbers too (``bytearray``, ``array.array``: a global one appended to between calls).
+MUTABLE = (list, dict, set, collections.deque, bytearray, array.array)
 
 
 def members(container) -> tuple:
-    """A container's elements (a dict's keys and values, in order)."""
+    """A container's elements (a dict's keys and values, in order); a buffer's bytes (and an
+    array's typecode), as numbers below 256, which are the same objects each time they are read."""
     if isinstance(container, dict):
         return tuple(chain.from_iterable(container.items()))
+    if isinstance(container, array.array):
+        return (container.typecode, *memoryview(container).cast("B"))
     return tuple(container)
 
 

@@ -23,6 +23,7 @@ import sys
 import types
 
 import torch
+from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -53,7 +54,7 @@ from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
 from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.reached import ArgumentTensor
-from thunder_rs.core.state.state import IntGuard, ProgramState
+from thunder_rs.core.state.state import IntGuard, ProgramState, stands_in
 from thunder_rs.core.state.type_reads import read_types
 from thunder_rs.core.state.torch_flags import (
     entered as _entered,
@@ -68,6 +69,18 @@ from thunder_rs.errors import ThunderNotImplementedError
 _FORWARD_HOOK_STORES = ("_forward_pre_hooks", "_forward_hooks")
 #: The devices whose autocast the cache key holds (``core.lang.autocast.AutocastState``).
 _DEVICES = ("cpu", "cuda")
+
+
+def _not_a_write(name: str, value, was) -> bool:
+    """A global's change from ``was`` to ``value`` that is no write of the program's to refuse: a
+    dunder (``__warningregistry__``), a module (an import), thunder_rs's stand-in put while traced
+    or taken away (``torch_overrides.SIZED_BUILTINS``), a stored tensor (``escapes`` names it)."""
+    return (
+        (name.startswith("__") and name.endswith("__"))
+        or isinstance(value, types.ModuleType)
+        or any(stands_in(v) or id(v) in TRACING_GLOBALS for v in (value, was))
+        or any(isinstance(leaf, TensorProxy) for leaf in pytree.tree_leaves(value))
+    )
 
 
 class Observer(AttributeReads):
@@ -138,6 +151,11 @@ class Observer(AttributeReads):
         self._kept: dict = {}
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
+        #: id -> ``(globals dict, a copy)`` of the modules whose code the program ran, taken before
+        #: it ran, and ``(id of a globals dict, name)`` -> ``(code, offset)`` of the globals its code
+        #: sets (``refuse_unread_global_stores``)
+        self._module_globals: dict = {}
+        self._global_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
@@ -219,6 +237,28 @@ class Observer(AttributeReads):
         if not enabled:
             read = functools.partial(torch.get_autocast_dtype, device_type)
             self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
+
+    def refuse_unread_global_stores(self) -> None:
+        """Refuses a program that set (or deleted) a global of a module whose code it ran, which it
+        does not read (``global n; n = 1``; ``globals()["n"] = 1``, ``sys.modules[__name__].n = 1``):
+        tracing set it once, where eager sets it on every call. (One it reads is guarded: its guard
+        refuses the change after tracing, naming the read; a tensor stored is ``escapes``'s, a module
+        bound by an import is made once in eager too.)"""
+        for g, before in self._module_globals.values():
+            for name in g.keys() | before.keys():
+                now, was = g.get(name, MISSING), before.get(name, MISSING)
+                if now is was or (id(g), name) in self._guards or _not_a_write(name, now, was):
+                    continue
+                where = "(through globals(), the module object or setattr)"
+                if (id(g), name) in self._global_stores:
+                    code, offset = self._global_stores[id(g), name]
+                    line = next((p[0] for i, p in enumerate(code.co_positions()) if 2 * i == offset), None)
+                    where = f"at {code.co_filename}:{line or code.co_firstlineno}"
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the traced program sets global {name!r} of {g.get('__name__', '?')} {where}; "
+                    "tracing set it once, and a compiled call would not set it again where eager sets it on every "
+                    "call. Keep such state in a module attribute or a buffer, or return it"
+                )
 
     def refuse_consumed_iterators(self) -> None:
         """Refuses a program that advanced an iterator it did not create (``for i in
@@ -351,6 +391,11 @@ class Observer(AttributeReads):
         locals (else ``frame`` is a dict of the locals known)."""
         reads = code_reads(code)
         origin, self.state.containers.reading = reads.line, code
+        if id(g) not in self._module_globals:  # (before the program's code of that module runs)
+            self._module_globals[id(g)] = (g, dict(g))
+        for name, offset in reads.stores:
+            if (id(g), name) not in self._global_stores:
+                self._global_stores[id(g), name] = (code, offset)
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:

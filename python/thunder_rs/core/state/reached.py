@@ -19,9 +19,14 @@ Items the program sets in a list or dict reached this way (``cache.is_updated[i]
 set again by every call, when they are plain values or tensors. Changes no compiled call would
 repeat are refused after tracing (and undone): objects the program made put into such a container
 (a cache making its layers in the call), and writes to objects reached under a key that is no path
-(a dict keyed by a tuple).
+(a dict keyed by a tuple), and changes to the other containers reached from the arguments (a set,
+a ``Counter``, a ``bytearray``, an ``array.array``, a subclass of list or dict: ``seen.add(k)``),
+which no compiled call would make again.
 """
 
+import array
+import collections
+import itertools
 import types
 from dataclasses import dataclass
 
@@ -45,6 +50,9 @@ _NOT_FOLLOWED = (
     types.BuiltinFunctionType,
 )
 _CONTAINERS = (list, tuple, dict)
+#: Containers changed in place whose changes no compiled call makes again (those of the exact
+#: ``_CONTAINERS`` are set again by every call): refused (``refuse_changed_in_place``).
+_IN_PLACE = (list, dict, set, collections.deque, bytearray, array.array)
 
 
 @dataclass(eq=False)
@@ -88,6 +96,8 @@ class ArgumentObjects:
         self.tensors: dict = {}
         self.containers: list = []
         self.unsourced: list = []
+        #: id -> ``(container, its contents, source)`` of the ``_IN_PLACE`` containers found
+        self.in_place: dict = {}
         self._seen: set = set()
         #: id -> where each object, list and dict (and tuple of objects) was first found
         self._first: dict = {}
@@ -109,6 +119,8 @@ class ArgumentObjects:
             return
         if depth > _DEPTH:
             return
+        if isinstance(x, _IN_PLACE) and type(x) not in _CONTAINERS and id(x) not in self.in_place:
+            self.in_place[id(x)] = (x, _contents(x), InputSource(position, path, label))
         if type(x) in _CONTAINERS:
             self._seen.add(id(x))
             if type(x) is not tuple or not is_simple(x):
@@ -183,10 +195,27 @@ class ArgumentObjects:
             raise refused
         return writes
 
+    def refuse_changed_in_place(self) -> None:
+        """Refuses a program that changed a container reached from its arguments that no compiled
+        call would change again (``_IN_PLACE``: ``seen.add(k)`` on a set it was given), after
+        putting its contents back."""
+        for container, before, source in self.in_place.values():
+            if _contents(container) != before:
+                _put_contents(container, before)
+                what = f"{type(container).__name__} {source.label}"
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the traced program changed the {what} in place, which it reached through its "
+                    "arguments (added, removed or set an item); a compiled call would not change it again. Return what "
+                    "it adds instead, or keep it in a list or dict"
+                )
+
     def undo(self) -> None:
         """Puts back the items of the lists and dicts reached from the arguments, and the
         attributes of objects reached under keys that are no path, as they were before a trace
         that failed: none keeps a stand-in (a cache's state the program made in it)."""
+        for container, before, _ in self.in_place.values():
+            if _contents(container) != before:
+                _put_contents(container, before)
         for container, before, _ in self.containers:
             if _changed(container, before):
                 _restore(container, before)
@@ -214,6 +243,56 @@ def _changed(container, before: tuple) -> bool:
     if type(container) is dict:
         return any(a[0] is not b[0] or a[1] is not b[1] for a, b in zip(now, before))
     return any(a is not b for a, b in zip(now, before))
+
+
+class _Contents(tuple):
+    """What an ``_IN_PLACE`` container holds, compared by identity (a set's in any order)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        if type(other) is not _Contents or len(self) != len(other) or self[0] != other[0]:
+            return False
+        if self[0] == "set":
+            return {id(v) for v in self[1:]} == {id(v) for v in other[1:]}
+        return all(a is b for a, b in zip(self[1:], other[1:]))
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _contents(container) -> _Contents:
+    """The contents of an ``_IN_PLACE`` container: a dict's keys and values (in turn), a buffer's bytes
+    (one object), other containers' items."""
+    if isinstance(container, (bytearray, array.array)):
+        return _Contents(("buffer", bytes(container), getattr(container, "typecode", None)))
+    if isinstance(container, dict):
+        return _Contents(("dict", *itertools.chain.from_iterable(dict.items(container))))
+    return _Contents(("set" if isinstance(container, set) else "items", *container))
+
+
+def _put_contents(container, before: _Contents) -> None:
+    """Puts ``before`` (``_contents``) back in ``container`` (through its base type's methods: a
+    ``Counter``'s ``update`` counts)."""
+    items = before[1:]
+    if isinstance(container, bytearray):
+        container[:] = items[0]
+    elif isinstance(container, array.array):
+        del container[:]
+        container.frombytes(items[0])
+    elif isinstance(container, dict):
+        dict.clear(container)
+        dict.update(container, zip(items[::2], items[1::2]))
+    elif isinstance(container, set):
+        set.clear(container)
+        set.update(container, items)
+    elif isinstance(container, collections.deque):
+        collections.deque.clear(container)
+        collections.deque.extend(container, items)
+    else:
+        list.__setitem__(container, slice(None), items)
 
 
 def _repeatable(value) -> bool:

@@ -31,6 +31,7 @@ import torch
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
 from thunder_rs.core.state.cached_reads import is_stand_in, original
+from thunder_rs.core.state.handed_effects import is_handed_stand_in, stand_in_held
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -183,6 +184,12 @@ def same_held_attributes(now, found: dict, names, held: frozenset, free: frozens
 ALL_READ = object()
 
 
+def stands_in(value) -> bool:
+    """Whether ``value`` stands in for a function while traced (a clock, a cached function, a file
+    object's write: ``cached_reads``, ``handed_effects``), not a write of the program's."""
+    return is_stand_in(value) or is_handed_stand_in(value)
+
+
 class StateObject:
     __slots__ = ("obj", "source", "found", "whole")
 
@@ -227,6 +234,7 @@ class ProgramState:
         """Adds a state object; ``whole``: an argument object guarded on all its attributes."""
         if id(obj) not in self._objects:
             self._objects[id(obj)] = StateObject(obj, source, whole)
+            stand_in_held(obj)  # a file object's writes and reads, however the program calls them
 
     def found_attributes(self) -> list:
         """``(object, its instance dict, its attributes when the program found it)`` of each state
@@ -419,7 +427,7 @@ class ProgramState:
             if known.found is None:
                 continue
             now = attributes_of(known.obj)
-            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not is_stand_in(now[k])]
+            changed = [k for k in now if known.found.get(k, MISSING) is not now[k] and not stands_in(now[k])]
             removed = [k for k in known.found if k not in now]
             if changed or removed:
                 self.written_ids.add(id(known.obj))

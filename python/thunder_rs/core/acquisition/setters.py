@@ -1,0 +1,181 @@
+"""Process settings a traced program sets: made again by every call, as eager makes them.
+
+``os.environ[name] = value`` (and ``del``, ``update``, ``pop``: ``os._Environ``'s ``__setitem__``
+and ``__delitem__``), ``os.putenv``/``os.unsetenv``, ``os.chdir``, ``os.umask``,
+``sys.setrecursionlimit``, ``sys.setswitchinterval`` and ``torch.set_num_threads`` called by
+program code while it is traced are made then (what follows in the program sees them), undone
+once tracing ends and recorded among its effects (``effects.recorded_effects``): every compiled
+call makes them again, the first one too, in order with its prints and logging, so a setting
+changed between calls is set again as eager sets it (as the attributes it sets are). Their
+arguments must be plain values (a setting computed from a traced tensor is refused, naming the
+line). The stand-ins are in place only while some program is traced (``stdlib_state``'s
+``consuming_iterators``), and call through for other code.
+"""
+
+import os
+import sys
+
+import torch
+
+from thunder_rs.core.acquisition.effects import recorded_effects
+from thunder_rs.core.state.hook import program_frame
+from thunder_rs.core.state.guards import is_simple
+from thunder_rs.core.state.handed_effects import passing_on
+from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+class SetterCall:
+    """One setting the program made, made again after every call."""
+
+    __slots__ = ("function", "args")
+
+    def __init__(self, function, args: tuple):
+        self.function, self.args = function, args
+
+    def effect(self, extras: list):
+        return self
+
+    def apply(self, extras, flat) -> None:
+        self.function(*self.args)
+
+
+def _program(frame):
+    """The program's frame that made the call ``frame`` runs for, if it is being traced."""
+    observer = thread_state.observer
+    if observer is None or thread_state.inside or recorded_effects() is None:
+        return None
+    while frame is not None and passing_on(frame.f_code):
+        frame = frame.f_back
+    program = program_frame(frame, imports=False)
+    return None if program is None or importing_frame(program, observer.entry) else program
+
+
+#: what undoes each setting made while traced, in order (``put_back_setters`` runs them backwards)
+_undo: list = []
+
+
+def _record(label: str, function, args: tuple, frame, undo) -> None:
+    program = _program(frame)
+    if program is None:
+        return
+    _undo.append(undo)
+    if not all(map(is_simple, args)):
+        raise ThunderNotImplementedError(
+            f"{label}: the program sets it at {program.f_code.co_filename}:{program.f_lineno} from a value that is not "
+            "a plain number or string (a traced tensor), which a compiled call cannot set again with later values. "
+            "Set it outside the jitted function"
+        )
+    recorded = recorded_effects()
+    if recorded is not None:
+        recorded.append(SetterCall(function, args))
+
+
+def _setter(label: str, real, before):
+    """A stand-in for ``real``; ``before(*args)`` is what undoes its call, taken before it."""
+
+    def set_again(*args):
+        frame = sys._getframe(1)
+        # (``os.environ[k] = v`` calls ``putenv``: recorded as itself)
+        if frame.f_code in _ENVIRON_WRITES or _program(frame) is None:
+            return real(*args)
+        undo = before(*args)
+        result = real(*args)
+        _record(label, real, args, frame, undo)
+        return result
+
+    set_again.__name__ = set_again.__qualname__ = getattr(real, "__name__", label)
+    set_again.__doc__ = real.__doc__
+    return set_again
+
+
+_setitem, _delitem = os._Environ.__setitem__, os._Environ.__delitem__
+_ENVIRON_WRITES = frozenset({_setitem.__code__, _delitem.__code__})
+
+
+def _set_environ(name, value) -> None:
+    os.environ[name] = value
+
+
+def _del_environ(name) -> None:
+    del os.environ[name]
+
+
+def _environ_undo(key):
+    """What puts ``os.environ[key]`` back as it is now."""
+    value = os.environ.get(key)
+    return lambda: os.environ.__setitem__(key, value) if value is not None else os.environ.pop(key, None)
+
+
+def _environ_setitem(self, key, value):
+    frame = sys._getframe(1)
+    undo = _environ_undo(key) if self is os.environ and _program(frame) is not None else None
+    _setitem(self, key, value)
+    if undo is not None:
+        _record("os.environ", _set_environ, (key, value), frame, undo)
+
+
+def _environ_delitem(self, key):
+    frame = sys._getframe(1)
+    undo = _environ_undo(key) if self is os.environ and _program(frame) is not None else None
+    _delitem(self, key)
+    if undo is not None:
+        _record("os.environ", _del_environ, (key,), frame, undo)
+
+
+def _putenv_undo(key, *_):
+    value = os.environ.get(key)
+    return lambda: _putenv(key, value) if value is not None else _unsetenv(key)
+
+
+def _restoring(read, write):
+    """``before`` for a setting read by ``read()`` and set by ``write(value)``."""
+
+    def before(*_):
+        value = read()
+        return lambda: write(value)
+
+    return before
+
+
+_putenv, _unsetenv, _umask = os.putenv, os.unsetenv, os.umask
+
+
+def _umask_before(mask):
+    old = _umask(mask)  # (read by setting it: put back at once)
+    _umask(old)
+    return lambda: _umask(old)
+
+
+#: ``(holder, name, real, before)`` of the settings replaced while a program is traced
+_SETTINGS = [
+    (os, "chdir", os.chdir, _restoring(os.getcwd, os.chdir)),
+    (os, "umask", os.umask, _umask_before),
+    (os, "putenv", os.putenv, _putenv_undo),
+    (os, "unsetenv", os.unsetenv, _putenv_undo),
+    (sys, "setrecursionlimit", sys.setrecursionlimit, _restoring(sys.getrecursionlimit, sys.setrecursionlimit)),
+    (sys, "setswitchinterval", sys.setswitchinterval, _restoring(sys.getswitchinterval, sys.setswitchinterval)),
+    (torch, "set_num_threads", torch.set_num_threads, _restoring(torch.get_num_threads, torch.set_num_threads)),
+]
+_STAND_INS = [
+    _setter(f"{'os' if holder is os else holder.__name__}.{name}", real, before)
+    for holder, name, real, before in _SETTINGS
+]
+
+
+def put_setters() -> None:
+    for (holder, name, _, _), stand_in in zip(_SETTINGS, _STAND_INS):
+        setattr(holder, name, stand_in)
+    os._Environ.__setitem__ = _environ_setitem  # type: ignore[method-assign]
+    os._Environ.__delitem__ = _environ_delitem  # type: ignore[method-assign]
+
+
+def put_back_setters() -> None:
+    """Puts the settings' own functions back, then undoes what the programs set while traced (every
+    call, the first one too, sets it again after running)."""
+    for holder, name, real, _ in _SETTINGS:
+        setattr(holder, name, real)
+    os._Environ.__setitem__ = _setitem  # type: ignore[method-assign]
+    os._Environ.__delitem__ = _delitem  # type: ignore[method-assign]
+    while _undo:
+        _undo.pop()()
