@@ -129,37 +129,43 @@ def test_a_grad_bound_before_tracing_runs_as_eager():
     exactly(thunder_rs.jit(lambda x: g(x) * 2)(x), g(x) * 2)
 
 
-def test_transforms_imported_before_tracing_run_as_eager():
+def test_transforms_imported_before_tracing_are_traced_with_eagers_values():
     # The tutorials' spelling: ``from torch.func import jacrev`` at the top, the transform made
     # inside the program (jacrev/jacfwd wrap what they return through torch's
-    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing).
+    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing): torch's own jacobians,
+    # their vmap over vjp/jvp traced.
     from torch.func import hessian, jacfwd, jacrev, jvp, vmap
 
     def predict(weight, bias, x):
         return F.linear(x, weight, bias).tanh()
 
-    def program(weight, bias, x):
+    def reverse(weight, bias, x):
         return (
             jacrev(predict, argnums=2)(weight, bias, x),
-            jacfwd(predict, argnums=(0, 2))(weight, bias, x),
             hessian(predict, argnums=2)(weight, bias, x),
             vmap(jacrev(predict, argnums=2), in_dims=(None, None, 0))(weight, bias, x.expand(3, -1)),
-            jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),)),
         )
 
+    def forward(weight, bias, x):
+        jacobian = jacfwd(predict, argnums=(0, 2))(weight, bias, x)
+        return jacobian, jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),))
+
     weight, bias, x = torch.randn(5, 5), torch.randn(5), torch.randn(5)
-    exactly(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+    # (eager's vmap runs batched matmuls, and forward mode its dual numbers, where the trace runs
+    # reverse mode (twice for forward mode) on the basis: other kernels, equal within float32's tolerance)
+    for program in (reverse, forward):
+        torch.testing.assert_close(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+        assert thunder_rs.examine(program, weight, bias, x).fallbacks == {}
 
 
 def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with_the_line():
     layer = nn.Linear(3, 3)  # its parameters require grad: eager's result carries gradients to them
 
-    def program(x):
-        return torch.func.jacrev(lambda x: layer(x).tanh())(x)
+    def program(x):  # (det's backward is an eager fallback: the jvp runs as one eager call)
+        return torch.func.jvp(lambda x: det_of(layer(x).tanh(), x), (x,), (x.cos(),))
 
-    with pytest.raises(
-        NotImplementedError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+: .*require grad"
-    ):
+    refusal = r"torch\.func\.jvp at .*test_func_transforms\.py:\d+: .*require grad"
+    with pytest.raises(NotImplementedError, match=refusal):
         thunder_rs.jit(program)(torch.randn(3))
     with torch.no_grad():  # without gradients, the parameters are read on each call as eager reads them
         jitted = thunder_rs.jit(program)
@@ -167,6 +173,28 @@ def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with
         exactly(jitted(x), program(x))
         layer.weight.mul_(2)
         exactly(jitted(x), program(x))
+
+
+def test_a_traced_jacobian_of_a_module_carries_gradients_to_its_parameters_as_eager():
+    # jacrev/jacfwd/hessian made inside the program ran as one eager call, which refused a function
+    # reading parameters that require grad; traced, the program's backward reaches them.
+    layer, twin = nn.Linear(3, 3), nn.Linear(3, 3)
+    twin.load_state_dict(layer.state_dict())
+
+    def of(module, transform):
+        return lambda x: transform(lambda x: module(x).tanh())(x).pow(2).sum()
+
+    x = torch.randn(3)
+    for transform in (torch.func.jacrev, torch.func.jacfwd, torch.func.hessian):
+        program, expected = of(layer, transform), of(twin, transform)
+        assert thunder_rs.examine(program, x).fallbacks == {}
+        actual = thunder_rs.jit(program)(x)
+        actual.backward()
+        expected(x).backward()
+        torch.testing.assert_close(actual, expected(x))
+        torch.testing.assert_close((layer.weight.grad, layer.bias.grad), (twin.weight.grad, twin.bias.grad))
+        for p in (*layer.parameters(), *twin.parameters()):
+            p.grad = None
 
 
 def test_floats_and_sizes_the_transformed_function_reads_are_each_calls():
@@ -316,14 +344,20 @@ def test_outputs_whose_sizes_follow_python_state_the_function_reads_are_refused_
     traced for the first call's sizes (its mean divided by 15 where eager's divides by 10)."""
     global _ROWS
 
-    def program(x):
+    def program(x):  # (strict: eager's check of each output's tangent, run as one eager call)
+        return torch.func.jvp(lambda y: (y[:_ROWS] * 2).sin(), (x,), (x.cos(),), strict=True)[1].mean()
+
+    def traced(x):  # (a traced jacobian reads the global as the program's own code: guarded)
         return torch.func.jacrev(lambda y: (y[:_ROWS] * 2).sin())(x).mean()
 
     jitted, x = thunder_rs.jit(program), torch.randn(5)
     torch.testing.assert_close(jitted(x), program(x), rtol=0, atol=0)
+    jitted_traced = thunder_rs.jit(traced)
+    exactly(jitted_traced(x), traced(x))
     _ROWS = 2
     try:
-        with pytest.raises(ThunderRuntimeError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+"):
+        with pytest.raises(ThunderRuntimeError, match=r"torch\.func\.jvp at .*test_func_transforms\.py:\d+"):
             jitted(x)
+        exactly(jitted_traced(x), traced(x))
     finally:
         _ROWS = 3

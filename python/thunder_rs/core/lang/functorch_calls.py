@@ -42,6 +42,9 @@ from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderR
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
 #: The transforms traced as ops of the program where their function traces (``traced_grads``).
 TRACED = frozenset({"grad", "grad_and_value"})
+#: The transforms that run torch's own function while tracing, whose ``vmap`` over ``vjp``/``jvp``
+#: is traced where it can be (``_traced_jacobian``), else one eager call.
+JACOBIANS = frozenset({"jacrev", "jacfwd", "hessian"})
 
 
 def _grad_options(func, argnums=0, has_aux=False):
@@ -81,6 +84,8 @@ class Transformed:
             out = traced_grads.grad(self.func, argnums, has_aux, with_value, args, kwargs)
             if out is not traced_grads.UNTRACED:
                 return out
+        elif self.name in JACOBIANS:  # (torch's, over thunder_rs's vmap and vjp/jvp: ``_wraps_in_trace``)
+            return self.maker()(self.func)(*args, **kwargs)
         return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
 
 
@@ -100,9 +105,16 @@ _jvp_with_argnums = _eager_impls._jvp_with_argnums
 
 def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has_aux: bool):
     """torch's ``_jvp_with_argnums`` while tracing, which ``torch.func.jvp`` (also as imported
-    before tracing) calls: of traced values, one eager call."""
+    before tracing) and ``jacfwd`` call: of traced values, traced by reverse mode twice where the
+    function's backward traces (``traced_grads.jvp``), else one eager call."""
     if _eager(func, primals, tangents):
         return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
+    if not strict and isinstance(primals, tuple):  # (strict: eager's check that each output has a tangent)
+        (primals, tangents), _ = lift_captured((primals, tangents), {})
+        _refuse_side_effects(func, "torch.func.jvp")
+        out = traced_grads.jvp(func, primals, tangents, argnums, has_aux)
+        if out is not traced_grads.UNTRACED:
+            return out
     make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
 
@@ -229,11 +241,33 @@ def _wraps_in_trace(func):
         def call(*args, **kwargs):
             if _eager(wrapper, args, kwargs):
                 return wrapper(*args, **kwargs)
+            out = _traced_jacobian(wrapper, f"torch.func.{name}", args, kwargs)
+            if out is not traced_grads.UNTRACED:
+                return out
             return eager_call(lambda f: f, wrapper, f"torch.func.{name}", args, kwargs)
 
         return wrap_as_func(call)
 
     return decorate
+
+
+def _traced_jacobian(wrapper, name: str, args: tuple, kwargs: dict):
+    """torch's ``jacrev``/``jacfwd`` function traced as ops of the program: its ``vmap`` over
+    ``vjp``'s function (over ``jvp``) on a basis, which thunder_rs batches and differentiates; or
+    ``UNTRACED``, nothing recorded, where it cannot be (it then runs as one eager call). A
+    function that wrote its arguments before that is refused (the eager call would write again)."""
+    rec = active_recorder()
+    mark, first = rec.mark(), rec.num_values
+    try:
+        return wrapper(*args, **kwargs)
+    except MapsATransform:
+        raise  # (the enclosing torch.vmap runs eagerly)
+    except Exception as e:  # (the eager call computes it, or raises eager's error)
+        written = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, TensorProxy) and (t._vid or 0) >= first]
+        if written:
+            raise traced_grads.unwritten(name, e) from e
+        rec.rewind(mark)
+        return traced_grads.UNTRACED
 
 
 #: What tracing sets in torch (``torch_overrides``): the transforms and the implementations above.
