@@ -1,10 +1,10 @@
 """torch.func's differentiating transforms inside a jitted program (``core.lang.functorch_calls``):
 per-sample gradients (``vmap(grad(loss))`` of an MLP and a CNN with cross_entropy) traced through
-thunder_rs's VJP and batching rules (``core.lang.traced_grads``; more in test_traced_grads.py);
-``jacrev``, ``jacfwd``, ``hessian``, ``jvp`` and a ``grad`` whose function cannot be traced run as one
-eager call each, equal to eager bit for bit, with gradients through them as eager's; closures over
-traced values are inputs of the call; what the call cannot carry (gradients into tensors it reads
-itself) is refused naming the line."""
+thunder_rs's VJP and batching rules (``core.lang.traced_grads``; more in test_traced_grads.py), and
+``jacrev``, ``jacfwd``, ``hessian`` and ``jvp`` traced as torch's vmap over vjp/jvp; those whose
+function cannot be traced run as one eager call each, equal to eager bit for bit, with gradients
+through them as eager's; closures over traced values are inputs of the call; what the call cannot
+carry (gradients into tensors it reads itself) is refused naming the line."""
 
 import pytest
 import torch
@@ -156,6 +156,22 @@ def test_transforms_imported_before_tracing_are_traced_with_eagers_values():
     for program in (reverse, forward):
         torch.testing.assert_close(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
         assert thunder_rs.examine(program, weight, bias, x).fallbacks == {}
+
+
+def test_a_vmap_of_a_jacobian_made_inside_the_program_is_traced():
+    # torch.vmap(torch.func.jacrev(f)) ran the whole vmap as one eager call.
+    def program(x, w):
+        f = lambda x: (x @ w).tanh()  # noqa: E731
+        return torch.vmap(torch.func.jacrev(f))(x), torch.vmap(torch.func.hessian(lambda x: f(x).sum()))(x)
+
+    def untraceable(x, w):
+        return torch.vmap(torch.func.jacrev(lambda x: det_of(x, x @ w)))(x)
+
+    x, w = torch.randn(5, 3), torch.randn(3, 3)
+    torch.testing.assert_close(thunder_rs.jit(program)(x, w), program(x, w))
+    assert thunder_rs.examine(program, x, w).fallbacks == {}
+    exactly(thunder_rs.jit(untraceable)(x, w), untraceable(x, w))
+    assert thunder_rs.examine(untraceable, x, w).fallbacks == {"torch.func.vmap(jacrev)": 1}
 
 
 def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with_the_line():

@@ -3,9 +3,11 @@
 
 ``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
 and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
-of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
-``grad`` whose function cannot be traced (its backward runs an eager fallback), run as one eager
-fallback: torch.func's own transform on the call's tensors. functorch's transforms wrap tensors below
+of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``), as are ``vjp`` and
+``jvp`` (reverse mode twice: ``traced_grads.jvp``); ``jacrev``, ``jacfwd`` and ``hessian`` run torch's
+own function, whose ``vmap`` over ``vjp``/``jvp`` is traced (``_traced_jacobian``). What cannot be
+traced (a backward that runs an eager fallback) runs as one eager fallback: torch.func's own
+transform on the call's tensors. functorch's transforms wrap tensors below
 ``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
 call gives eager's values exactly (the same kernels, in the same order), and what the function
 reads (a module's structure, captured values) is read on each call, as in eager. The call's
@@ -45,6 +47,8 @@ TRACED = frozenset({"grad", "grad_and_value"})
 #: The transforms that run torch's own function while tracing, whose ``vmap`` over ``vjp``/``jvp``
 #: is traced where it can be (``_traced_jacobian``), else one eager call.
 JACOBIANS = frozenset({"jacrev", "jacfwd", "hessian"})
+#: The transforms a ``torch.vmap`` of them traces (where they cannot be, the vmap runs eagerly).
+TRACED_IN_VMAP = TRACED | JACOBIANS
 
 
 def _grad_options(func, argnums=0, has_aux=False):

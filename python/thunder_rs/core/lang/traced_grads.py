@@ -1,5 +1,7 @@
-"""``torch.func.grad``, ``grad_and_value`` and ``vjp`` of traced values, traced: the function's
-calls and their backward become ops of the program, which thunder_rs compiles as the rest of it.
+"""``torch.func.grad``, ``grad_and_value``, ``vjp`` and ``jvp`` of traced values, traced: the
+function's calls and their backward become ops of the program, which thunder_rs compiles as the
+rest of it. ``jvp`` is reverse mode twice (thunder_rs has no forward-mode rules): the backward of
+``vjp``'s function, linear in its cotangent, from the tangents (``jvp``).
 
 The function runs on stand-ins of the differentiated arguments that require grad (an alias of
 each, recorded as a cast to its own dtype), under ``enable_grad`` as torch.func's transform runs
