@@ -426,3 +426,18 @@ def test_a_jvp_writing_a_captured_tensor_raises_eagers_error():
     with pytest.raises(RuntimeError, match="would mutate a captured Tensor"):
         thunder_rs.jit(program)(x)
     assert buffer.eq(0).all()
+
+
+def test_a_jvp_whose_function_turns_grad_mode_off_runs_as_eagers_forward_mode():
+    # Eager's forward mode carries tangents through no_grad, where reverse mode (the traced jvp)
+    # carries no gradient: its tangent was zeros. It runs as one eager call.
+    def no_grad_inside(x):
+        with torch.no_grad():
+            y = x.sin()
+        return y * x
+
+    def program(x, t):
+        return torch.func.jvp(no_grad_inside, (x,), (t,)), torch.func.jacfwd(no_grad_inside)(x)
+
+    x, t = torch.randn(3), torch.randn(3)
+    exactly(thunder_rs.jit(program)(x, t), program(x, t))

@@ -40,7 +40,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
-from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies, recording_decompositions
+from thunder_rs.core.lang.recorder import (
+    active_recorder,
+    grad_mode_cuts,
+    lift_captured,
+    proxies,
+    recording_decompositions,
+)
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -386,7 +392,14 @@ def _jvp(rec, func, primals: tuple, tangents, argnums, has_aux: bool, written: l
     flat_primals, primal_spec = tree_flatten(diff)
     if spec != primal_spec or not all(_as_tangent(p, t) for p, t in zip(flat_primals, flat_tangents)):
         raise _Untraceable  # (the eager call raises eager's error)
-    out, forward = _vjp_forward(rec, func, primals, argnums, has_aux, written, decompositions=not whole)
+    cuts = list[str]()
+    token = grad_mode_cuts.set(cuts)
+    try:
+        out, forward = _vjp_forward(rec, func, primals, argnums, has_aux, written, decompositions=not whole)
+    finally:
+        grad_mode_cuts.reset(token)
+    if cuts:  # (grad mode off inside it: eager's forward mode carries the tangents on, reverse mode not)
+        raise _Untraceable
     out, aux = out if has_aux else (out, None)
     flat_out, out_spec = tree_flatten(out)
     sizes = vmap_state.levels.get()
