@@ -377,3 +377,23 @@ def test_outputs_whose_sizes_follow_python_state_the_function_reads_are_refused_
         exactly(jitted_traced(x), traced(x))
     finally:
         _ROWS = 3
+
+
+def test_a_jacobian_whose_function_writes_an_argument_writes_it_once_as_eager():
+    # The traced jacobian's vjp function, called under its vmap, traced the function again and
+    # wrote the argument again (the program then failed to compile: a value used before it was
+    # defined). Made inside the program, the jacobian runs as one eager call instead.
+    def writes(x, b):
+        b.add_(1)
+        return (x * b).sin()
+
+    def program(x, b):
+        return torch.func.jacrev(writes)(x, b), torch.func.jacfwd(writes)(x, b), b
+
+    x, b1, b2 = torch.randn(3), torch.zeros(3), torch.zeros(3)
+    exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
+    exactly(b1, torch.full((3,), 2.0))
+
+    made_before = torch.func.jacrev(writes)  # (its vjp is traced: refused where it would write again)
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_func_transforms\.py:\d+: .*writes"):
+        thunder_rs.jit(lambda x, b: made_before(x, b))(x, torch.zeros(3))

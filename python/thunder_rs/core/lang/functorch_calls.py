@@ -139,10 +139,12 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
     chosen = [p for i, p in enumerate(primals) if i in nums or i - len(primals) in nums]
     others = [p for i, p in enumerate(primals) if not (i in nums or i - len(primals) in nums)]
     forward = traced_grads.vjp_forward(func, primals, argnums, has_aux)  # (traced once, as eager runs it)
+    written: list = []
     if forward is not None:
         out, forward = forward
+        written += [True] if forward.wrote else []
     else:
-        with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
+        with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen, written=written):
             out = func(*primals)
     aux = None
     if has_aux:
@@ -162,18 +164,25 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
         if active_recorder() is None:  # (an eager call of a vmap over it: each call's tensors)
             eager_fn = _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)[1]
             return eager_fn(cotangents, retain_graph, create_graph)
-        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
+        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, bool(written))
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
-def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward):
+def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, wrote: bool):
     """The traced backward of ``vjp``'s function; under ``torch.vmap``, where it cannot be traced,
-    the enclosing vmap runs eagerly (``MapsATransform``)."""
+    the enclosing vmap runs eagerly (``MapsATransform``), but for a function that ``wrote`` its
+    arguments (the eager call would run it, and its writes, again)."""
     (cotangents,), _ = lift_captured((cotangents,), {})
-    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
+    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, wrote)
     if out is not traced_grads.UNTRACED:
         return out
+    if wrote:
+        raise ThunderNotImplementedError(
+            f"torch.func.vjp at {user_location()}: its function writes its arguments in place, and its backward "
+            "cannot be traced from the forward thunder_rs traced (under torch.vmap: a jacrev's); an eager call "
+            "would run the function, and its writes, again. Write the arguments outside the transformed function"
+        )
     if any(hasattr(t, "physical") for t in tree_flatten((cotangents, primals))[0]):
         raise MapsATransform(f"torch.func.vjp's function of values batched by torch.vmap at {user_location()}")
     raise ThunderNotImplementedError(
@@ -263,7 +272,8 @@ def _traced_jacobian(wrapper, name: str, args: tuple, kwargs: dict):
     rec = active_recorder()
     mark, first = rec.mark(), rec.num_values
     try:
-        return wrapper(*args, **kwargs)
+        with traced_grads.refusing_argument_writes():  # (refused before they are made: the eager call makes them)
+            return wrapper(*args, **kwargs)
     except MapsATransform:
         raise  # (the enclosing torch.vmap runs eagerly)
     except Exception as e:  # (the eager call computes it, or raises eager's error)

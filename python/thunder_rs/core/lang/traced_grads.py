@@ -69,6 +69,24 @@ class _Scope(NamedTuple):
 
 
 _scope: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_transform_scope", default=None)
+#: Whether a write to an argument the transform's function may write is refused before it is
+#: made (``WritesArguments``): while a function is traced where an eager call or a trace of it
+#: again may follow, which would write the argument once more.
+_writes_refused: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_argument_writes_refused", default=False)
+
+
+class WritesArguments(Exception):
+    """The function traced writes an argument in place, which ``refusing_argument_writes`` refuses."""
+
+
+@contextlib.contextmanager
+def refusing_argument_writes():
+    """Raises ``WritesArguments`` at a write to an argument, before it is made."""
+    token = _writes_refused.set(True)
+    try:
+        yield
+    finally:
+        _writes_refused.reset(token)
 
 
 @contextlib.contextmanager
@@ -93,6 +111,8 @@ def refuse_captured_write(op: str, root) -> None:
     if now is None or vid is None or made_inside:
         return
     if id(root) in now.writable:
+        if _writes_refused.get():
+            raise WritesArguments(op)
         now.written.append(root)
         return
     if id(root) in now.differentiated:
@@ -275,6 +295,8 @@ class VjpForward(NamedTuple):
     outputs: list
     levels: tuple
     recorder: object
+    #: whether the function wrote its arguments (that are not differentiated) in place
+    wrote: bool
 
 
 def vjp_forward(func, primals: tuple, argnums, has_aux: bool):
@@ -304,16 +326,17 @@ def _vjp_forward(rec, func, primals: tuple, argnums, has_aux: bool, written: lis
     inner = rec.grad_labels(first, end)
     rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
     _as_outside(rec, out)
-    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec)
+    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec, bool(written))
 
 
-def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None):
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None, wrote=False):
     """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
     the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
     the program has recorded since; where there is none (or it was traced outside the
     ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
     backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
-    numbers is not traced twice (the draws would differ)."""
+    numbers is not traced twice (the draws would differ), nor one that ``wrote`` its arguments
+    (the writes would be made again)."""
     rec = active_recorder()
     if forward is not None and forward.recorder is rec and forward.levels == vmap_state.levels.get():
         flat_cot, cot_spec = tree_flatten(cotangents)
@@ -324,6 +347,8 @@ def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotange
             return _as_argnums(trees, argnums)
         except Exception:  # (traced again below)
             pass
+    if wrote:
+        return UNTRACED
     mark = rec.mark()
     for whole in (True, False):
         try:
@@ -342,9 +367,8 @@ def _traced_again(rec, mark: int, func, primals: tuple, argnums, has_aux: bool, 
     from ``cotangents``: the gradients per primal differentiated."""
     written = list[TensorProxy]()
     nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
-    out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
-    if written:  # (vjp wrote them once, as eager does; its function must not write them again)
-        raise _Untraceable
+    with refusing_argument_writes():  # (vjp wrote them once, as eager does; its function must not write them again)
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
     if has_aux:
         out = out[0]
     flat_out, spec = tree_flatten(out)
