@@ -391,8 +391,8 @@ def jvp(func, primals: tuple, tangents, argnums, has_aux: bool):
     primals (``vjp``'s forward, its values the program's own), its backward from a cotangent
     stand-in ``u`` that requires grad is ``J^T u``, linear in ``u``, and the backward of that
     from the tangents is ``J t``. Returns ``(output, tangents out)`` as the function's output
-    (and ``aux``); or ``UNTRACED``, nothing recorded, where
-    it cannot be (an output that is not floating-point, a backward that runs eager fallbacks)."""
+    (and ``aux``); or ``UNTRACED``, nothing recorded, where it cannot be (an output that is not
+    floating-point, a backward that runs eager fallbacks, grad mode turned off inside it)."""
     rec = active_recorder()
     mark, written = rec.mark(), list[TensorProxy]()
     for whole in (True, False):
