@@ -441,3 +441,35 @@ def test_a_jvp_whose_function_turns_grad_mode_off_runs_as_eagers_forward_mode():
 
     x, t = torch.randn(3), torch.randn(3)
     exactly(thunder_rs.jit(program)(x, t), program(x, t))
+
+
+def _det(x):  # (det's backward is an eager fallback: a transform of it runs as one eager call)
+    return torch.linalg.det(torch.outer(x, x) + torch.eye(x.shape[0]))
+
+
+EAGER_CALLS = {
+    "jvp": lambda x, t: torch.func.jvp(lambda x: _det(x) * x.sin(), (x,), (t,)),
+    "jacfwd": lambda x, t: torch.func.jacfwd(lambda x: _det(x) * x.sin())(x),
+    "jacrev": lambda x, t: torch.func.jacrev(lambda x: _det(x) * x.sin())(x),
+    "hessian": lambda x, t: torch.func.hessian(lambda x: _det(x) * x.sin().sum())(x),
+}
+
+
+@pytest.mark.parametrize("program", EAGER_CALLS.values(), ids=EAGER_CALLS.keys())
+def test_a_transform_that_cannot_be_traced_is_eagers_in_values_gradients_and_draws(program):
+    def drawing(x, t):  # (draws before and after the eager call: the program's generator state as eager's)
+        return torch.rand(2), program(x, t), torch.rand(2)
+
+    x, t = torch.randn(3), torch.randn(3)
+    ours = [v.clone().requires_grad_() for v in (x, t)]
+    eagers = [v.clone().requires_grad_() for v in (x, t)]
+    torch.manual_seed(4)
+    actual = thunder_rs.jit(drawing)(*ours)
+    torch.manual_seed(4)
+    expected = drawing(*eagers)
+    exactly(actual, expected)
+    flat = torch.utils._pytree.tree_flatten
+    sum(v.sin().sum() for v in flat(actual)[0] if v.requires_grad).backward()
+    sum(v.sin().sum() for v in flat(expected)[0] if v.requires_grad).backward()
+    exactly([v.grad for v in ours], [v.grad for v in eagers])
+    assert not traced(program, x, t)

@@ -349,7 +349,10 @@ class _Call:
             flat[i] = t
         call_args, call_kwargs = tree_unflatten(flat, self.spec)
         bound = closures.filled(self.template, given[len(self.positions) :])
-        return _untraced(self.make(bound))(*call_args, **call_kwargs)
+        # Under the grad mode the program called it in, as eager (the compiled forward runs with
+        # grad off; torch's forward mode over reverse mode differs under no_grad: det's hessian).
+        with torch.set_grad_enabled(self.grad_enabled or torch.is_grad_enabled()):
+            return _untraced(self.make(bound))(*call_args, **call_kwargs)
 
 
 #: fallback name (``torch.func.jacrev``) -> the one callable its symbol runs, ``run(call, *tensors)``.
