@@ -473,3 +473,22 @@ def test_a_transform_that_cannot_be_traced_is_eagers_in_values_gradients_and_dra
     sum(v.sin().sum() for v in flat(expected)[0] if v.requires_grad).backward()
     exactly([v.grad for v in ours], [v.grad for v in eagers])
     assert not traced(program, x, t)
+
+
+def test_a_vjp_functions_result_carries_the_gradient_of_its_cotangent_as_eager():
+    # matmul's grad rule recorded its backward with the cotangent's placeholder not requiring
+    # grad: vjp's function of a cotangent that requires grad returned a result that did not
+    # (eager's does: J^T v is linear in v), and the program's gradient to v was none.
+    def program(x, w, v):
+        y, vjp_fn = torch.func.vjp(lambda w: (x @ w).sin(), w)
+        return vjp_fn(v)[0]
+
+    x, w, v = torch.randn(2, 4), torch.randn(4, 3), torch.randn(2, 3)
+    ours, eagers = v.clone().requires_grad_(), v.clone().requires_grad_()
+    actual, expected = thunder_rs.jit(program)(x, w, ours), program(x, w, eagers)
+    exactly(actual, expected)
+    assert actual.requires_grad
+    actual.sin().sum().backward()
+    expected.sin().sum().backward()
+    exactly(ours.grad, eagers.grad)
+    assert traced(program, x, w, v)
