@@ -4,8 +4,10 @@
 
 Per-sample gradients as torch.func's tutorial computes them,
 ``vmap(grad(loss), in_dims=(None, None, 0, 0))(params, buffers, x, y)`` with ``functional_call``
-on an MLP and a small CNN, and a plain ``grad`` of an MLP's loss: thunder_rs traces the gradient
-through its VJP and batching rules (``core.lang.traced_grads``). Runs single-threaded on CPU; see
+on an MLP and a small CNN, a plain ``grad`` of an MLP's loss, and the jacobians of a small MLP's
+output (``jacrev``, ``jacfwd``, ``hessian`` of its loss, ``jvp``): thunder_rs traces the gradient
+through its VJP and batching rules (``core.lang.traced_grads``), forward mode as reverse mode
+twice. Runs single-threaded on CPU; see
 benchmarks/harness.py for what is measured and how.
 """
 
@@ -66,6 +68,26 @@ def grad_of_loss(model: nn.Module):
     return program
 
 
+def jacobian(model: nn.Module, kind: str):
+    """``kind`` of the MLP's output (or of its loss, for the hessian) in its input."""
+
+    def predict(params, x):
+        return torch.func.functional_call(model, params, (x,))
+
+    def program(params, x):
+        if kind == "jvp":
+            return torch.func.jvp(lambda x: predict(params, x), (x,), (x.cos(),))
+        if kind == "hessian":
+            return torch.func.hessian(lambda x: predict(params, x).tanh().sum())(x)
+        return getattr(torch.func, kind)(lambda x: predict(params, x).tanh())(x)
+
+    return program
+
+
+def _jacobian_args(model: nn.Module) -> tuple:
+    return _state(model)[0], torch.randn(4, 32, generator=_gen(1))
+
+
 def _state(model: nn.Module) -> tuple[dict, dict]:
     return (
         {k: v.detach() for k, v in model.named_parameters()},
@@ -108,6 +130,16 @@ def build_cases() -> list[harness.Case]:
             lambda: _args(mlp, (64, 32), with_buffers=False),
             inner=50,
             description="grad(cross_entropy of MLP 32-64-10) over a batch of 64",
+        ),
+        *(
+            harness.Case(
+                f"{kind}_mlp",
+                (lambda kind: lambda: jacobian(mlp, kind))(kind),
+                lambda: _jacobian_args(mlp),
+                inner=10,
+                description=f"torch.func.{kind} of an MLP 32-64-10 in its input, 4 examples",
+            )
+            for kind in ("jacrev", "jacfwd", "hessian", "jvp")
         ),
     ]
 

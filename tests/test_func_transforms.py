@@ -1,10 +1,10 @@
 """torch.func's differentiating transforms inside a jitted program (``core.lang.functorch_calls``):
 per-sample gradients (``vmap(grad(loss))`` of an MLP and a CNN with cross_entropy) traced through
-thunder_rs's VJP and batching rules (``core.lang.traced_grads``; more in test_traced_grads.py);
-``jacrev``, ``jacfwd``, ``hessian``, ``jvp`` and a ``grad`` whose function cannot be traced run as one
-eager call each, equal to eager bit for bit, with gradients through them as eager's; closures over
-traced values are inputs of the call; what the call cannot carry (gradients into tensors it reads
-itself) is refused naming the line."""
+thunder_rs's VJP and batching rules (``core.lang.traced_grads``; more in test_traced_grads.py), and
+``jacrev``, ``jacfwd``, ``hessian`` and ``jvp`` traced as torch's vmap over vjp/jvp; those whose
+function cannot be traced run as one eager call each, equal to eager bit for bit, with gradients
+through them as eager's; closures over traced values are inputs of the call; what the call cannot
+carry (gradients into tensors it reads itself) is refused naming the line."""
 
 import pytest
 import torch
@@ -129,37 +129,59 @@ def test_a_grad_bound_before_tracing_runs_as_eager():
     exactly(thunder_rs.jit(lambda x: g(x) * 2)(x), g(x) * 2)
 
 
-def test_transforms_imported_before_tracing_run_as_eager():
+def test_transforms_imported_before_tracing_are_traced_with_eagers_values():
     # The tutorials' spelling: ``from torch.func import jacrev`` at the top, the transform made
     # inside the program (jacrev/jacfwd wrap what they return through torch's
-    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing).
+    # _wraps_without_dynamo_attrs, which is thunder_rs's while tracing): torch's own jacobians,
+    # their vmap over vjp/jvp traced.
     from torch.func import hessian, jacfwd, jacrev, jvp, vmap
 
     def predict(weight, bias, x):
         return F.linear(x, weight, bias).tanh()
 
-    def program(weight, bias, x):
+    def reverse(weight, bias, x):
         return (
             jacrev(predict, argnums=2)(weight, bias, x),
-            jacfwd(predict, argnums=(0, 2))(weight, bias, x),
             hessian(predict, argnums=2)(weight, bias, x),
             vmap(jacrev(predict, argnums=2), in_dims=(None, None, 0))(weight, bias, x.expand(3, -1)),
-            jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),)),
         )
 
+    def forward(weight, bias, x):
+        jacobian = jacfwd(predict, argnums=(0, 2))(weight, bias, x)
+        return jacobian, jvp(lambda x: predict(weight, bias, x), (x,), (x.cos(),))
+
     weight, bias, x = torch.randn(5, 5), torch.randn(5), torch.randn(5)
-    exactly(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+    # (eager's vmap runs batched matmuls, and forward mode its dual numbers, where the trace runs
+    # reverse mode (twice for forward mode) on the basis: other kernels, equal within float32's tolerance)
+    for program in (reverse, forward):
+        torch.testing.assert_close(thunder_rs.jit(program)(weight, bias, x), program(weight, bias, x))
+        assert thunder_rs.examine(program, weight, bias, x).fallbacks == {}
+
+
+def test_a_vmap_of_a_jacobian_made_inside_the_program_is_traced():
+    # torch.vmap(torch.func.jacrev(f)) ran the whole vmap as one eager call.
+    def program(x, w):
+        f = lambda x: (x @ w).tanh()  # noqa: E731
+        return torch.vmap(torch.func.jacrev(f))(x), torch.vmap(torch.func.hessian(lambda x: f(x).sum()))(x)
+
+    def untraceable(x, w):
+        return torch.vmap(torch.func.jacrev(lambda x: det_of(x, x @ w)))(x)
+
+    x, w = torch.randn(5, 3), torch.randn(3, 3)
+    torch.testing.assert_close(thunder_rs.jit(program)(x, w), program(x, w))
+    assert thunder_rs.examine(program, x, w).fallbacks == {}
+    exactly(thunder_rs.jit(untraceable)(x, w), untraceable(x, w))
+    assert thunder_rs.examine(untraceable, x, w).fallbacks == {"torch.func.vmap(jacrev)": 1}
 
 
 def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with_the_line():
     layer = nn.Linear(3, 3)  # its parameters require grad: eager's result carries gradients to them
 
-    def program(x):
-        return torch.func.jacrev(lambda x: layer(x).tanh())(x)
+    def program(x):  # (det's backward is an eager fallback: the jvp runs as one eager call)
+        return torch.func.jvp(lambda x: det_of(layer(x).tanh(), x), (x,), (x.cos(),))
 
-    with pytest.raises(
-        NotImplementedError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+: .*require grad"
-    ):
+    refusal = r"torch\.func\.jvp at .*test_func_transforms\.py:\d+: .*require grad"
+    with pytest.raises(NotImplementedError, match=refusal):
         thunder_rs.jit(program)(torch.randn(3))
     with torch.no_grad():  # without gradients, the parameters are read on each call as eager reads them
         jitted = thunder_rs.jit(program)
@@ -167,6 +189,28 @@ def test_reading_tensors_that_require_grad_besides_the_arguments_is_refused_with
         exactly(jitted(x), program(x))
         layer.weight.mul_(2)
         exactly(jitted(x), program(x))
+
+
+def test_a_traced_jacobian_of_a_module_carries_gradients_to_its_parameters_as_eager():
+    # jacrev/jacfwd/hessian made inside the program ran as one eager call, which refused a function
+    # reading parameters that require grad; traced, the program's backward reaches them.
+    layer, twin = nn.Linear(3, 3), nn.Linear(3, 3)
+    twin.load_state_dict(layer.state_dict())
+
+    def of(module, transform):
+        return lambda x: transform(lambda x: module(x).tanh())(x).pow(2).sum()
+
+    x = torch.randn(3)
+    for transform in (torch.func.jacrev, torch.func.jacfwd, torch.func.hessian):
+        program, expected = of(layer, transform), of(twin, transform)
+        assert thunder_rs.examine(program, x).fallbacks == {}
+        actual = thunder_rs.jit(program)(x)
+        actual.backward()
+        expected(x).backward()
+        torch.testing.assert_close(actual, expected(x))
+        torch.testing.assert_close((layer.weight.grad, layer.bias.grad), (twin.weight.grad, twin.bias.grad))
+        for p in (*layer.parameters(), *twin.parameters()):
+            p.grad = None
 
 
 def test_floats_and_sizes_the_transformed_function_reads_are_each_calls():
@@ -316,14 +360,40 @@ def test_outputs_whose_sizes_follow_python_state_the_function_reads_are_refused_
     traced for the first call's sizes (its mean divided by 15 where eager's divides by 10)."""
     global _ROWS
 
-    def program(x):
+    def program(x):  # (strict: eager's check of each output's tangent, run as one eager call)
+        return torch.func.jvp(lambda y: (y[:_ROWS] * 2).sin(), (x,), (x.cos(),), strict=True)[1].mean()
+
+    def traced(x):  # (a traced jacobian reads the global as the program's own code: guarded)
         return torch.func.jacrev(lambda y: (y[:_ROWS] * 2).sin())(x).mean()
 
     jitted, x = thunder_rs.jit(program), torch.randn(5)
     torch.testing.assert_close(jitted(x), program(x), rtol=0, atol=0)
+    jitted_traced = thunder_rs.jit(traced)
+    exactly(jitted_traced(x), traced(x))
     _ROWS = 2
     try:
-        with pytest.raises(ThunderRuntimeError, match=r"torch\.func\.jacrev at .*test_func_transforms\.py:\d+"):
+        with pytest.raises(ThunderRuntimeError, match=r"torch\.func\.jvp at .*test_func_transforms\.py:\d+"):
             jitted(x)
+        exactly(jitted_traced(x), traced(x))
     finally:
         _ROWS = 3
+
+
+def test_a_jacobian_whose_function_writes_an_argument_writes_it_once_as_eager():
+    # The traced jacobian's vjp function, called under its vmap, traced the function again and
+    # wrote the argument again (the program then failed to compile: a value used before it was
+    # defined). Made inside the program, the jacobian runs as one eager call instead.
+    def writes(x, b):
+        b.add_(1)
+        return (x * b).sin()
+
+    def program(x, b):
+        return torch.func.jacrev(writes)(x, b), torch.func.jacfwd(writes)(x, b), b
+
+    x, b1, b2 = torch.randn(3), torch.zeros(3), torch.zeros(3)
+    exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
+    exactly(b1, torch.full((3,), 2.0))
+
+    made_before = torch.func.jacrev(writes)  # (its vjp is traced: refused where it would write again)
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_func_transforms\.py:\d+: .*writes"):
+        thunder_rs.jit(lambda x, b: made_before(x, b))(x, torch.zeros(3))

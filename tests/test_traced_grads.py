@@ -341,3 +341,154 @@ def test_module_parameters_read_inside_a_traced_grad_get_eagers_gradients():
     thunder_rs.jit(of(layer))(x).backward()
     of(twin)(x).backward()
     torch.testing.assert_close((layer.weight.grad, layer.bias.grad), (twin.weight.grad, twin.bias.grad))
+
+
+def close(actual, expected):
+    """(forward mode traced as reverse mode twice: other kernels than eager's dual numbers)"""
+    torch.testing.assert_close(actual, expected)
+
+
+JVPS = {
+    "jvp": lambda w, b, x: torch.func.jvp(lambda w, b: loss(w, b, x), (w, b), (w.cos(), b.sin())),
+    "elementwise": lambda w, b, x: torch.func.jvp(lambda w: (w.tanh() * w.sum()).exp(), (w,), (w.cos(),)),
+    "has_aux": lambda w, b, x: torch.func.jvp(lambda w: ((x @ w).sin(), w.cos()), (w,), (w.cos(),), has_aux=True),
+    "dict": lambda w, b, x: torch.func.jvp(lambda p: {"y": x @ p["w"] + p["b"]}, (dict(w=w, b=b),), (dict(w=w, b=b),)),
+    "constant": lambda w, b, x: torch.func.jvp(lambda w: x.sin(), (w,), (w,)),
+    "jacfwd": lambda w, b, x: torch.func.jacfwd(lambda w, b: (x @ w + b).tanh(), argnums=(0, 1))(w, b),
+    "hessian": lambda w, b, x: torch.func.hessian(lambda b: loss(w, b, x))(b),
+}
+
+
+@pytest.mark.parametrize("program", JVPS.values(), ids=JVPS.keys())
+def test_jvp_jacfwd_and_hessian_are_traced_with_eagers_values_and_gradients(program):
+    # They ran as one eager call; traced, the program's backward differentiates them too.
+    w, b, x = torch.randn(4, 3), torch.randn(3), torch.randn(2, 4)
+    ours = [t.clone().requires_grad_() for t in (w, b, x)]
+    eagers = [t.clone().requires_grad_() for t in (w, b, x)]
+    actual, expected = thunder_rs.jit(program)(*ours), program(*eagers)
+    close(actual, expected)
+    outputs = [t for t in torch.utils._pytree.tree_flatten(expected)[0] if t.requires_grad]
+    if outputs:
+        got = [t for t in torch.utils._pytree.tree_flatten(actual)[0] if t.requires_grad]
+        sum(t.pow(2).sum() for t in got).backward()
+        sum(t.pow(2).sum() for t in outputs).backward()
+        close([t.grad for t in ours], [t.grad for t in eagers])
+    assert traced(program, w, b, x)
+
+
+def test_jvp_of_a_matmul_carries_its_tangent_through_the_backward_of_the_backward():
+    # jvp is the backward of vjp's function (linear in its cotangent u) from the tangent: matmul's
+    # grad rule recorded its backward with u's placeholder not requiring grad, so its gradient
+    # to u was none and the tangent zeros.
+    def program(x, w, t):
+        return torch.func.jvp(lambda w: x @ w, (w,), (t,))
+
+    x, w, t = torch.randn(2, 4), torch.randn(4, 3), torch.randn(4, 3)
+    exactly(thunder_rs.jit(program)(x, w, t), program(x, w, t))
+    assert traced(program, x, w, t)
+
+
+def test_a_jvp_of_random_draws_draws_once_as_eager():
+    def program(x):
+        return torch.func.jvp(lambda x: F.dropout(x, 0.5, training=True) * x, (x,), (torch.ones_like(x),))
+
+    x = torch.rand(64) + 1
+    torch.manual_seed(2)
+    actual = thunder_rs.jit(program)(x)
+    torch.manual_seed(2)
+    exactly(actual, program(x))
+    assert traced(program, x)
+
+
+def test_a_jvp_that_cannot_be_traced_or_writes_its_primals_runs_as_one_eager_call():
+    def det(x):  # (det's backward is an eager fallback)
+        return torch.linalg.det(torch.outer(x, x) + torch.eye(3))
+
+    def writes(x):  # (eager's jvp writes the primal and, through its dual, the tangent)
+        x.mul_(2)
+        return x.sin()
+
+    def program(x, t):
+        return torch.func.jvp(det, (x,), (t,)), torch.func.jvp(writes, (x.clone(),), (t,)), t
+
+    x, t = torch.randn(3), torch.randn(3)
+    exactly(thunder_rs.jit(program)(x, t.clone()), program(x, t.clone()))
+    assert thunder_rs.examine(program, x, t).fallbacks == {"torch.func.jvp": 2}
+
+
+def test_a_jvp_writing_a_captured_tensor_raises_eagers_error():
+    def program(x):
+        return torch.func.jvp(lambda x: (buffer.add_(1), x.sin())[1], (x,), (x,))
+
+    x = torch.randn(3)
+    with pytest.raises(RuntimeError, match="would mutate a captured Tensor"):
+        program(x)
+    with pytest.raises(RuntimeError, match="would mutate a captured Tensor"):
+        thunder_rs.jit(program)(x)
+    assert buffer.eq(0).all()
+
+
+def test_a_jvp_whose_function_turns_grad_mode_off_runs_as_eagers_forward_mode():
+    # Eager's forward mode carries tangents through no_grad, where reverse mode (the traced jvp)
+    # carries no gradient: its tangent was zeros. It runs as one eager call.
+    def no_grad_inside(x):
+        with torch.no_grad():
+            y = x.sin()
+        return y * x
+
+    def program(x, t):
+        return torch.func.jvp(no_grad_inside, (x,), (t,)), torch.func.jacfwd(no_grad_inside)(x)
+
+    x, t = torch.randn(3), torch.randn(3)
+    exactly(thunder_rs.jit(program)(x, t), program(x, t))
+
+
+def _det(x):  # (det's backward is an eager fallback: a transform of it runs as one eager call)
+    return torch.linalg.det(torch.outer(x, x) + torch.eye(x.shape[0]))
+
+
+EAGER_CALLS = {
+    "jvp": lambda x, t: torch.func.jvp(lambda x: _det(x) * x.sin(), (x,), (t,)),
+    "jacfwd": lambda x, t: torch.func.jacfwd(lambda x: _det(x) * x.sin())(x),
+    "jacrev": lambda x, t: torch.func.jacrev(lambda x: _det(x) * x.sin())(x),
+    "hessian": lambda x, t: torch.func.hessian(lambda x: _det(x) * x.sin().sum())(x),
+}
+
+
+@pytest.mark.parametrize("program", EAGER_CALLS.values(), ids=EAGER_CALLS.keys())
+def test_a_transform_that_cannot_be_traced_is_eagers_in_values_gradients_and_draws(program):
+    def drawing(x, t):  # (draws before and after the eager call: the program's generator state as eager's)
+        return torch.rand(2), program(x, t), torch.rand(2)
+
+    x, t = torch.randn(3), torch.randn(3)
+    ours = [v.clone().requires_grad_() for v in (x, t)]
+    eagers = [v.clone().requires_grad_() for v in (x, t)]
+    torch.manual_seed(4)
+    actual = thunder_rs.jit(drawing)(*ours)
+    torch.manual_seed(4)
+    expected = drawing(*eagers)
+    exactly(actual, expected)
+    flat = torch.utils._pytree.tree_flatten
+    sum(v.sin().sum() for v in flat(actual)[0] if v.requires_grad).backward()
+    sum(v.sin().sum() for v in flat(expected)[0] if v.requires_grad).backward()
+    exactly([v.grad for v in ours], [v.grad for v in eagers])
+    assert not traced(program, x, t)
+
+
+def test_a_vjp_functions_result_carries_the_gradient_of_its_cotangent_as_eager():
+    # matmul's grad rule recorded its backward with the cotangent's placeholder not requiring
+    # grad: vjp's function of a cotangent that requires grad returned a result that did not
+    # (eager's does: J^T v is linear in v), and the program's gradient to v was none.
+    def program(x, w, v):
+        y, vjp_fn = torch.func.vjp(lambda w: (x @ w).sin(), w)
+        return vjp_fn(v)[0]
+
+    x, w, v = torch.randn(2, 4), torch.randn(4, 3), torch.randn(2, 3)
+    ours, eagers = v.clone().requires_grad_(), v.clone().requires_grad_()
+    actual, expected = thunder_rs.jit(program)(x, w, ours), program(x, w, eagers)
+    exactly(actual, expected)
+    assert actual.requires_grad
+    actual.sin().sum().backward()
+    expected.sin().sum().backward()
+    exactly(ours.grad, eagers.grad)
+    assert traced(program, x, w, v)

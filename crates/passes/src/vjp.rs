@@ -301,6 +301,9 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
     }
     for bsym in &rule.bsyms {
         let bsym = if cots.fresh { bsym.renamed_everywhere(&subst) } else { bsym.renamed(&subst) };
+        if cots.fresh {
+            label_from_inputs(e.builder, std::slice::from_ref(&bsym));
+        }
         e.builder.push_bsym(bsym);
     }
     for (value, grad) in &rule.grads {
@@ -311,6 +314,34 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
         }
     }
     Ok(())
+}
+
+/// Marks the values `bsyms` define as requiring grad where an input of their call now does (a
+/// differentiable call of inexact outputs), as recording them would: a rule's backward was
+/// recorded with its cotangent placeholders not requiring grad, which the cotangents given to it
+/// may (`torch.func.jvp`'s backward of a backward, from a cotangent that requires grad). Only
+/// adds labels: the caller's `relabel_since` then takes off those the level outside does not see.
+fn label_from_inputs(builder: &mut TraceBuilder, bsyms: &[BoundSymbol]) {
+    let wants =
+        |builder: &TraceBuilder, v: ValueId| matches!(builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad);
+    for bsym in bsyms {
+        label_from_inputs(builder, &bsym.subsymbols);
+        if !bsym.subsymbols.is_empty() || matches!(&bsym.symbol, Symbol::Prim(p) if !p.is_differentiable()) {
+            continue; // (defined by its decomposition, or not differentiable)
+        }
+        let mut from_input = false;
+        bsym.for_each_input(|v| from_input |= wants(builder, v));
+        if !from_input {
+            continue;
+        }
+        for &o in &bsym.outputs {
+            if let Some(ValueKind::Tensor(t)) = builder.value(o) {
+                if t.dtype.is_inexact() && !bsym.args.contains(&Arg::Value(o)) {
+                    builder.label_requires_grad(o, true);
+                }
+            }
+        }
+    }
 }
 
 /// A fallback's backward: `<name>.vjp((args), (cotangents), (inputs wanting grads), **kwargs)`,

@@ -214,7 +214,13 @@ def _vjp_of(func):
             if pairs
             else [None] * len(inputs)
         )
-        grads = tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads))
+        # Values of the trace that are one tensor when it runs (a cast to its own dtype returns its
+        # input) are one leaf here: its gradient, the sum of their uses, goes to the first of them
+        # (it was given to each, and the program's backward added them up again: twice eager's).
+        first = {id(w): i for i, w in reversed(list(enumerate(wanted)))}
+        grads = tuple(
+            torch.zeros_like(w) if g is None or first[id(w)] != i else g for i, (w, g) in enumerate(zip(wanted, grads))
+        )
         return grads[0] if len(grads) == 1 else grads
 
     vjp.__name__ = f"{getattr(func, '__name__', 'op')}_vjp"

@@ -3,9 +3,11 @@
 
 ``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
 and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
-of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``). The others, and a
-``grad`` whose function cannot be traced (its backward runs an eager fallback), run as one eager
-fallback: torch.func's own transform on the call's tensors. functorch's transforms wrap tensors below
+of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``), as are ``vjp`` and
+``jvp`` (reverse mode twice: ``traced_grads.jvp``); ``jacrev``, ``jacfwd`` and ``hessian`` run torch's
+own function, whose ``vmap`` over ``vjp``/``jvp`` is traced (``_traced_jacobian``). What cannot be
+traced (a backward that runs an eager fallback) runs as one eager fallback: torch.func's own
+transform on the call's tensors. functorch's transforms wrap tensors below
 ``__torch_function__``, where a proxy cannot go; running the transformed call eagerly on every
 call gives eager's values exactly (the same kernels, in the same order), and what the function
 reads (a module's structure, captured values) is read on each call, as in eager. The call's
@@ -42,6 +44,11 @@ from thunder_rs.errors import ThunderError, ThunderNotImplementedError, ThunderR
 TRANSFORMS = {name: getattr(torch.func, name) for name in ("grad", "grad_and_value", "jacrev", "jacfwd", "hessian")}
 #: The transforms traced as ops of the program where their function traces (``traced_grads``).
 TRACED = frozenset({"grad", "grad_and_value"})
+#: The transforms that run torch's own function while tracing, whose ``vmap`` over ``vjp``/``jvp``
+#: is traced where it can be (``_traced_jacobian``), else one eager call.
+JACOBIANS = frozenset({"jacrev", "jacfwd", "hessian"})
+#: The transforms a ``torch.vmap`` of them traces (where they cannot be, the vmap runs eagerly).
+TRACED_IN_VMAP = TRACED | JACOBIANS
 
 
 def _grad_options(func, argnums=0, has_aux=False):
@@ -81,6 +88,8 @@ class Transformed:
             out = traced_grads.grad(self.func, argnums, has_aux, with_value, args, kwargs)
             if out is not traced_grads.UNTRACED:
                 return out
+        elif self.name in JACOBIANS:  # (torch's, over thunder_rs's vmap and vjp/jvp: ``_wraps_in_trace``)
+            return self.maker()(self.func)(*args, **kwargs)
         return eager_call(self.maker(), self.func, f"torch.func.{self.name}", args, kwargs)
 
 
@@ -100,9 +109,16 @@ _jvp_with_argnums = _eager_impls._jvp_with_argnums
 
 def _jvp_in_trace(func, primals, tangents, argnums, *, strict: bool = False, has_aux: bool):
     """torch's ``_jvp_with_argnums`` while tracing, which ``torch.func.jvp`` (also as imported
-    before tracing) calls: of traced values, one eager call."""
+    before tracing) and ``jacfwd`` call: of traced values, traced by reverse mode twice where the
+    function's backward traces (``traced_grads.jvp``), else one eager call."""
     if _eager(func, primals, tangents):
         return _jvp_with_argnums(func, primals, tangents, argnums, strict=strict, has_aux=has_aux)
+    if not strict and isinstance(primals, tuple):  # (strict: eager's check that each output has a tangent)
+        (primals, tangents), _ = lift_captured((primals, tangents), {})
+        _refuse_side_effects(func, "torch.func.jvp")
+        out = traced_grads.jvp(func, primals, tangents, argnums, has_aux)
+        if out is not traced_grads.UNTRACED:
+            return out
     make = lambda f: lambda p, t: _jvp_with_argnums(f, p, t, argnums, strict=strict, has_aux=has_aux)  # noqa: E731
     return eager_call(make, func, "torch.func.jvp", (primals, tangents), {})
 
@@ -123,10 +139,12 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
     chosen = [p for i, p in enumerate(primals) if i in nums or i - len(primals) in nums]
     others = [p for i, p in enumerate(primals) if not (i in nums or i - len(primals) in nums)]
     forward = traced_grads.vjp_forward(func, primals, argnums, has_aux)  # (traced once, as eager runs it)
+    written: list = []
     if forward is not None:
         out, forward = forward
+        written += [True] if forward.wrote else []
     else:
-        with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen):
+        with traced_grads.scope(active_recorder(), writable=others, differentiated=chosen, written=written):
             out = func(*primals)
     aux = None
     if has_aux:
@@ -146,18 +164,25 @@ def _vjp_in_trace(func, *primals, argnums=None, has_aux: bool = False):
         if active_recorder() is None:  # (an eager call of a vmap over it: each call's tensors)
             eager_fn = _vjp_with_argnums(func, *primals, argnums=argnums, has_aux=has_aux)[1]
             return eager_fn(cotangents, retain_graph, create_graph)
-        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
+        return _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, bool(written))
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
-def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward):
+def _vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, wrote: bool):
     """The traced backward of ``vjp``'s function; under ``torch.vmap``, where it cannot be traced,
-    the enclosing vmap runs eagerly (``MapsATransform``)."""
+    the enclosing vmap runs eagerly (``MapsATransform``), but for a function that ``wrote`` its
+    arguments (the eager call would run it, and its writes, again)."""
     (cotangents,), _ = lift_captured((cotangents,), {})
-    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward)
+    out = traced_grads.vjp_backward(func, primals, argnums, has_aux, spec, cotangents, forward, wrote)
     if out is not traced_grads.UNTRACED:
         return out
+    if wrote:
+        raise ThunderNotImplementedError(
+            f"torch.func.vjp at {user_location()}: its function writes its arguments in place, and its backward "
+            "cannot be traced from the forward thunder_rs traced (under torch.vmap: a jacrev's); an eager call "
+            "would run the function, and its writes, again. Write the arguments outside the transformed function"
+        )
     if any(hasattr(t, "physical") for t in tree_flatten((cotangents, primals))[0]):
         raise MapsATransform(f"torch.func.vjp's function of values batched by torch.vmap at {user_location()}")
     raise ThunderNotImplementedError(
@@ -229,11 +254,34 @@ def _wraps_in_trace(func):
         def call(*args, **kwargs):
             if _eager(wrapper, args, kwargs):
                 return wrapper(*args, **kwargs)
+            out = _traced_jacobian(wrapper, f"torch.func.{name}", args, kwargs)
+            if out is not traced_grads.UNTRACED:
+                return out
             return eager_call(lambda f: f, wrapper, f"torch.func.{name}", args, kwargs)
 
         return wrap_as_func(call)
 
     return decorate
+
+
+def _traced_jacobian(wrapper, name: str, args: tuple, kwargs: dict):
+    """torch's ``jacrev``/``jacfwd`` function traced as ops of the program: its ``vmap`` over
+    ``vjp``'s function (over ``jvp``) on a basis, which thunder_rs batches and differentiates; or
+    ``UNTRACED``, nothing recorded, where it cannot be (it then runs as one eager call). A
+    function that wrote its arguments before that is refused (the eager call would write again)."""
+    rec = active_recorder()
+    mark, first = rec.mark(), rec.num_values
+    try:
+        with traced_grads.refusing_argument_writes():  # (refused before they are made: the eager call makes them)
+            return wrapper(*args, **kwargs)
+    except MapsATransform:
+        raise  # (the enclosing torch.vmap runs eagerly)
+    except Exception as e:  # (the eager call computes it, or raises eager's error)
+        written = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, TensorProxy) and (t._vid or 0) >= first]
+        if written:
+            raise traced_grads.unwritten(name, e) from e
+        rec.rewind(mark)
+        return traced_grads.UNTRACED
 
 
 #: What tracing sets in torch (``torch_overrides``): the transforms and the implementations above.
@@ -301,7 +349,10 @@ class _Call:
             flat[i] = t
         call_args, call_kwargs = tree_unflatten(flat, self.spec)
         bound = closures.filled(self.template, given[len(self.positions) :])
-        return _untraced(self.make(bound))(*call_args, **call_kwargs)
+        # Under the grad mode the program called it in, as eager (the compiled forward runs with
+        # grad off; torch's forward mode over reverse mode differs under no_grad: det's hessian).
+        with torch.set_grad_enabled(self.grad_enabled or torch.is_grad_enabled()):
+            return _untraced(self.make(bound))(*call_args, **call_kwargs)
 
 
 #: fallback name (``torch.func.jacrev``) -> the one callable its symbol runs, ``run(call, *tensors)``.

@@ -229,6 +229,18 @@ def lift_captured(args: tuple, kwargs: dict):
 #: that symbol whole (``extend.whole_runners``); None when every decomposition must be recorded.
 _whole: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_whole", default=None)
 
+#: While ``torch.func.jvp``'s function is traced (reverse mode standing for forward mode), a list
+#: of the calls recorded with grad mode off on values that require grad (``no_grad`` inside it):
+#: eager's forward mode carries tangents through them, reverse mode no gradient
+#: (``traced_grads.jvp`` runs such a jvp as one eager call).
+grad_mode_cuts: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_grad_mode_cuts", default=None)
+
+
+def _note_cut(name: str, args: tuple, kwargs: dict) -> None:
+    cuts = grad_mode_cuts.get()
+    if cuts is not None and _requires_grad(args, kwargs):
+        cuts.append(name)
+
 
 @contextlib.contextmanager
 def recording(
@@ -323,6 +335,8 @@ def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
     tuple of them."""
     grad = _is_grad_enabled()
+    if not grad:
+        _note_cut(name, args, {})
     recorded = current().prim(name, args, grad)
     if grad:
         note_gradient_through(recorded, args)
@@ -549,6 +563,8 @@ def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict
         return record_composite(symbol_id, name, fn, args, kwargs)
     if _is_grad_enabled():
         note_gradient_through(outputs, (*args, *(kwargs or {}).values()))
+    else:
+        _note_cut(name, args, kwargs or {})
     outs = proxies(current().call(symbol_id, args, kwargs or None, outputs, whole=True))
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -1,5 +1,7 @@
-"""``torch.func.grad``, ``grad_and_value`` and ``vjp`` of traced values, traced: the function's
-calls and their backward become ops of the program, which thunder_rs compiles as the rest of it.
+"""``torch.func.grad``, ``grad_and_value``, ``vjp`` and ``jvp`` of traced values, traced: the
+function's calls and their backward become ops of the program, which thunder_rs compiles as the
+rest of it. ``jvp`` is reverse mode twice (thunder_rs has no forward-mode rules): the backward of
+``vjp``'s function, linear in its cotangent, from the tangents (``jvp``).
 
 The function runs on stand-ins of the differentiated arguments that require grad (an alias of
 each, recorded as a cast to its own dtype), under ``enable_grad`` as torch.func's transform runs
@@ -38,7 +40,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import vmap_state
-from thunder_rs.core.lang.recorder import active_recorder, lift_captured, proxies, recording_decompositions
+from thunder_rs.core.lang.recorder import (
+    active_recorder,
+    grad_mode_cuts,
+    lift_captured,
+    proxies,
+    recording_decompositions,
+)
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -61,6 +69,24 @@ class _Scope(NamedTuple):
 
 
 _scope: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_transform_scope", default=None)
+#: Whether a write to an argument the transform's function may write is refused before it is
+#: made (``WritesArguments``): while a function is traced where an eager call or a trace of it
+#: again may follow, which would write the argument once more.
+_writes_refused: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_argument_writes_refused", default=False)
+
+
+class WritesArguments(Exception):
+    """The function traced writes an argument in place, which ``refusing_argument_writes`` refuses."""
+
+
+@contextlib.contextmanager
+def refusing_argument_writes():
+    """Raises ``WritesArguments`` at a write to an argument, before it is made."""
+    token = _writes_refused.set(True)
+    try:
+        yield
+    finally:
+        _writes_refused.reset(token)
 
 
 @contextlib.contextmanager
@@ -85,6 +111,8 @@ def refuse_captured_write(op: str, root) -> None:
     if now is None or vid is None or made_inside:
         return
     if id(root) in now.writable:
+        if _writes_refused.get():
+            raise WritesArguments(op)
         now.written.append(root)
         return
     if id(root) in now.differentiated:
@@ -211,7 +239,7 @@ def _needs_decompositions(e: Exception) -> bool:
     return torch.is_grad_enabled() and "recorded without its decomposition" in str(e)
 
 
-def _unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
+def unwritten(name: str, cause: Exception) -> ThunderNotImplementedError:
     return ThunderNotImplementedError(
         f"{name} at {user_location()}: the function writes its arguments in place and then cannot be traced "
         f"({type(cause).__name__}: {cause}); thunder_rs runs such a transform as one eager call only where it "
@@ -230,7 +258,7 @@ def grad(func, argnums, has_aux: bool, with_value: bool, args: tuple, kwargs: di
             grads, out, aux = _grad(rec, mark, func, argnums, has_aux, args, kwargs, written, whole)
         except Exception as e:  # (the eager call raises eager's error, or computes what tracing cannot)
             if written:  # (the arguments' proxies stand for what it wrote: the eager call would write again)
-                raise _unwritten("torch.func.grad", e) from e
+                raise unwritten("torch.func.grad", e) from e
             rec.rewind(mark)
             if not (whole and _needs_decompositions(e)):
                 return UNTRACED
@@ -254,6 +282,8 @@ class VjpForward(NamedTuple):
     outputs: list
     levels: tuple
     recorder: object
+    #: whether the function wrote its arguments (that are not differentiated) in place
+    wrote: bool
 
 
 def vjp_forward(func, primals: tuple, argnums, has_aux: bool):
@@ -261,33 +291,39 @@ def vjp_forward(func, primals: tuple, argnums, has_aux: bool):
     the program's own ops that its function differentiates (``vjp_backward``): ``(its output,
     a VjpForward)``; or None, nothing recorded, where it cannot be."""
     rec = active_recorder()
-    mark, first, written = rec.mark(), rec.num_values, list[TensorProxy]()
+    mark, written = rec.mark(), list[TensorProxy]()
     try:
-        nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
-        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written)
-        if has_aux and not (isinstance(out, tuple) and len(out) == 2):
-            raise _Untraceable  # (traced again, raising eager's error)
-        end, outputs = rec.num_values, tree_flatten(out[0] if has_aux else out)[0]
-        if not all(isinstance(t, TensorProxy) for t in outputs):
-            raise _Untraceable
-        inner = rec.grad_labels(first, end)
-        rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
+        return _vjp_forward(rec, func, primals, argnums, has_aux, written)
     except Exception as e:  # (traced as the program's own ops instead)
         if written:
-            raise _unwritten("torch.func.vjp", e) from e
+            raise unwritten("torch.func.vjp", e) from e
         rec.rewind(mark)
         return None
+
+
+def _vjp_forward(rec, func, primals: tuple, argnums, has_aux: bool, written: list, decompositions: bool = False):
+    mark, first = rec.mark(), rec.num_values
+    nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+    out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions)
+    if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+        raise _Untraceable  # (traced again, raising eager's error)
+    end, outputs = rec.num_values, tree_flatten(out[0] if has_aux else out)[0]
+    if not all(isinstance(t, TensorProxy) for t in outputs):
+        raise _Untraceable
+    inner = rec.grad_labels(first, end)
+    rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
     _as_outside(rec, out)
-    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec)
+    return out, VjpForward(first, end, inner, aliases, specs, outputs, vmap_state.levels.get(), rec, bool(written))
 
 
-def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None):
+def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None, wrote=False):
     """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
     the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
     the program has recorded since; where there is none (or it was traced outside the
     ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
     backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
-    numbers is not traced twice (the draws would differ)."""
+    numbers is not traced twice (the draws would differ), nor one that ``wrote`` its arguments
+    (the writes would be made again)."""
     rec = active_recorder()
     if forward is not None and forward.recorder is rec and forward.levels == vmap_state.levels.get():
         flat_cot, cot_spec = tree_flatten(cotangents)
@@ -298,6 +334,8 @@ def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotange
             return _as_argnums(trees, argnums)
         except Exception:  # (traced again below)
             pass
+    if wrote:
+        return UNTRACED
     mark = rec.mark()
     for whole in (True, False):
         try:
@@ -316,9 +354,8 @@ def _traced_again(rec, mark: int, func, primals: tuple, argnums, has_aux: bool, 
     from ``cotangents``: the gradients per primal differentiated."""
     written = list[TensorProxy]()
     nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
-    out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
-    if written:  # (vjp wrote them once, as eager does; its function must not write them again)
-        raise _Untraceable
+    with refusing_argument_writes():  # (vjp wrote them once, as eager does; its function must not write them again)
+        out, aliases, specs = _on_aliases(rec, func, nums, primals, {}, written, decompositions=not whole)
     if has_aux:
         out = out[0]
     flat_out, spec = tree_flatten(out)
@@ -332,3 +369,68 @@ def _as_argnums(trees: list, argnums):
     if argnums is None:
         return tuple(trees)
     return trees[0] if isinstance(argnums, int) else tuple(trees)
+
+
+def jvp(func, primals: tuple, tangents, argnums, has_aux: bool):
+    """``torch.func.jvp`` (``_jvp_with_argnums``, which ``jacfwd`` calls under ``torch.vmap``) of
+    ``func`` on traced ``primals`` in the direction of ``tangents``, traced by reverse mode twice
+    (thunder_rs has no forward-mode rules): the function is traced once on stand-ins of the
+    primals (``vjp``'s forward, its values the program's own), its backward from a cotangent
+    stand-in ``u`` that requires grad is ``J^T u``, linear in ``u``, and the backward of that
+    from the tangents is ``J t``. Returns ``(output, tangents out)`` as the function's output
+    (and ``aux``); or ``UNTRACED``, nothing recorded, where it cannot be (an output that is not
+    floating-point, a backward that runs eager fallbacks, grad mode turned off inside it)."""
+    rec = active_recorder()
+    mark, written = rec.mark(), list[TensorProxy]()
+    for whole in (True, False):
+        try:
+            return _jvp(rec, func, primals, tangents, argnums, has_aux, written, whole)
+        except Exception as e:  # (the eager call computes it, or raises eager's error)
+            if written:
+                raise unwritten("torch.func.jvp", e) from e
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+    return UNTRACED
+
+
+def _jvp(rec, func, primals: tuple, tangents, argnums, has_aux: bool, written: list, whole: bool):
+    nums = tuple(range(len(primals))) if argnums is None else _argnums(argnums, len(primals))
+    if len(set(nums)) != len(nums):
+        raise _Untraceable  # (the eager call raises eager's error)
+    diff = tuple(primals[n] for n in nums)  # (as torch's ``_slice_argnums``: a tuple for one argnum too)
+    flat_tangents, spec = tree_flatten(tangents)
+    flat_primals, primal_spec = tree_flatten(diff)
+    if spec != primal_spec or not all(_as_tangent(p, t) for p, t in zip(flat_primals, flat_tangents)):
+        raise _Untraceable  # (the eager call raises eager's error)
+    cuts = list[str]()
+    token = grad_mode_cuts.set(cuts)
+    try:
+        out, forward = _vjp_forward(rec, func, primals, argnums, has_aux, written, decompositions=not whole)
+    finally:
+        grad_mode_cuts.reset(token)
+    if cuts:  # (grad mode off inside it: eager's forward mode carries the tangents on, reverse mode not)
+        raise _Untraceable
+    out, aux = out if has_aux else (out, None)
+    flat_out, out_spec = tree_flatten(out)
+    sizes = vmap_state.levels.get()
+    with torch.enable_grad():  # (the backward is differentiated again: it must carry u's gradient)
+        mark = rec.mark()
+        cotangents = [_differentiable(rec, o.new_zeros(o.shape), sizes) for o in flat_out]  # (unbatched)
+        seeds = list(zip(flat_out, [u for u, _ in cotangents]))
+        pulled = _backward(rec, forward, seeds, forward.aliases, forward.specs, ())
+    flat_pulled = [g for tree in pulled for g in tree_flatten(tree)[0]]
+    (tangents_out,) = _backward(
+        rec, mark, list(zip(flat_pulled, flat_tangents)), [[a for _, a in cotangents]], [out_spec], (out, aux)
+    )
+    return (out, tangents_out, aux) if has_aux else (out, tangents_out)
+
+
+def _as_tangent(primal, tangent) -> bool:
+    """Whether ``tangent`` is a traced tangent of ``primal``'s size and dtype, as ``make_dual`` takes."""
+    return (
+        isinstance(primal, TensorProxy)
+        and isinstance(tangent, TensorProxy)
+        and tuple(tangent.shape) == tuple(primal.shape)
+        and tangent.dtype == primal.dtype
+    )

@@ -358,7 +358,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             args, kwargs = lift_captured(args, kwargs)
         if not (_traced(args) or _traced(kwargs)):
             return vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)  # functorch's
-        if isinstance(func, functorch_calls.Transformed) and func.name not in functorch_calls.TRACED:
+        if isinstance(func, functorch_calls.Transformed) and func.name not in functorch_calls.TRACED_IN_VMAP:
             return functorch_calls.vmapped(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
         if randomness not in ("error", "different", "same"):
             raise ThunderValueError(
