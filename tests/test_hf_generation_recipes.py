@@ -1,6 +1,10 @@
 """``generate`` on a jitted Hugging Face decoder as users call it around the model, next to eager:
 under ``torch.inference_mode``, then again outside it, then a training step on what it generated
-(tokens, every step's logits and the gradients bit for bit). Tiny configs built in code.
+(tokens, every step's logits and the gradients bit for bit); and the model's forward compiled by
+``torch.compile(backend="thunder_rs")`` for greedy, beam and sampled decoding with the dynamic and
+the static cache, bit for bit as Dynamo's own ``backend="eager"`` (transformers takes other paths
+when it is told it is compiled: pure eager differs from both in float32's last bits), each of its
+at most three graphs compiled once over 32 tokens. Tiny configs built in code.
 
 What differed: under ``inference_mode`` the prompt's compile raised torch's "Inference tensors do
 not track version counter" (the first call's outputs, computed while tracing the mask's read,
@@ -24,6 +28,7 @@ pytestmark = [
 T = transformers
 VOCAB = 99
 EXACT = dict(rtol=0, atol=0)
+SLOW = pytest.mark.slow  # (Dynamo's tracing: 16 s for llama's greedy 32 tokens)
 DECODERS = {
     "llama": lambda: T.LlamaForCausalLM(
         T.LlamaConfig(
@@ -75,3 +80,40 @@ def test_generate_under_inference_mode_then_outside_it_then_training_is_eagers(n
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
         torch.testing.assert_close(a, e, **EXACT, msg=lambda m, i=i: f"value {i}: {m}")
+
+
+def _compiled_generate(name: str, backend: str, options: dict) -> tuple[list, list]:
+    """32 tokens from the model with its forward compiled by Dynamo for ``backend``; what it
+    generated, and how often thunder_rs compiled each graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = DECODERS[name]().eval()
+    model.forward = torch.compile(model.forward, backend=backend)
+    torch.manual_seed(3)
+    out = model.generate(**_prompts(), **dict(OPTIONS, max_new_tokens=32), **options)
+    compiles = [thunder_rs.compile_stats(g.jitted).cache_misses for g in thunder_rs.dynamo.compiled_graphs()]
+    return [out.sequences, *out.logits], compiles
+
+
+COMPILED_OPTIONS = {
+    "greedy": {},
+    "beams": dict(num_beams=3),
+    "static_sampled": dict(cache_implementation="static", do_sample=True, repetition_penalty=1.3),
+}
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        pytest.param(name, options, id=f"{name}-{kind}", marks=SLOW)
+        for name in DECODERS
+        for kind, options in COMPILED_OPTIONS.items()
+    ],
+)
+def test_generate_with_the_forward_compiled_by_dynamo_is_dynamos_eager(name, options):
+    actual, compiles = _compiled_generate(name, "thunder_rs", options)
+    expected, _ = _compiled_generate(name, "eager", options)
+    assert len(actual) == len(expected) == 33
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        torch.testing.assert_close(a, e, **EXACT, msg=lambda m, i=i: f"value {i}: {m}")
+    assert 1 <= len(compiles) <= 3 and set(compiles) == {1}, compiles
