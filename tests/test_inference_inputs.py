@@ -142,3 +142,20 @@ def test_a_module_built_under_inference_mode_is_refused_with_grad_mode_on():
             expected, actual = model(x), jmodel(x)
         torch.testing.assert_close(actual, expected)
         assert actual.is_inference() == expected.is_inference()
+
+
+def test_a_value_read_from_inference_inputs_while_tracing_is_eagers():
+    """The first call returns the outputs computed while tracing a data-dependent read, for the
+    inputs they came from unless written since, which the version counter shows; an inference
+    tensor has none, and the first call raised torch's error reading it (``generate`` under
+    ``inference_mode``: the mask's padding is read by value)."""
+
+    def program(x, mask):
+        return x * 2 if mask.all() else x + 1
+
+    jitted = thunder_rs.jit(program)
+    with torch.inference_mode():
+        x, mask = torch.randn(3), torch.ones(3, dtype=torch.bool)
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x, mask), program(x, mask), rtol=0, atol=0)
+            mask[0] = False

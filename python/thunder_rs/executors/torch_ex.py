@@ -539,6 +539,11 @@ def _sdpa_not_math(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kw
     return not (query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad and dropout_p == 0)
 
 
+def _kept_weight_total(target, weight, ignore_index: int):
+    """Eager's divisor of a label-smoothed, class-weighted mean (``cross_entropy_loss_label_smoothing``)."""
+    return weight.gather(0, target.masked_select(target != ignore_index).flatten()).sum()
+
+
 #: The fused kernels of ltorch's families (``layer_norms``, ``nn``, ...), each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
@@ -567,6 +572,7 @@ _KERNELS = {
     "embedding_backward": (_aten.embedding_dense_backward.default, None),
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
+    "kept_weight_total": (_kept_weight_total, None),
     "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
     "multilabel_margin_loss_backward": (_aten.multilabel_margin_loss_backward.default, None),
     "trilinear": (_aten._trilinear.default, None),

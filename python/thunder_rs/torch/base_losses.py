@@ -31,7 +31,7 @@ from thunder_rs.core.lang.symint import identical, same_shape
 T = torch.Tensor
 
 
-__all__ = ["nll_loss", "cross_entropy", "mse_loss", "nll_loss_forward", "nll_loss_backward"]
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "nll_loss_forward", "nll_loss_backward", "kept_weight_total"]
 
 
 #: aten's reduction codes, as nll_loss_forward takes them.
@@ -233,7 +233,23 @@ def _smoothing_term(op, log_probs, target, weight, ignore_index: int, reduction:
             log_probs, clang.expand_to(_class_weight(weight, log_probs.ndim, class_dim), log_probs.shape)
         )
     smooth = prims.where(ignored, 0.0, prims.neg(prims.sum(log_probs, (class_dim,))))
-    return _reduce(op, smooth, reduction, sum_all(weights) if reduction == "mean" else None)
+    if reduction != "mean":
+        return _reduce(op, smooth, reduction)
+    total = sum_all(weights) if weight is None else kept_weight_total(target, weight, ignore_index)
+    return _reduce(op, smooth, reduction, total)
+
+
+def _kept_weight_total_meta(target, weight, ignore_index: int):
+    return [((), weight.dtype, False)]
+
+
+@torchsymbol(name="kept_weight_total", meta=_kept_weight_total_meta)
+def kept_weight_total(target, weight, ignore_index: int):
+    """The sum of the class weights of the targets that are not ignored, which a label-smoothed
+    mean divides by. Eager sums them compacted (``weight.gather(0, target.masked_select(~ignored))
+    .sum()``); summed with zeros in place of the ignored ones they round otherwise (a float32
+    loss 1 ulp off), so the torch executor runs eager's expression (``torch_ex``)."""
+    return sum_all(_target_weights(target, weight, ignore_index, weight.dtype)[0])
 
 
 @torchsymbol(F.cross_entropy)

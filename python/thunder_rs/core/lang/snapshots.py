@@ -143,7 +143,7 @@ class FirstOutputs:
     objects, not written since), leaving the generators as the program leaves them; else None."""
 
     def __init__(self, inputs: list, outputs, generators: list):
-        self._inputs = [(t, t._version) for t in inputs]
+        self._inputs = [(t, _version(t)) for t in inputs]
         self._outputs = [(outputs, generators)]
 
     def take(self, inputs: tuple):
@@ -153,7 +153,8 @@ class FirstOutputs:
             return None
         mine = self._inputs
         self._inputs = []
-        if len(inputs) < len(mine) or any(a is not t or a._version != v for a, (t, v) in zip(inputs, mine)):
+        written = (a is not t or v is None or a._version != v for a, (t, v) in zip(inputs, mine))
+        if len(inputs) < len(mine) or any(written):
             return None
         restore_generators(generators)
         return outputs
@@ -166,6 +167,12 @@ class FirstOutputs:
             return computation(*inputs) if outputs is None else outputs
 
         return first
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter; None for an inference tensor, which has none (``inference_mode``
+    allows writes to it that no counter shows, so its first outputs are computed again)."""
+    return None if t.is_inference() else t._version
 
 
 def _budget(device: torch.device) -> int:
