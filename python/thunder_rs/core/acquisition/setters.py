@@ -18,10 +18,8 @@ import sys
 import torch
 
 from thunder_rs.core.acquisition.effects import recorded_effects
-from thunder_rs.core.state.hook import program_frame
 from thunder_rs.core.state.guards import is_simple
-from thunder_rs.core.state.handed_effects import passing_on
-from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.core.state.handed_effects import program_calling
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -42,13 +40,8 @@ class SetterCall:
 
 def _program(frame):
     """The program's frame that made the call ``frame`` runs for, if it is being traced."""
-    observer = thread_state.observer
-    if observer is None or thread_state.inside or recorded_effects() is None:
-        return None
-    while frame is not None and passing_on(frame.f_code):
-        frame = frame.f_back
-    program = program_frame(frame, imports=False)
-    return None if program is None or importing_frame(program, observer.entry) else program
+    found = program_calling(frame) if recorded_effects() is not None else None
+    return None if found is None else found[1]
 
 
 #: what undoes each setting made while traced, in order (``put_back_setters`` runs them backwards)

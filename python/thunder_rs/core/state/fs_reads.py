@@ -17,10 +17,9 @@ import os
 import sys
 from typing import Any
 
-from thunder_rs.core.state.hook import program_frame
 from thunder_rs.core.state.guards import StateGuard
-from thunder_rs.core.state.handed_effects import passing_on
-from thunder_rs.core.state.hook import importing_frame, thread_state
+from thunder_rs.core.state.handed_effects import program_calling
+from thunder_rs.core.state.hook import thread_state
 
 _stat, _lstat, _listdir, _scandir = os.stat, os.lstat, os.listdir, os.scandir
 _getcwd, _access = os.getcwd, os.access
@@ -70,17 +69,11 @@ _REAL: dict[str, Any] = {
 
 
 def _guard(name: str, args: tuple, kwargs: dict, frame) -> None:
-    observer = thread_state.observer
-    if observer is None or thread_state.inside:
-        return
-    while frame is not None and passing_on(frame.f_code):
-        frame = frame.f_back
-    program = program_frame(frame, imports=False)
-    if program is None or importing_frame(program, observer.entry):
+    if program_calling(frame) is None:
         return
     shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     read = functools.partial(_READS[name], *args, **kwargs)
-    observer.guard_state(StateGuard(f"os.{name}({shown})", read, read()))
+    thread_state.observer.guard_state(StateGuard(f"os.{name}({shown})", read, read()))
 
 
 def _reader(name: str):

@@ -43,21 +43,28 @@ from thunder_rs.core.state.c_effects import (
     refuse_c_effect,
 )
 from thunder_rs.core.state.cached_reads import register_stand_in
-from thunder_rs.core.state.hook import importing_frame, program_frame, thread_state
+from thunder_rs.core.state.hook import program_frame, thread_state
+
+
+def program_calling(frame):
+    """``(frame, the program's frame)`` while some program is traced and thunder_rs is not at work:
+    ``frame`` past thunder_rs's stand-ins calling on for the program (``_PASSING_ON``), and the
+    program's frame that runs it (``hook.program_frame``: the standard library's or a C caller's
+    frames for it passed, a module body being imported not counted); None if no program's does."""
+    if thread_state.observer is None or thread_state.inside:
+        return None
+    while frame is not None and frame.f_code in _PASSING_ON:
+        frame = frame.f_back
+    program = program_frame(frame)
+    return None if program is None else (frame, program)
 
 
 def _refuse(frame, function) -> None:
     """Refuses ``function`` called by ``frame`` (or the C caller it runs) where the profile hook
     refuses the program's call of it (``hook._dispatch_c_call``)."""
-    observer = thread_state.observer
-    if observer is None or thread_state.inside:
-        return
-    while frame is not None and frame.f_code in _PASSING_ON:
-        frame = frame.f_back
-    program = program_frame(frame, imports=False)
-    if program is None or importing_frame(program, observer.entry):
-        return
-    refuse_c_effect(frame, function, observer)
+    found = program_calling(frame)
+    if found is not None:
+        refuse_c_effect(found[0], function, thread_state.observer)
 
 
 #: the code of thunder_rs's stand-ins that call on for the program while it is traced
