@@ -69,11 +69,12 @@ _REAL: dict[str, Any] = {
 
 
 def _guard(name: str, args: tuple, kwargs: dict, frame) -> None:
-    if program_calling(frame) is None:
+    observer = thread_state.observer
+    if observer is None or program_calling(frame) is None:
         return
     shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     read = functools.partial(_READS[name], *args, **kwargs)
-    thread_state.observer.guard_state(StateGuard(f"os.{name}({shown})", read, read()))
+    observer.guard_state(StateGuard(f"os.{name}({shown})", read, read()))
 
 
 def _reader(name: str):
