@@ -9,6 +9,14 @@ eager's kernels are the ones compiled calls run.
   integer dividend over a bfloat16 divisor: whole units off). A number dividend has no
   derivative in eager (its backward raises): a divisor requiring grad is refused, not
   differentiated.
+- ``torch.cumprod``'s gradient is eager's ``cumprod_backward`` kernel, which the torch executor
+  runs (``ltorch.cumprod_backward``): without a zero it is ``reversed_cumsum(out * g) / x``, with
+  one an O(n) pass whose sums round otherwise than the prim's VJP (ulps, bfloat16's more).
+- ``index_fill``'s value gradient is eager's ``grad.index_select(dim, _unique(index)).sum()``
+  (``ltorch.index_fill_value_backward``), the selected slices summed in the index's sorted order,
+  each once; the VJP summed the filled elements where they lie (an ulp off).
+- ``Tensor.__rpow__`` of two tensors (``b ** a``) has pow's rule with the operands swapped: the
+  VJP had no ``exponent == 0`` mask and summed broadcast operands in another order (ulps).
 """
 
 from __future__ import annotations
@@ -88,3 +96,35 @@ def test_a_remainder_of_a_number_by_a_tensor_requiring_grad_is_refused(program):
         thunder_rs.jit(program)(divisor)
     divisor.requires_grad_(False)
     assert torch.equal(thunder_rs.jit(program)(divisor), program(divisor))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("zeros", [0, 1, 3])
+def test_cumprod_s_gradient_is_eager_s_kernel(dtype, zeros):
+    gen = torch.Generator().manual_seed(zeros)
+    for shape, dim in [((300,), 0), ((40, 33), 0), ((3, 4, 5), -1)]:
+        x = torch.randn(shape, generator=gen).to(dtype)
+        x.view(-1)[torch.randperm(x.numel(), generator=gen)[:zeros]] = 0
+        _assert_eager(lambda x: torch.cumprod(x, dim), x.requires_grad_())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("value_dtype", ["same", "float64"])
+def test_index_fill_s_value_gradient_is_eager_s_sum(dtype, value_dtype):
+    gen = torch.Generator().manual_seed(2)
+    for shape, dim, index in [((5, 7), 1, [0, 2, 6, 6, 2]), ((40, 33), 0, [3, 1, 0, 0, 39, 3]), ((300,), 0, [7, 299])]:
+        x = torch.randn(shape, generator=gen).to(dtype).requires_grad_()
+        value = torch.tensor(0.25, dtype=dtype if value_dtype == "same" else torch.float64, requires_grad=True)
+        i = torch.tensor(index)
+        _assert_eager(lambda x, v: torch.index_fill(x, dim, i, v), x, value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("shape", "other_shape"), [((), ()), ((5, 1), (5,)), ((5, 10, 5), (10, 5)), ((10, 1, 5), (1, 10, 5))]
+)
+def test_rpow_of_two_tensors_has_pow_s_gradients(dtype, shape, other_shape):
+    gen = torch.Generator().manual_seed(3)
+    exponent = (torch.rand(shape, generator=gen) * 4 - 2).to(dtype).requires_grad_()
+    base = (torch.rand(other_shape, generator=gen) * 3 + 0.1).to(dtype).requires_grad_()
+    _assert_eager(lambda a, b: a.__rpow__(b), exponent, base)

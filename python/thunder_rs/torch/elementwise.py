@@ -467,13 +467,24 @@ def pow_grad(input, exponent):
     return out
 
 
-def _pow_tensors_grad(input, exponent):
+@register_grad(ltorch.rpow)
+def rpow_grad(a, b):
+    """``a.__rpow__(b)``, ``b ** a``: pow's rule of two tensors with the operands swapped (eager
+    runs ``torch.pow(b, a)``); the decomposition's VJP had no ``exponent == 0`` mask and summed
+    broadcast operands in another order (ulps)."""
+    out = ltorch.rpow(a, b)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return _pow_tensors_grad(b, a, out)
+    return out
+
+
+def _pow_tensors_grad(input, exponent, out=None):
     """A tensor exponent: eager's ``pow_backward_self`` and ``pow_backward_exponent`` on the
     operands as given, so that a broadcast one is compared before it is expanded (``exponent ==
     0`` of a 0-d or a row exponent is an expanded mask, which leaves the layout to the gradient
     where the decomposition's mask of the expanded exponent was a new contiguous tensor), then
     summed to each operand's shape and cast to its dtype as the autograd engine does."""
-    out = ltorch.pow(input, exponent)
+    out = ltorch.pow(input, exponent) if out is None else out
     if not out.dtype.is_floating_point or not (input.requires_grad or exponent.requires_grad):
         return out
     g = get_grad(out)
