@@ -17,6 +17,8 @@ eager's kernels are the ones compiled calls run.
   each once; the VJP summed the filled elements where they lie (an ulp off).
 - ``Tensor.__rpow__`` of two tensors (``b ** a``) has pow's rule with the operands swapped: the
   VJP had no ``exponent == 0`` mask and summed broadcast operands in another order (ulps).
+- ``torch.linalg.multi_dot`` of three matrices: eager multiplies ``A(BC)`` where its cost is lower,
+  else ``(AB)C`` (ties too); the comparison was inverted (ulps in outputs and gradients).
 """
 
 from __future__ import annotations
@@ -128,3 +130,20 @@ def test_rpow_of_two_tensors_has_pow_s_gradients(dtype, shape, other_shape):
     exponent = (torch.rand(shape, generator=gen) * 4 - 2).to(dtype).requires_grad_()
     base = (torch.rand(other_shape, generator=gen) * 3 + 0.1).to(dtype).requires_grad_()
     _assert_eager(lambda a, b: a.__rpow__(b), exponent, base)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(2, 2), (2, 2), (2, 2)],
+        [(2, 3), (3, 4), (4, 5)],
+        [(5, 4), (4, 3), (3, 2)],
+        [(7, 2), (2, 9), (9, 3)],
+        [(6,), (6, 5), (5,)],
+    ],
+)
+def test_multi_dot_of_three_multiplies_in_eager_s_order(dtype, shapes):
+    gen = torch.Generator().manual_seed(4)
+    mats = [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+    _assert_eager(lambda a, b, c: torch.linalg.multi_dot([a, b, c]), *mats)
