@@ -19,6 +19,9 @@ eager's kernels are the ones compiled calls run.
   VJP had no ``exponent == 0`` mask and summed broadcast operands in another order (ulps).
 - ``torch.linalg.multi_dot`` of three matrices: eager multiplies ``A(BC)`` where its cost is lower,
   else ``(AB)C`` (ties too); the comparison was inverted (ulps in outputs and gradients).
+- ``torch.quantile``/``nanquantile`` (their decomposition, when the input requires grad) interpolate
+  with ``torch.lerp``, eager's ``values_below.lerp_(values_above, weights)``, whose vector loop takes
+  each value as one FMA; the formula's ops rounded apart (an ulp off).
 """
 
 from __future__ import annotations
@@ -147,3 +150,12 @@ def test_multi_dot_of_three_multiplies_in_eager_s_order(dtype, shapes):
     gen = torch.Generator().manual_seed(4)
     mats = [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
     _assert_eager(lambda a, b, c: torch.linalg.multi_dot([a, b, c]), *mats)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("shape", "dim"), [((1000,), None), ((5, 300), 1), ((300, 5), 0)])
+@pytest.mark.parametrize("op", [torch.quantile, torch.nanquantile])
+def test_quantile_interpolates_with_eager_s_lerp_kernel(dtype, shape, dim, op):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5)).to(dtype).requires_grad_()
+    q = torch.linspace(0, 1, 17, dtype=dtype)
+    _assert_eager(lambda x: op(x, q, dim=dim), x)
