@@ -21,7 +21,9 @@ eager's kernels are the ones compiled calls run.
   else ``(AB)C`` (ties too); the comparison was inverted (ulps in outputs and gradients).
 - ``torch.quantile``/``nanquantile`` (their decomposition, when the input requires grad) interpolate
   with ``torch.lerp``, eager's ``values_below.lerp_(values_above, weights)``, whose vector loop takes
-  each value as one FMA; the formula's ops rounded apart (an ulp off).
+  each value as one FMA; the formula's ops rounded apart (an ulp off). Their ranks are float64
+  (eager's ``q.to(kDouble) * last_index``) and the weights those fractions cast to the dtype: the
+  float32 ranks of a float32 ``q`` were off where ``q * (n - 1)`` rounds (``0.37 * 36``).
 """
 
 from __future__ import annotations
@@ -153,9 +155,17 @@ def test_multi_dot_of_three_multiplies_in_eager_s_order(dtype, shapes):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("shape", "dim"), [((1000,), None), ((5, 300), 1), ((300, 5), 0)])
+@pytest.mark.parametrize(("shape", "dim"), [((1000,), None), ((5, 300), 1), ((64, 37), 1), ((300, 5), 0)])
 @pytest.mark.parametrize("op", [torch.quantile, torch.nanquantile])
-def test_quantile_interpolates_with_eager_s_lerp_kernel(dtype, shape, dim, op):
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(5)).to(dtype).requires_grad_()
-    q = torch.linspace(0, 1, 17, dtype=dtype)
-    _assert_eager(lambda x: op(x, q, dim=dim), x)
+@pytest.mark.parametrize("q", ["grid", "drawn", 0.37])
+def test_quantile_interpolates_with_eager_s_ranks_and_lerp_kernel(dtype, shape, dim, op, q):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    if op is torch.nanquantile:
+        x.view(-1)[torch.randperm(x.numel(), generator=gen)[:7]] = float("nan")
+    if q == "grid":
+        q = torch.linspace(0, 1, 17, dtype=dtype)
+    elif q == "drawn":
+        q = torch.rand(9, generator=gen).to(dtype)
+    for interpolation in ("linear", "midpoint", "nearest"):
+        _assert_eager(lambda x: op(x, q, dim=dim, interpolation=interpolation), x.requires_grad_())

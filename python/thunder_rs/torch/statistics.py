@@ -215,6 +215,8 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
     moved, d = _along_last(ltorch.reshape(input, (-1,)) if flat else input, 0 if flat else dim, op)
     values = ltorch.sort(moved, -1)[0]
     batch = values.shape[:-1]
+    # eager's ranks are float64 (``q.to(kDouble)``), its weights their fractions cast to the dtype
+    q = ltorch.to(q, torch.float64)
     qs = ltorch.expand(ltorch.reshape(q, (1,) * len(batch) + (-1,)), (*batch, q.numel()))
     ranks = _ranks(qs, values, ignore_nan)
     if interpolation in ("lower", "higher", "nearest"):
@@ -223,7 +225,9 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
     out = ltorch.take_along_dim(values, below, -1)
     if interpolation in ("linear", "midpoint"):
         weights = (
-            ltorch.full_like(ranks, 0.5) if interpolation == "midpoint" else sub(ranks, ltorch.to(below, ranks.dtype))
+            ltorch.full_like(ranks, 0.5, dtype=input.dtype)
+            if interpolation == "midpoint"
+            else ltorch.to(sub(ranks, ltorch.to(below, ranks.dtype)), input.dtype)
         )
         # eager's ``values_below.lerp_(values_above, weights)``: the lerp kernel, whose vector loop
         # takes each value as one FMA (the formula's ops rounded apart were an ulp off)
