@@ -23,6 +23,8 @@ from thunder_rs.torch.segment_reductions import TORCH_IMPLS as SEGMENT_IMPLS
 from thunder_rs.torch.histograms import TORCH_IMPLS as HISTOGRAM_IMPLS
 from thunder_rs.torch.layers import TORCH_IMPLS as BAG_IMPLS
 from thunder_rs.torch.losses import TORCH_IMPLS as LOSS_IMPLS
+from thunder_rs.torch.scan import TORCH_IMPLS as SCAN_IMPLS
+from thunder_rs.torch.scatter import TORCH_IMPLS as SCATTER_IMPLS
 from thunder_rs.torch.symbols import ltorch
 
 torch_ex = Executor("torch")
@@ -595,7 +597,17 @@ def _register_kernels() -> None:
         torch_ex.register_implementation(getattr(fused_attention, name), impl, impl_name=f"torch_{name}")
     sdpa, impl = ltorch.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention
     torch_ex.register_implementation(sdpa, impl, impl_name="torch_scaled_dot_product_attention", checker=_sdpa_not_math)
-    for table in (RESIZE_IMPLS, NORM_IMPLS, SAMPLING_IMPLS, SEGMENT_IMPLS, HISTOGRAM_IMPLS, BAG_IMPLS, LOSS_IMPLS):
+    for table in (
+        RESIZE_IMPLS,
+        NORM_IMPLS,
+        SAMPLING_IMPLS,
+        SEGMENT_IMPLS,
+        HISTOGRAM_IMPLS,
+        BAG_IMPLS,
+        LOSS_IMPLS,
+        SCAN_IMPLS,
+        SCATTER_IMPLS,
+    ):
         for symbol, impl in table.items():
             name = symbol.symbol_name.removeprefix("ltorch.")
             torch_ex.register_implementation(symbol, impl, impl_name=f"torch_{name}")

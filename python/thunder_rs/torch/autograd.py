@@ -65,8 +65,17 @@ def with_zero_gradient(out, *inputs):
     identity), given the zero gradient eager's differentiable ops give: ``out`` is selected over
     a sum of the inputs that require grad, which receives zeros (a flag alone would leave the
     inputs' gradients undefined, where eager's are zeros)."""
+    if out.requires_grad:
+        return out
+    return also_zero_gradient(out, *inputs)
+
+
+def also_zero_gradient(out, *inputs):
+    """``out`` with zero gradients for ``inputs`` it was not computed from (as
+    ``with_zero_gradient``, whether or not ``out`` requires grad from other inputs): eager's
+    empty gradient of a legacy empty operand ``cat`` skips."""
     wanting = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    if not (torch.is_grad_enabled() and wanting) or out.requires_grad or not out.dtype.is_floating_point:
+    if not (torch.is_grad_enabled() and wanting) or not out.dtype.is_floating_point:
         return out
     total = None
     for x in wanting:

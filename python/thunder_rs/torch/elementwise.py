@@ -12,10 +12,10 @@ from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent, user_location
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.errors import ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch import creation
 from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
@@ -413,22 +413,32 @@ def _remainder_grad(symbol, rounding_mode: str, reflected: bool = False):
     ``grad`` for the dividend and ``-grad * dividend.div(divisor, rounding_mode=...)`` for the
     divisor, eager's rounded division (the prim's VJP rounded ``a / b`` to the dtype before the
     floor: a whole ``grad`` off where that rounding crosses an integer, bfloat16's often), each
-    summed to its operand's shape. Floating tensors of one dtype; others keep the
-    decomposition's VJP."""
+    summed to its operand's shape in the result's dtype, then converted to the operand's (as
+    eager's engine does): mixed dtypes too (an integer dividend, a bfloat16 tensor over a float32
+    0-d one), where the VJP divided the converted operands. A number divisor keeps the
+    decomposition's VJP; a number dividend has no derivative in eager (``remainder.Scalar_Tensor``
+    raises in backward), so a divisor requiring grad is refused."""
 
     def rule(a, b):
         out = symbol(a, b)
         dividend, divisor = (b, a) if reflected else (a, b)
+        check(
+            isinstance(dividend, torch.Tensor) or not getattr(divisor, "requires_grad", False),
+            symbol.symbol_name,
+            lambda: (
+                "the derivative of remainder with a number dividend is not implemented (in torch either: "
+                f"derivative for aten::remainder is not implemented); detach the divisor (at {user_location()})"
+            ),
+            ThunderNotImplementedError,
+        )
         tensors = isinstance(dividend, torch.Tensor) and isinstance(divisor, torch.Tensor)
-        if not (tensors and divisor.requires_grad and dividend.dtype == divisor.dtype == out.dtype):
+        if not (tensors and divisor.requires_grad and out.dtype.is_floating_point):
             return out  # the decomposition's VJP
-        if not out.dtype.is_floating_point:
-            return out
         g = get_grad(out)
         if dividend.requires_grad:
-            put_grad(dividend, sum_to(g, dividend.shape))
+            put_grad(dividend, clang.maybe_convert(sum_to(g, dividend.shape), dividend.dtype))
         quotient = ltorch.div(dividend, divisor, rounding_mode=rounding_mode)
-        put_grad(divisor, sum_to(-g * quotient, divisor.shape))
+        put_grad(divisor, clang.maybe_convert(sum_to(-g * quotient, divisor.shape), divisor.dtype))
         return out
 
     register_grad(symbol, rule)
@@ -457,13 +467,24 @@ def pow_grad(input, exponent):
     return out
 
 
-def _pow_tensors_grad(input, exponent):
+@register_grad(ltorch.rpow)
+def rpow_grad(a, b):
+    """``a.__rpow__(b)``, ``b ** a``: pow's rule of two tensors with the operands swapped (eager
+    runs ``torch.pow(b, a)``); the decomposition's VJP had no ``exponent == 0`` mask and summed
+    broadcast operands in another order (ulps)."""
+    out = ltorch.rpow(a, b)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return _pow_tensors_grad(b, a, out)
+    return out
+
+
+def _pow_tensors_grad(input, exponent, out=None):
     """A tensor exponent: eager's ``pow_backward_self`` and ``pow_backward_exponent`` on the
     operands as given, so that a broadcast one is compared before it is expanded (``exponent ==
     0`` of a 0-d or a row exponent is an expanded mask, which leaves the layout to the gradient
     where the decomposition's mask of the expanded exponent was a new contiguous tensor), then
     summed to each operand's shape and cast to its dtype as the autograd engine does."""
-    out = ltorch.pow(input, exponent)
+    out = ltorch.pow(input, exponent) if out is None else out
     if not out.dtype.is_floating_point or not (input.requires_grad or exponent.requires_grad):
         return out
     g = get_grad(out)

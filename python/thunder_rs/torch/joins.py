@@ -24,6 +24,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
+from thunder_rs.torch.autograd import also_zero_gradient
 from thunder_rs.torch.common import is_int, pieces, require_tensors, size_value, slice_indices
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
@@ -100,7 +101,10 @@ def _cat(op: str, tensors, dim):
         f"Expected all tensors to be on the same device, but found {sorted(devices)} (argument tensors)",
         ThunderRuntimeError,
     )
-    return prims.cat([clang.maybe_convert(x, dtype) for x in kept_tensors], d)
+    out = prims.cat([clang.maybe_convert(x, dtype) for x in kept_tensors], d)
+    # eager's cat_tensors_backward gives a skipped legacy empty operand an empty gradient (zeros((0,)))
+    skipped = [x for x in tensors if not any(x is k for k in kept_tensors)]
+    return also_zero_gradient(out, *skipped) if skipped else out
 
 
 @torchsymbol(torch.cat, torch.concat)

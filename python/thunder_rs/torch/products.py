@@ -469,9 +469,9 @@ def linalg_multi_dot(tensors, *, out=None):
             f"{mats[i + 1].shape[0]}x{mats[i + 1].shape[1]})",
             ThunderRuntimeError,
         )
-    if len(mats) == 3:  # eager compares the two orders directly, preferring (AB)C on ties
+    if len(mats) == 3:  # eager compares the two orders directly: A(BC) where it is cheaper, else (AB)C
         a, b, c = (m.shape for m in mats)
-        split = [[0, 0, 1 if a[0] * a[1] * b[1] + a[0] * b[1] * c[1] > a[1] * b[1] * c[1] + a[0] * a[1] * c[1] else 0]]
+        split = [[0, 0, 0 if a[0] * a[1] * b[1] + a[0] * b[1] * c[1] > a[1] * b[1] * c[1] + a[0] * a[1] * c[1] else 1]]
         split += [[0, 0, 1], [0, 0, 0]]
     else:
         split = _chain_order([m.shape for m in mats])

@@ -7,6 +7,7 @@ from torch._higher_order_ops.associative_scan import associative_scan_op, generi
 from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.symbols import torchsymbol
@@ -36,6 +37,36 @@ def cumsum(input, dim, *, dtype=None, out=None):
 @torchsymbol(torch.cumprod, T.cumprod)
 def cumprod(input, dim, *, dtype=None, out=None):
     return _accumulate(prims.cumprod, "ltorch.cumprod", input, dim, dtype, out)
+
+
+@torchsymbol(name="cumprod_backward")
+def cumprod_backward(grad, input, dim: int, output):
+    """Eager's ``cumprod_backward``, which the torch executor runs (``TORCH_IMPLS``): without a
+    zero, ``reversed_cumsum(output * grad).div(input)``; with one, an O(n) pass of its own, whose
+    sums round otherwise than a formula's. The decomposition is the exact formula (the prim's
+    VJP): ``y_j / x_k`` before the first zero, the products with that zero replaced by one at
+    it, zero after it."""
+    is_zero = ltorch.eq(input, 0)
+    zeros_so_far = ltorch.cumsum(clang.maybe_convert(is_zero, torch.int64), dim)
+    before = ltorch.eq(zeros_so_far, 0)
+    first = ltorch.logical_and(ltorch.eq(zeros_so_far, 1), is_zero)
+    summed = ltorch.flip(ltorch.cumsum(ltorch.flip(ltorch.mul(grad, output), (dim,)), dim), (dim,))
+    before_grad = ltorch.true_divide(summed, ltorch.where(before, input, 1))
+    skipped = ltorch.cumprod(ltorch.where(first, 1, input), dim)
+    first_grad = ltorch.flip(ltorch.cumsum(ltorch.flip(ltorch.mul(grad, skipped), (dim,)), dim), (dim,))
+    return ltorch.where(before, before_grad, ltorch.where(first, first_grad, 0))
+
+
+@register_grad(cumprod)
+def cumprod_grad(input, dim, *, dtype=None, out=None):
+    """Eager's kernel (``cumprod_backward``) for a floating input accumulated in its own dtype;
+    others keep the prim's VJP."""
+    result = cumprod(input, dim, dtype=dtype, out=out)
+    if input.ndim == 0 or not input.dtype.is_floating_point or result.dtype != input.dtype:
+        return result
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.cumprod")
+    put_grad(input, cumprod_backward(get_grad(result), input, d, result))
+    return result
 
 
 @torchsymbol(torch.cummax, T.cummax)
@@ -136,3 +167,7 @@ def _associative_scan(combine_fn, xs, additional_inputs):
 
 
 TORCH_TO_LTORCH[associative_scan_op] = _associative_scan
+
+
+#: The aten calls the torch executor runs for the backward kernels.
+TORCH_IMPLS = {cumprod_backward: torch.ops.aten.cumprod_backward}

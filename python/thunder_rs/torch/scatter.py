@@ -448,6 +448,11 @@ def index_fill(input, dim, index, value):
             "dimension(s). (argument value)",
             ThunderRuntimeError,
         )
+    return ltorch.where(_filled(input, d, index), clang.maybe_convert(value, input.dtype), input)
+
+
+def _filled(input, d: int, index):
+    """Where ``index_fill`` along ``d`` writes: a bool mask of ``input``'s shape."""
     n = input.shape[d] if input.ndim else 1
     flat = reshape_to(index, (index.numel(),))
     flat = prims.where(prims.lt(flat, 0), prims.add(flat, n), flat)
@@ -458,8 +463,31 @@ def index_fill(input, dim, index, value):
         0,
     )
     hit = prims.gt(hits, 0)
-    mask = prims.broadcast_in_dim(hit, tuple(input.shape), (d,)) if input.ndim else reshape_to(hit, ())
-    return ltorch.where(mask, clang.maybe_convert(value, input.dtype), input)
+    return prims.broadcast_in_dim(hit, tuple(input.shape), (d,)) if input.ndim else reshape_to(hit, ())
+
+
+@torchsymbol(name="index_fill_value_backward")
+def index_fill_value_backward(grad, dim: int, index):
+    """Eager's gradient of ``index_fill``'s value tensor, ``grad.index_select(dim,
+    _unique(index)).sum()``, which the torch executor runs (``TORCH_IMPLS``): a sum of the
+    selected slices in the index's sorted order (a negative index raises there, as in eager's
+    backward). The decomposition sums the filled elements where they lie (an ulp off)."""
+    return ltorch.sum(ltorch.where(_filled(grad, dim, index), grad, 0))
+
+
+@register_grad(index_fill)
+def index_fill_grad(input, dim, index, value):
+    """Eager's: ``grad.index_fill(dim, index, 0)`` for the input, ``index_fill_value_backward``
+    for a value tensor (converted to its dtype); a number value keeps the decomposition's VJP."""
+    out = index_fill(input, dim, index, value)
+    if not (isinstance(value, torch.Tensor) and value.requires_grad and out.dtype.is_floating_point):
+        return out
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.index_fill")
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, index_fill(g, d, index, 0))
+    put_grad(value, clang.maybe_convert(index_fill_value_backward(g, d, index), value.dtype))
+    return out
 
 
 # -- flat indexing ---------------------------------------------------------------------------------
@@ -735,3 +763,9 @@ def fill(input, value):
     shape = tuple(input.shape)
     everywhere = clang.expand_to(prims.full((), True, input.device, torch.bool), shape)
     return prims.where(everywhere, clang.expand_to(filled, shape), input)
+
+
+#: The aten calls the torch executor runs for the backward kernels.
+TORCH_IMPLS = {
+    index_fill_value_backward: lambda g, dim, index: g.index_select(dim, torch._unique(index, sorted=False)[0]).sum()
+}

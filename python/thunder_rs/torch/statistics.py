@@ -195,14 +195,6 @@ def _ranks(q, values, ignore_nan: bool):
     return ltorch.mul(ltorch.where(ltorch.gt(nans, 0), 1.0, q), n - 1)
 
 
-def _lerp(start, end, weight):
-    """torch.lerp's formula, which is exact at both ends."""
-    diff = sub(end, start)
-    return ltorch.where(
-        ltorch.lt(weight, 0.5), add(start, ltorch.mul(weight, diff)), sub(end, ltorch.mul(diff, sub(1, weight)))
-    )
-
-
 def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
     require_tensor(op, input)
     check(
@@ -223,6 +215,8 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
     moved, d = _along_last(ltorch.reshape(input, (-1,)) if flat else input, 0 if flat else dim, op)
     values = ltorch.sort(moved, -1)[0]
     batch = values.shape[:-1]
+    # eager's ranks are float64 (``q.to(kDouble)``), its weights their fractions cast to the dtype
+    q = ltorch.to(q, torch.float64)
     qs = ltorch.expand(ltorch.reshape(q, (1,) * len(batch) + (-1,)), (*batch, q.numel()))
     ranks = _ranks(qs, values, ignore_nan)
     if interpolation in ("lower", "higher", "nearest"):
@@ -231,9 +225,13 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
     out = ltorch.take_along_dim(values, below, -1)
     if interpolation in ("linear", "midpoint"):
         weights = (
-            ltorch.full_like(ranks, 0.5) if interpolation == "midpoint" else sub(ranks, ltorch.to(below, ranks.dtype))
+            ltorch.full_like(ranks, 0.5, dtype=input.dtype)
+            if interpolation == "midpoint"
+            else ltorch.to(sub(ranks, ltorch.to(below, ranks.dtype)), input.dtype)
         )
-        out = _lerp(out, ltorch.take_along_dim(values, ltorch.to(ltorch.ceil(ranks), torch.int64), -1), weights)
+        # eager's ``values_below.lerp_(values_above, weights)``: the lerp kernel, whose vector loop
+        # takes each value as one FMA (the formula's ops rounded apart were an ulp off)
+        out = ltorch.lerp(out, ltorch.take_along_dim(values, ltorch.to(ltorch.ceil(ranks), torch.int64), -1), weights)
     out = ltorch.movedim(out, -1, 0)  # quantiles first, then the reduced shape
     if keepdim and (flat or input.ndim > 0):  # (a 0-d input's reduced shape is its own: 0-d)
         out = ltorch.reshape(out, (out.shape[0], *(1 for _ in input.shape))) if flat else ltorch.unsqueeze(out, d + 1)
