@@ -378,3 +378,25 @@ def test_linalg_kernels_run_as_eagers_with_its_derivative(name: str) -> None:
         assert torch.equal(e, r) and e.dtype == r.dtype
     grads = [torch.autograd.grad(sum(t.abs().sum() for t in outs), x)[0] for outs in (expected, actual)]
     assert torch.equal(grads[0], grads[1])
+
+
+def test_embedding_bag_bounds_read_the_offsets_once(monkeypatch) -> None:
+    """The offsets' checks take one host read (``tolist``), not one per check (two ``item`` and a
+    ``bool``: three device syncs on CUDA); the checks raise eager's errors as before."""
+    from thunder_rs.torch.layers import _aten_embedding_bag_bounds
+
+    reads: list = []
+    for name in ("item", "tolist", "__bool__"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _m=method, _n=name: reads.append(_n) or _m(self))
+    offsets = torch.tensor([0, 2, 2, 5])
+    assert torch.equal(_aten_embedding_bag_bounds(offsets, 3, 8, False), offsets[:3])
+    assert reads == ["tolist"]
+    monkeypatch.undo()
+    indices, weight = torch.tensor([1, 2, 1, 5, 1, 9, 2, 0]), torch.randn(10, 4)
+    for bad in (torch.tensor([1, 3]), torch.tensor([0, 3, 9])):
+        with pytest.raises(RuntimeError) as eager:
+            F.embedding_bag(indices, weight, bad, mode="sum")
+        with pytest.raises(RuntimeError) as ours:
+            _aten_embedding_bag_bounds(bad, len(bad), len(indices), False)
+        assert str(ours.value).split("\n")[0] == str(eager.value).split("\n")[0]
