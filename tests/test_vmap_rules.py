@@ -40,6 +40,8 @@ def r(*shape, grad=True, dtype=torch.float32):
 #: (id, per-example function, in_dims, arguments): each is run as ``torch.vmap(fn, in_dims)``.
 CASES = [
     ("view", lambda a: a.view(2, 6) * 2, 0, (r(3, 4, 3),)),
+    # (an unbatched receiver: its rule read the receiver's levels, an AttributeError)
+    ("expand_as-unbatched", lambda a, b: b.expand_as(a) * a, (0, None), (r(4, 2, 3), r(3))),
     ("reshape-minus-one", lambda a: a.reshape(-1, 2).sin(), 1, (r(4, 3, 3),)),
     ("flatten", lambda a: torch.flatten(a, 1), 0, (r(2, 3, 4, 5),)),
     ("flatten-0d", lambda a: a.flatten(), 0, (r(3),)),

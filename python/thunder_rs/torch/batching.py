@@ -164,6 +164,9 @@ def _expand(func, args, kwargs):
 
 @batching_rule(T.expand_as)
 def _expand_as(func, args, kwargs):
+    """``x.expand_as(other)``: to ``other``'s logical sizes (an unbatched ``x`` stays unbatched, as in functorch)."""
+    if not isinstance(args[0], BatchedProxy):
+        return args[0].expand(tuple(args[1].shape))
     return _expand(T.expand, (args[0], tuple(args[1].shape)), {})
 
 
