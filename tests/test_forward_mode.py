@@ -96,3 +96,30 @@ def test_linearizes_tangent_checks_raise_eagers_errors():
         program(x)
     with pytest.raises(RuntimeError, match=re.escape(str(expected.value))):
         thunder_rs.jit(program)(x)
+
+
+def test_a_vmap_of_linearizes_jvp_function_equals_eagers():
+    """Each example's tangent as eager's (was refused)."""
+
+    def program(x, tangents):
+        out, jvp_fn = linearize(lambda x: x.sin() * x.sum(), x)
+        return out, torch.vmap(jvp_fn)(tangents)
+
+    x, tangents = torch.randn(3), torch.randn(4, 3)
+    ours, eagers = [(x.clone().requires_grad_(), tangents.clone().requires_grad_()) for _ in range(2)]
+    actual, expected = thunder_rs.jit(program)(*ours), program(*eagers)
+    close(actual, expected)
+    sum(v.pow(2).sum() for v in actual).backward()
+    sum(v.pow(2).sum() for v in expected).backward()
+    close([v.grad for v in ours], [v.grad for v in eagers])
+
+
+def test_linearize_of_values_a_vmap_batched_raises_eagers_error():
+    def program(xs, t):
+        return torch.vmap(lambda x: linearize(torch.sin, x)[1](t))(xs)
+
+    xs, t = torch.randn(4, 3), torch.randn(3)
+    with pytest.raises(RuntimeError, match="Batching rule not implemented for aten::_make_dual"):
+        program(xs, t)
+    with pytest.raises(RuntimeError, match=r"aten::_make_dual.*test_forward_mode\.py:\d+"):
+        thunder_rs.jit(program)(xs, t)

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures, python_effects, traced_grads
+from thunder_rs.core.lang import closures, python_effects, traced_grads, vmap_state
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -220,6 +220,11 @@ def _make_fx_in_trace(trace_fn, *options, **keywords):
     )
     if not traced:
         return _lazy_dynamo_disallow(_eager_impls.make_fx)(trace_fn, *options, **keywords)
+    if any(hasattr(p, "physical") for p in cells["flat_primals"]):  # (a BatchedProxy: a value of torch.vmap's levels)
+        raise ThunderRuntimeError(
+            "Batching rule not implemented for aten::_make_dual; the fallback path doesn't work on out= or view ops. "
+            f"(torch.func.linearize of values torch.vmap batched, at {user_location()})"
+        )
     func, primals = cells["func"], tree_unflatten(list(cells["flat_primals"]), cells["primals_argspec"])
     return lambda flat_tangents: Linearized(func, primals)
 
@@ -238,12 +243,28 @@ class Linearized:
         self.transposed = traced_grads.linearize(func, primals)
 
     def __call__(self, *flat_tangents):
-        if self.transposed is not traced_grads.UNTRACED:
-            return traced_grads.linearized_tangents(self.transposed, list(flat_tangents))
         detached = tuple(
             tree_unflatten([_detached(x) for x in tree_flatten(p)[0]], tree_flatten(p)[1]) for p in self.primals
         )
+        if self.transposed is not traced_grads.UNTRACED and vmap_state.levels.get():
+            return self._under_vmap(detached, flat_tangents)
+        if self.transposed is not traced_grads.UNTRACED:
+            return traced_grads.linearized_tangents(self.transposed, list(flat_tangents))
         return eager_call(_linearized_eagerly, self.func, "torch.func.linearize", (detached, flat_tangents), {})
+
+    def _under_vmap(self, detached: tuple, flat_tangents: tuple) -> list:
+        """``vmap(jvp_fn)(tangents)``: each example's ``J t`` as ``torch.func.jvp`` traces it under the
+        vmap (``J^T u``, traced outside its levels, would sum the examples' cotangents)."""
+        tangents = tree_unflatten(list(flat_tangents), tree_flatten(self.primals)[1])
+        out = None
+        if active_recorder() is self.transposed.recorder:
+            out = traced_grads.jvp(self.func, detached, tangents, None, False)
+        if out is None or out is traced_grads.UNTRACED:
+            raise ThunderNotImplementedError(
+                f"torch.func.linearize's jvp function under torch.vmap at {user_location()}: thunder_rs cannot trace "
+                "its function's jvp there (or it was made in another jitted call); call torch.func.jvp under the vmap"
+            )
+        return tree_flatten(out[1])[0]
 
 
 def _detached(x):
