@@ -121,3 +121,19 @@ def test_in_place_writes_vmap_cannot_batch_are_refused():
         thunder_rs.jit(unbatched_self)(a.clone(), b)
     with pytest.raises(NotImplementedError, match=r"add_ writes a batched tensor that is not an argument .*test_ens"):
         thunder_rs.jit(a_view)(b.clone(), b)
+
+
+def test_nested_vmaps_write_the_arguments_both_levels_map_as_eager():
+    def program(a, b):
+        torch.vmap(lambda a, b: torch.vmap(lambda a, b: a.add_(b))(a, b))(a, b)
+        return a * 2
+
+    def of_a_result(a, b):  # (the inner level maps a value the outer computed: refused, not misplaced)
+        return torch.vmap(lambda a, b: torch.vmap(lambda c, b: c.add_(b))(a * 2, b))(a, b)
+
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    ours, eagers = a.clone(), a.clone()
+    torch.testing.assert_close(thunder_rs.jit(program)(ours, b), program(eagers, b), rtol=0, atol=0)
+    torch.testing.assert_close(ours, eagers, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="not an argument the vmap maps"):
+        thunder_rs.jit(of_a_result)(a, b)

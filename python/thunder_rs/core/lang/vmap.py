@@ -281,7 +281,8 @@ def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
     moved.insert(depth + dim, moved.pop(depth))  # (the new physical's dims in x's physical order)
     order = tuple(moved[j] for j in inner)
     out.order = None if order == tuple(range(rank)) else order
-    out.mapped_argument = True
+    # (a batched value of an outer level is a view of what eager's is only if that level mapped it)
+    out.mapped_argument = not isinstance(x, BatchedProxy) or x.mapped_argument
     return out
 
 
