@@ -5,16 +5,20 @@
 Per-sample gradients as torch.func's tutorial computes them,
 ``vmap(grad(loss), in_dims=(None, None, 0, 0))(params, buffers, x, y)`` with ``functional_call``
 on an MLP and a small CNN, a plain ``grad`` of an MLP's loss, and the jacobians of a small MLP's
-output (``jacrev``, ``jacfwd``, ``hessian`` of its loss, ``jvp``): thunder_rs traces the gradient
-through its VJP and batching rules (``core.lang.traced_grads``), forward mode as reverse mode
-twice. Runs single-threaded on CPU; see
+output (``jacrev``, ``jacfwd``, ``hessian`` of its loss, ``jvp``, ``linearize``'s jvp function on two
+tangents), and an ensemble of MLPs with BatchNorm in training (``stack_module_state`` +
+``functional_call`` + ``vmap``, the stacked running statistics updated per model): thunder_rs
+traces the gradient through its VJP and batching rules (``core.lang.traced_grads``), forward mode
+as reverse mode twice. Runs single-threaded on CPU; see
 benchmarks/harness.py for what is measured and how.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -77,11 +81,40 @@ def jacobian(model: nn.Module, kind: str):
     def program(params, x):
         if kind == "jvp":
             return torch.func.jvp(lambda x: predict(params, x), (x,), (x.cos(),))
+        if kind == "linearize":
+            out, jvp_fn = torch.func.linearize(lambda x: predict(params, x).tanh(), x)
+            return out, jvp_fn(x.cos()), jvp_fn(x.sin())
         if kind == "hessian":
             return torch.func.hessian(lambda x: predict(params, x).tanh().sum())(x)
         return getattr(torch.func, kind)(lambda x: predict(params, x).tanh())(x)
 
     return program
+
+
+class BNMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+def ensemble(models: list) -> Callable:
+    """torch.func's ensembling tutorial, in training: each model's own minibatch."""
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def program(params, buffers, x):
+        call = lambda p, b, x: torch.func.functional_call(base, (p, b), (x,))  # noqa: E731
+        return torch.vmap(call)(params, buffers, x)
+
+    return program
+
+
+def _ensemble_args(models: list) -> tuple:
+    params, buffers = torch.func.stack_module_state(models)
+    params = {k: v.detach().requires_grad_() for k, v in params.items()}
+    return params, buffers, torch.randn(len(models), 64, 32, generator=_gen(1))
 
 
 def _jacobian_args(model: nn.Module) -> tuple:
@@ -109,6 +142,7 @@ def _args(model: nn.Module, shape: tuple, with_buffers: bool = True) -> tuple:
 def build_cases() -> list[harness.Case]:
     torch.manual_seed(0)
     mlp, cnn = MLP(), CNN()
+    bn_models = [BNMLP() for _ in range(5)]
     return [
         harness.Case(
             "per_sample_grads_mlp_b64",
@@ -139,7 +173,14 @@ def build_cases() -> list[harness.Case]:
                 inner=10,
                 description=f"torch.func.{kind} of an MLP 32-64-10 in its input, 4 examples",
             )
-            for kind in ("jacrev", "jacfwd", "hessian", "jvp")
+            for kind in ("jacrev", "jacfwd", "hessian", "jvp", "linearize")
+        ),
+        harness.Case(
+            "ensemble_bn_mlp_x5",
+            lambda: ensemble(bn_models),
+            lambda: _ensemble_args(bn_models),
+            inner=20,
+            description="vmap over 5 stacked MLPs 32-64(BatchNorm, training)-10, 64 examples each",
         ),
     ]
 

@@ -40,6 +40,8 @@ def r(*shape, grad=True, dtype=torch.float32):
 #: (id, per-example function, in_dims, arguments): each is run as ``torch.vmap(fn, in_dims)``.
 CASES = [
     ("view", lambda a: a.view(2, 6) * 2, 0, (r(3, 4, 3),)),
+    # (an unbatched receiver: its rule read the receiver's levels, an AttributeError)
+    ("expand_as-unbatched", lambda a, b: b.expand_as(a) * a, (0, None), (r(4, 2, 3), r(3))),
     ("reshape-minus-one", lambda a: a.reshape(-1, 2).sin(), 1, (r(4, 3, 3),)),
     ("flatten", lambda a: torch.flatten(a, 1), 0, (r(2, 3, 4, 5),)),
     ("flatten-0d", lambda a: a.flatten(), 0, (r(3),)),
@@ -377,13 +379,16 @@ def test_dropout_that_draws_nothing_is_allowed_under_vmap_as_in_eager():
     same_as_eager(f, r(3, 4))
 
 
-def test_batch_norm_updating_running_statistics_is_refused_with_the_line():
+def test_batch_norm_updating_running_statistics_not_batched_raises_eagers_error_with_the_line():
+    # (running statistics the vmap maps are updated as eager's: tests/test_ensembles.py)
     m, v = torch.zeros(4), torch.ones(4)
 
     def f(x):
         return torch.vmap(lambda a: F.batch_norm(a, m, v, training=True))(x)
 
-    with pytest.raises(NotImplementedError, match=r"batch_norm in training.*test_vmap_rules\.py:\d+"):
+    with pytest.raises(RuntimeError, match="were not batched"):
+        f(torch.randn(3, 2, 4))
+    with pytest.raises(RuntimeError, match=r"(?s)were not batched.*test_vmap_rules\.py:\d+"):
         thunder_rs.jit(f)(torch.randn(3, 2, 4))
 
 

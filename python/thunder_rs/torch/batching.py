@@ -4,8 +4,9 @@ vmap levels, by shifting the logical dims it names past them.
 
 A logical dim ``d`` of a tensor with ``levels`` level dims and logical rank ``r`` is physical dim
 ``levels + d % r``; the level dims stay in front of every result. Joins give their operands the
-same level dims, each of its level's size. Views are computed as ``reshape`` (values equal; no
-in-place op has a batching rule, so no write can tell a view from a copy).
+same level dims, each of its level's size. Views are computed as ``reshape`` (values equal); so
+in-place ops (``add_``, ``copy_``: an ensemble's BatchNorm counting its batches in a stacked
+buffer) write only a tensor the vmap mapped, whose physical tensor is a view of the argument.
 """
 
 import torch
@@ -23,7 +24,7 @@ from thunder_rs.core.lang.vmap import (
     wrap_tree,
 )
 from thunder_rs.core.lang.vmap_state import full
-from thunder_rs.errors import ThunderIndexError
+from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError
 
 T = torch.Tensor
 
@@ -163,6 +164,9 @@ def _expand(func, args, kwargs):
 
 @batching_rule(T.expand_as)
 def _expand_as(func, args, kwargs):
+    """``x.expand_as(other)``: to ``other``'s logical sizes (an unbatched ``x`` stays unbatched, as in functorch)."""
+    if not isinstance(args[0], BatchedProxy):
+        return args[0].expand(tuple(args[1].shape))
     return _expand(T.expand, (args[0], tuple(args[1].shape)), {})
 
 
@@ -297,3 +301,46 @@ def _join(func, args, kwargs):
     if not stack and any(t.ndim == 1 and t.shape[0] == 0 for t in tensors) and rank > 1:
         raise refusal(func, "cat of a legacy empty 1-d tensor")
     return wrap(getattr(torch, "stack" if stack else "cat")(physicals, depth + d), depth)
+
+
+# -- in-place writes -------------------------------------------------------------------------------
+
+_IN_PLACE = ("add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "lerp_", "addcmul_", "addcdiv_")
+_IN_PLACE_DUNDERS = ("__iadd__", "__isub__", "__imul__", "__itruediv__")
+
+
+@batching_rule(*(getattr(T, name) for name in (*_IN_PLACE, *_IN_PLACE_DUNDERS)))
+def _in_place(func, args, kwargs):
+    """``x.add_(y)`` on a tensor ``x`` the vmap mapped: ``x``'s physical tensor written with the
+    operands at ``x``'s level dims, where ``x`` is batched over every level an operand is (else
+    functorch's error), and the operands promote as in the logical call (else refused)."""
+    receiver, name = args[0], getattr(func, "__name__", str(func))
+    if isinstance(receiver, BatchedProxy) and not receiver.mapped_argument:
+        raise ThunderNotImplementedError(
+            f"torch.vmap: {name} writes a batched tensor that is not an argument the vmap maps at {user_location()} "
+            "(a view or a result inside the vmapped function); thunder_rs writes in place only the mapped "
+            "arguments themselves (an ensemble's stacked buffers). Use the out-of-place op"
+        )
+    levels = levels_of(receiver)
+    for x in (x for x in (*args[1:], *kwargs.values()) if levels_of(x)):
+        lifted = physical(x, levels, receiver.ndim) if levels_of(x) <= levels else None
+        if lifted is None or any(o != 1 and r == 1 for o, r in zip(lifted.shape[:levels], receiver.physical.shape)):
+            raise ThunderRuntimeError(
+                f"vmap: {name}(self, *extra_args) is not possible because there exists a Tensor `other` in extra_args "
+                "that has more elements than `self`. This happened due to `other` being vmapped over but `self` not "
+                f"being vmapped over in a vmap. Please try to use out-of-place operators instead of {name}. "
+                f"(at {user_location()})"
+            )
+        logical = torch.result_type(_meta(receiver, receiver.ndim), _meta(x, x.ndim))
+        if logical != torch.result_type(_meta(receiver, levels + receiver.ndim), _meta(x, levels + receiver.ndim)):
+            raise refusal(
+                func, f"operands of dtypes {receiver.dtype} and {x.dtype} and ranks {receiver.ndim} and {x.ndim}"
+            )
+    lift = lambda x: physical(x, levels, receiver.ndim) if levels_of(x) else x  # noqa: E731
+    func(receiver.physical, *map(lift, args[1:]), **{k: lift(v) for k, v in kwargs.items()})
+    return receiver
+
+
+def _meta(x, rank: int):
+    """A stand-in of ``x``'s dtype and rank for ``torch.result_type`` (which reads the rank)."""
+    return torch.empty((1,) * rank, dtype=x.dtype, device="meta")

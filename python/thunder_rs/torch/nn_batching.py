@@ -10,8 +10,8 @@ cross_entropy and nll_loss.
   (level, group) a group of its own (functorch's rule);
 - pooling works per plane: the levels fold into the first logical dim;
 - batch_norm folds the levels into the channels (its statistics and parameters are per channel);
-  it updates running statistics in training, which eager refuses under vmap, so training is
-  batched only where there are none;
+  in training it updates running statistics the vmap maps (an ensemble's stacked buffers, as
+  eager's), and refuses unbatched ones with eager's error;
 - dropout in eval is the identity; in training it draws, which eager's default
   ``randomness="error"`` refuses (the same error here);
 - cross_entropy and nll_loss fold the levels into the batch dim with ``reduction="none"`` and
@@ -38,6 +38,7 @@ from thunder_rs.core.lang.vmap import (
     refusal,
     wrap,
 )
+from thunder_rs.core.lang import vmap_state
 from thunder_rs.core.lang.vmap_state import full
 from thunder_rs.core.lang.vmap_state import random_error
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
@@ -205,25 +206,53 @@ def _pool(func, args, kwargs):
 
 @batching_rule(F.batch_norm)
 def _batch_norm(func, args, kwargs):
+    """Batch norm with the levels folded into the channels; in training, running statistics the
+    vmap mapped (an ensemble's stacked buffers) are updated per example as eager's are: the
+    folded call updates copies, written back into the statistics' physical tensors."""
     names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
     defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
     bound = _bind(names, defaults, args, kwargs)
     x, mean, var = bound["input"], bound["running_mean"], bound["running_var"]
-    if bound["training"] and (mean is not None or var is not None):
-        raise ThunderNotImplementedError(
-            f"torch.vmap: batch_norm in training updates its running statistics at {user_location()}, which eager's "
-            "vmap refuses too; put the module in eval() (or use track_running_stats=False) under vmap"
-        )
     if x.ndim < 2:
         raise refusal(func, f"a {x.ndim}-d input")
     tensors = (x, mean, var, bound["weight"], bound["bias"])
     depth = max(map(levels_of, tensors))
+    updated = bound["training"] and (mean is not None or var is not None)
+    if updated:
+        _check_updated_stats(x, mean, var, depth)
     levels = tuple(range(depth))
     px = full(x, depth).movedim(levels, tuple(range(1, depth + 1))).flatten(1, depth + 1)
     per_channel = [None if t is None else full(t, depth).flatten(0, depth) for t in tensors[1:]]
+    if updated:
+        per_channel[:2] = [t.clone() for t in per_channel[:2]]  # (updated, then written back whole)
     out = func(px, *per_channel, bound["training"], bound["momentum"], bound["eps"])
+    if updated:
+        with torch.no_grad():  # (eager's kernel updates them where autograd does not see)
+            for stat, flat in zip((mean, var), per_channel[:2]):
+                stat.physical.copy_(flat.view(stat.physical.shape))
     sizes = tuple(full(x, depth).shape[:depth])
     return wrap(out.unflatten(1, (*sizes, x.shape[1])).movedim(tuple(range(1, depth + 1)), levels), depth)
+
+
+def _check_updated_stats(x, mean, var, depth: int) -> None:
+    """Running statistics batch norm updates in training must be mapped arguments of the vmap,
+    batched over every level (eager's error where they are not batched)."""
+    sizes = vmap_state.levels.get()[:depth]
+    for stat in (mean, var):
+        if stat is None or levels_of(stat) != depth or tuple(stat.physical.shape[:depth]) != sizes:
+            raise ThunderRuntimeError(
+                "Batch norm got a batched tensor as input while the running_mean or running_var, which will be "
+                "updated in place, were not batched.\nIf you are using a module and do not need eval mode, please "
+                "set `track_running_stats` to be False.If you are using a prebuilt module and do not need eval "
+                "mode, please see the functorch website for resources on how to patch your module to work with vmap "
+                f"(at {user_location()})"
+            )
+        if not stat.mapped_argument:
+            raise ThunderNotImplementedError(
+                f"torch.vmap: batch_norm in training updates running statistics that are not arguments the vmap "
+                f"maps at {user_location()} (views or results inside the vmapped function); thunder_rs updates only "
+                "the mapped arguments themselves (an ensemble's stacked buffers)"
+            )
 
 
 @batching_rule(F.layer_norm)

@@ -4,7 +4,8 @@
 ``grad`` and ``grad_and_value`` are traced where their function traces (``traced_grads``: its ops
 and their backward become ops of the program, under ``torch.vmap`` too: the per-sample gradients
 of torch.func's tutorial, ``vmap(grad(loss), in_dims=(None, None, 0, 0))``), as are ``vjp`` and
-``jvp`` (reverse mode twice: ``traced_grads.jvp``); ``jacrev``, ``jacfwd`` and ``hessian`` run torch's
+``jvp`` (reverse mode twice: ``traced_grads.jvp``) and ``linearize``'s jvp function
+(``Linearized``); ``jacrev``, ``jacfwd`` and ``hessian`` run torch's
 own function, whose ``vmap`` over ``vjp``/``jvp`` is traced (``_traced_jacobian``). What cannot be
 traced (a backward that runs an eager fallback) runs as one eager fallback: torch.func's own
 transform on the call's tensors. functorch's transforms wrap tensors below
@@ -33,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang import closures, python_effects, traced_grads
+from thunder_rs.core.lang import closures, python_effects, traced_grads, vmap_state
 from thunder_rs.core.lang.fallback import META_RULES, user_fallback
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.recorder import active_recorder, lift_captured, paused_recording
@@ -198,23 +199,86 @@ _lazy_dynamo_disallow = _eager_impls.lazy_dynamo_disallow
 def _disallow_in_trace(fn):
     """torch's ``lazy_dynamo_disallow`` while tracing, through which ``torch.func.linearize`` (also
     as imported before tracing) traces its function's jvp, ``lazy_dynamo_disallow(make_fx)(trace_fn)
-    (tangents)``: over traced values, refused naming the transform and the line (``make_fx`` would
-    fail on the proxy's storage)."""
-    return _refusing_traced(_lazy_dynamo_disallow(fn))
+    (tangents)``, and folds that graph's constants: over traced primals, a ``Linearized`` stands for
+    the graph (``make_fx`` would fail on the proxy's storage)."""
+    if fn is _eager_impls.make_fx:
+        return _make_fx_in_trace
+    if fn is _eager_impls.const_fold.split_const_subgraphs:
+        return lambda graph, *a, **k: (
+            graph if isinstance(graph, Linearized) else _lazy_dynamo_disallow(fn)(graph, *a, **k)
+        )
+    return _lazy_dynamo_disallow(fn)
 
 
-def _refusing_traced(fn):
-    """``fn``, refused on traced values; a callable it returns likewise."""
+def _make_fx_in_trace(trace_fn, *options, **keywords):
+    """``make_fx(trace_fn)`` while tracing: of linearize's ``trace_fn`` over traced primals (its
+    closure holds ``func``, ``flat_primals`` and ``primals_argspec``), a ``Linearized``."""
+    names = trace_fn.__code__.co_freevars
+    cells = dict(zip(names, (c.cell_contents for c in trace_fn.__closure__ or ())))
+    traced = {"func", "flat_primals", "primals_argspec"} <= set(cells) and not _eager(
+        cells["func"], cells["flat_primals"]
+    )
+    if not traced:
+        return _lazy_dynamo_disallow(_eager_impls.make_fx)(trace_fn, *options, **keywords)
+    if any(hasattr(p, "physical") for p in cells["flat_primals"]):  # (a BatchedProxy: a value of torch.vmap's levels)
+        raise ThunderRuntimeError(
+            "Batching rule not implemented for aten::_make_dual; the fallback path doesn't work on out= or view ops. "
+            f"(torch.func.linearize of values torch.vmap batched, at {user_location()})"
+        )
+    func, primals = cells["func"], tree_unflatten(list(cells["flat_primals"]), cells["primals_argspec"])
+    return lambda flat_tangents: Linearized(func, primals)
 
-    def call(*args, **kwargs):
-        if active_recorder() is not None and _traced((args, kwargs)):
+
+class Linearized:
+    """``torch.func.linearize``'s jvp graph of ``func`` at traced ``primals``: called with the
+    flat tangents (which eager's jvp function checked), their flat tangents out; traced by
+    reverse mode twice where ``func``'s backward traces (``traced_grads.linearize``), else each
+    call one eager call of torch's linearize on the primals, detached (eager's graph holds them as
+    constants)."""
+
+    def __init__(self, func, primals: tuple):
+        (primals, _) = lift_captured(primals, {})
+        _refuse_side_effects(func, "torch.func.linearize")
+        self.func, self.primals = func, primals
+        self.transposed = traced_grads.linearize(func, primals)
+
+    def __call__(self, *flat_tangents):
+        detached = tuple(
+            tree_unflatten([_detached(x) for x in tree_flatten(p)[0]], tree_flatten(p)[1]) for p in self.primals
+        )
+        if self.transposed is not traced_grads.UNTRACED and vmap_state.levels.get():
+            return self._under_vmap(detached, flat_tangents)
+        if self.transposed is not traced_grads.UNTRACED:
+            return traced_grads.linearized_tangents(self.transposed, list(flat_tangents))
+        return eager_call(_linearized_eagerly, self.func, "torch.func.linearize", (detached, flat_tangents), {})
+
+    def _under_vmap(self, detached: tuple, flat_tangents: tuple) -> list:
+        """``vmap(jvp_fn)(tangents)``: each example's ``J t`` as ``torch.func.jvp`` traces it under the
+        vmap (``J^T u``, traced outside its levels, would sum the examples' cotangents)."""
+        tangents = tree_unflatten(list(flat_tangents), tree_flatten(self.primals)[1])
+        out = None
+        if active_recorder() is self.transposed.recorder:
+            out = traced_grads.jvp(self.func, detached, tangents, None, False)
+        if out is None or out is traced_grads.UNTRACED:
             raise ThunderNotImplementedError(
-                f"torch.func.linearize: the program differentiates in forward mode at {user_location()} while it is "
-                "traced; a traced tensor carries no tangent. Apply the transform outside the jitted function "
-                "(torch.func.linearize(jitted_fn, *primals)), or use torch.func.jvp, which runs as one eager call"
+                f"torch.func.linearize's jvp function under torch.vmap at {user_location()}: thunder_rs cannot trace "
+                "its function's jvp there (or it was made in another jitted call); call torch.func.jvp under the vmap"
             )
-        out = fn(*args, **kwargs)
-        return _refusing_traced(out) if callable(out) and not isinstance(out, torch.nn.Module) else out
+        return tree_flatten(out[1])[0]
+
+
+def _detached(x):
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _linearized_eagerly(func):
+    def call(primals, flat_tangents):
+        primal_spec = tree_flatten(primals)[1]
+        # (the compiled call runs inside an autograd.Function, whose forward turns forward mode off;
+        # linearize's graph would then carry no tangent, as torch.func.jvp's turns it on itself)
+        with torch.autograd.forward_ad._set_fwd_grad_enabled(True):
+            jvp_fn = _eager_impls.linearize(func, *primals)[1]
+            return tree_flatten(jvp_fn(*tree_unflatten(list(flat_tangents), primal_spec)))[0]
 
     return call
 

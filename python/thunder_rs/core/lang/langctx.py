@@ -473,16 +473,18 @@ _GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
 _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
 
 
-#: Forward-mode differentiation (``torch.func.jvp``, ``torch.autograd.forward_ad.make_dual``): a
+#: Forward-mode differentiation through dual tensors (``torch.autograd.forward_ad.make_dual``): a
 #: traced tensor carries no tangent, so the program would get none (``unpack_dual(y).tangent`` None).
+#: (``torch.func.jvp``, ``jacfwd`` and ``linearize`` are traced as reverse mode twice instead.)
 _FORWARD_AD_CALLS = frozenset({torch._make_dual})
 
 
 def _forward_ad_error(func) -> ThunderNotImplementedError:
     return ThunderNotImplementedError(
-        f"{qualified_name(func)}: the program differentiates in forward mode at {user_location()} (torch.func.jvp, "
-        "torch.func.jacfwd, torch.autograd.forward_ad.make_dual) while it is traced; a traced tensor carries no "
-        "tangent. Apply the transform outside the jitted function (torch.func.jvp(jitted_fn, primals, tangents))"
+        f"{qualified_name(func)}: the program differentiates in forward mode at {user_location()} through dual tensors "
+        "(torch.autograd.forward_ad.make_dual/unpack_dual) while it is traced; a traced tensor carries no tangent. "
+        "Write it as torch.func.jvp(f, primals, tangents) or torch.func.linearize(f, *primals), which thunder_rs "
+        "traces, or apply forward mode outside the jitted function"
     )
 
 

@@ -434,3 +434,100 @@ def _as_tangent(primal, tangent) -> bool:
         and tuple(tangent.shape) == tuple(primal.shape)
         and tangent.dtype == primal.dtype
     )
+
+
+def linearize(func, primals: tuple):
+    """``torch.func.linearize``'s jvp of ``func`` at traced ``primals``, traced by reverse mode
+    twice as ``jvp``: the function traced once on stand-ins of the primals, detached (eager's jvp
+    graph holds them as constants, so no gradient reaches them through it), and its backward from
+    cotangent stand-ins ``u``; a ``VjpForward`` of that backward, ``J^T u``, whose own backward
+    from the tangents (``linearized_tangents``) is ``J t``. Or ``UNTRACED``, nothing recorded
+    (under ``torch.vmap``, an output that is not floating-point, a backward that runs eager
+    fallbacks, random draws, grad mode turned off inside it). A function that writes its arguments
+    is refused: eager's linearize runs it twice, writing them twice."""
+    rec = active_recorder()
+    if vmap_state.levels.get():
+        return UNTRACED
+    mark = rec.mark()
+    for whole in (True, False):
+        try:
+            with refusing_argument_writes():
+                return _linearize(rec, func, primals, whole)
+        except _Refused:
+            rec.rewind(mark)
+            raise
+        except (WritesArguments, ThunderRuntimeError) as e:
+            rec.rewind(mark)
+            if isinstance(e, ThunderRuntimeError) and "in-place" not in str(e):
+                return UNTRACED  # (the eager call raises eager's error)
+            raise ThunderNotImplementedError(
+                f"torch.func.linearize at {user_location()}: its function writes a tensor in place ({e}); eager's "
+                "linearize runs the function twice (its output, then its jvp graph), writing twice, which "
+                "thunder_rs does not reproduce. Write the tensors outside the linearized function"
+            ) from None
+        except Exception as e:  # (the eager call computes it, or raises eager's error)
+            rec.rewind(mark)
+            if not (whole and _needs_decompositions(e)):
+                return UNTRACED
+    return UNTRACED
+
+
+class _Refused(ThunderNotImplementedError):
+    """What a traced linearize cannot reproduce, nor an eager call of it."""
+
+
+def _linearize(rec, func, primals: tuple, whole: bool) -> VjpForward:
+    mark = rec.mark()
+    detached = tuple(tree_unflatten([_detached(x) for x in tree_flatten(p)[0]], tree_flatten(p)[1]) for p in primals)
+    cuts = list[str]()
+    token = grad_mode_cuts.set(cuts)
+    try:
+        out, forward = _vjp_forward(rec, func, detached, None, False, [], decompositions=not whole)
+    finally:
+        grad_mode_cuts.reset(token)
+    if rec.effects_since(mark):
+        raise _Refused(
+            f"torch.func.linearize at {user_location()}: its function draws random numbers (or acts on other state "
+            "outside it); eager's linearize runs it twice and its jvp graph draws on each call, which thunder_rs "
+            "does not reproduce. Draw outside the linearized function and pass the values in"
+        )
+    if cuts:  # (grad mode off inside it: eager's forward mode carries the tangents on, reverse mode not)
+        raise _Untraceable
+    flat_out, out_spec = tree_flatten(out)
+    if not all(o.dtype.is_floating_point for o in flat_out):
+        raise _Untraceable
+    with torch.enable_grad():  # (the backward is differentiated again: it must carry u's gradient)
+        mark, first = rec.mark(), rec.num_values
+        cotangents = [_differentiable(rec, o.new_zeros(o.shape), ()) for o in flat_out]
+        seeds = list(zip(flat_out, [u for u, _ in cotangents]))
+        pulled = _backward(rec, forward, seeds, forward.aliases, forward.specs, ())
+        end = rec.num_values
+        inner = rec.grad_labels(first, end)
+        rec.differentiate(mark, [], [], torch.is_grad_enabled())  # (its values as the level outside sees them)
+    flat_pulled = [g for tree in pulled for g in tree_flatten(tree)[0]]
+    aliases = [[alias for _, alias in cotangents]]
+    return VjpForward(first, end, inner, aliases, [out_spec], flat_pulled, (), rec, False)
+
+
+def _detached(x):
+    return x.detach() if isinstance(x, TensorProxy) else x
+
+
+def linearized_tangents(transposed: VjpForward, flat_tangents: list) -> list:
+    """What the jvp function of a traced ``linearize`` returns for ``flat_tangents`` (checked as
+    eager checks them): ``J t``, the backward of ``J^T u`` from them, emitted after all recorded
+    since, each output's tangent flat (zeros where an output does not depend on the primals)."""
+    rec = active_recorder()
+    if rec is not transposed.recorder or vmap_state.levels.get():
+        raise ThunderNotImplementedError(
+            f"torch.func.linearize's jvp function at {user_location()}: called outside the jitted call (or under a "
+            "torch.vmap) that made it; thunder_rs traces it only where it was made"
+        )
+    seeds = list(zip(transposed.outputs, flat_tangents))
+    try:
+        (tree,) = _backward(rec, transposed, seeds, transposed.aliases, transposed.specs, ())
+    except _Untraceable:
+        raise ThunderNotImplementedError(
+            f"torch.func.linearize's jvp function at {user_location()}: its tangents do not match the primals"
+        ) from None
+    return tree_flatten(tree)[0]

@@ -58,6 +58,10 @@ class BatchedProxy(TensorProxy):
     #: its data where it is, each level at its in_dim, as dtype conversions of it do (other
     #: rules move their levels first). Rules whose output layout follows it (embedding's) read it.
     order: tuple | None = None
+    #: whether ``physical`` is a view of the tensor the vmap mapped (an argument, as ``_enter``
+    #: made it), so that a write into it goes where eager's write into the batched tensor goes:
+    #: in-place rules (``thunder_rs.torch.batching``) write only such tensors.
+    mapped_argument: bool = False
 
     def __new__(cls, physical: torch.Tensor, levels: int):
         logical = tuple(physical.shape[levels:])
@@ -89,9 +93,9 @@ def refusal(func, why: str):
     name = getattr(func, "__name__", str(func))
     return ThunderNotImplementedError(
         f"torch.vmap: {name} has no thunder_rs batching rule ({why}) at {user_location()}; elementwise ops, "
-        "views, reductions, joins, matmul/linear, einsum, convolution, pooling, batch_norm in eval, layer_norm, "
+        "views, reductions, joins, matmul/linear, einsum, convolution, pooling, batch_norm, layer_norm, "
         "group_norm, embedding, scaled_dot_product_attention, dropout in eval, cross_entropy/nll_loss, new_* "
-        "creation and indexing are batched while tracing"
+        "creation, indexing and in-place arithmetic on mapped arguments are batched while tracing"
     )
 
 
@@ -277,6 +281,8 @@ def _batch(x, dim: int, depth: int, size: int | None) -> BatchedProxy:
     moved.insert(depth + dim, moved.pop(depth))  # (the new physical's dims in x's physical order)
     order = tuple(moved[j] for j in inner)
     out.order = None if order == tuple(range(rank)) else order
+    # (a batched value of an outer level is a view of what eager's is only if that level mapped it)
+    out.mapped_argument = not isinstance(x, BatchedProxy) or x.mapped_argument
     return out
 
 
