@@ -9,6 +9,11 @@
 //! computed from a present cotangent (a gradient rule is linear in the cotangents it reads: its
 //! result is absent too), and an `add` of an absent value and another gradient of its dtype and
 //! shape is that gradient. A gradient of an input that is absent is None, as eager gives it none.
+//!
+//! The pipeline first differentiates the program without the absent cotangents' flow
+//! ([`crate::vjp::joint_without`], whose ops' backwards get None for them, as eager's nodes do);
+//! this pruning is for a backward that needs a value the whole forward does not save
+//! ([`crate::split::backward_from`]).
 
 use rustc_hash::FxHashMap;
 use trace_ir::prims::{Binary, Prim};

@@ -50,6 +50,18 @@ pub fn vjp(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
 
 /// Builds the joint trace, or `None` when no output requires grad.
 pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
+    joint_without(trace, &[])
+}
+
+/// [`joint`] for a backward that reaches only some outputs: the cotangents at the indices
+/// `absent` (among the differentiable outputs) are absent, as eager's autograd has them where a
+/// loss does not use an output. They stay inputs of the joint trace (its signature is
+/// [`joint`]'s), but no gradient flows from them: a call none of whose outputs a present
+/// cotangent reaches has no backward, and one that some reach gets None for the others, as
+/// eager's node gets an undefined gradient (`qr`'s backward from `Q` alone computes
+/// `-Q^H gQ`, not `0 R^H - Q^H gQ`; `eigh`'s from the eigenvalues alone `V diag(gL) V^H`).
+/// Values computed only from absent cotangents are never made, so nothing is added to zeros.
+pub fn joint_without(trace: &Trace, absent: &[usize]) -> Result<Option<Joint>> {
     let outputs = differentiable_outputs(trace);
     if outputs.is_empty() {
         return Ok(None);
@@ -58,11 +70,13 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
     let mut cots = Cotangents::default();
     {
         let mut e = Emitter::new(&mut builder);
-        for &o in &outputs {
+        for (k, &o) in outputs.iter().enumerate() {
             let mut meta = trace.tensor(o).expect("differentiable outputs are tensors").clone();
             meta.requires_grad = false;
             let c = e.builder.add_input(ValueKind::Tensor(meta));
-            cots.accumulate(&mut e, o, c)?;
+            if !absent.contains(&k) {
+                cots.accumulate(&mut e, o, c)?;
+            }
         }
         backprop(&mut e, &mut cots, &trace.bsyms)?;
     }
