@@ -86,3 +86,30 @@ def test_a_backward_from_one_output_of_a_call_returning_the_others_through_an_ad
         eager = _gradients(fn, used, False)
         compiled = _gradients(thunder_rs.jit(fn), used, False)
         assert torch.equal(compiled[0], eager[0]), used
+
+
+#: programs of ops with a grad rule of several outputs (``std_mean``, ``native_group_norm``), one
+#: of them unused by the loss or, inside the program, by anything
+RULES = {
+    "std_mean": lambda x: tuple(torch.std_mean(x, -1)),
+    "std_mean, the std used inside": lambda x: (torch.std_mean(x, -1)[0] * 2, x.exp()),
+    "var_mean": lambda x: tuple(torch.var_mean(x, -1)),
+    "native_group_norm": lambda x: tuple(torch.native_group_norm(x.reshape(1, 3, 3), None, None, 1, 3, 3, 1, 1e-5)),
+}
+
+
+@pytest.mark.parametrize("op, used", [(op, k) for op, fn in RULES.items() for k in range(len(fn(_spd()[:3, :3])))])
+def test_a_grad_rule_whose_backward_reaches_some_outputs_adds_no_zeros_for_the_others(op, used):
+    """A rule's backward given no cotangent for some outputs leaves their terms out, as eager's
+    formula does for undefined gradients: ``std_mean``'s from the std alone is the std's term,
+    -0 where the input is its row's mean and the cotangent negative (with the mean's term of
+    zeros added, +0)."""
+    fn = RULES[op]
+    grads = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = torch.tensor([[1.0, 2.0, 3.0], [0.0, 5.0, 10.0], [4.0, 4.0, 4.0]], dtype=torch.float64)
+        x.requires_grad_()
+        out = f(x)[used]
+        weights = -torch.arange(1.0, out.numel() + 1, dtype=out.dtype).reshape(out.shape)
+        grads.append(torch.autograd.grad((out * weights).sum(), x)[0])
+    assert torch.equal(grads[1], grads[0]) and torch.equal(grads[1].signbit(), grads[0].signbit()), grads

@@ -17,7 +17,7 @@
 
 use rustc_hash::FxHashMap;
 use trace_ir::prims::{Binary, Prim};
-use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Symbol, SymbolTable, TensorMeta, Trace, ValueId};
 
 /// `backward` (inputs: residuals, then `num_cotangents` cotangents; [`crate::split`]'s) with the
 /// cotangents at the indices `absent` absent, as the module doc says. None when an absent value
@@ -26,13 +26,49 @@ use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
 pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usize]) -> Option<Trace> {
     let first = backward.inputs.len().checked_sub(num_cotangents)?;
     let cotangents = &backward.inputs[first..];
-    let mut zeros: FxHashMap<ValueId, ValueId> =
+    let zeros: FxHashMap<ValueId, ValueId> =
         absent.iter().map(|&k| cotangents.get(k).map(|&v| (v, v))).collect::<Option<_>>()?;
-    let mut present: FxHashMap<ValueId, ValueId> =
+    let present: FxHashMap<ValueId, ValueId> =
         cotangents.iter().filter(|v| !zeros.contains_key(v)).map(|&v| (v, v)).collect();
+    let same = |a: ValueId, b: ValueId| same_tensor(backward.tensor(a), backward.tensor(b));
+    let pruned = prune(&backward.bsyms, zeros, present, &same)?;
+    let outputs = backward.outputs.map_values(&mut |v| pruned.resolve(v).map_or(Arg::None, Arg::Value));
+    Some(backward.with_bsyms(pruned.kept, outputs))
+}
+
+/// What is left of calls pruned of absent values ([`prune`]).
+pub(crate) struct Pruned {
+    /// The calls kept, reading the other addend of each add of an absent value dropped.
+    pub kept: Vec<BoundSymbol>,
+    /// Per output of an add of an absent value dropped, its other addend.
+    subst: FxHashMap<ValueId, ValueId>,
+    /// The absent values: those given, and the outputs of the calls dropped that read them.
+    zeros: FxHashMap<ValueId, ValueId>,
+}
+
+impl Pruned {
+    /// `v` as the kept calls have it (an add of an absent value: its other addend); None where it
+    /// is absent.
+    pub fn resolve(&self, v: ValueId) -> Option<ValueId> {
+        let v = *self.subst.get(&v).unwrap_or(&v);
+        (!self.zeros.contains_key(&v)).then_some(v)
+    }
+}
+
+/// `bsyms` (a backward: linear in the gradients it reads) without the calls that read the absent
+/// values `zeros` and no value computed from the present gradients `present` (their outputs are
+/// absent too), an add of an absent value and a present gradient of its output's dtype and shape
+/// being that gradient (`same(a, b)`: whether the values `a` and `b` have one dtype, device and
+/// shape). None where an absent value meets a present gradient otherwise.
+pub(crate) fn prune(
+    bsyms: &[BoundSymbol],
+    mut zeros: FxHashMap<ValueId, ValueId>,
+    mut present: FxHashMap<ValueId, ValueId>,
+    same: &dyn Fn(ValueId, ValueId) -> bool,
+) -> Option<Pruned> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
-    let mut kept = Vec::with_capacity(backward.bsyms.len());
-    for bsym in &backward.bsyms {
+    let mut kept = Vec::with_capacity(bsyms.len());
+    for bsym in bsyms {
         let renamed = bsym.renamed(&subst);
         let (reads_absent, reads_present) = (renamed.reads_any(&zeros), renamed.reads_any(&present));
         if !reads_absent {
@@ -43,38 +79,43 @@ pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usi
         } else if !reads_present {
             zeros.extend(renamed.outputs.iter().map(|&o| (o, o)));
         } else {
-            let other = other_addend(backward, &renamed, &zeros)?;
+            let other = other_addend(&renamed, &zeros, same)?;
             subst.insert(renamed.outputs[0], other);
         }
     }
-    let outputs = backward.outputs.map_values(&mut |v| {
-        let v = *subst.get(&v).unwrap_or(&v);
-        if zeros.contains_key(&v) {
-            Arg::None
-        } else {
-            Arg::Value(v)
-        }
-    });
-    Some(backward.with_bsyms(kept, outputs))
+    Some(Pruned { kept, subst, zeros })
+}
+
+/// Whether two tensors have one dtype, device and shape. (Not `requires_grad`: the backward runs
+/// without grad, and an absent value computed from a residual that required grad, `g / probs`, is
+/// marked so where the other gradient is not.)
+pub(crate) fn same_tensor(a: Option<&TensorMeta>, b: Option<&TensorMeta>) -> bool {
+    a.zip(b).is_some_and(|(a, b)| a.dtype == b.dtype && a.device == b.device && a.shape == b.shape)
 }
 
 /// For a call reading an absent value and a present gradient: the gradient, when the call adds
-/// the two and its output has the gradient's dtype and shape; None for any other call.
-fn other_addend(trace: &Trace, bsym: &BoundSymbol, zeros: &FxHashMap<ValueId, ValueId>) -> Option<ValueId> {
-    let Symbol::Prim(Prim::Binary(Binary::Add)) = bsym.symbol else { return None };
+/// the two (the `add` prim, or `ltorch.add` without `alpha`, a grad rule's) and its output has the
+/// gradient's dtype and shape; None for any other call.
+fn other_addend(
+    bsym: &BoundSymbol,
+    zeros: &FxHashMap<ValueId, ValueId>,
+    same: &dyn Fn(ValueId, ValueId) -> bool,
+) -> Option<ValueId> {
+    let adds = match bsym.symbol {
+        Symbol::Prim(Prim::Binary(Binary::Add)) => true,
+        Symbol::Composite(id) => bsym.kwargs.is_empty() && &*SymbolTable::name(id) == "ltorch.add",
+        _ => false,
+    };
+    if !adds || bsym.args.len() != 2 || bsym.outputs.len() != 1 {
+        return None;
+    }
     let (Some(a), Some(b)) = (bsym.args[0].as_value(), bsym.args[1].as_value()) else { return None };
     let other = match (zeros.contains_key(&a), zeros.contains_key(&b)) {
         (true, false) => b,
         (false, true) => a,
         _ => return None,
     };
-    // (not `requires_grad`: the backward runs without grad, and an absent value computed from a
-    // residual that required grad, `g / probs`, is marked so where the other gradient is not)
-    let same = trace
-        .tensor(other)
-        .zip(trace.tensor(bsym.outputs[0]))
-        .is_some_and(|(o, out)| o.dtype == out.dtype && o.device == out.device && o.shape == out.shape);
-    same.then_some(other)
+    same(other, bsym.outputs[0]).then_some(other)
 }
 
 #[cfg(test)]
