@@ -17,7 +17,7 @@
 
 use rustc_hash::FxHashMap;
 use trace_ir::prims::{Binary, Prim};
-use trace_ir::{Arg, BoundSymbol, Symbol, SymbolTable, TensorMeta, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Symbol, TensorMeta, Trace, ValueId};
 
 /// `backward` (inputs: residuals, then `num_cotangents` cotangents; [`crate::split`]'s) with the
 /// cotangents at the indices `absent` absent, as the module doc says. None when an absent value
@@ -59,7 +59,8 @@ impl Pruned {
 /// values `zeros` and no value computed from the present gradients `present` (their outputs are
 /// absent too), an add of an absent value and a present gradient of its output's dtype and shape
 /// being that gradient (`same(a, b)`: whether the values `a` and `b` have one dtype, device and
-/// shape). None where an absent value meets a present gradient otherwise.
+/// shape), and so a composite whose decomposition pruned keeps no call. None where an absent
+/// value meets a present gradient otherwise.
 pub(crate) fn prune(
     bsyms: &[BoundSymbol],
     mut zeros: FxHashMap<ValueId, ValueId>,
@@ -78,9 +79,25 @@ pub(crate) fn prune(
             kept.push(renamed);
         } else if !reads_present {
             zeros.extend(renamed.outputs.iter().map(|&o| (o, o)));
-        } else {
-            let other = other_addend(&renamed, &zeros, same)?;
+        } else if let Some(other) = other_addend(&renamed, &zeros, same) {
             subst.insert(renamed.outputs[0], other);
+        } else {
+            // A composite whose decomposition, pruned, keeps no call (a grad rule's `ltorch.add`:
+            // a broadcast of the absent operand to its own shape, then the add): each output is
+            // what its decomposition's is.
+            if renamed.subsymbols.is_empty() || matches!(renamed.symbol, Symbol::Prim(_)) {
+                return None;
+            }
+            let inner = prune(&renamed.subsymbols, zeros.clone(), present.clone(), same)?;
+            if !inner.kept.is_empty() {
+                return None;
+            }
+            for &o in &renamed.outputs {
+                match inner.resolve(o) {
+                    Some(v) => subst.insert(o, v),
+                    None => zeros.insert(o, o),
+                };
+            }
         }
     }
     Some(Pruned { kept, subst, zeros })
@@ -93,20 +110,15 @@ pub(crate) fn same_tensor(a: Option<&TensorMeta>, b: Option<&TensorMeta>) -> boo
     a.zip(b).is_some_and(|(a, b)| a.dtype == b.dtype && a.device == b.device && a.shape == b.shape)
 }
 
-/// For a call reading an absent value and a present gradient: the gradient, when the call adds
-/// the two (the `add` prim, or `ltorch.add` without `alpha`, a grad rule's) and its output has the
-/// gradient's dtype and shape; None for any other call.
+/// For a call reading an absent value and a present gradient: the gradient, when the call is the
+/// `add` prim of the two and its output has the gradient's dtype and shape; None for any other.
 fn other_addend(
     bsym: &BoundSymbol,
     zeros: &FxHashMap<ValueId, ValueId>,
     same: &dyn Fn(ValueId, ValueId) -> bool,
 ) -> Option<ValueId> {
-    let adds = match bsym.symbol {
-        Symbol::Prim(Prim::Binary(Binary::Add)) => true,
-        Symbol::Composite(id) => bsym.kwargs.is_empty() && &*SymbolTable::name(id) == "ltorch.add",
-        _ => false,
-    };
-    if !adds || bsym.args.len() != 2 || bsym.outputs.len() != 1 {
+    let Symbol::Prim(Prim::Binary(Binary::Add)) = bsym.symbol else { return None };
+    if bsym.args.len() != 2 || bsym.outputs.len() != 1 {
         return None;
     }
     let (Some(a), Some(b)) = (bsym.args[0].as_value(), bsym.args[1].as_value()) else { return None };
@@ -121,7 +133,7 @@ fn other_addend(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trace_ir::{DType, Device, TensorMeta, TraceBuilder, ValueKind};
+    use trace_ir::{DType, Device, SymbolKind, SymbolTable, TraceBuilder, ValueKind};
 
     fn tensor(b: &mut TraceBuilder, shape: Vec<i64>) -> ValueId {
         b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, shape)))
@@ -166,6 +178,21 @@ mod tests {
         let t = b.finish(Arg::Tuple(vec![Arg::Value(ga), Arg::Value(gb)])).unwrap();
         let out = without_cotangents(&t, 2, &[1]).unwrap();
         assert_eq!(out.outputs, Arg::Tuple(vec![Arg::Value(ga), Arg::None]), "{out}");
+    }
+
+    #[test]
+    fn a_composite_adding_an_absent_cotangent_to_a_gradient_is_that_gradient() {
+        let id = SymbolTable::register("ltorch.test_absent_add", SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let (ct_a, ct_b) = (tensor(&mut b, vec![2, 2]), tensor(&mut b, vec![2, 2]));
+        b.begin_composite(id, vec![Arg::Value(ct_a), Arg::Value(ct_b)], vec![]);
+        let sum = b.record_prim("add", vec![Arg::Value(ct_a), Arg::Value(ct_b)]).unwrap()[0];
+        b.end_composite(vec![sum]).unwrap();
+        let e = b.record_prim("exp", vec![Arg::Value(sum)]).unwrap()[0];
+        let t = b.finish(Arg::Tuple(vec![Arg::Value(e)])).unwrap();
+        let out = without_cotangents(&t, 2, &[1]).unwrap();
+        assert_eq!(out.bsyms.len(), 1, "{out}");
+        assert_eq!(out.bsyms[0].args, vec![Arg::Value(ct_a)]);
     }
 
     #[test]
