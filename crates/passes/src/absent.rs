@@ -9,10 +9,15 @@
 //! computed from a present cotangent (a gradient rule is linear in the cotangents it reads: its
 //! result is absent too), and an `add` of an absent value and another gradient of its dtype and
 //! shape is that gradient. A gradient of an input that is absent is None, as eager gives it none.
+//!
+//! The pipeline first differentiates the program without the absent cotangents' flow
+//! ([`crate::vjp::joint_without`], whose ops' backwards get None for them, as eager's nodes do);
+//! this pruning is for a backward that needs a value the whole forward does not save
+//! ([`crate::split::backward_from`]).
 
 use rustc_hash::FxHashMap;
 use trace_ir::prims::{Binary, Prim};
-use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Symbol, TensorMeta, Trace, ValueId};
 
 /// `backward` (inputs: residuals, then `num_cotangents` cotangents; [`crate::split`]'s) with the
 /// cotangents at the indices `absent` absent, as the module doc says. None when an absent value
@@ -21,13 +26,50 @@ use trace_ir::{Arg, BoundSymbol, Symbol, Trace, ValueId};
 pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usize]) -> Option<Trace> {
     let first = backward.inputs.len().checked_sub(num_cotangents)?;
     let cotangents = &backward.inputs[first..];
-    let mut zeros: FxHashMap<ValueId, ValueId> =
+    let zeros: FxHashMap<ValueId, ValueId> =
         absent.iter().map(|&k| cotangents.get(k).map(|&v| (v, v))).collect::<Option<_>>()?;
-    let mut present: FxHashMap<ValueId, ValueId> =
+    let present: FxHashMap<ValueId, ValueId> =
         cotangents.iter().filter(|v| !zeros.contains_key(v)).map(|&v| (v, v)).collect();
+    let same = |a: ValueId, b: ValueId| same_tensor(backward.tensor(a), backward.tensor(b));
+    let pruned = prune(&backward.bsyms, zeros, present, &same)?;
+    let outputs = backward.outputs.map_values(&mut |v| pruned.resolve(v).map_or(Arg::None, Arg::Value));
+    Some(backward.with_bsyms(pruned.kept, outputs))
+}
+
+/// What is left of calls pruned of absent values ([`prune`]).
+pub(crate) struct Pruned {
+    /// The calls kept, reading the other addend of each add of an absent value dropped.
+    pub kept: Vec<BoundSymbol>,
+    /// Per output of an add of an absent value dropped, its other addend.
+    subst: FxHashMap<ValueId, ValueId>,
+    /// The absent values: those given, and the outputs of the calls dropped that read them.
+    zeros: FxHashMap<ValueId, ValueId>,
+}
+
+impl Pruned {
+    /// `v` as the kept calls have it (an add of an absent value: its other addend); None where it
+    /// is absent.
+    pub fn resolve(&self, v: ValueId) -> Option<ValueId> {
+        let v = *self.subst.get(&v).unwrap_or(&v);
+        (!self.zeros.contains_key(&v)).then_some(v)
+    }
+}
+
+/// `bsyms` (a backward: linear in the gradients it reads) without the calls that read the absent
+/// values `zeros` and no value computed from the present gradients `present` (their outputs are
+/// absent too), an add of an absent value and a present gradient of its output's dtype and shape
+/// being that gradient (`same(a, b)`: whether the values `a` and `b` have one dtype, device and
+/// shape), and so a composite whose decomposition pruned keeps no call. None where an absent
+/// value meets a present gradient otherwise.
+pub(crate) fn prune(
+    bsyms: &[BoundSymbol],
+    mut zeros: FxHashMap<ValueId, ValueId>,
+    mut present: FxHashMap<ValueId, ValueId>,
+    same: &dyn Fn(ValueId, ValueId) -> bool,
+) -> Option<Pruned> {
     let mut subst: FxHashMap<ValueId, ValueId> = FxHashMap::default();
-    let mut kept = Vec::with_capacity(backward.bsyms.len());
-    for bsym in &backward.bsyms {
+    let mut kept = Vec::with_capacity(bsyms.len());
+    for bsym in bsyms {
         let renamed = bsym.renamed(&subst);
         let (reads_absent, reads_present) = (renamed.reads_any(&zeros), renamed.reads_any(&present));
         if !reads_absent {
@@ -37,45 +79,61 @@ pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usi
             kept.push(renamed);
         } else if !reads_present {
             zeros.extend(renamed.outputs.iter().map(|&o| (o, o)));
-        } else {
-            let other = other_addend(backward, &renamed, &zeros)?;
+        } else if let Some(other) = other_addend(&renamed, &zeros, same) {
             subst.insert(renamed.outputs[0], other);
+        } else {
+            // A composite whose decomposition, pruned, keeps no call (a grad rule's `ltorch.add`:
+            // a broadcast of the absent operand to its own shape, then the add): each output is
+            // what its decomposition's is.
+            if renamed.subsymbols.is_empty() || matches!(renamed.symbol, Symbol::Prim(_)) {
+                return None;
+            }
+            let inner = prune(&renamed.subsymbols, zeros.clone(), present.clone(), same)?;
+            if !inner.kept.is_empty() {
+                return None;
+            }
+            for &o in &renamed.outputs {
+                match inner.resolve(o) {
+                    Some(v) => subst.insert(o, v),
+                    None => zeros.insert(o, o),
+                };
+            }
         }
     }
-    let outputs = backward.outputs.map_values(&mut |v| {
-        let v = *subst.get(&v).unwrap_or(&v);
-        if zeros.contains_key(&v) {
-            Arg::None
-        } else {
-            Arg::Value(v)
-        }
-    });
-    Some(backward.with_bsyms(kept, outputs))
+    Some(Pruned { kept, subst, zeros })
 }
 
-/// For a call reading an absent value and a present gradient: the gradient, when the call adds
-/// the two and its output has the gradient's dtype and shape; None for any other call.
-fn other_addend(trace: &Trace, bsym: &BoundSymbol, zeros: &FxHashMap<ValueId, ValueId>) -> Option<ValueId> {
+/// Whether two tensors have one dtype, device and shape. (Not `requires_grad`: the backward runs
+/// without grad, and an absent value computed from a residual that required grad, `g / probs`, is
+/// marked so where the other gradient is not.)
+pub(crate) fn same_tensor(a: Option<&TensorMeta>, b: Option<&TensorMeta>) -> bool {
+    a.zip(b).is_some_and(|(a, b)| a.dtype == b.dtype && a.device == b.device && a.shape == b.shape)
+}
+
+/// For a call reading an absent value and a present gradient: the gradient, when the call is the
+/// `add` prim of the two and its output has the gradient's dtype and shape; None for any other.
+fn other_addend(
+    bsym: &BoundSymbol,
+    zeros: &FxHashMap<ValueId, ValueId>,
+    same: &dyn Fn(ValueId, ValueId) -> bool,
+) -> Option<ValueId> {
     let Symbol::Prim(Prim::Binary(Binary::Add)) = bsym.symbol else { return None };
+    if bsym.args.len() != 2 || bsym.outputs.len() != 1 {
+        return None;
+    }
     let (Some(a), Some(b)) = (bsym.args[0].as_value(), bsym.args[1].as_value()) else { return None };
     let other = match (zeros.contains_key(&a), zeros.contains_key(&b)) {
         (true, false) => b,
         (false, true) => a,
         _ => return None,
     };
-    // (not `requires_grad`: the backward runs without grad, and an absent value computed from a
-    // residual that required grad, `g / probs`, is marked so where the other gradient is not)
-    let same = trace
-        .tensor(other)
-        .zip(trace.tensor(bsym.outputs[0]))
-        .is_some_and(|(o, out)| o.dtype == out.dtype && o.device == out.device && o.shape == out.shape);
-    same.then_some(other)
+    same(other, bsym.outputs[0]).then_some(other)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trace_ir::{DType, Device, TensorMeta, TraceBuilder, ValueKind};
+    use trace_ir::{DType, Device, SymbolKind, SymbolTable, TraceBuilder, ValueKind};
 
     fn tensor(b: &mut TraceBuilder, shape: Vec<i64>) -> ValueId {
         b.add_input(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, shape)))
@@ -120,6 +178,21 @@ mod tests {
         let t = b.finish(Arg::Tuple(vec![Arg::Value(ga), Arg::Value(gb)])).unwrap();
         let out = without_cotangents(&t, 2, &[1]).unwrap();
         assert_eq!(out.outputs, Arg::Tuple(vec![Arg::Value(ga), Arg::None]), "{out}");
+    }
+
+    #[test]
+    fn a_composite_adding_an_absent_cotangent_to_a_gradient_is_that_gradient() {
+        let id = SymbolTable::register("ltorch.test_absent_add", SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let (ct_a, ct_b) = (tensor(&mut b, vec![2, 2]), tensor(&mut b, vec![2, 2]));
+        b.begin_composite(id, vec![Arg::Value(ct_a), Arg::Value(ct_b)], vec![]);
+        let sum = b.record_prim("add", vec![Arg::Value(ct_a), Arg::Value(ct_b)]).unwrap()[0];
+        b.end_composite(vec![sum]).unwrap();
+        let e = b.record_prim("exp", vec![Arg::Value(sum)]).unwrap()[0];
+        let t = b.finish(Arg::Tuple(vec![Arg::Value(e)])).unwrap();
+        let out = without_cotangents(&t, 2, &[1]).unwrap();
+        assert_eq!(out.bsyms.len(), 1, "{out}");
+        assert_eq!(out.bsyms[0].args, vec![Arg::Value(ct_a)]);
     }
 
     #[test]

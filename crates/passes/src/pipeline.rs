@@ -194,8 +194,9 @@ pub struct Options<'a> {
     /// VJP, no in-place forms, and values the trace computed without grad detached.
     pub differentiable: bool,
     /// Compile only the backward, for a call whose backward reaches only some of its outputs:
-    /// the indices (among the cotangents, in grad output order) of those it does not reach, taken
-    /// as zeros (see [`crate::absent`]). Empty for a whole compilation.
+    /// the indices (among the cotangents, in grad output order) of those it does not reach, from
+    /// which no gradient flows (see [`crate::vjp::joint_without`], [`crate::split::backward_from`]
+    /// and [`crate::absent`]). Empty for a whole compilation.
     pub absent_cotangents: &'a [usize],
 }
 
@@ -237,6 +238,9 @@ pub struct Unit<'a> {
     /// The half being compiled (the manager sets it).
     pub(crate) half: Half,
     joint: Option<Joint>,
+    /// For a backward compiled alone (`Options::absent_cotangents`): the joint trace without the
+    /// absent cotangents' flow, whose backward `split` takes.
+    partial: Option<Joint>,
     claims: Claims,
     /// Positions of the flat outputs (a single output is position 0) that receive cotangents.
     pub(crate) grad_outputs: Vec<usize>,
@@ -246,8 +250,8 @@ pub struct Unit<'a> {
 
 impl<'a> Unit<'a> {
     pub(crate) fn new(options: &'a Options<'a>, checker: &'a mut ClaimChecker<'a>) -> Self {
-        let (joint, claims) = (None, Claims::None);
-        Unit { options, checker, half: Program, joint, claims, grad_outputs: Vec::new(), residuals: None }
+        let (joint, partial, claims) = (None, None, Claims::None);
+        Unit { options, checker, half: Program, joint, partial, claims, grad_outputs: Vec::new(), residuals: None }
     }
 
     /// The compilation's executors and passes.
@@ -279,18 +283,30 @@ fn vjp(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
         bail!(Runtime, "vjp", "the program has no output that requires grad");
     };
     unit.grad_outputs = grad_output_positions(trace);
+    let absent = unit.options.absent_cotangents;
+    if !absent.is_empty() {
+        unit.partial = crate::vjp::joint_without(trace, absent)?;
+    }
     let out = joint.trace.clone();
     unit.joint = Some(joint);
     Ok(out.into())
 }
 
-/// The forward half (the record's trace) and the backward half of the joint trace.
+/// The forward half (the record's trace) and the backward half of the joint trace. For a
+/// backward compiled alone with absent cotangents: the backward of the joint trace without their
+/// flow (`vjp::joint_without`), from the residuals the whole forward saves; where it needs a value
+/// they cannot give, the whole backward pruned of what only they reach (`absent`).
 fn split(_trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
     let Some(joint) = unit.joint.take() else { bail!(Runtime, "split", "runs after vjp") };
     let mut halves = crate::split::split(&joint)?;
     let absent = unit.options.absent_cotangents;
     if !absent.is_empty() {
-        let Some(backward) = crate::absent::without_cotangents(&halves.backward, joint.num_cotangents, absent) else {
+        let partial = match unit.partial.take() {
+            Some(partial) => crate::split::backward_from(&partial, &halves.residuals)?,
+            None => None,
+        };
+        let pruned = || crate::absent::without_cotangents(&halves.backward, joint.num_cotangents, absent);
+        let Some(backward) = partial.or_else(pruned) else {
             bail!(NotImplemented, "split", "an absent cotangent meets a present gradient other than in an add")
         };
         halves.backward = backward;

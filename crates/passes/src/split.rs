@@ -57,28 +57,7 @@ pub fn split(joint: &Joint) -> Result<Split> {
     let backward = live_backward(t, backward, grads);
     let backward = backward.as_slice();
     let sources = sources(t, primal_inputs, forward);
-    let mut in_backward = vec![false; t.values.len()];
-    cot_inputs.iter().for_each(|v| in_backward[v.index()] = true);
-    backward.iter().for_each(|b| b.for_each_defined(&mut |v| in_backward[v.index()] = true));
-    let mut needed = Vec::new();
-    backward.iter().for_each(|b| b.for_each_input(|v| needed.push(v)));
-    grads.for_each_value(&mut |v| needed.push(v));
-    needed.retain(|v| !in_backward[v.index()]);
-    // The backward computes its symbolic sizes from the size values they read: those are saved,
-    // and so are the sizes its prims read through their parameters alone (a pad by a start read
-    // from a tensor's value, the gradient of a `narrow` at it).
-    let mut sizes = Vec::new();
-    let backward_values =
-        needed.iter().chain(cot_inputs).copied().chain(backward.iter().flat_map(|b| b.outputs.clone()));
-    backward_values.for_each(|v| {
-        t.tensor(v).iter().for_each(|m| m.shape.iter().for_each(|d| d.for_each_value(&mut |s| sizes.push(s))))
-    });
-    backward.iter().for_each(|b| for_each_param_size(t, b, &mut |s| sizes.push(s)));
-    sizes.retain(|s| !needed.contains(s));
-    sizes.sort_unstable();
-    sizes.dedup();
-    needed.extend(sizes);
-
+    let needed = needed_values(t, backward, cot_inputs, grads);
     let (residuals, mut recomputed) = choose_residuals(t, &sources, needed);
     recomputed.sort_by_key(|b| b.outputs[0]);
 
@@ -105,6 +84,78 @@ pub fn split(joint: &Joint) -> Result<Split> {
         facts: t.facts.clone(),
     };
     Ok(Split { forward: fwd, backward: bwd, residuals })
+}
+
+/// The backward half of `joint` (a joint trace [`crate::vjp::joint_without`] made, for a
+/// backward that reaches only some outputs) taking the residuals `residuals` that [`split`] chose
+/// for the whole backward of the same forward, so that it runs from what that forward saved:
+/// inputs `(residuals..., cotangents...)`, the absent cotangents among them unread. The forward
+/// values it needs that are not among them are recomputed where cheap prims make them from
+/// residuals; None where one is neither (the caller then prunes the whole backward).
+pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trace>> {
+    let t = &joint.trace;
+    let (forward, backward) = t.bsyms.split_at(joint.num_forward);
+    let (primal_inputs, cot_inputs) = t.inputs.split_at(t.inputs.len() - joint.num_cotangents);
+    let Arg::Tuple(parts) = &t.outputs else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
+    let [_, grads] = parts.as_slice() else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
+    let backward = live_backward(t, backward, grads);
+    let sources = sources(t, primal_inputs, forward);
+    let mut seen = vec![false; t.values.len()];
+    residuals.iter().for_each(|v| seen[v.index()] = true);
+    let mut heap = BinaryHeap::new();
+    fn need(v: ValueId, seen: &mut [bool], heap: &mut BinaryHeap<ValueId>) {
+        if !std::mem::replace(&mut seen[v.index()], true) {
+            heap.push(v);
+        }
+    }
+    needed_values(t, &backward, cot_inputs, grads).into_iter().for_each(|v| need(v, &mut seen, &mut heap));
+    let mut recomputed = Vec::new();
+    while let Some(v) = heap.pop() {
+        let Some(Source::Prim(bsym)) = sources.get(&v).copied() else { return Ok(None) };
+        if !recomputable(bsym) {
+            return Ok(None);
+        }
+        bsym.for_each_input(|i| need(i, &mut seen, &mut heap));
+        for_each_param_size(t, bsym, &mut |i| need(i, &mut seen, &mut heap));
+        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
+    }
+    recomputed.sort_by_key(|b| b.outputs[0]);
+    recomputed.extend(backward);
+    Ok(Some(Trace {
+        values: t.values.clone(),
+        inputs: residuals.iter().chain(cot_inputs).copied().collect(),
+        bsyms: recomputed,
+        outputs: grads.clone(),
+        facts: t.facts.clone(),
+    }))
+}
+
+/// The forward values `backward` (the live backward of a joint trace, whose cotangent inputs are
+/// `cot_inputs` and gradients `grads`) reads, with the size values their shapes and its prims'
+/// parameters read.
+fn needed_values(t: &Trace, backward: &[BoundSymbol], cot_inputs: &[ValueId], grads: &Arg) -> Vec<ValueId> {
+    let mut in_backward = vec![false; t.values.len()];
+    cot_inputs.iter().for_each(|v| in_backward[v.index()] = true);
+    backward.iter().for_each(|b| b.for_each_defined(&mut |v| in_backward[v.index()] = true));
+    let mut needed = Vec::new();
+    backward.iter().for_each(|b| b.for_each_input(|v| needed.push(v)));
+    grads.for_each_value(&mut |v| needed.push(v));
+    needed.retain(|v| !in_backward[v.index()]);
+    // The backward computes its symbolic sizes from the size values they read: those are saved,
+    // and so are the sizes its prims read through their parameters alone (a pad by a start read
+    // from a tensor's value, the gradient of a `narrow` at it).
+    let mut sizes = Vec::new();
+    let backward_values =
+        needed.iter().chain(cot_inputs).copied().chain(backward.iter().flat_map(|b| b.outputs.clone()));
+    backward_values.for_each(|v| {
+        t.tensor(v).iter().for_each(|m| m.shape.iter().for_each(|d| d.for_each_value(&mut |s| sizes.push(s))))
+    });
+    backward.iter().for_each(|b| for_each_param_size(t, b, &mut |s| sizes.push(s)));
+    sizes.retain(|s| !needed.contains(s));
+    sizes.sort_unstable();
+    sizes.dedup();
+    needed.extend(sizes);
+    needed
 }
 
 /// The backward's bound symbols that contribute to a gradient (rules emit some that do not,
@@ -242,5 +293,45 @@ pub(crate) fn flatten_where_needed(bsym: &BoundSymbol, is_residual: &[bool], out
         bsym.subsymbols.iter().for_each(|s| flatten_where_needed(s, is_residual, out));
     } else {
         out.push(bsym.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vjp::{joint, joint_without};
+    use trace_ir::{DType, Device, TensorMeta, TraceBuilder};
+
+    /// `x -> (exp(x), sin(x))`, `x` requiring grad.
+    fn two_outputs() -> Trace {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let s = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
+        b.finish(Arg::Tuple(vec![Arg::Value(e), Arg::Value(s)])).unwrap()
+    }
+
+    #[test]
+    fn a_backward_without_a_cotangent_runs_from_the_whole_forwards_residuals() {
+        let trace = two_outputs();
+        let whole = split(&joint(&trace).unwrap().unwrap()).unwrap();
+        let partial = joint_without(&trace, &[0]).unwrap().unwrap();
+        let backward = backward_from(&partial, &whole.residuals).unwrap().expect("its values are saved");
+        assert_eq!(backward.inputs.len(), whole.backward.inputs.len(), "{backward}");
+        assert_eq!(backward.inputs[..whole.residuals.len()], whole.residuals[..]);
+        let absent = backward.inputs[whole.residuals.len()];
+        let reads = backward.bsyms.iter().any(|b| b.reads_any(&[(absent, absent)].into_iter().collect()));
+        assert!(!reads, "exp's absent cotangent is unread: {backward}");
+        let e = trace.bsyms[0].outputs[0];
+        assert!(whole.backward.bsyms.iter().any(|b| b.args.contains(&Arg::Value(e))), "{}", whole.backward);
+        assert!(!backward.bsyms.iter().any(|b| b.args.contains(&Arg::Value(e))), "exp's backward is gone: {backward}");
+        trace_ir::verify::verify(&backward).unwrap();
+    }
+
+    #[test]
+    fn a_backward_without_a_cotangent_needing_a_value_not_saved_is_none() {
+        let partial = joint_without(&two_outputs(), &[0]).unwrap().unwrap();
+        assert!(backward_from(&partial, &[]).unwrap().is_none(), "sin's backward reads x, not saved");
     }
 }

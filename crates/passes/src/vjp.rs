@@ -50,6 +50,18 @@ pub fn vjp(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
 
 /// Builds the joint trace, or `None` when no output requires grad.
 pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
+    joint_without(trace, &[])
+}
+
+/// [`joint`] for a backward that reaches only some outputs: the cotangents at the indices
+/// `absent` (among the differentiable outputs) are absent, as eager's autograd has them where a
+/// loss does not use an output. They stay inputs of the joint trace (its signature is
+/// [`joint`]'s), but no gradient flows from them: a call none of whose outputs a present
+/// cotangent reaches has no backward, and one that some reach gets None for the others, as
+/// eager's node gets an undefined gradient (`qr`'s backward from `Q` alone computes
+/// `-Q^H gQ`, not `0 R^H - Q^H gQ`; `eigh`'s from the eigenvalues alone `V diag(gL) V^H`).
+/// Values computed only from absent cotangents are never made, so nothing is added to zeros.
+pub fn joint_without(trace: &Trace, absent: &[usize]) -> Result<Option<Joint>> {
     let outputs = differentiable_outputs(trace);
     if outputs.is_empty() {
         return Ok(None);
@@ -58,11 +70,13 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
     let mut cots = Cotangents::default();
     {
         let mut e = Emitter::new(&mut builder);
-        for &o in &outputs {
+        for (k, &o) in outputs.iter().enumerate() {
             let mut meta = trace.tensor(o).expect("differentiable outputs are tensors").clone();
             meta.requires_grad = false;
             let c = e.builder.add_input(ValueKind::Tensor(meta));
-            cots.accumulate(&mut e, o, c)?;
+            if !absent.contains(&k) {
+                cots.accumulate(&mut e, o, c)?;
+            }
         }
         backprop(&mut e, &mut cots, &trace.bsyms)?;
     }
@@ -281,25 +295,50 @@ fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Re
 }
 
 /// Emits the backward a Python grad rule recorded, its cotangent placeholders replaced by the
-/// cotangents accumulated (zeros where none flowed).
+/// cotangents accumulated. Where none flowed to some outputs, eager's node gets undefined
+/// gradients for them, and its formula leaves their terms out (`std_mean`'s from the std alone
+/// adds no zeros, whose sum is +0 where the std's term is -0): the rule's backward is pruned of
+/// what only they reach ([`crate::absent::prune`]; an input whose gradient only they reach gets
+/// zeros, the gradient the rule gives it: `native_group_norm`'s weight from its statistics alone,
+/// as eager's), else, where they meet the others' cotangents other than in an add, given zeros.
 fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result<()> {
     let mut subst = FxHashMap::default();
+    let (mut absent, mut present) = (Vec::new(), FxHashMap::default());
     for &(value, placeholder) in &rule.cotangents {
-        let c = match cots.get(value) {
-            Some(c) => c,
-            None => e.zeros_like(value)?,
-        };
-        subst.insert(placeholder, c);
+        match cots.get(value) {
+            Some(c) => {
+                subst.insert(placeholder, c);
+                present.insert(placeholder, placeholder);
+            }
+            None => absent.push((value, placeholder)),
+        }
     }
+    let pruned = if absent.is_empty() {
+        None
+    } else {
+        let zeros = absent.iter().map(|&(_, p)| (p, p)).collect();
+        let builder = &*e.builder;
+        let meta = |v: ValueId| match builder.value(v) {
+            Some(ValueKind::Tensor(t)) => Some(t),
+            _ => None,
+        };
+        crate::absent::prune(&rule.bsyms, zeros, present, &|a, b| crate::absent::same_tensor(meta(a), meta(b)))
+    };
+    if pruned.is_none() {
+        for &(value, placeholder) in &absent {
+            subst.insert(placeholder, e.zeros_like(value)?);
+        }
+    }
+    let bsyms = pruned.as_ref().map_or(rule.bsyms.as_slice(), |p| p.kept.as_slice());
     if cots.fresh {
-        for bsym in &rule.bsyms {
+        for bsym in bsyms {
             bsym.for_each_defined(&mut |v| {
                 let kind = e.builder.value(v).expect("a rule's values are the recording's").clone();
                 subst.insert(v, e.builder.add_value(kind));
             });
         }
     }
-    for bsym in &rule.bsyms {
+    for bsym in bsyms {
         let bsym = if cots.fresh { bsym.renamed_everywhere(&subst) } else { bsym.renamed(&subst) };
         if cots.fresh {
             label_from_inputs(e.builder, std::slice::from_ref(&bsym));
@@ -308,7 +347,13 @@ fn apply_rule(e: &mut Emitter, cots: &mut Cotangents, rule: &GradRule) -> Result
     }
     for (value, grad) in &rule.grads {
         match grad {
-            Arg::Value(g) => cots.accumulate(e, *value, *subst.get(g).unwrap_or(g))?,
+            Arg::Value(g) => {
+                let g = match pruned.as_ref().map_or(Some(*g), |p| p.resolve(*g)) {
+                    Some(g) => *subst.get(&g).unwrap_or(&g),
+                    None => e.zeros_like(*value)?, // (the rule gives one: the zeros eager's node gives)
+                };
+                cots.accumulate(e, *value, g)?
+            }
             Arg::None => {}
             other => bail!(Type, "put_grad", "expected a tensor gradient for {value}, got {other:?}"),
         }

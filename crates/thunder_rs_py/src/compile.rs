@@ -43,10 +43,12 @@ pub fn compile(
 
 /// Compiles the backward alone (`Compiled.forward` is the program half's stages), as `compile`
 /// would, for a backward that reaches only some of the program's outputs: `absent_cotangents`
-/// are the indices, among the cotangents, of those it does not reach: what only they reach is
-/// left out, as eager's autograd leaves it (`passes::absent`). Raises NotImplementedError where
-/// one meets a present gradient other than in an add (the caller then passes zeros to the whole
-/// backward).
+/// are the indices, among the cotangents, of those it does not reach. No gradient flows from
+/// them, as in eager's autograd (`passes::vjp::joint_without`: an op's backward gets None for
+/// them), and the backward runs from the residuals the whole forward saves; where it needs a
+/// value those cannot give, the whole backward is pruned of what only they reach
+/// (`passes::absent`). Raises NotImplementedError where that fails too (the caller then passes
+/// zeros to the whole backward).
 #[pyfunction]
 pub fn compile_backward(
     acquired: &PyTrace,

@@ -480,9 +480,10 @@ class _Outputs:
 class _Unreached(dict):
     """Per pattern of absent cotangents (``g is None`` per grad position): the indices of the
     absent ones, the inputs no reached output reads, from ``reads`` (per grad position, the
-    inputs its output reads), and the backward ``compile_backward`` compiled for the pattern (None
-    where an absent cotangent meets a present gradient other than added to it: they are passed as
-    zeros), and the positions of the residuals that backward reads (None: all). The pattern is
+    inputs its output reads), and the backward ``compile_backward`` compiled for the pattern, in
+    which no gradient flows from them (an op reaching both gets None for them, as eager's node:
+    ``qr``'s from ``Q`` alone; None where it could not be compiled: they are passed as zeros), and
+    the positions of the residuals that backward reads (None: all). The pattern is
     compiled for the first time it comes, though a script backpropagating once pays for a second
     backward compile: the whole backward given zeros computes what eager never computes (``g / x``
     of a ``log`` output, NaN where ``x`` is 0, added to the gradients) and adds zeros eager never

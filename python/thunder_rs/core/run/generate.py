@@ -154,9 +154,9 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
 
     def compile_backward(absent: tuple):
         """The backward where the cotangents at ``absent`` are absent, as eager's autograd runs
-        it: nothing they alone reach, no add of them (``passes::absent``), and the positions of the
-        residuals it reads (those it takes come first); None where one meets a present gradient
-        other than in an add."""
+        it: no gradient flows from them (an op reaching both gets None for them: ``qr``'s backward
+        from ``Q`` alone; ``passes::vjp::joint_without``), and the positions of the residuals it
+        reads (those it takes come first); None where it cannot be compiled (``compile_backward``)."""
         table, _ = executor_table(executors)
         checker = _checker(executors)
         try:
