@@ -4,6 +4,7 @@ call of theirs runs for, past the standard library's frames and thunder_rs's tha
 
 from typing import Any
 
+from thunder_rs.core.acquisition.setters import settle_later
 from thunder_rs.core.state.code_reads import in_stdlib
 from thunder_rs.core.state.guards import StateGuard
 from thunder_rs.core.state.handed_effects import passing_on
@@ -31,8 +32,11 @@ def site_of(frame) -> str:
 
 
 def guard_read(label: str, read, show=repr) -> None:
+    """Guards the state ``read()`` reads, as it is when the tracing began (``setters.settle_later``)."""
     observer: Any = thread_state.observer
-    observer.guard_state(StateGuard(label, read, read(), show))
+    guard = StateGuard(label, read, read(), show)
+    observer.guard_state(guard)
+    settle_later(guard)
 
 
 def stdlib_entry(frame, program, name: str) -> str:

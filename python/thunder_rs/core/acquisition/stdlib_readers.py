@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
+from thunder_rs.core.acquisition.library_settings import put_back_library_settings, put_library_settings
 from thunder_rs.core.acquisition.setters import put_back_setters, put_setters
 from thunder_rs.core.acquisition.stdlib_frames import program_frame_of, site_of, stdlib_entry, tracing
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
@@ -175,6 +176,7 @@ def put_readers() -> None:
     put_module_stand_ins()
     put_fs_readers()
     put_setters()
+    put_library_settings()
     put_open()
     put_streams()
 
@@ -199,6 +201,7 @@ def put_back_readers() -> None:
     put_back_module_stand_ins()
     put_back_fs_readers()
     put_back_setters()
+    put_back_library_settings()
     put_back_held()
     put_back_open()
     put_back_streams()

@@ -58,7 +58,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   besides files' contents (``os.stat`` and ``os.listdir`` under ``os.path.exists``, ``glob``,
   ``pathlib``; ``os.getcwd``) is guarded (``core.state.fs_reads``); the settings it makes
   (``os.environ[k] = v``, ``os.chdir``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are
-  made again by every call (``setters``).
+  made again by every call (``setters``), as are those of Python's libraries (``sys.path``'s
+  changes, ``warnings``' filters, torch's and NumPy's print options, a logger's level:
+  ``library_settings``) and the seeding of Python's and NumPy's generators (``core.state.pydraws``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
