@@ -105,6 +105,8 @@ def _numpy_options_before(*_args, **_kwargs):
 #: ``(numpy, its set_printoptions)`` while it is replaced (numpy is read from ``sys.modules``: a
 #: program that uses it imported it)
 _numpy_setter: list = []
+#: ``[numpy's set_printoptions, its stand-in]``, made once
+_numpy_stand_in: list = []
 
 
 # -- logging ---------------------------------------------------------------------------------------
@@ -241,7 +243,9 @@ def put_library_settings() -> None:
     real = getattr(numpy, "set_printoptions", None)
     if real is not None and not _numpy_setter:
         _numpy_setter.append((numpy, real))
-        numpy.set_printoptions = _stand_in("numpy.set_printoptions", real, _numpy_options_before)  # type: ignore[union-attr]
+        if not _numpy_stand_in or _numpy_stand_in[0] is not real:  # (made once: a stand-in's id stays registered)
+            _numpy_stand_in[:] = [real, _stand_in("numpy.set_printoptions", real, _numpy_options_before)]
+        numpy.set_printoptions = _numpy_stand_in[1]  # type: ignore[union-attr]
     if type(sys.path) is list and not _path_list:
         _path_list.append(sys.path)
         sys.path = _TracedPath(sys.path)
