@@ -5,6 +5,7 @@ guarded nor recorded, and reads of the wall clock and of the system's entropy (`
 the program are refused naming its line, as ``time.time()`` is (``core/acquisition/stdlib_state.py``)."""
 
 import datetime
+import functools
 import gc
 import os
 import random
@@ -187,3 +188,71 @@ def test_the_wall_clock_and_entropy_read_outside_the_program_still_work():
     for _ in range(2):
         when = datetime.datetime.now().microsecond + len(secrets.token_hex(2))
         assert torch.equal(jf(x, when), stamped(x, when))
+
+
+# -- the wall clock handed to a C caller -----------------------------------------------------------
+
+_UTC = datetime.timezone.utc
+_NOW = datetime.datetime.now  # a bound method held before tracing
+_NOW_IN_UTC = functools.partial(datetime.datetime.now, _UTC)  # a partial made before tracing
+
+
+def _through_a_held_partial(x):
+    return x * _NOW_IN_UTC().microsecond
+
+
+def _through_a_partial_it_makes(x):
+    return x * functools.partial(datetime.datetime.now, _UTC)().microsecond
+
+
+def _through_map(x):
+    return x * next(map(datetime.datetime.now, [_UTC])).microsecond
+
+
+def _held_method_through_map(x):
+    return x * list(map(_NOW, [_UTC]))[0].microsecond
+
+
+def _subclass_through_a_partial(x):
+    return x * functools.partial(_Stamp.now, _UTC)().microsecond
+
+
+def _clock_in_a_closure():
+    now = _DATETIME.now
+
+    def program(x):
+        return x * functools.partial(now, _UTC)().microsecond
+
+    return program
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        _through_a_held_partial,
+        _through_a_partial_it_makes,
+        _through_map,
+        _held_method_through_map,
+        _subclass_through_a_partial,
+        _clock_in_a_closure(),
+    ],
+    ids=["held partial", "partial made", "map", "held method to map", "subclass", "closure cell"],
+)
+def test_the_wall_clock_handed_to_a_c_caller_is_refused_naming_the_line(program):
+    # functools.partial and map call datetime.datetime.now from C, which the profile hook does not
+    # report: tracing read the clock once, and every compiled call reused that reading.
+    with pytest.raises(ThunderError, match=r"\.now: the program .* at .*test_traced_bystanders.py:\d+"):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert type(_NOW_IN_UTC) is functools.partial and type(_NOW) is type(_DATETIME.now)  # put back
+    assert program(torch.ones(2)).shape == (2,)  # (eager runs)
+
+
+def _hands_on_other_datetime_methods(x, stamp):
+    parse = functools.partial(datetime.datetime.fromtimestamp, tz=_UTC)
+    return x * parse(stamp).hour + next(map(datetime.date.fromordinal, [stamp // 86400 + 1])).day
+
+
+def test_other_datetime_methods_handed_on_run_as_eager():
+    jf, x = thunder_rs.jit(_hands_on_other_datetime_methods), torch.ones(2)
+    for stamp in (0, 7200):
+        assert torch.equal(jf(x, stamp), _hands_on_other_datetime_methods(x, stamp))

@@ -3,7 +3,6 @@ Python state it read, and the module state it wrote."""
 
 import dataclasses
 import functools
-from typing import Any
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -20,13 +19,12 @@ from thunder_rs.core.acquisition.effects import (
     recording_prints,
     stop_recording_prints,
 )
-from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride
-from thunder_rs.core.acquisition.dynamic import in_other_items, leaf_paths
-from thunder_rs.core.acquisition.float_args import ArgFloat, HeldFloat
-from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
+from thunder_rs.core.acquisition.dynamic import ArgInt, HeldInt
+from thunder_rs.core.acquisition.dynamic import leaf_paths
+from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
+from thunder_rs.core.state.guards import ModuleSource
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
@@ -42,7 +40,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
-from thunder_rs.core.lang import saved_outputs, symfloat, symint, version_tracking
+from thunder_rs.core.lang import saved_outputs, symint, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import tracing_overrides
@@ -50,6 +48,15 @@ from thunder_rs.core.lang.snapshots import FirstOutputs
 from thunder_rs.core.lang.values import ValueReads, reading
 from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
 from thunder_rs.core.acquisition.writeback import WriteBacks, plan
+from thunder_rs.core.acquisition.traced_inputs import (
+    SizeInputs,
+    TracedInputs,
+    int_stand_ins,
+    kept_slots,
+    put_back,
+    put_stand_ins,
+    refuse_uninitialized,
+)
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError
 
 
@@ -252,193 +259,6 @@ def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
 
-class TracedInputs:
-    """The trace's tensor inputs: the arguments' proxies (at ``positions`` of the flat inputs),
-    then the module's parameters and buffers; and each parameter or buffer slot of the module
-    tree as ``(user's store, name, clone's store, proxy put there)``."""
-
-    def __init__(self, positions, args: list, params: list, slots: list):
-        self.positions, self.args, self.params, self.slots = tuple(positions), args, params, slots
-
-    def slot_values(self) -> list:
-        """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
-        return [(store, name, put, clone_store.get(name)) for store, name, clone_store, put in self.slots]
-
-    def placed(self) -> list:
-        """``(clone's store, name)`` per slot: references of thunder_rs's own, not stores of the
-        program's elsewhere (``escapes._held_by_clones``)."""
-        return [(clone_store, name) for _, name, clone_store, _ in self.slots]
-
-
-def _kept_slots(slots: list) -> dict:
-    """The module's parameters and buffers by the id of their input proxies."""
-    return {id(put): store[name] for store, name, _, put in slots if isinstance(store.get(name), torch.Tensor)}
-
-
-def _refuse_uninitialized(names, tensors) -> None:
-    for name, t in zip(names, tensors):
-        if torch.nn.parameter.is_lazy(t):
-            raise ThunderNotImplementedError(
-                f"jit: parameter or buffer {name} is not initialised yet (a lazy module such as nn.LazyLinear infers "
-                "its shape on its first call); run one eager forward first, then call the jitted module"
-            )
-
-
-class SizeInputs:
-    """The size inputs of one acquisition: the ``sizes`` (``(flat position, dim)``) of the flat
-    inputs and the ``held`` dims of argument objects' tensors (``{(source key, name): dims}``) to
-    trace as symbolic. One size input per distinct value, as torch.compile's duck sizing (the
-    ids, labels and mask of a batch share their length, so ``ids.numel() // labels.size(1)``
-    divides as data); the entry checks that the sizes that share one are equal on each call
-    (``core.acquisition.dynamic``). Except between items of lists at other indices (``paths``,
-    each flat input's, ``dynamic.leaf_paths``; ``dynamic.in_other_items``): two images' box
-    counts are equal by chance, and a size input shared there would make the next call where
-    they differ compile again; where the program relies on their equality (``torch.stack``),
-    the trace guards it."""
-
-    def __init__(self, rec, sizes, held, paths=None, floats=()):
-        self._rec, self.flat, self.held, self._paths = rec, sizes, held or {}, paths
-        #: the positions of the float arguments to take as inputs, and ``(ArgFloat, value id)`` of each made
-        self.float_positions, self.floats = floats, []
-        self._by_value: dict = {}
-        #: where each size input is read, in the order made (the trace's order)
-        self.sources: list = []
-        #: ``(where, index of the size input)`` of the other places holding its value
-        self.shared: list = []
-        #: the ints read as sizes (``ArgInt``, then ``HeldInt``), numbered in the order made
-        self.ints = 0
-
-    def of(self, n: int, at):
-        """The size input for the size ``n`` read at ``at``."""
-        made = self._by_value.setdefault(n, [])
-        found = next((m for m in made if not self._apart(self.sources[m[0]], at)), None)
-        if found is None:
-            found = (len(self.sources), self._rec.size_input(n))
-            made.append(found)
-            self.sources.append(at)
-        else:
-            self.shared.append((at, found[0]))
-        return found[1]
-
-    def _apart(self, a, b) -> bool:
-        """Whether the sizes at ``a`` and ``b`` are of flat inputs in different items of a list."""
-        if self._paths is None or type(a) is not tuple or type(b) is not tuple or a[1] is None or b[1] is None:
-            return False
-        return in_other_items(self._paths[a[0]], self._paths[b[0]])
-
-    def of_inputs(self, flat_inputs) -> dict:
-        """The size inputs of the flat inputs' symbolic dims: ``{position: {dim: size}}`` (dim
-        None: the int argument at that position; ``(STRIDE, d)``: a strided tensor's stride)."""
-        made: dict = {}
-        for i, d in self.flat:
-            if d is None:
-                made[i] = {None: self.of(flat_inputs[i], ArgInt(i, self.next_int()))}
-            elif type(d) is tuple:
-                made.setdefault(i, {})[d] = self.of(flat_inputs[i].stride(d[1]), (i, d))
-            else:
-                made.setdefault(i, {})[d] = self.of(flat_inputs[i].shape[d], (i, d))
-        return made
-
-    def float_of(self, value: float, at):
-        """A float input for the float ``value`` read at ``at`` (``ArgFloat`` or ``HeldFloat``)."""
-        vid = self._rec.float_input(value)
-        self.floats.append((at, vid))
-        return symfloat.float_input(vid, value)
-
-    def next_int(self) -> int:
-        """The number of the next int read as a size among the entry's last inputs."""
-        self.ints += 1
-        return self.ints - 1
-
-
-def _stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: SizeInputs, first_input: int) -> list:
-    """Puts in place of each argument object's tensor that has symbolic dims a proxy of those
-    sizes (and strides, ``HeldStride``), so that the program reads them as sizes
-    (``cache.get_seq_length()``); the trace takes it as a captured input (the ``first_input``-th
-    trace input is the first captured). Returns ``(attributes, ArgumentTensor, tensor)`` for
-    ``_put_back``. Sizes 0 and 1 stay constant."""
-    placed: list = []
-    for at in list(reached.tensors.values()) if size_inputs.held else ():
-        dims = size_inputs.held.get((at.source.key, at.name))
-        attributes: Any = _slots_of(at.holder) if dims else None
-        t = attributes.get(at.name) if attributes is not None else None
-        if not isinstance(t, torch.Tensor) or not (t.is_contiguous() or is_strided(layout(t))):
-            continue
-        sized, strided = _symbolic_dims(t, dims)
-        at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
-        if not at.symbolic:
-            continue
-        index = first_input + len(captures.tensors)
-        sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sized}
-        strides = {d: size_inputs.of(t.stride(d), HeldStride(at.source, at.name, d, index)) for d in strided}
-        at.stand_in = attributes[at.name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
-        placed.append((attributes, at, t))
-    return placed
-
-
-def _symbolic_dims(t: torch.Tensor, dims) -> tuple:
-    """The dims of ``t`` whose sizes, and those whose strides (a strided tensor's, ``(STRIDE, d)``
-    among ``dims``), are symbolic: those of 2 and up."""
-    sized = [d for d in sorted(x for x in dims if type(x) is int) if d < t.dim() and t.shape[d] >= 2]
-    if t.is_contiguous():
-        return sized, []
-    marked = sorted(x[1] for x in dims if type(x) is tuple and x[0] == STRIDE)
-    return sized, [d for d in marked if d < t.dim() and t.stride(d) >= 2]
-
-
-def _int_stand_ins(reached: ArgumentObjects, size_inputs: SizeInputs, pairs: list) -> list:
-    """Puts in place of each argument object's or module's int marked symbolic (``dynamic.HeldInt``:
-    a count a KV cache keeps, a module's ``self.seen_tokens``) a ``SymInt`` of a size input, so
-    that the program computes with it as a size and what it sets there (``count += 1``) is that
-    call's. A module's is put in its clone (``pairs``: ``(clone, original)``), the entry reads it
-    from the original. Returns what ``_put_back`` takes; the entry reads the ints in this order
-    after its tensors."""
-    placed: list = []
-    holders = {source.key: (obj, source) for obj, source, _ in reached.objects}
-    holders.update((id(o), (c, ModuleSource(o, type(o).__name__))) for c, o in pairs)
-    for (key, name), dims in size_inputs.held.items():
-        found = holders.get(key) if INT in dims or FLOAT in dims else None
-        if found is None:
-            continue
-        attributes: Any = attributes_of(found[0])  # reached objects and modules have an instance dict
-        value = attributes.get(name)
-        if type(value) is float and FLOAT in dims:  # (a float input, ``float_args.HeldFloat``)
-            stand_in = size_inputs.float_of(value, HeldFloat(found[1], name, len(size_inputs.floats)))
-            attributes[name] = stand_in
-            placed.append((attributes, _PlacedInt(name, stand_in, found[1]), value))
-            continue
-        if type(value) is not int or value < 2 or INT not in dims:
-            continue
-        stand_in = symint.wrap(size_inputs.of(value, HeldInt(found[1], name, size_inputs.next_int())))
-        attributes[name] = stand_in
-        placed.append((attributes, _PlacedInt(name, stand_in, found[1]), value))
-    return placed
-
-
-@dataclass
-class _PlacedInt:
-    """An int ``_int_stand_ins`` replaced, as ``_put_back`` reads it."""
-
-    name: str
-    stand_in: object
-    #: where the entry reads it (a ``guards.InputSource`` or ``ModuleSource``)
-    source: object = None
-
-
-def _slots_of(holder):
-    """Where ``holder`` keeps its tensors by name: its attributes, or a list's or dict's items."""
-    return items_of(holder) if type(holder) in (list, dict) else attributes_of(holder)
-
-
-def _put_back(placed: list, failed: bool = False) -> None:
-    """Puts the tensors back where ``_stand_ins`` put proxies the program did not replace (what
-    it set there instead is one of its writes); everywhere when tracing ``failed``."""
-    for attributes, at, t in placed:
-        if failed or attributes.get(at.name) is at.stand_in:
-            attributes[at.name] = t
-        at.stand_in = None
-
-
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
@@ -460,7 +280,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())
-        _refuse_uninitialized(binding.qualified, binding.tensors())
+        refuse_uninitialized(binding.qualified, binding.tensors())
         params = [input_proxy(rec, t) for t in binding.tensors()]
         clone, pairs = binding.clone(params)
         # The module's own call (hooks, forward): calling the clone would go through the
@@ -478,8 +298,8 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
-    placed = _stand_ins(reached, captures, size_inputs, len(positions) + len(params))
-    ints = _int_stand_ins(reached, size_inputs, pairs)
+    placed = put_stand_ins(reached, captures, size_inputs, len(positions) + len(params))
+    ints = int_stand_ins(reached, size_inputs, pairs)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
@@ -490,14 +310,14 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         _check_arguments_unchanged(args, kwargs, leaves)
         reached.refuse_changed_in_place()
     except BaseException:
-        _put_back(placed, failed=True)
+        put_back(placed, failed=True)
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
         observer.state.writes()
         observer.state.containers.undo()
         reached.undo()
         raise
-    _put_back(placed)
+    put_back(placed)
     return out, observer, pairs, inputs
 
 
@@ -606,7 +426,7 @@ def _kept_tensors(captures: Captures, inputs) -> dict:
     or buffer of the module (nn.LSTM's ``_flat_weights``, rebuilt from its parameters on a call that
     finds them changed): storing a copy would change it on every call."""
     kept = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
-    kept.update(_kept_slots(inputs.slots))
+    kept.update(kept_slots(inputs.slots))
     return kept
 
 

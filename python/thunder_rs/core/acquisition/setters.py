@@ -26,19 +26,19 @@ from thunder_rs.errors import ThunderNotImplementedError
 class SetterCall:
     """One setting the program made, made again after every call."""
 
-    __slots__ = ("function", "args")
+    __slots__ = ("function", "args", "kwargs")
 
-    def __init__(self, function, args: tuple):
-        self.function, self.args = function, args
+    def __init__(self, function, args: tuple, kwargs: dict | None = None):
+        self.function, self.args, self.kwargs = function, args, kwargs or {}
 
     def effect(self, extras: list):
         return self
 
     def apply(self, extras, flat) -> None:
-        self.function(*self.args)
+        self.function(*self.args, **self.kwargs)
 
 
-def _program(frame):
+def program_of(frame):
     """The program's frame that made the call ``frame`` runs for, if it is being traced."""
     found = program_calling(frame) if recorded_effects() is not None else None
     return None if found is None else found[1]
@@ -46,14 +46,29 @@ def _program(frame):
 
 #: what undoes each setting made while traced, in order (``put_back_setters`` runs them backwards)
 _undo: list = []
+#: guards (``guards.StateGuard``) of state the program read after it made a setting while traced:
+#: what each expects is read again once the settings are undone (``put_back_setters``)
+_settled: list = []
 
 
-def _record(label: str, function, args: tuple, frame, undo) -> None:
-    program = _program(frame)
+def settle_later(guard) -> None:
+    """Where the program read ``guard``'s state after making a setting (``os.environ[k] = v`` then
+    ``os.environ[k]``, ``log.setLevel`` then ``log.info``), what it read is the program's own doing:
+    the guard expects what the state is once the settings are undone, as the tracing found it (the
+    program, given that, makes the same settings and reads the same)."""
+    if _undo:
+        _settled.append(guard)
+
+
+def record_setting(label: str, function, args: tuple, frame, undo, kwargs=None, plain=is_simple) -> None:
+    """Records the setting ``function(*args, **kwargs)`` the program made (the call ``frame``
+    runs for), which ``undo`` undoes once tracing ends: every compiled call makes it again. Its
+    arguments must be ``plain`` (a number or a string), else it is refused naming the line."""
+    program = program_of(frame)
     if program is None:
         return
     _undo.append(undo)
-    if not all(map(is_simple, args)):
+    if not all(map(plain, (*args, *(kwargs or {}).values()))):
         raise ThunderNotImplementedError(
             f"{label}: the program sets it at {program.f_code.co_filename}:{program.f_lineno} from a value that is not "
             "a plain number or string (a traced tensor), which a compiled call cannot set again with later values. "
@@ -61,7 +76,7 @@ def _record(label: str, function, args: tuple, frame, undo) -> None:
         )
     recorded = recorded_effects()
     if recorded is not None:
-        recorded.append(SetterCall(function, args))
+        recorded.append(SetterCall(function, args, kwargs))
 
 
 def _setter(label: str, real, before):
@@ -70,11 +85,11 @@ def _setter(label: str, real, before):
     def set_again(*args):
         frame = sys._getframe(1)
         # (``os.environ[k] = v`` calls ``putenv``: recorded as itself)
-        if frame.f_code in _ENVIRON_WRITES or _program(frame) is None:
+        if frame.f_code in _ENVIRON_WRITES or program_of(frame) is None:
             return real(*args)
         undo = before(*args)
         result = real(*args)
-        _record(label, real, args, frame, undo)
+        record_setting(label, real, args, frame, undo)
         return result
 
     set_again.__name__ = set_again.__qualname__ = getattr(real, "__name__", label)
@@ -102,18 +117,18 @@ def _environ_undo(key):
 
 def _environ_setitem(self, key, value):
     frame = sys._getframe(1)
-    undo = _environ_undo(key) if self is os.environ and _program(frame) is not None else None
+    undo = _environ_undo(key) if self is os.environ and program_of(frame) is not None else None
     _setitem(self, key, value)
     if undo is not None:
-        _record("os.environ", _set_environ, (key, value), frame, undo)
+        record_setting("os.environ", _set_environ, (key, value), frame, undo)
 
 
 def _environ_delitem(self, key):
     frame = sys._getframe(1)
-    undo = _environ_undo(key) if self is os.environ and _program(frame) is not None else None
+    undo = _environ_undo(key) if self is os.environ and program_of(frame) is not None else None
     _delitem(self, key)
     if undo is not None:
-        _record("os.environ", _del_environ, (key,), frame, undo)
+        record_setting("os.environ", _del_environ, (key,), frame, undo)
 
 
 def _putenv_undo(key, *_):
@@ -172,3 +187,6 @@ def put_back_setters() -> None:
     os._Environ.__delitem__ = _delitem  # type: ignore[method-assign]
     while _undo:
         _undo.pop()()
+    while _settled:
+        guard = _settled.pop()
+        guard.expected = guard.read()

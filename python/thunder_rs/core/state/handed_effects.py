@@ -43,6 +43,7 @@ from thunder_rs.core.state.c_effects import (
     refuse_c_effect,
 )
 from thunder_rs.core.state.cached_reads import register_stand_in
+from thunder_rs.core.state.clocks import reads_clock, refuse_c_call
 from thunder_rs.core.state.hook import program_frame, thread_state
 
 
@@ -82,7 +83,15 @@ def passing_on(code) -> bool:
     return code in _PASSING_ON
 
 
-def _stand_in(function, called=None, made=None):
+def _refuse_clock(frame, function) -> None:
+    """Refuses ``function``, a builtin reading the wall clock (``clocks.C_READERS``), called by the
+    program's frame (or a C caller it runs)."""
+    found = program_calling(frame)
+    if found is not None:
+        refuse_c_call(found[1], function)
+
+
+def _stand_in(function, called=None, made=None, refuse=_refuse):
     """A Python function refusing ``function``'s call by the program while it is traced, calling
     ``called`` (``function`` by default: a ``partial`` of it) otherwise; kept in ``made`` (for one
     tracing: its id is let go with it, ``put_back_held``)."""
@@ -90,7 +99,7 @@ def _stand_in(function, called=None, made=None):
 
     @functools.wraps(function)
     def stand_in(*args, **kwargs):
-        _refuse(sys._getframe(1), function)
+        refuse(sys._getframe(1), function)
         return called(*args, **kwargs)
 
     _stand_ins.add(id(stand_in))
@@ -210,10 +219,13 @@ def put_back_held() -> None:
 
 def bound_stand_in(value, observer):
     """A stand-in for ``value`` if it is a builtin that makes an effect outside the program (a
-    file object's ``write``, bound before tracing), or a ``functools.partial`` of one; else None."""
+    file object's ``write``, bound before tracing) or reads the wall clock (``datetime.datetime.now``),
+    or a ``functools.partial`` of one; else None."""
     function = value.func if type(value) is functools.partial else value
     if type(function) is not types.BuiltinMethodType:
         return None
+    if reads_clock(function):  # (``datetime.datetime.now``: ``clocks``)
+        return _stand_in(function, value, _made, _refuse_clock)
     owner = function.__self__
     reads = function.__name__ in FILE_READS and isinstance(owner, FILES) and observer.reached_from_outside(owner)
     if not reads and effect(function, observer) is None:

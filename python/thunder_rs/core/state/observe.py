@@ -51,6 +51,7 @@ from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
 from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
+from thunder_rs.core.state.clocks import refuse_handed_clocks
 from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.reached import ArgumentTensor
@@ -381,6 +382,7 @@ class Observer(AttributeReads):
         # (``in`` hashes the code object, all of its contents, even where nothing is cached)
         if self._cached and code in self._cached:
             cached_call(self._cached[code], frame, self.state.containers.cached_calls)
+        refuse_handed_clocks(frame)
         self._on_code(code, frame.f_globals, frame, 1)
         if types := code_reads(code).types:
             read_types(types, frame.f_locals, frame.f_globals, code.co_filename)

@@ -14,8 +14,14 @@ the first trace, calling straight through in eager code):
   (``self.training and random.uniform(0, 1) < self.layerdrop`` with ``layerdrop`` 0, a guarded
   module attribute);
 - other draws (arrays, choices, shuffles, samples) raise at once;
-- seeding, and draws these wrappers do not see (a function imported from ``random`` before tracing
-  started), are found by comparing the generators' states before and after tracing, and refused.
+- seeding (``random.seed(0)``, ``np.random.seed(0)``) with a plain seed (or none: the system's
+  entropy, as eager seeds on every call) is made then, so the draws after it are of the seeded
+  generator, undone once tracing ends, and repeated by every call in order with the draws, as
+  eager seeds on every call; tracing seeded once before, and a generator reseeded between calls
+  stayed so. A seed of another kind is refused naming the line;
+- draws these wrappers do not see (a function imported from ``random`` before tracing started;
+  ``seed`` is looked up where the program bound it, ``cached_reads.register_stand_in``) are found
+  by comparing the generators' states before and after tracing (after the last seed), and refused.
   Reading the state, or setting it back, is allowed.
 """
 
@@ -27,6 +33,7 @@ import random as _random
 import sys
 import threading
 
+from thunder_rs.core.state.cached_reads import register_stand_in
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
@@ -243,14 +250,17 @@ class _Generator:
     """A global generator: the module whose functions draw from it, its functions (the originals,
     taken once), the scalar draws among them, and how to draw without advancing it."""
 
-    def __init__(self, name: str, module, instance, scalars: dict, fork, state):
+    def __init__(self, name: str, module, instance, scalars: dict, fork, state, states: tuple):
         self.name, self.module, self.instance, self.scalars = name, module, instance, scalars
         self.functions = {
             n: f
             for n, f in vars(module).items()
             if n not in _STATE_FUNCTIONS and (getattr(f, "__self__", None) is instance or n in _MODULE_FUNCTIONS)
         }
-        self._fork, self.state = fork, state
+        #: ``seed``, the module's (the original, taken once)
+        self.seed = vars(module)["seed"]
+        #: ``state()`` compares states; ``states``: ``(get, set)`` of the generator's own state
+        self._fork, self.state, self.states = fork, state, states
         self.installed = False
 
     def peek(self, name: str, args, kwargs):
@@ -274,6 +284,7 @@ _PYTHON = _Generator(
     _PYTHON_SCALARS,
     _python_fork,
     _random._inst.getstate,
+    (_random._inst.getstate, _random._inst.setstate),
 )
 _numpy: list = []
 
@@ -297,7 +308,13 @@ def _numpy_generator():
 
         _numpy.append(
             _Generator(
-                "NumPy's global random generator (numpy.random)", nr, nr.mtrand._rand, _NUMPY_SCALARS, fork, state
+                "NumPy's global random generator (numpy.random)",
+                nr,
+                nr.mtrand._rand,
+                _NUMPY_SCALARS,
+                fork,
+                state,
+                (nr.mtrand._rand.get_state, nr.mtrand._rand.set_state),
             )
         )
     return _numpy[0] if _numpy else None
@@ -367,6 +384,29 @@ def _wrap(generator: _Generator, name: str, original):
     return draw
 
 
+def _seeding(generator: _Generator, original):
+    """``seed`` of ``generator``'s module while a program is traced: seeds it (the draws after it
+    peek at the seeded generator), records the seeding among the draws, to be made by every call,
+    and notes the state it made (``recording_draws`` undoes it)."""
+    site = f"{generator.module.__name__}.seed"
+
+    @functools.wraps(original)
+    def seed(*args, **kwargs):
+        recorded = _draws.get()
+        if recorded is None or thread_state.inside:
+            return original(*args, **kwargs)
+        if not (_plain(args) and _plain(list(kwargs.values()))):
+            raise _draw_error(site, generator, user_location(), "its seed is not a plain number or string")
+        result = original(*args, **kwargs)
+        recorded.append(DrawCall(original, args, kwargs))
+        _seeded.get({})[generator.name] = generator.state()
+        return result
+
+    return seed
+
+
+#: per tracing: the name of each generator the program seeded -> its state after the last seeding
+_seeded: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_seeded")
 _install_lock = threading.Lock()
 
 
@@ -379,26 +419,36 @@ def _install(generators) -> None:
                 generator.installed = True
                 for name, original in generator.functions.items():
                     setattr(generator.module, name, _wrap(generator, name, original))
+                generator.module.seed = _seeding(generator, generator.seed)
+                # (also where the program bound it before: ``from random import seed``)
+                register_stand_in(generator.seed, generator.module.seed)
 
 
 @contextlib.contextmanager
 def recording_draws(draws: list):
     """While the ``with`` body traces a program, its draws from the global generators are recorded
-    into ``draws`` (``DrawCall``) or refused; a generator that advanced anyway is refused after."""
+    into ``draws`` (``DrawCall``) or refused, and its seedings made and recorded there, undone
+    after; a generator that advanced anyway (since its last seeding) is refused after."""
     generators = _generators()
-    before = [g.state() for g in generators]
-    token = _draws.set(draws)
+    before = [(g.state(), g.states[0]()) for g in generators]
+    seeded: dict = {}
+    token, seeds = _draws.set(draws), _seeded.set(seeded)
     _install(generators)
     try:
         yield
     finally:
         _draws.reset(token)
-    for generator, state in zip(generators, before):
-        if generator.state() != state:
+        _seeded.reset(seeds)
+        after = [g.state() for g in generators]
+        for generator, (_, raw) in zip(generators, before):
+            if generator.name in seeded:
+                generator.states[1](raw)  # (every call seeds it again, the first one too)
+    for generator, (state, _), now in zip(generators, before, after):
+        if now != seeded.get(generator.name, state):
             raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the program changed the state of {generator.name} while it was traced (seeding "
-                f"it, or drawing through a function imported from {generator.module.__name__} before tracing, or a "
-                "draw in another thread); a compiled call would not do it again. Seed outside the jitted function, "
+                f"thunder_rs.jit: the program changed the state of {generator.name} while it was traced (drawing "
+                f"or seeding through a function imported from {generator.module.__name__} before tracing, or a draw "
+                "in another thread); a compiled call would not do it again. Seed outside the jitted function, "
                 "and draw with torch (torch.rand, torch.randint, torch.randperm), which thunder_rs draws on every "
                 "call"
             )

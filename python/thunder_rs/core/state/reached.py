@@ -71,7 +71,7 @@ class ArgumentTensor:
     #: its dims whose sizes the trace takes as size inputs (``core.acquisition.dynamic``): the
     #: guard on its metadata leaves them out
     symbolic: frozenset = frozenset()
-    #: the proxy put in its place while the program is traced (``acquire._stand_ins``), or None
+    #: the proxy put in its place while the program is traced (``traced_inputs.put_stand_ins``), or None
     stand_in: object = None
 
     def used(self) -> "ArgumentTensor":

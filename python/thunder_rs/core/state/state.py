@@ -209,7 +209,7 @@ class ProgramState:
         self._objects: dict = {}
         self._argument_tensors = argument_tensors or {}
         #: ``{(id of the holder's attributes, name): int or float}`` of the ints the trace takes as
-        #: size inputs and the floats it takes as inputs (``acquire._int_stand_ins``): any may be there
+        #: size inputs and the floats it takes as inputs (``traced_inputs.int_stand_ins``): any may be there
         self.symbolic_ints: dict = {}
         #: the lists and dicts of lasting state read, whose changes every call repeats
         self.containers = StateContainers()
