@@ -82,6 +82,8 @@ def cpu_scalar_arithmetic(prim, op: str, a, b, kind=DEFAULT):
     product's gradient puts it second again: ``cpu_scalar_times``.)"""
     if _cpu_scalar_pair(a, b):
         _, result = clang.promote(op, (a, b), kind)
+        if result in LOW_PRECISION and b.dtype != result and prim is prims.mul and kind == DEFAULT:
+            return cpu_times_scalar(a, b)
         if result in LOW_PRECISION and b.dtype != result:
             wide = clang.elementwise(
                 prim, op, clang.maybe_convert(a, torch.float32), clang.maybe_convert(b, torch.float32), kind=kind
@@ -123,6 +125,34 @@ def cpu_scalar_times_grad(scalar, tensor):
     if tensor.requires_grad:
         grad = cpu_scalar_arithmetic(prims.mul, "ltorch.mul", g, scalar)
         put_grad(tensor, cast(sum_to(grad, tensor.shape), tensor.dtype))
+    if scalar.requires_grad:
+        put_grad(scalar, cast(sum_to(ltorch.mul(g, tensor), scalar.shape), scalar.dtype))
+    return out
+
+
+@torchsymbol(name="cpu_times_scalar")
+def cpu_times_scalar(tensor, scalar):
+    """``tensor * scalar`` of a 0-d CPU tensor of another dtype than the half-precision result
+    (CLIP's ``logits_per_text * self.logit_scale.exp()`` under autocast), as eager's CPU kernel
+    computes it: the scalar at its float32 value, the product rounded once (``cpu_scalar_arithmetic``)."""
+    _, result = clang.promote("ltorch.mul", (tensor, scalar), DEFAULT)
+    f32 = torch.float32
+    wide = clang.elementwise(
+        prims.mul, "ltorch.mul", clang.maybe_convert(tensor, f32), clang.maybe_convert(scalar, f32)
+    )
+    return clang.maybe_convert(wide, result)
+
+
+@register_grad(cpu_times_scalar)
+def cpu_times_scalar_grad(tensor, scalar):
+    """Eager's ``MulBackward0``: the tensor's gradient is ``grad * scalar`` (the scalar at its own
+    value, rounded once); the scalar's ``grad * tensor`` in the result's dtype, summed to it in
+    that dtype and then cast to the scalar's (the wide product's VJP summed it in float32: CLIP's
+    ``logit_scale`` gradient under bfloat16 autocast 0.1% off)."""
+    out = cpu_times_scalar(tensor, scalar)
+    g = get_grad(out)
+    if tensor.requires_grad:
+        put_grad(tensor, cast(sum_to(cpu_times_scalar(g, scalar), tensor.shape), tensor.dtype))
     if scalar.requires_grad:
         put_grad(scalar, cast(sum_to(ltorch.mul(g, tensor), scalar.shape), scalar.dtype))
     return out
