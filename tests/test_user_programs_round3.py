@@ -131,3 +131,29 @@ def test_clip_with_its_logit_scale_second_under_bfloat16_autocast_trains_as_eage
     differentiated the product computed in float32 and summed there (the scale's gradient 0.1%
     off: transformers' CLIPModel under bfloat16 autocast). ``ltorch.cpu_times_scalar``."""
     trains_as_eager(ScaledClipScaleSecond, image_text_pairs_under_autocast)
+
+
+class Tempered(torch.nn.Module):
+    """Logits over a learnt temperature (``logits / self.log_temperature.exp()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 4)
+        self.log_temperature = torch.nn.Parameter(torch.tensor(0.7))
+
+    def forward(self, x, labels):
+        logits = self.linear(x) / self.log_temperature.exp()
+        return F.cross_entropy(logits.float(), labels), logits
+
+
+def tempered_under_autocast(model, step):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, logits = model(torch.randn(5, 6), torch.randint(0, 4, (5,)))
+    return loss, [logits]
+
+
+def test_a_learnt_temperature_under_bfloat16_autocast_trains_as_eager():
+    """``features / temperature`` of bfloat16 features and a float32 0-d temperature: eager's
+    gradient of the temperature is ``-grad * ((features / t) / t)`` in bfloat16, summed in
+    bfloat16, then made float32; the trace differentiated the float32 quotient and summed there."""
+    trains_as_eager(Tempered, tempered_under_autocast)

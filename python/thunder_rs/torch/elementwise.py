@@ -428,6 +428,14 @@ def div_grad(input, other, *, rounding_mode=None):
     """A rounded division has eager's zero gradients: differentiating the rounding gave zeros
     too, but NaN where ``other`` is 0 (zero times the infinite quotient's derivative)."""
     out = ltorch.div(input, other, rounding_mode=rounding_mode)
+    if (
+        rounding_mode is None
+        and _cpu_scalar_pair(input, other)
+        and out.dtype in LOW_PRECISION
+        and other.dtype != out.dtype
+    ):
+        _put_scalar_quotient_grads(get_grad(out), input, other)
+        return out
     if rounding_mode is None or not out.dtype.is_floating_point:
         return out  # the decomposition's VJP
     g = get_grad(out)
@@ -436,6 +444,19 @@ def div_grad(input, other, *, rounding_mode=None):
             # eager's zeros_like(grad): the cotangent's layout, not the operand's
             put_grad(x, sum_to(ltorch.zeros_like(g, dtype=x.dtype), x.shape))
     return out
+
+
+def _put_scalar_quotient_grads(g, input, other) -> None:
+    """Eager's ``DivBackward0`` of a half-precision tensor over a 0-d CPU tensor of another dtype
+    (``cpu_scalar_arithmetic``'s): ``grad / other`` and ``-grad * ((input / other) / other)``,
+    each in the quotient's dtype, summed there, then cast to the operand's (the wide quotient's
+    VJP computed and summed the divisor's in float32: a learnt temperature's gradient under
+    bfloat16 autocast off)."""
+    if input.requires_grad:
+        put_grad(input, cast(sum_to(ltorch.div(g, other), input.shape), input.dtype))
+    if other.requires_grad:
+        ratio = ltorch.div(ltorch.div(input, other), other)
+        put_grad(other, cast(sum_to(ltorch.mul(ltorch.neg(g), ratio), other.shape), other.dtype))
 
 
 def _remainder_grad(symbol, rounding_mode: str, reflected: bool = False):
