@@ -6,6 +6,7 @@ gradient accumulation, recurrent layers over variable lengths. The models sit in
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.func import functional_call
 
 import thunder_rs
@@ -110,3 +111,49 @@ def test_clip_with_its_logit_scale_first_under_bfloat16_autocast_trains_as_eager
     at its float32 value (its CPU kernel's ``original_scalar_value``); the trace's gradient used
     the rounded scale, up to 3% off in the image projection's gradient."""
     trains_as_eager(ScaledClip, image_text_pairs_under_autocast)
+
+
+class ScaledClipScaleSecond(ScaledClip):
+    """``ScaledClip`` with the logit scale second (``logits_per_text * logit_scale.exp()``, as
+    transformers 5's CLIPModel writes it)."""
+
+    def forward(self, images, tokens):
+        image = F.normalize(self.image(images), dim=-1)
+        text = F.normalize(self.text(tokens).mean(1), dim=-1)
+        logits = image @ text.t() * self.logit_scale.exp()
+        labels = torch.arange(images.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2, logits
+
+
+def test_clip_with_its_logit_scale_second_under_bfloat16_autocast_trains_as_eager():
+    """``features * scale`` of bfloat16 features and a float32 0-d scale: eager's gradient of the
+    scale is ``grad * features`` in bfloat16, summed in bfloat16, then made float32; the trace
+    differentiated the product computed in float32 and summed there (the scale's gradient 0.1%
+    off: transformers' CLIPModel under bfloat16 autocast). ``ltorch.cpu_times_scalar``."""
+    trains_as_eager(ScaledClipScaleSecond, image_text_pairs_under_autocast)
+
+
+class Tempered(torch.nn.Module):
+    """Logits over a learnt temperature (``logits / self.log_temperature.exp()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 4)
+        self.log_temperature = torch.nn.Parameter(torch.tensor(0.7))
+
+    def forward(self, x, labels):
+        logits = self.linear(x) / self.log_temperature.exp()
+        return F.cross_entropy(logits.float(), labels), logits
+
+
+def tempered_under_autocast(model, step):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, logits = model(torch.randn(5, 6), torch.randint(0, 4, (5,)))
+    return loss, [logits]
+
+
+def test_a_learnt_temperature_under_bfloat16_autocast_trains_as_eager():
+    """``features / temperature`` of bfloat16 features and a float32 0-d temperature: eager's
+    gradient of the temperature is ``-grad * ((features / t) / t)`` in bfloat16, summed in
+    bfloat16, then made float32; the trace differentiated the float32 quotient and summed there."""
+    trains_as_eager(Tempered, tempered_under_autocast)

@@ -183,7 +183,8 @@ def binary_samples(
 ) -> Iterable[SampleInput]:
     """Operand pairs of `shapes`, non-contiguous operands, Python scalars on the right, and a right
     operand of another dtype (0-dim, which does not take part in promotion, and full-size).
-    `scalar_first`: also a 0-dim float32 operand on the left of a bfloat16 one (``ltorch.cpu_scalar_times``).
+    `scalar_first`: also a 0-dim float32 operand on the left of a bfloat16 one (``ltorch.cpu_scalar_times``),
+    and on its right (``ltorch.cpu_times_scalar``).
 
     `lhs`/`rhs` are each operand's domain, as keyword arguments of `make`.
     """
@@ -199,6 +200,7 @@ def binary_samples(
             yield SampleInput(make((3, 4), dtype, device, **lhs), make(shape, other, device, **rhs))
     if scalar_first and dtype == torch.float32:
         yield SampleInput(make((), dtype, device, **lhs), make((3, 4), torch.bfloat16, device, **rhs))
+        yield SampleInput(make((3, 4), torch.bfloat16, device, **lhs), make((), dtype, device, **rhs))
 
 
 def broadcast_mismatch() -> Iterable[ErrorInput]:

@@ -68,6 +68,7 @@ pub mod manager;
 pub mod partition;
 pub mod pipeline;
 pub mod plan;
+pub mod reentrant;
 pub mod reuse;
 pub mod rewrite;
 pub mod split;
@@ -81,5 +82,6 @@ pub use manager::{
 };
 pub use pipeline::{ClaimChecker, Options, PassCx};
 pub use plan::{LeafCall, Plan, RegionCode};
+pub use reentrant::Checkpoint;
 pub use split::{split, Split};
-pub use vjp::{joint, Joint};
+pub use vjp::{joint, joint_checkpointed, Joint};

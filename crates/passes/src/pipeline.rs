@@ -16,6 +16,7 @@ use crate::differentiable::detached_outputs;
 use crate::lifetimes::del_last_used;
 use crate::partition::{partition, Partition, RegionPlan};
 use crate::plan::Plan;
+use crate::reentrant::Checkpoint;
 use crate::reuse::reuse_receivers;
 use crate::rewrite::Rule;
 use crate::vjp::{differentiable_outputs, Joint};
@@ -198,6 +199,9 @@ pub struct Options<'a> {
     /// which no gradient flows (see [`crate::vjp::joint_without`], [`crate::split::backward_from`]
     /// and [`crate::absent`]). Empty for a whole compilation.
     pub absent_cotangents: &'a [usize],
+    /// The reentrant activation checkpoints the program ran, whose gradients the VJP pass sums
+    /// apart as eager does (see [`crate::reentrant`]).
+    pub checkpoints: &'a [Checkpoint],
 }
 
 /// What a stage made: the trace the next stage of its half reads (and its record keeps).
@@ -279,13 +283,13 @@ fn acquired(trace: &Trace, _unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
 
 /// The joint forward and backward trace (see [`crate::vjp`]).
 fn vjp(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
-    let Some(joint) = crate::vjp::joint(trace)? else {
+    let Some(joint) = crate::vjp::joint_checkpointed(trace, unit.options.checkpoints)? else {
         bail!(Runtime, "vjp", "the program has no output that requires grad");
     };
     unit.grad_outputs = grad_output_positions(trace);
     let absent = unit.options.absent_cotangents;
     if !absent.is_empty() {
-        unit.partial = crate::vjp::joint_without(trace, absent)?;
+        unit.partial = crate::vjp::joint_with(trace, absent, unit.options.checkpoints)?;
     }
     let out = joint.trace.clone();
     unit.joint = Some(joint);

@@ -7,6 +7,7 @@
 //! `<name>.vjp` call that torch.autograd differentiates at run time. Only tensors that require
 //! grad receive gradients, so integer and boolean values never do.
 
+use crate::reentrant::{backprop_checkpointed, Checkpoint};
 use crate::PassCx;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::ops::Range;
@@ -50,7 +51,7 @@ pub fn vjp(trace: &Trace, _cx: &PassCx) -> Result<Trace> {
 
 /// Builds the joint trace, or `None` when no output requires grad.
 pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
-    joint_without(trace, &[])
+    joint_with(trace, &[], &[])
 }
 
 /// [`joint`] for a backward that reaches only some outputs: the cotangents at the indices
@@ -62,6 +63,17 @@ pub fn joint(trace: &Trace) -> Result<Option<Joint>> {
 /// `-Q^H gQ`, not `0 R^H - Q^H gQ`; `eigh`'s from the eigenvalues alone `V diag(gL) V^H`).
 /// Values computed only from absent cotangents are never made, so nothing is added to zeros.
 pub fn joint_without(trace: &Trace, absent: &[usize]) -> Result<Option<Joint>> {
+    joint_with(trace, absent, &[])
+}
+
+/// [`joint`] of a program that ran the reentrant activation `checkpoints`, whose gradients it
+/// sums as eager does (see [`crate::reentrant`]).
+pub fn joint_checkpointed(trace: &Trace, checkpoints: &[Checkpoint]) -> Result<Option<Joint>> {
+    joint_with(trace, &[], checkpoints)
+}
+
+/// [`joint_without`] and [`joint_checkpointed`] together.
+pub fn joint_with(trace: &Trace, absent: &[usize], checkpoints: &[Checkpoint]) -> Result<Option<Joint>> {
     let outputs = differentiable_outputs(trace);
     if outputs.is_empty() {
         return Ok(None);
@@ -78,7 +90,11 @@ pub fn joint_without(trace: &Trace, absent: &[usize]) -> Result<Option<Joint>> {
                 cots.accumulate(&mut e, o, c)?;
             }
         }
-        backprop(&mut e, &mut cots, &trace.bsyms)?;
+        if checkpoints.is_empty() {
+            backprop(&mut e, &mut cots, &trace.bsyms)?;
+        } else {
+            backprop_checkpointed(&mut e, &mut cots, trace, checkpoints)?;
+        }
     }
     let backward = builder.take_bsyms();
     let facts = Arc::new(builder.facts().clone());
@@ -222,7 +238,7 @@ fn reads_values_requiring_grad(builder: &TraceBuilder, bsyms: &[BoundSymbol]) ->
 
 /// The cotangent accumulated so far for each value.
 #[derive(Default)]
-struct Cotangents {
+pub(crate) struct Cotangents {
     of: FxHashMap<ValueId, ValueId>,
     /// Whether a grad rule's backward is emitted with values of its own (a backward recorded
     /// into the program it differentiates, which the VJP pass may differentiate again and emit
@@ -240,8 +256,28 @@ impl Cotangents {
         self.of.get(&v).copied()
     }
 
+    /// Removes and returns the cotangent of `v`.
+    pub(crate) fn take(&mut self, v: ValueId) -> Option<ValueId> {
+        self.of.remove(&v)
+    }
+
+    /// Makes `g` the cotangent of `v`.
+    pub(crate) fn set(&mut self, v: ValueId, g: ValueId) {
+        self.of.insert(v, g);
+    }
+
+    /// Empty cotangents emitted as these are (for a backward summed apart).
+    pub(crate) fn apart(&self) -> Cotangents {
+        Cotangents { of: FxHashMap::default(), fresh: self.fresh, decompose: self.decompose }
+    }
+
+    /// Each value with its cotangent.
+    pub(crate) fn into_values(self) -> Vec<(ValueId, ValueId)> {
+        self.of.into_iter().collect()
+    }
+
     /// Adds `g` to the cotangent of `v`, if `v` is a tensor that requires grad.
-    fn accumulate(&mut self, e: &mut Emitter, v: ValueId, g: ValueId) -> Result<()> {
+    pub(crate) fn accumulate(&mut self, e: &mut Emitter, v: ValueId, g: ValueId) -> Result<()> {
         let wants = matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.requires_grad);
         if !wants {
             return Ok(());
@@ -263,7 +299,7 @@ fn is_whole(bsym: &BoundSymbol) -> bool {
 }
 
 /// Emits the backward of `bsyms` (in reverse), accumulating into `cots`.
-fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Result<()> {
+pub(crate) fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Result<()> {
     for bsym in bsyms.iter().rev() {
         let out_cots: Vec<Option<ValueId>> = bsym.outputs.iter().map(|&o| cots.get(o)).collect();
         if out_cots.iter().all(Option::is_none) {

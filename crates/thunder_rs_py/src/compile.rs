@@ -1,11 +1,11 @@
 //! The compile entry point: converts the checker callback, and runs
 //! the pipeline's table (`passes::pipeline::PIPELINE`, every stage) through `passes::compile`.
 
-use passes::{Options, PassCx, SymKey};
+use passes::{Checkpoint, Options, PassCx, SymKey};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use trace_ir::BoundSymbol;
+use trace_ir::{BoundSymbol, ValueId};
 
 use crate::convert::from_arg;
 use crate::errors::{no_panic, py_result};
@@ -21,13 +21,16 @@ use crate::trace::PyTrace;
 ///
 /// `differentiable` compiles the program to run under torch's autograd instead
 /// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.
+/// `checkpoints` are the reentrant activation checkpoints the program ran, `(first value id, end
+/// value id, ids of the tensors passed)` each, whose gradients the backward sums as eager does.
 ///
 /// Returns a `Compiled`: the traces after each stage, the last being the execution trace whose
 /// `str()` is the Python source to exec; for a program with an output that requires grad, the
 /// backward's traces likewise (else none), and the positions of the flat outputs that receive
 /// cotangents.
 #[pyfunction]
-#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false))]
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false, checkpoints=Vec::new()))]
+#[allow(clippy::too_many_arguments)] // (the Python signature's)
 pub fn compile(
     acquired: &PyTrace,
     table: &ExecutorTable,
@@ -36,9 +39,28 @@ pub fn compile(
     consts: Bound<'_, PyList>,
     passes: Vec<String>,
     differentiable: bool,
+    checkpoints: Vec<CheckpointSpec>,
 ) -> PyResult<Compiled> {
-    let options = Options { executors: &table.executors, passes: &passes, differentiable, absent_cotangents: &[] };
+    let checkpoints = to_checkpoints(checkpoints);
+    let options = Options {
+        executors: &table.executors,
+        passes: &passes,
+        differentiable,
+        absent_cotangents: &[],
+        checkpoints: &checkpoints,
+    };
     run(acquired, &options, checker, make_proxy, consts)
+}
+
+/// A reentrant checkpoint as Python gives it: `(first value id, end value id, ids of the tensors passed)`.
+type CheckpointSpec = (usize, usize, Vec<u32>);
+
+fn to_checkpoints(specs: Vec<CheckpointSpec>) -> Vec<Checkpoint> {
+    let checkpoint = |(start, end, inputs): CheckpointSpec| Checkpoint {
+        values: start..end,
+        inputs: inputs.into_iter().map(ValueId).collect(),
+    };
+    specs.into_iter().map(checkpoint).collect()
 }
 
 /// Compiles the backward alone (`Compiled.forward` is the program half's stages), as `compile`
@@ -50,6 +72,8 @@ pub fn compile(
 /// (`passes::absent`). Raises NotImplementedError where that fails too (the caller then passes
 /// zeros to the whole backward).
 #[pyfunction]
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes, absent_cotangents, checkpoints=Vec::new()))]
+#[allow(clippy::too_many_arguments)] // (the Python signature's)
 pub fn compile_backward(
     acquired: &PyTrace,
     table: &ExecutorTable,
@@ -58,12 +82,20 @@ pub fn compile_backward(
     consts: Bound<'_, PyList>,
     passes: Vec<String>,
     absent_cotangents: Vec<usize>,
+    checkpoints: Vec<CheckpointSpec>,
 ) -> PyResult<Compiled> {
     let absent_cotangents = absent_cotangents.as_slice();
     if absent_cotangents.is_empty() {
         return Err(pyo3::exceptions::PyValueError::new_err("compile_backward: no absent cotangent"));
     }
-    let options = Options { executors: &table.executors, passes: &passes, differentiable: false, absent_cotangents };
+    let checkpoints = to_checkpoints(checkpoints);
+    let options = Options {
+        executors: &table.executors,
+        passes: &passes,
+        differentiable: false,
+        absent_cotangents,
+        checkpoints: &checkpoints,
+    };
     run(acquired, &options, checker, make_proxy, consts)
 }
 

@@ -34,7 +34,7 @@ from thunder_rs.torch.common import (
 )
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.fused_attention import fused_attention
-from thunder_rs.torch.linalg import matmul
+from thunder_rs.torch.linalg import eager_matmul_grads, matmul
 from thunder_rs.torch.nn import dropout, softmax_backward, tensor_softmax
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import same_shape
@@ -389,12 +389,16 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
     dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
     if attn_mask is not None and attn_mask.requires_grad:
         put_grad(attn_mask, cast(sum_to(dscores, attn_mask.shape), attn_mask.dtype))
-    # (a product's gradient summed over the batch dims it broadcast, then scaled, as eager's nodes run)
-    if query.requires_grad:
-        grad = sum_to(ltorch.matmul(dscores, ltorch.transpose(key_scaled, -1, -2)), query.shape) * factor
+    # (the product's gradients as eager's matmul backward computes them, each from its operands as
+    # laid out there: a product with a transposed or a copied operand rounds otherwise; summed
+    # over the batch dims it broadcast, then scaled, as eager's nodes run)
+    wanted = (query.requires_grad, key.requires_grad)
+    first, second = eager_matmul_grads(dscores, query_scaled, key_scaled, wanted)
+    if first is not None:
+        grad = sum_to(first, query.shape) * factor
         put_grad(query, cast(-grad if scale is not None and scale < 0 else grad, query.dtype))
-    if key.requires_grad:
-        grad = sum_to(ltorch.matmul(ltorch.transpose(query_scaled, -1, -2), dscores), key_scaled.shape) * factor
+    if second is not None:
+        grad = second * factor
         put_grad(key, cast(_unrepeat(ltorch.transpose(grad, -1, -2), key, grouped), key.dtype))
 
 

@@ -82,6 +82,8 @@ def cpu_scalar_arithmetic(prim, op: str, a, b, kind=DEFAULT):
     product's gradient puts it second again: ``cpu_scalar_times``.)"""
     if _cpu_scalar_pair(a, b):
         _, result = clang.promote(op, (a, b), kind)
+        if result in LOW_PRECISION and b.dtype != result and prim is prims.mul and kind == DEFAULT:
+            return cpu_times_scalar(a, b)
         if result in LOW_PRECISION and b.dtype != result:
             wide = clang.elementwise(
                 prim, op, clang.maybe_convert(a, torch.float32), clang.maybe_convert(b, torch.float32), kind=kind
@@ -123,6 +125,34 @@ def cpu_scalar_times_grad(scalar, tensor):
     if tensor.requires_grad:
         grad = cpu_scalar_arithmetic(prims.mul, "ltorch.mul", g, scalar)
         put_grad(tensor, cast(sum_to(grad, tensor.shape), tensor.dtype))
+    if scalar.requires_grad:
+        put_grad(scalar, cast(sum_to(ltorch.mul(g, tensor), scalar.shape), scalar.dtype))
+    return out
+
+
+@torchsymbol(name="cpu_times_scalar")
+def cpu_times_scalar(tensor, scalar):
+    """``tensor * scalar`` of a 0-d CPU tensor of another dtype than the half-precision result
+    (CLIP's ``logits_per_text * self.logit_scale.exp()`` under autocast), as eager's CPU kernel
+    computes it: the scalar at its float32 value, the product rounded once (``cpu_scalar_arithmetic``)."""
+    _, result = clang.promote("ltorch.mul", (tensor, scalar), DEFAULT)
+    f32 = torch.float32
+    wide = clang.elementwise(
+        prims.mul, "ltorch.mul", clang.maybe_convert(tensor, f32), clang.maybe_convert(scalar, f32)
+    )
+    return clang.maybe_convert(wide, result)
+
+
+@register_grad(cpu_times_scalar)
+def cpu_times_scalar_grad(tensor, scalar):
+    """Eager's ``MulBackward0``: the tensor's gradient is ``grad * scalar`` (the scalar at its own
+    value, rounded once); the scalar's ``grad * tensor`` in the result's dtype, summed to it in
+    that dtype and then cast to the scalar's (the wide product's VJP summed it in float32: CLIP's
+    ``logit_scale`` gradient under bfloat16 autocast 0.1% off)."""
+    out = cpu_times_scalar(tensor, scalar)
+    g = get_grad(out)
+    if tensor.requires_grad:
+        put_grad(tensor, cast(sum_to(cpu_times_scalar(g, scalar), tensor.shape), tensor.dtype))
     if scalar.requires_grad:
         put_grad(scalar, cast(sum_to(ltorch.mul(g, tensor), scalar.shape), scalar.dtype))
     return out
@@ -398,6 +428,14 @@ def div_grad(input, other, *, rounding_mode=None):
     """A rounded division has eager's zero gradients: differentiating the rounding gave zeros
     too, but NaN where ``other`` is 0 (zero times the infinite quotient's derivative)."""
     out = ltorch.div(input, other, rounding_mode=rounding_mode)
+    if (
+        rounding_mode is None
+        and _cpu_scalar_pair(input, other)
+        and out.dtype in LOW_PRECISION
+        and other.dtype != out.dtype
+    ):
+        _put_scalar_quotient_grads(get_grad(out), input, other)
+        return out
     if rounding_mode is None or not out.dtype.is_floating_point:
         return out  # the decomposition's VJP
     g = get_grad(out)
@@ -406,6 +444,19 @@ def div_grad(input, other, *, rounding_mode=None):
             # eager's zeros_like(grad): the cotangent's layout, not the operand's
             put_grad(x, sum_to(ltorch.zeros_like(g, dtype=x.dtype), x.shape))
     return out
+
+
+def _put_scalar_quotient_grads(g, input, other) -> None:
+    """Eager's ``DivBackward0`` of a half-precision tensor over a 0-d CPU tensor of another dtype
+    (``cpu_scalar_arithmetic``'s): ``grad / other`` and ``-grad * ((input / other) / other)``,
+    each in the quotient's dtype, summed there, then cast to the operand's (the wide quotient's
+    VJP computed and summed the divisor's in float32: a learnt temperature's gradient under
+    bfloat16 autocast off)."""
+    if input.requires_grad:
+        put_grad(input, cast(sum_to(ltorch.div(g, other), input.shape), input.dtype))
+    if other.requires_grad:
+        ratio = ltorch.div(ltorch.div(input, other), other)
+        put_grad(other, cast(sum_to(ltorch.mul(ltorch.neg(g), ratio), other.shape), other.dtype))
 
 
 def _remainder_grad(symbol, rounding_mode: str, reflected: bool = False):

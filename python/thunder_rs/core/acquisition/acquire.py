@@ -43,7 +43,7 @@ from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy,
 from thunder_rs.core.lang import saved_outputs, symint, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
-from thunder_rs.core.lang.torch_overrides import tracing_overrides
+from thunder_rs.core.lang.torch_overrides import noting_checkpoints, tracing_overrides
 from thunder_rs.core.lang.snapshots import FirstOutputs
 from thunder_rs.core.lang.values import ValueReads, reading
 from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
@@ -132,6 +132,8 @@ class Acquired:
     #: per flat output position, a tensor the program made (``saved_outputs.OutputMade``): the node and
     #: version eager's error names where the caller writes it before the backward
     made_outputs: dict = field(default_factory=dict)
+    #: the reentrant activation checkpoints the program ran with grad (``torch_overrides.noting_checkpoints``)
+    checkpoints: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -466,7 +468,7 @@ def acquire(
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
-        with version_tracking.tracking() as saves:
+        with version_tracking.tracking() as saves, noting_checkpoints(rec) as checkpoints:
             out, observer, writes, repeated, inputs, (inference, hooks, through_leaves) = _trace_program(
                 fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
             )
@@ -521,6 +523,7 @@ def acquire(
         stale_saves=stale_saves,
         leaf_outputs=leaf_outputs,
         made_outputs=made_outputs,
+        checkpoints=tuple(checkpoints),
     )
 
 

@@ -70,6 +70,7 @@ the value-independent path, which computes the same results.
 """
 
 import contextlib
+import contextvars
 import importlib
 import math
 import sys
@@ -157,7 +158,7 @@ def _apply(cls, *args, **kwargs):
         requiring = any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
         differentiable = torch.is_grad_enabled() and requiring
         with checkpointed(preserve_rng_state), torch.set_grad_enabled(differentiable):
-            return run_function(*inputs)
+            return _reentrant_region(run_function, inputs) if differentiable else run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)
     if (cls.__module__, cls.__qualname__) in _BACKWARD_HOOKS:
@@ -168,6 +169,36 @@ def _apply(cls, *args, **kwargs):
             "compute what the hook does in the program"
         )
     return custom_function.apply(cls, args, kwargs)
+
+
+#: Per acquisition: its recorder and the reentrant checkpoints traced into it (``noting_checkpoints``).
+_reentrant: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_reentrant", default=None)
+
+
+@contextlib.contextmanager
+def noting_checkpoints(rec):
+    """While ``rec`` records a program: the list of the reentrant activation checkpoints it runs
+    with grad, ``(first value id, end value id, ids of the tensors passed)`` each, whose gradients
+    the VJP pass sums apart as eager's backward of each does (``passes::reentrant``)."""
+    noted: list = []
+    token = _reentrant.set((rec, noted))
+    try:
+        yield noted
+    finally:
+        _reentrant.reset(token)
+
+
+def _reentrant_region(run_function, inputs: list):
+    """``run_function(*inputs)``, noted as a reentrant checkpoint where it is recorded at the top
+    level of the acquisition's recorder (the values it defines are those numbered meanwhile)."""
+    noting = _reentrant.get()
+    if noting is None or active_recorder() is not noting[0] or noting[0].depth:
+        return run_function(*inputs)
+    rec, noted = noting
+    start = rec.num_values
+    out = run_function(*inputs)
+    noted.append((start, rec.num_values, [a._vid for a in inputs if isinstance(a, TensorProxy)]))
+    return out
 
 
 _module_apply = torch.nn.Module._apply

@@ -161,7 +161,14 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
         checker = _checker(executors)
         try:
             compiled = _core.compile_backward(
-                acquired.trace, table, checker, make_proxy, acquired.consts, list(passes), list(absent)
+                acquired.trace,
+                table,
+                checker,
+                make_proxy,
+                acquired.consts,
+                list(passes),
+                list(absent),
+                list(acquired.checkpoints),
             )
         except ThunderNotImplementedError:
             return None
@@ -237,7 +244,15 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     if acquired.floats:  # (likewise a fusion executor that compiles a region per float value)
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_float_inputs]
     table, impls = executor_table(executors)
-    compiled = _core.compile(acquired.trace, table, _checker(executors), make_proxy, acquired.consts, list(passes))
+    compiled = _core.compile(
+        acquired.trace,
+        table,
+        _checker(executors),
+        make_proxy,
+        acquired.consts,
+        list(passes),
+        checkpoints=list(acquired.checkpoints),
+    )
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
     log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()

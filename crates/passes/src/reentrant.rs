@@ -1,0 +1,245 @@
+//! Reentrant activation checkpoints in the backward: eager sums each region's gradients apart.
+//!
+//! `torch.utils.checkpoint(fn, *inputs, use_reentrant=True)` runs `fn` inside an autograd
+//! Function whose backward runs `fn` again on detached inputs and calls `torch.autograd.backward`
+//! on what it returned: a backward of its own. So eager sums the gradients within the region
+//! first: each input's gradient is the region's total, which the outer backward then adds to the
+//! input's other gradients, and each parameter the region reads gets the region's total added to
+//! its `.grad` when that inner backward ends (the outer backward adds its own total once it has
+//! differentiated its last use of the parameter). The trace holds the region's calls inline; the
+//! VJP pass sums as eager does, from each region's extent (the values its function defined: the
+//! recorder numbers values in order) and the tensors passed to it.
+//!
+//! A tensor the region reads without being passed to it (captured by the function) that is no
+//! input of the program gets the region's total in the outer backward; eager backpropagates it
+//! in the region's own backward, through the calls before the region again.
+
+use crate::vjp::{backprop, Cotangents};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::ops::Range;
+use trace_ir::grad::Emitter;
+use trace_ir::{BoundSymbol, Result, Trace, ValueId, ValueKind};
+
+/// One reentrant checkpoint the program ran: the ids of the values its function defined and the
+/// tensors passed to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The ids of the values recorded while the function ran.
+    pub values: Range<usize>,
+    /// The tensors passed to `checkpoint` (the inputs the region's backward returns gradients for).
+    pub inputs: Vec<ValueId>,
+}
+
+/// How the backward sums: the checkpoints, and per program input (eager's leaves) its `.grad` so far.
+struct Sums<'a> {
+    checkpoints: &'a [Checkpoint],
+    inputs: FxHashSet<ValueId>,
+    grad: FxHashMap<ValueId, ValueId>,
+    /// Per top-level call: the inputs whose outer total is added to `.grad` once it is differentiated.
+    landings: FxHashMap<usize, Vec<ValueId>>,
+}
+
+impl Sums<'_> {
+    /// Adds `g` to `v`'s `.grad`.
+    fn land(&mut self, e: &mut Emitter, v: ValueId, g: ValueId) -> Result<()> {
+        let total = match self.grad.get(&v) {
+            Some(&previous) => e.add(previous, g)?,
+            None => g,
+        };
+        self.grad.insert(v, total);
+        Ok(())
+    }
+
+    /// The outermost checkpoint inside `within` (any when None) that defined an output of `bsym`.
+    fn region_of(&self, bsym: &BoundSymbol, within: Option<usize>) -> Option<usize> {
+        let inside = |k: usize| match within {
+            None => true,
+            Some(w) => {
+                let (outer, inner) = (&self.checkpoints[w].values, &self.checkpoints[k].values);
+                k != w && outer.start <= inner.start && inner.end <= outer.end
+            }
+        };
+        let defines = |k: usize| bsym.outputs.iter().any(|o| self.checkpoints[k].values.contains(&o.index()));
+        (0..self.checkpoints.len())
+            .filter(|&k| inside(k) && defines(k))
+            .min_by_key(|&k| (self.checkpoints[k].values.start, usize::MAX - self.checkpoints[k].values.end))
+    }
+}
+
+/// Emits the backward of `trace`'s calls as [`crate::vjp::joint`] does, summing each
+/// checkpoint's gradients apart as eager does; the program inputs' gradients are left in `cots`.
+pub(crate) fn backprop_checkpointed(
+    e: &mut Emitter,
+    cots: &mut Cotangents,
+    trace: &Trace,
+    checkpoints: &[Checkpoint],
+) -> Result<()> {
+    let inputs: FxHashSet<ValueId> = trace.inputs.iter().copied().collect();
+    let mut sums = Sums { checkpoints, inputs, grad: FxHashMap::default(), landings: FxHashMap::default() };
+    sums.landings = landings(trace, &sums);
+    walk(e, cots, &trace.bsyms, &mut sums, None)?;
+    for &i in &trace.inputs {
+        if let Some(g) = cots.take(i) {
+            sums.land(e, i, g)?;
+        }
+    }
+    for (i, g) in sums.grad {
+        cots.set(i, g);
+    }
+    Ok(())
+}
+
+/// Per top-level call, the program inputs it is the first differentiated reader of in the outer
+/// backward (a call outside the checkpoints, or one inside a checkpoint passed them): eager's
+/// outer backward adds its total to their `.grad` right after differentiating it (a leaf's
+/// accumulation runs as soon as its last gradient arrives).
+fn landings(trace: &Trace, sums: &Sums) -> FxHashMap<usize, Vec<ValueId>> {
+    let wants = |v: ValueId| matches!(trace.values.get(v.index()), Some(ValueKind::Tensor(t)) if t.requires_grad);
+    let mut live: FxHashSet<ValueId> = crate::vjp::differentiable_outputs(trace).into_iter().collect();
+    let mut first: FxHashMap<ValueId, usize> = FxHashMap::default();
+    for (i, b) in trace.bsyms.iter().enumerate().rev() {
+        if !b.outputs.iter().any(|o| live.contains(o)) {
+            continue;
+        }
+        // (a checkpoint's backward returns its inputs' gradients to the outer one)
+        let passed = sums.region_of(b, None).map(|k| &sums.checkpoints[k].inputs);
+        b.for_each_input(|v| {
+            if wants(v) {
+                live.insert(v);
+                if sums.inputs.contains(&v) && passed.is_none_or(|p| p.contains(&v)) {
+                    first.insert(v, i);
+                }
+            }
+        });
+    }
+    let mut at: FxHashMap<usize, Vec<ValueId>> = FxHashMap::default();
+    let mut sorted: Vec<(ValueId, usize)> = first.into_iter().collect();
+    sorted.sort_unstable();
+    for (v, i) in sorted {
+        at.entry(i).or_default().push(v);
+    }
+    at
+}
+
+/// Differentiates `bsyms` in reverse; the calls of a checkpoint inside `within` (the whole
+/// program when None) as one region.
+fn walk(
+    e: &mut Emitter,
+    cots: &mut Cotangents,
+    bsyms: &[BoundSymbol],
+    sums: &mut Sums,
+    within: Option<usize>,
+) -> Result<()> {
+    let mut end = bsyms.len();
+    while end > 0 {
+        let Some(k) = sums.region_of(&bsyms[end - 1], within) else {
+            backprop(e, cots, &bsyms[end - 1..end])?;
+            if within.is_none() {
+                land_outer(e, cots, sums, end - 1..end)?;
+            }
+            end -= 1;
+            continue;
+        };
+        let mut start = end - 1;
+        while start > 0 && sums.region_of(&bsyms[start - 1], within) == Some(k) {
+            start -= 1;
+        }
+        region(e, cots, &bsyms[start..end], k, sums)?;
+        if within.is_none() {
+            land_outer(e, cots, sums, start..end)?;
+        }
+        end = start;
+    }
+    Ok(())
+}
+
+/// Adds the outer backward's totals to the `.grad` of the program inputs whose last outer
+/// gradient the top-level calls `calls` gave.
+fn land_outer(e: &mut Emitter, cots: &mut Cotangents, sums: &mut Sums, calls: Range<usize>) -> Result<()> {
+    for i in calls.rev() {
+        for v in sums.landings.remove(&i).unwrap_or_default() {
+            if let Some(g) = cots.take(v) {
+                sums.land(e, v, g)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The backward of checkpoint `k`'s calls `bsyms`, as its own: from the cotangents of the values
+/// it defined, summed apart; its inputs' totals go to `cots` (the backward around it), the
+/// program inputs it read but was not passed to their `.grad`.
+fn region(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol], k: usize, sums: &mut Sums) -> Result<()> {
+    let checkpoint = &sums.checkpoints[k];
+    let (values, passed) = (checkpoint.values.clone(), checkpoint.inputs.clone());
+    let mut inner = cots.apart();
+    for b in bsyms {
+        for &o in &b.outputs {
+            if values.contains(&o.index()) {
+                if let Some(c) = cots.take(o) {
+                    inner.set(o, c);
+                }
+            }
+        }
+    }
+    walk(e, &mut inner, bsyms, sums, Some(k))?;
+    let mut reached = inner.into_values();
+    reached.retain(|(v, _)| !values.contains(&v.index()));
+    reached.sort_unstable();
+    for (v, g) in reached {
+        if passed.contains(&v) || !sums.inputs.contains(&v) {
+            cots.accumulate(e, v, g)?;
+        } else {
+            sums.land(e, v, g)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vjp::joint_checkpointed;
+    use trace_ir::{Arg, DType, Device, TensorMeta, TraceBuilder};
+
+    /// `x.sin() + x.cos()` in a checkpoint, then `+ x.exp()` outside it: x's gradient, and the
+    /// value the exponential's backward made.
+    fn gradient_of_x(checkpointed: bool) -> (Trace, ValueId, ValueId) {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let start = b.num_values();
+        let s = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
+        let c = b.record_prim("cos", vec![Arg::Value(x)]).unwrap()[0];
+        let inside = b.record_prim("add", vec![Arg::Value(s), Arg::Value(c)]).unwrap()[0];
+        let region = Checkpoint { values: start..b.num_values(), inputs: vec![x] };
+        let d = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
+        let out = b.record_prim("add", vec![Arg::Value(inside), Arg::Value(d)]).unwrap()[0];
+        let trace = b.finish(Arg::Value(out)).unwrap();
+        let checkpoints = if checkpointed { vec![region] } else { vec![] };
+        let joint = joint_checkpointed(&trace, &checkpoints).unwrap().unwrap().trace;
+        let Arg::Tuple(parts) = &joint.outputs else { panic!("(outputs, grads)") };
+        let Arg::Tuple(grads) = &parts[1] else { panic!("grads") };
+        let Arg::Value(g) = grads[0] else { panic!("x gets a gradient") };
+        (joint, g, d)
+    }
+
+    /// Whether `g` is the sum of the exponential's gradient and another value.
+    fn adds_the_exponentials_gradient(trace: &Trace, g: ValueId, d: ValueId) -> bool {
+        let defining = |v: ValueId| trace.bsyms.iter().find(|b| b.outputs.contains(&v)).unwrap();
+        let reads = |b: &BoundSymbol, v: ValueId| b.args.contains(&Arg::Value(v));
+        let total = defining(g);
+        total.args.iter().any(|a| matches!(a, Arg::Value(p) if reads(defining(*p), d)))
+    }
+
+    #[test]
+    fn a_checkpoint_s_inputs_get_its_total_as_eager_sums_them() {
+        // eager: exp's gradient + (cos's + sin's), the checkpoint's total summed in its own backward
+        let (trace, g, d) = gradient_of_x(true);
+        trace_ir::verify::verify(&trace).unwrap();
+        assert!(adds_the_exponentials_gradient(&trace, g, d));
+        // without the checkpoint: (exp's + cos's) + sin's
+        let (trace, g, d) = gradient_of_x(false);
+        assert!(!adds_the_exponentials_gradient(&trace, g, d));
+    }
+}
