@@ -58,7 +58,8 @@ here lives behind library calls it does not follow, so it is handled by a table 
   besides files' contents (``os.stat`` and ``os.listdir`` under ``os.path.exists``, ``glob``,
   ``pathlib``; ``os.getcwd``) is guarded (``core.state.fs_reads``); the settings it makes
   (``os.environ[k] = v``, ``os.chdir``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are
-  made again by every call (``setters``).
+  made again by every call (``setters``); the CUDA device it sets, reads or synchronizes as eager
+  does, a stream it enters refused (``cuda_state``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.
@@ -87,6 +88,7 @@ from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.setters import put_back_setters, put_setters
+from thunder_rs.core.acquisition.cuda_state import put_back_cuda_state, put_cuda_state
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
 from thunder_rs.core.lang.printed_text import Text, at_hints, resolved, specialised
 from thunder_rs.core.state.cached_reads import put_back_cached, register_stand_in
@@ -650,6 +652,7 @@ def _put_readers() -> None:
     put_module_stand_ins()
     put_fs_readers()
     put_setters()
+    put_cuda_state()
     put_open()
     put_streams()
 
@@ -674,6 +677,7 @@ def _put_back_readers() -> None:
     put_back_module_stand_ins()
     put_back_fs_readers()
     put_back_setters()
+    put_back_cuda_state()
     put_back_held()
     put_back_open()
     put_back_streams()
