@@ -571,7 +571,7 @@ class _Ops:
         self.logical_not = lambda arg: _elementwise("logical_not", torch.logical_not, (arg,), torch.bool)
 
     def broadcast_in_dim(self, arg, shape, broadcast_dims):
-        checks.broadcast_in_dim(arg, shape, broadcast_dims)
+        broadcast_dims = checks.broadcast_in_dim(arg, shape, broadcast_dims, SYMBOLIC_EXTENT)
         return _record(
             "broadcast_in_dim",
             _broadcast_in_dim,
@@ -708,8 +708,11 @@ class FusionDefinition:
                 "shape[i] >= -1",
                 f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1).",
             )
-        if isinstance(contiguity, bool):
-            contiguity = [None if s == 1 else contiguity for s in shape]
+        if isinstance(contiguity, bool):  # getContiguityVec (python_utils.cpp): in allocation order
+            flags = [None] * len(shape)
+            for d, s in enumerate(shape):
+                flags[len(shape) - 1 - stride_order[d] if stride_order else d] = None if s == 1 else contiguity
+            contiguity = flags
         binding.nvf_check(
             len(contiguity) == len(shape),
             "contiguity.size() == shape.size()",
