@@ -43,6 +43,38 @@ def broadcast_in_dim(arg, shape, broadcast_dims, symbolic_extent) -> list:
     return dims
 
 
+def squeeze(arg, dims, squeeze_expanded, symbolic_extent) -> list:
+    """``squeeze`` (csrc/ops/alias.cpp): at most as many dims as the input's, each in range, and each
+    a broadcast (extent 1, or an expanded one under ``squeeze_expanded``) unless symbolic (it may
+    concretize to one); torch's squeeze leaves a dim of another extent where nvFuser refuses it.
+    The dims, wrapped."""
+    _check(
+        len(dims) <= arg.ndim,
+        "(int64_t)dims.size() <= ndims",
+        "The dims to squeeze must be <= the number of dims of the input tensor. "
+        f"Squeeze dims: {len(dims)} Input Tensor dims: {arg.ndim}",
+    )
+    wrapped = [d + arg.ndim if d < 0 else d for d in dims]
+    for d in wrapped:
+        _check(
+            0 <= d < arg.ndim,
+            "(dim >= 0) && (static_cast<size_t>(dim) < to_squeeze.size())",
+            f"Squeeze dim is outside of Tensor size! Tensor Size: {arg.ndim} Dim: {d}",
+        )
+    for d in wrapped:
+        extent, expanded = arg.meta.shape[d], arg.expanded[d]
+        if extent == symbolic_extent and not expanded:
+            continue  # (symbolic: checked once concretized)
+        _check(extent == 1 or expanded, "id->isBroadcast()", "Can not squeeze non-broadcasting dimension(s).")
+        _check(
+            squeeze_expanded or not expanded,
+            "squeeze_expanded || !id->hasExpandedExtent()",
+            f"Refusing to squeeze expanded IterDomain of dim {d}. To force removal of this axis, use "
+            "squeeze_expanded=true.",
+        )
+    return wrapped
+
+
 def slice_(arg, start, end, strides):
     """``slice_fn`` (python_direct/ops.cpp): as many bounds as dims, constant ones in order, unit steps."""
     _check(

@@ -612,9 +612,10 @@ class _Ops:
         )
 
     def squeeze(self, arg, dims, squeeze_expanded=False):
-        kept = [e for d, e in enumerate(arg.expanded) if d not in [d % arg.ndim for d in dims]]
+        dims = checks.squeeze(arg, list(dims), squeeze_expanded, SYMBOLIC_EXTENT)
+        kept = [e for d, e in enumerate(arg.expanded) if d not in dims]
         rule = allocation.squeezed(arg, dims)
-        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)), lambda out: kept, ids=rule)
+        return _record("squeeze", layouts.squeezed, (arg, dims), lambda out: kept, ids=rule)
 
     def index_select(self, arg, index, dim):
         # indexing.cpp indexSelect: the index's IterDomain at dim, arg's elsewhere.
@@ -708,11 +709,8 @@ class FusionDefinition:
                 "shape[i] >= -1",
                 f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1).",
             )
-        if isinstance(contiguity, bool):  # getContiguityVec (python_utils.cpp): in allocation order
-            flags = [None] * len(shape)
-            for d, s in enumerate(shape):
-                flags[len(shape) - 1 - stride_order[d] if stride_order else d] = None if s == 1 else contiguity
-            contiguity = flags
+        if isinstance(contiguity, bool):
+            contiguity = layouts.contiguity_vec(shape, stride_order, contiguity)
         binding.nvf_check(
             len(contiguity) == len(shape),
             "contiguity.size() == shape.size()",
