@@ -8,14 +8,23 @@ from fake_nvfuser_binding import nvf_check as _check
 from fake_nvfuser_promotion import DataType
 
 
-def broadcast_in_dim(arg, shape, broadcast_dims):
-    """``broadcast_in_dim_fn``: one output dim per input dim, each named once."""
+def broadcast_in_dim(arg, shape, broadcast_dims, symbolic_extent) -> list:
+    """``broadcast_in_dim_fn``: one output dim per input dim, each in range (``wrapDim``) and named
+    once; the input's dims go to the named ones in their order (a mask of the broadcast dims: ``[2,
+    1]`` is ``[1, 2]``), and ``expand`` takes an extent other than 1 only to itself. The named dims,
+    wrapped and sorted."""
     _check(len(shape) >= len(broadcast_dims), "(output_shape.size())>=(nonbroadcast_dims.size())")
     _check(
         arg.ndim == len(broadcast_dims),
         "(input_ndim)==(std::ssize(nonbroadcast_dims))",
         f"Found {arg.ndim} vs {len(broadcast_dims)}. ",
     )
+    for d in broadcast_dims:
+        _check(
+            -len(shape) <= d < len(shape),
+            "dim >= 0 && dim < ndim",
+            f"Tried to access out of boundary index {d if d >= 0 else d + len(shape)}. total index: {len(shape)}",
+        )
     dims = [d % len(shape) for d in broadcast_dims]
     for d in dims:
         _check(
@@ -23,6 +32,47 @@ def broadcast_in_dim(arg, shape, broadcast_dims):
             "is_broadcast_dim.at(nonbroadcast_dim)",
             f"nonbroadcast_dim ({d}) is specified more than once.",
         )
+    dims.sort()
+    for extent, d in zip(arg.meta.shape, dims):
+        size = shape[d]
+        _check(
+            extent in (1, symbolic_extent) or type(size) is not int or size in (-1, extent),
+            "inp_id_size_int == expanded_size_int",
+            f"Invalid expand size, {size}, for an input extent {extent}",
+        )
+    return dims
+
+
+def squeeze(arg, dims, squeeze_expanded, symbolic_extent) -> list:
+    """``squeeze`` (csrc/ops/alias.cpp): at most as many dims as the input's, each in range, and each
+    a broadcast (extent 1, or an expanded one under ``squeeze_expanded``) unless symbolic (it may
+    concretize to one); torch's squeeze leaves a dim of another extent where nvFuser refuses it.
+    The dims, wrapped."""
+    _check(
+        len(dims) <= arg.ndim,
+        "(int64_t)dims.size() <= ndims",
+        "The dims to squeeze must be <= the number of dims of the input tensor. "
+        f"Squeeze dims: {len(dims)} Input Tensor dims: {arg.ndim}",
+    )
+    wrapped = [d + arg.ndim if d < 0 else d for d in dims]
+    for d in wrapped:
+        _check(
+            0 <= d < arg.ndim,
+            "(dim >= 0) && (static_cast<size_t>(dim) < to_squeeze.size())",
+            f"Squeeze dim is outside of Tensor size! Tensor Size: {arg.ndim} Dim: {d}",
+        )
+    for d in wrapped:
+        extent, expanded = arg.meta.shape[d], arg.expanded[d]
+        if extent == symbolic_extent and not expanded:
+            continue  # (symbolic: checked once concretized)
+        _check(extent == 1 or expanded, "id->isBroadcast()", "Can not squeeze non-broadcasting dimension(s).")
+        _check(
+            squeeze_expanded or not expanded,
+            "squeeze_expanded || !id->hasExpandedExtent()",
+            f"Refusing to squeeze expanded IterDomain of dim {d}. To force removal of this axis, use "
+            "squeeze_expanded=true.",
+        )
+    return wrapped
 
 
 def slice_(arg, start, end, strides):

@@ -571,7 +571,7 @@ class _Ops:
         self.logical_not = lambda arg: _elementwise("logical_not", torch.logical_not, (arg,), torch.bool)
 
     def broadcast_in_dim(self, arg, shape, broadcast_dims):
-        checks.broadcast_in_dim(arg, shape, broadcast_dims)
+        broadcast_dims = checks.broadcast_in_dim(arg, shape, broadcast_dims, SYMBOLIC_EXTENT)
         return _record(
             "broadcast_in_dim",
             _broadcast_in_dim,
@@ -612,9 +612,10 @@ class _Ops:
         )
 
     def squeeze(self, arg, dims, squeeze_expanded=False):
-        kept = [e for d, e in enumerate(arg.expanded) if d not in [d % arg.ndim for d in dims]]
+        dims = checks.squeeze(arg, list(dims), squeeze_expanded, SYMBOLIC_EXTENT)
+        kept = [e for d, e in enumerate(arg.expanded) if d not in dims]
         rule = allocation.squeezed(arg, dims)
-        return _record("squeeze", lambda a, d: a.squeeze(tuple(d)), (arg, list(dims)), lambda out: kept, ids=rule)
+        return _record("squeeze", layouts.squeezed, (arg, dims), lambda out: kept, ids=rule)
 
     def index_select(self, arg, index, dim):
         # indexing.cpp indexSelect: the index's IterDomain at dim, arg's elsewhere.
@@ -709,7 +710,7 @@ class FusionDefinition:
                 f"The value {s} at index {i} was neither symbolic(-1), zero_element(0), broadcast(1), or static(>1).",
             )
         if isinstance(contiguity, bool):
-            contiguity = [None if s == 1 else contiguity for s in shape]
+            contiguity = layouts.contiguity_vec(shape, stride_order, contiguity)
         binding.nvf_check(
             len(contiguity) == len(shape),
             "contiguity.size() == shape.size()",

@@ -6,6 +6,8 @@ how outputs are allocated (stride 0 in expanded dims), and the layouts nvFuser's
 
 import torch
 
+from fake_nvfuser_binding import nvf_check
+
 
 def compute_tensor_descriptor(sizes, strides):
     """``(contiguity, stride_order)`` of a tensor, a port of nvFuser's computeTensorDescriptor:
@@ -104,3 +106,25 @@ def allocated(value, expanded, order=None):
     order = list(range(value.ndim)) if order is None else list(order)
     dense = compact.permute(order).clone(memory_format=torch.contiguous_format)
     return dense.permute([order.index(d) for d in range(value.ndim)]).expand(value.shape)
+
+
+def contiguity_vec(shape, stride_order, contiguity: bool) -> list:
+    """``getContiguityVec`` (python_utils.cpp): a bool contiguity as one flag per dim in allocation
+    order, None at the dims of extent 1."""
+    flags: list = [None] * len(shape)
+    for d, size in enumerate(shape):
+        flags[len(shape) - 1 - stride_order[d] if stride_order else d] = None if size == 1 else contiguity
+    return flags
+
+
+def squeezed(a, dims):
+    """``a`` without its broadcast ``dims`` (checked when defined): an expanded one has its expanded
+    extent (stride 0) here; a symbolic one is concretized when executed, and must be one then."""
+    for d in sorted(dims, reverse=True):
+        nvf_check(
+            a.is_meta or a.shape[d] == 1 or a.stride(d) == 0,
+            "id->extent()->evaluate().as<int64_t>() == 1",
+            "Can not squeeze dimension(s) with size != 1.",
+        )
+        a = a.select(d, 0)
+    return a

@@ -102,6 +102,29 @@ def _iota_of_an_int_with_a_float_start(module, fd):
     fd.ops.iota(4, 0.5, 1, module.DataType.Int)
 
 
+def _broadcast_dim_out_of_range(module, fd):
+    fd.ops.broadcast_in_dim(_tensor(module, fd), [2, 3, 3], [0, 4])  # (the stand-in took it as dim 1)
+
+
+def _broadcast_dims_out_of_order(module, fd):
+    # The input's dims go to the named ones in order ([2, 1] is [1, 2]): its 2 onto an extent 3
+    # (the stand-in read it as x's dim 0 to dim 2, reshaping x to (1, 3, 2)).
+    fd.ops.broadcast_in_dim(_tensor(module, fd), [4, 3, 2], [2, 1])
+
+
+def _squeeze_of_an_extent_3(module, fd):
+    fd.ops.squeeze(_tensor(module, fd), [1])  # (the stand-in's torch squeeze left the dim as it was)
+
+
+def _squeeze_of_dim_2_of_2(module, fd):
+    fd.ops.squeeze(_tensor(module, fd), [2])
+
+
+def _squeeze_of_an_expanded_dim(module, fd):
+    x = fd.ops.broadcast_in_dim(_tensor(module, fd), [4, 2, 3], [1, 2])
+    fd.ops.squeeze(x, [0])  # (squeeze_expanded=False)
+
+
 def _gather_along_a_dim_out_of_range(module, fd):
     fd.ops.gather(_tensor(module, fd), _tensor(module, fd, dtype="Int"), 2)
 
@@ -119,6 +142,11 @@ REFUSED = [
     ),
     ("broadcast to -2", _broadcast_to_an_extent_below_minus_one, RuntimeError, "was neither symbolic"),
     ("broadcast dim named twice", _broadcast_dim_named_twice, RuntimeError, "is specified more than once"),
+    ("broadcast dim 4 of 3", _broadcast_dim_out_of_range, RuntimeError, "Tried to access out of boundary index 4"),
+    ("broadcast dims out of order", _broadcast_dims_out_of_order, RuntimeError, "Invalid expand size"),
+    ("squeeze of extent 3", _squeeze_of_an_extent_3, RuntimeError, "Can not squeeze non-broadcasting dimension"),
+    ("squeeze dim 2 of 2", _squeeze_of_dim_2_of_2, RuntimeError, "Squeeze dim is outside of Tensor size"),
+    ("squeeze of an expanded dim", _squeeze_of_an_expanded_dim, RuntimeError, "Refusing to squeeze expanded"),
     ("slice end before start", _slice_ending_before_it_starts, RuntimeError, "greater than or equal to start_indices"),
     ("slice start -1", _slice_from_a_negative_start, RuntimeError, "start_indices must be greater than or equal to 0"),
     ("permute [0] of 2 dims", _permute_of_too_few_dims, RuntimeError, "Operator permute expects `dims`"),
@@ -161,6 +189,36 @@ def _accepted(module, device):
     (out,) = fd.execute([x, 2, 1], device=None)
     torch.testing.assert_close(out, (4 * x[:, 1:] + 2).reshape(4), rtol=0, atol=0)
     assert n.is_symbolic() and m.is_symbolic()
+
+
+def _taken_as_the_bindings_take_them(module, device):
+    """Broadcast dims out of order map the input's dims in order (a mask of the broadcast dims);
+    a bool contiguity with a stride order leaves the broadcast dims' contiguity None in allocation
+    order (``getContiguityVec``); ``squeeze_expanded`` removes an expanded broadcast. The stand-in
+    broadcast x's dim 0 to dim 2, refused the column-major (1, 4) input ("The contiguity of a
+    broadcast/reduction dimension must be None") and left the expanded dim 4 wide."""
+    with module.FusionDefinition() as fd:
+        x = fd.define_tensor([2, 3], [True, True], module.DataType.Float)
+        c = fd.define_tensor([1, 4], contiguity=True, dtype=module.DataType.Float, stride_order=[0, 1])
+        fd.add_output(fd.ops.broadcast_in_dim(x, [4, 2, 3], [2, 1]))
+        fd.add_output(fd.ops.mul(c, 2.0))
+        wide = fd.ops.broadcast_in_dim(x, [4, 2, 3], [1, 2])
+        fd.add_output(fd.ops.squeeze(wide, [0], squeeze_expanded=True))  # (the stand-in left it 4 wide)
+    x = torch.arange(6.0, device=device).reshape(2, 3)
+    c = torch.arange(4.0, device=device).reshape(4, 1).t()
+    broadcast, doubled, squeezed = fd.execute([x, c])
+    torch.testing.assert_close(squeezed, x, rtol=0, atol=0)
+    torch.testing.assert_close(broadcast, x.expand(4, 2, 3), rtol=0, atol=0)
+    torch.testing.assert_close(doubled, c * 2, rtol=0, atol=0)
+
+
+def test_the_stand_in_takes_broadcast_dims_and_contiguity_as_the_bindings_do():
+    _taken_as_the_bindings_take_them(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_take_broadcast_dims_and_contiguity_so(real_nvfuser):
+    _taken_as_the_bindings_take_them(real_nvfuser, "cuda")
 
 
 def test_the_stand_in_takes_the_forms_the_bindings_take():

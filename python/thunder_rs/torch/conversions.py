@@ -79,7 +79,7 @@ def to(a, *args, **kwargs):
     return clone(out) if copy and out is a else out
 
 
-@torchsymbol(Tensor.cuda)
+@torchsymbol(Tensor.cuda, cuda_device_at=1)
 def cuda(a, device=None, non_blocking=False, memory_format=torch.preserve_format):
     """``Tensor.cuda()``: ``to`` the CUDA device named, the current one without an index, so the
     tensor itself when it is there already. ``non_blocking`` changes no value."""

@@ -9,10 +9,13 @@ importing the package would close an import cycle.
 import functools
 import types
 
+import torch
+
 from thunder_rs import _core
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
+from thunder_rs.core.lang.devices import indexed, refuse_pinned
 from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
 from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -115,6 +118,37 @@ def read_numbers(args: tuple, kwargs: dict, start: int) -> tuple[tuple, dict]:
     return (*args[:start], *read), {k: _number_read(v) for k, v in kwargs.items()}
 
 
+def _unindexed_cuda(x) -> bool:
+    return (type(x) is str and x == "cuda") or (type(x) is torch.device and x.type == "cuda" and x.index is None)
+
+
+def _index_of_current(x):
+    if not _unindexed_cuda(x):
+        return x
+    device = indexed(torch.device(x))
+    return str(device) if type(x) is str else device
+
+
+def indexed_devices(name: str, args: tuple, kwargs: dict, cuda_device_at: int | None) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with a CUDA device named without an index named with the current
+    device's (``devices.indexed``), and a ``device`` at ``cuda_device_at`` left ``None`` named so
+    (``Tensor.cuda()``'s): a compiled call puts its tensors where the trace did, whatever device is
+    current when it runs (the program may have chosen another one by then: ``set_device``). A
+    call of ``name`` pinning memory is refused (``devices.refuse_pinned``)."""
+    if kwargs.get("pin_memory"):
+        refuse_pinned(f"{name}(pin_memory=True)")
+    if cuda_device_at is not None:
+        if len(args) > cuda_device_at:
+            if args[cuda_device_at] is None:
+                args = (*args[:cuda_device_at], "cuda", *args[cuda_device_at + 1 :])
+        elif kwargs.get("device") is None:
+            kwargs = {**kwargs, "device": "cuda"}
+    if any(map(_unindexed_cuda, args)) or any(map(_unindexed_cuda, kwargs.values())):
+        args = tuple(map(_index_of_current, args))
+        kwargs = {k: _index_of_current(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
 def torchsymbol(
     *torch_fns,
     name: str | None = None,
@@ -122,12 +156,14 @@ def torchsymbol(
     sequence: bool = False,
     meta=None,
     reads_numbers_from: int | None = None,
+    cuda_device_at: int | None = None,
 ):
     """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
     A kernel (``layer_norms.native_layer_norm``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
     whole (``record_kernel``). ``reads_numbers_from``: the position from which the op takes sizes
-    or numbers that may be given as tensors (``read_numbers``)."""
+    or numbers that may be given as tensors (``read_numbers``); ``cuda_device_at``: the position of a
+    device that is the current CUDA device when left ``None`` (``indexed_devices``)."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
@@ -139,12 +175,14 @@ def torchsymbol(
             def symbol(*args, **kwargs):
                 if reads_numbers_from is not None:
                     args, kwargs = read_numbers(args, kwargs, reads_numbers_from)
+                args, kwargs = indexed_devices(sym_name, args, kwargs, cuda_device_at)
                 return _or_specialised(record_composite, sym_id, sym_name, fn, args, kwargs)
         else:
             KERNEL_IDS.add(sym_id)
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
+                args, kwargs = indexed_devices(sym_name, args, kwargs, cuda_device_at)
                 return _or_specialised(record_kernel, sym_id, sym_name, fn, meta, args, kwargs)
 
         return register(symbol, sym_id, sym_name, torch_fns, properties=properties, sequence=sequence)

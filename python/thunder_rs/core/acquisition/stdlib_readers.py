@@ -13,6 +13,7 @@ from typing import Any
 
 from thunder_rs.core.acquisition.file_reads import put_back_open, put_open
 from thunder_rs.core.acquisition.library_settings import put_back_library_settings, put_library_settings
+from thunder_rs.core.acquisition.cuda_state import put_back_cuda_state, put_cuda_state
 from thunder_rs.core.acquisition.setters import put_back_setters, put_setters
 from thunder_rs.core.acquisition.stdlib_frames import program_frame_of, site_of, stdlib_entry, tracing
 from thunder_rs.core.acquisition.stream_writes import put_back_streams, put_streams
@@ -176,6 +177,7 @@ def put_readers() -> None:
     put_module_stand_ins()
     put_fs_readers()
     put_setters()
+    put_cuda_state()
     put_library_settings()
     put_open()
     put_streams()
@@ -201,6 +203,7 @@ def put_back_readers() -> None:
     put_back_module_stand_ins()
     put_back_fs_readers()
     put_back_setters()
+    put_back_cuda_state()
     put_back_library_settings()
     put_back_held()
     put_back_open()

@@ -60,7 +60,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   (``os.environ[k] = v``, ``os.chdir``, ``sys.setrecursionlimit``, ``torch.set_num_threads``) are
   made again by every call (``setters``), as are those of Python's libraries (``sys.path``'s
   changes, ``warnings``' filters, torch's and NumPy's print options, a logger's level:
-  ``library_settings``) and the seeding of Python's and NumPy's generators (``core.state.pydraws``).
+  ``library_settings``) and the seeding of Python's and NumPy's generators (``core.state.pydraws``);
+  the CUDA device it sets, reads or synchronizes as eager does, a stream it enters refused
+  (``cuda_state``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.

@@ -21,7 +21,7 @@ from thunder_rs import _core
 from thunder_rs.core.lang import autocast
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
-from thunder_rs.core.lang.devices import indexed
+from thunder_rs.core.lang.devices import indexed, refuse_pinned
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
@@ -449,8 +449,11 @@ def _is_default_generator(generator: torch.Generator) -> bool:
 
 def _refuse_unrepresentable(func, name: str, args, kwargs, effect: bool) -> None:
     """Raises for a call the fallback cannot record faithfully: an autograd node's method, a draw
-    made again, an in-place call with no functional form, or a call writing an argument."""
+    made again, an in-place call with no functional form, a call writing an argument, or one
+    pinning memory."""
     _refuse_autograd_node_methods(func, name)
+    if func is torch.Tensor.pin_memory or kwargs.get("pin_memory"):
+        refuse_pinned(name)
     if effect:
         refuse_draw_made_again(name, _named_generator(args, kwargs))
     if (name.endswith("_") and not name.endswith("__")) or kwargs.get("inplace"):
