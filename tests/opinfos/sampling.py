@@ -74,6 +74,11 @@ def sample_kinds(sample: SampleInput) -> frozenset[str]:
     found = {kind for t in tensors for kind in _tensor_kinds(t)}
     if len({t.dtype for t in tensors}) > 1:
         found.add("mixed dtypes")
+        # A half-precision operand with a wider one: eager's CPU kernels take a 0-d wider operand at
+        # its own value, and which side it is on matters (``ltorch.cpu_scalar_times``, ``cpu_times_scalar``).
+        half = [i for i, t in enumerate(tensors) if t.dtype in (torch.bfloat16, torch.float16)]
+        if half and len(half) < len(tensors):
+            found.add(f"half precision operand {half[0]}")
     if len({t.shape for t in tensors}) > 1:
         found.add("broadcast")
     # Integers are left out: a positional int is most often a dim, not an operand.

@@ -485,8 +485,7 @@ def acquire(
     )
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
-    positions = inputs.positions
-    traced, placed = (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
+    positions, traced, placed = inputs.positions, (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
     _place_stale(stale_saves, traced)
     del out, writes, repeated, inputs, traced
