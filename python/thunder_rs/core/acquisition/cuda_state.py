@@ -16,7 +16,7 @@
   compiled call queues all its kernels on the stream current when it is called.
 
 The stand-ins take the places of torch's functions while some program is traced (``put_cuda_state``
-from ``stdlib_state``) and act only for the program's own calls (``handed_effects.program_calling``);
+from ``stdlib_state``) and act only for the program's own calls (``setters.program_of``);
 torch's code calling them (``Stream.__new__`` entering a device context) gets torch's own.
 """
 
@@ -25,7 +25,7 @@ import sys
 import torch
 
 from thunder_rs.core.acquisition.effects import recorded_effects
-from thunder_rs.core.acquisition.setters import SetterCall
+from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import (
     choose_device,
     current_cuda_index,
@@ -33,16 +33,9 @@ from thunder_rs.core.lang.devices import (
     leave_device,
     program_chose_device,
 )
-from thunder_rs.core.state.handed_effects import program_calling
 from thunder_rs.errors import ThunderNotImplementedError
 
 __all__ = ["put_cuda_state", "put_back_cuda_state"]
-
-
-def _program(frame):
-    """The program's frame that made the call ``frame`` runs for, if it is being traced."""
-    found = program_calling(frame) if recorded_effects() is not None else None
-    return None if found is None else found[1]
 
 
 def _made_again(function, args: tuple) -> None:
@@ -61,7 +54,7 @@ _undo: list = []
 
 def _set_device(real):
     def set_device(device):
-        if _program(sys._getframe(1)) is None:
+        if program_of(sys._getframe(1)) is None:
             return real(device)
         index = _device_index(device)
         if index < 0:
@@ -80,7 +73,7 @@ def _device_enter(real):
     def __enter__(self):
         result = real(self)
         idx = self.idx
-        chose = idx is not None and idx >= 0 and _program(sys._getframe(1)) is not None
+        chose = idx is not None and idx >= 0 and program_of(sys._getframe(1)) is not None
         self._thunder_rs_chose = chose
         if chose:
             choose_device(context=True)
@@ -102,7 +95,7 @@ def _device_exit(real):
 def _current_device(real):
     def current_device():
         index = real()
-        if _program(sys._getframe(1)) is not None:
+        if program_of(sys._getframe(1)) is not None:
             guard_current_device(index)
         return index
 
@@ -120,7 +113,7 @@ def _where_chosen(device):
 
 def _synchronize(real):
     def synchronize(device=None):
-        if _program(sys._getframe(1)) is None:
+        if program_of(sys._getframe(1)) is None:
             return real(device)
         _made_again(real, (_where_chosen(device),))  # (tracing queued no kernel to wait for)
         return None
@@ -136,7 +129,7 @@ _current_streams: dict = {}
 def _current_stream(real):
     def current_stream(device=None):
         stream = real(device)
-        if _program(sys._getframe(1)) is not None:
+        if program_of(sys._getframe(1)) is not None:
             _current_streams[id(stream)] = (stream, _where_chosen(device))
         return stream
 
@@ -149,7 +142,7 @@ def _synchronize_current_stream(device) -> None:
 
 def _stream_synchronize(real):
     def synchronize(self):
-        if _program(sys._getframe(1)) is None:
+        if program_of(sys._getframe(1)) is None:
             return real(self)
         held = _current_streams.get(id(self))
         if held is not None and held[0] is self:  # the stream current when the call runs, as eager's
@@ -171,7 +164,7 @@ def _refused(construct: str, program) -> ThunderNotImplementedError:
 
 def _stream_enter(real):
     def __enter__(self):
-        program = _program(sys._getframe(1))
+        program = program_of(sys._getframe(1))
         if program is not None and self.stream is not None and self.idx != -1:
             raise _refused("with torch.cuda.stream(...)", program)
         return real(self)
@@ -181,7 +174,7 @@ def _stream_enter(real):
 
 def _set_stream(real):
     def set_stream(stream):
-        program = _program(sys._getframe(1))
+        program = program_of(sys._getframe(1))
         if program is not None and stream is not None:
             raise _refused("torch.cuda.set_stream", program)
         return real(stream)

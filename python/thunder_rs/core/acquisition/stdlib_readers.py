@@ -62,11 +62,10 @@ _CLOCK_READERS = {name: _clock(name) for name in _clocks}
 for _name, _reader in _CLOCK_READERS.items():
     register_stand_in(_clocks[_name], _reader)  # also where the program bound it (``core.state.clocks``)
 #: the process's times (CPU time, as ``time.process_time`` reads it): ``os.times``, and
-#: ``resource.getrusage`` where the program imported ``resource`` (``_usage_clock``: ``(module, real)``)
+#: ``resource.getrusage`` where the program imported ``resource`` (``_put_imported_clock``)
 _os_times = os.times
 _TIMES_READER = _clock("times", _os_times, "os")
 register_stand_in(_os_times, _TIMES_READER)
-_usage_clock: list = []
 
 
 # -- entropy ---------------------------------------------------------------------------------------
@@ -112,8 +111,20 @@ def _seed_of(self, a=None, version=2):
 register_stand_in(_urandom, _read_entropy)  # also where the program bound it (``from os import urandom``)
 
 
-#: ``uuid``'s C clock (``uuid1`` reads it) while a program is traced: ``(module, real)``
-_uuid_clock: list = []
+#: ``(module, name, its own function)``: the clocks of modules the program imported, put in while
+#: a program is traced (``resource.getrusage``; ``uuid``'s C clock, which ``uuid1`` reads)
+_imported_clocks: list = []
+
+
+def _put_imported_clock(module_name: str, name: str, owner: str = "time") -> None:
+    """Puts a refusing reader for ``module_name``'s ``name``, if the program imported that module."""
+    module = sys.modules.get(module_name)
+    real = getattr(module, name, None)
+    if real is not None and not any(m is module and n == name for m, n, _ in _imported_clocks):
+        _imported_clocks.append((module, name, real))
+        setattr(module, name, _clock(name, real, owner))
+
+
 #: Python functions whose call makes an effect outside the program (``core.state.c_effects`` has
 #: the C ones), replaced while a program is traced: ``(holder, name, real)``
 _effect_makers: list = []
@@ -164,15 +175,8 @@ def put_readers() -> None:
     if _getrandom is not None:
         os.getrandom = _read_getrandom
     os.times = _TIMES_READER
-    resource = sys.modules.get("resource")
-    if resource is not None and not _usage_clock:
-        _usage_clock.append((resource, resource.getrusage))
-        resource.getrusage = _clock("getrusage", resource.getrusage, "resource")  # type: ignore[attr-defined]
-    uuid = sys.modules.get("uuid")  # (imported by the program if it uses it)
-    real = getattr(uuid, "_generate_time_safe", None)
-    if real is not None and not _uuid_clock:
-        _uuid_clock.append((uuid, real))
-        uuid._generate_time_safe = _clock("_generate_time_safe", real)  # type: ignore[union-attr]
+    _put_imported_clock("resource", "getrusage", "resource")
+    _put_imported_clock("uuid", "_generate_time_safe")
     _put_effect_makers()
     put_module_stand_ins()
     put_fs_readers()
@@ -193,12 +197,9 @@ def put_back_readers() -> None:
     if _getrandom is not None:
         os.getrandom = _getrandom
     os.times = _os_times
-    while _usage_clock:
-        resource, real = _usage_clock.pop()
-        resource.getrusage = real
-    while _uuid_clock:
-        uuid, real = _uuid_clock.pop()
-        uuid._generate_time_safe = real
+    while _imported_clocks:
+        module, name, real = _imported_clocks.pop()
+        setattr(module, name, real)
     _put_back_effect_makers()
     put_back_module_stand_ins()
     put_back_fs_readers()
