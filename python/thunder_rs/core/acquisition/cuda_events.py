@@ -1,0 +1,147 @@
+"""CUDA events, waits between streams and ``Tensor.record_stream`` in a traced program.
+
+A compiled call queues its kernels as one block on the stream current when it is called, fused and
+in another order than eager's program: no point among them stands for a line of the program. So
+what marks or orders such a point is refused, naming the line:
+
+- ``torch.cuda.Event(...)`` made by the program (it can only be recorded among its kernels or
+  timed), and ``record``, ``wait``, ``query`` and ``elapsed_time`` of an event made outside it
+  (tracing would reuse what ``query`` and ``elapsed_time`` read once);
+- ``Stream.wait_stream``, ``wait_event``, ``record_event`` and ``query`` (the waits make the
+  kernels after the line wait, which the compiled call cannot tell apart);
+- ``torch.accelerator.current_stream()``: its ``torch.Stream`` is a type whose methods no
+  stand-in can replace (``torch.cuda.current_stream()`` is followed instead).
+
+``Event.synchronize()`` of an event made outside is made again by every call after it runs, as
+``Stream.synchronize`` is (``cuda_state``): the host waits for the work the event holds.
+``t.record_stream(s)`` is made again by every call after it runs, on that call's tensor (an extra
+output of the trace where the program computed it: the allocator keeps its memory for ``s`` as
+eager's does), of ``s``, or of the stream current when the call runs where ``s`` was
+``torch.cuda.current_stream()``.
+"""
+
+import sys
+
+import torch
+
+from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
+from thunder_rs.core.acquisition.setters import SetterCall, program_of
+from thunder_rs.core.state.guards import InputSource
+from thunder_rs.core.state.observe import thread_state
+from thunder_rs.errors import ThunderNotImplementedError
+
+__all__ = ["PLACES", "record_stream_places"]
+
+_EVENT = "torch.cuda.Event"
+
+
+def _refusal(label: str, why: str, program) -> ThunderNotImplementedError:
+    return ThunderNotImplementedError(
+        f"{label}: the program {why} at {program.f_code.co_filename}:{program.f_lineno}; a compiled call queues its "
+        "kernels as one block, fused and in another order than eager's, so no point among them stands for that "
+        "line. Time or order the jitted call from outside it"
+    )
+
+
+def _refused(label: str, why: str):
+    def make(real):
+        def refuse(*args, **kwargs):
+            program = program_of(sys._getframe(1))
+            if program is not None:
+                raise _refusal(label, why, program)
+            return real(*args, **kwargs)
+
+        return refuse
+
+    return make
+
+
+def _event_new(real):
+    def __new__(cls, *args, **kwargs):
+        program = program_of(sys._getframe(1))
+        if program is not None:
+            raise _refusal(_EVENT, "makes a CUDA event", program)
+        return real(cls, *args, **kwargs)
+
+    return __new__
+
+
+def _event_synchronize(real):
+    def synchronize(self):
+        if program_of(sys._getframe(1)) is None:
+            return real(self)
+        recorded = recorded_effects()
+        if recorded is not None:
+            recorded.append(SetterCall(real, (self,)))
+        return None
+
+    return synchronize
+
+
+class _RecordStream:
+    """``tensor.record_stream(stream)`` the program made, made again after every call: ``stream``
+    None for the stream current when the call runs on ``device`` (``torch.cuda.current_stream()``),
+    an ``InputSource`` for one of the call's arguments (or reached from them), else itself (read
+    from the program's state, whose read the observer guards)."""
+
+    __slots__ = ("real", "tensor", "stream", "device")
+
+    def __init__(self, real, tensor, stream, device):
+        self.real, self.tensor, self.stream, self.device = real, tensor, stream, device
+
+    def effect(self, extras: list):
+        return _RecordStream(self.real, TracedValue(self.tensor, extras), self.stream, self.device)
+
+    def apply(self, extras, flat) -> None:
+        stream = self.stream
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        elif isinstance(stream, InputSource):
+            stream = stream.object(flat)
+        self.real(self.tensor.get(extras), stream)
+
+
+def record_stream_places(current_stream_of):
+    """The place of ``Tensor.record_stream``'s stand-in; ``current_stream_of(stream)`` is ``(True,
+    the device)`` where ``torch.cuda.current_stream(device)`` gave ``stream`` to the program
+    (``cuda_state``), else ``(False, None)``."""
+
+    def make(real):
+        def record_stream(self, stream):
+            if program_of(sys._getframe(1)) is None:
+                return real(self, stream)
+            recorded = recorded_effects()
+            if recorded is not None:
+                current, device = current_stream_of(stream)
+                source = thread_state.observer.state.source_of(stream)
+                held = None if current else source if isinstance(source, InputSource) else stream
+                recorded.append(_RecordStream(real, self, held, device))
+            return None
+
+        return record_stream
+
+    return ((torch.Tensor, "record_stream", make),)
+
+
+#: ``(holder, name, stand-in maker)`` of the functions replaced while a program is traced
+PLACES = (
+    (torch.cuda.Event, "__new__", _event_new),
+    (torch.cuda.Event, "record", _refused(f"{_EVENT}.record", "records a CUDA event")),
+    (torch.cuda.Event, "wait", _refused(f"{_EVENT}.wait", "makes a stream wait for a CUDA event")),
+    (torch.cuda.Event, "query", _refused(f"{_EVENT}.query", "asks whether a CUDA event's work is done")),
+    (torch.cuda.Event, "elapsed_time", _refused(f"{_EVENT}.elapsed_time", "reads the time between CUDA events")),
+    (torch.cuda.Event, "synchronize", _event_synchronize),
+    (torch.cuda.Stream, "wait_stream", _refused("torch.cuda.Stream.wait_stream", "makes a stream wait for another")),
+    (torch.cuda.Stream, "wait_event", _refused("torch.cuda.Stream.wait_event", "makes a stream wait for an event")),
+    (torch.cuda.Stream, "record_event", _refused("torch.cuda.Stream.record_event", "records a CUDA event")),
+    (torch.cuda.Stream, "query", _refused("torch.cuda.Stream.query", "asks whether a stream's work is done")),
+    (
+        torch.accelerator,
+        "current_stream",
+        _refused(
+            "torch.accelerator.current_stream",
+            "takes a torch.Stream, whose waits and synchronization a compiled call cannot make again (use "
+            "torch.cuda.current_stream() there),",
+        ),
+    ),
+)
