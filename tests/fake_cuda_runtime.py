@@ -100,6 +100,11 @@ def install(monkeypatch) -> Runtime:
         (torch._C, "_accelerator_exchangeDevice", runtime.exchange),
         (torch._C, "_accelerator_maybeExchangeDevice", runtime.exchange),
         (torch._C, "_accelerator_synchronizeDevice", lambda index: log("device", index)),
+        (
+            torch._C,
+            "_accelerator_getStream",
+            lambda index: torch.Stream(stream_id=0, device_index=index, device_type=1),
+        ),
         (torch.cuda.Stream, "synchronize", lambda self: log("stream", self.device_index)),
         (torch.cuda.Stream, "wait_stream", lambda self, other: log("wait", self.stream_id, other.stream_id)),
         (torch.cuda.Event, "synchronize", lambda self: log("event", id(self))),

@@ -4,7 +4,8 @@ of an event made outside and ``Tensor.record_stream`` made again by every call; 
 asks of the devices (``is_available()``, ``device_count()``, capabilities, properties) guarded, also
 through a function bound before tracing (``from torch.cuda import current_device``); and what no
 compiled call can make where eager makes it (events made or recorded, waits between streams, the
-allocator's statistics) refused naming the line. On the fake CUDA runtime of two devices
+methods of the device-generic ``torch.Event`` and ``torch.Stream``, the allocator's statistics)
+refused naming the line. On the fake CUDA runtime of two devices
 (``fake_cuda``); the GPU twin runs them on real devices (gpu_check).
 """
 
@@ -16,9 +17,10 @@ import thunder_rs
 from fake_cuda_runtime import Stream
 from thunder_rs.errors import ThunderNotImplementedError
 
-#: a stream and an event made outside the programs (an event is made lazily: no GPU wanted)
+#: a stream and events made outside the programs (an event is made lazily: no GPU wanted)
 SIDE = Stream(0, stream_id=3)
 EVENT = torch.cuda.Event()
+GENERIC_EVENT = torch.Event(device="cuda")
 
 
 def _accelerator_sets(x):
@@ -62,6 +64,7 @@ def _records_streams(x):
     x.record_stream(SIDE)
     y = x * 2
     y.record_stream(torch.cuda.current_stream())
+    y.record_stream(torch.accelerator.current_stream())
     return y
 
 
@@ -163,7 +166,10 @@ REFUSED = {
     "event_query": (_queries, "torch.cuda.Event.query"),
     "event_wait": (_waits_on_an_event, "torch.cuda.Event.wait"),
     "wait_stream": (_waits_for_a_stream, "torch.cuda.Stream.wait_stream"),
-    "accelerator_stream": (_takes_an_accelerator_stream, "torch.accelerator.current_stream"),
+    "accelerator_stream": (_takes_an_accelerator_stream, "torch.Stream.synchronize"),
+    "generic_record": (lambda x: GENERIC_EVENT.record() or x * 2, "torch.Event.record"),
+    "generic_elapsed_time": (lambda x: x * GENERIC_EVENT.elapsed_time(GENERIC_EVENT), "torch.Event.elapsed_time"),
+    "generic_synchronize": (lambda x: GENERIC_EVENT.synchronize() or x * 2, "torch.Event.synchronize"),
     "memory_allocated": (lambda x: x * torch.cuda.memory_allocated(), "torch.cuda.memory_allocated"),
     "max_memory_allocated": (lambda x: x * torch.cuda.max_memory_allocated(0), "torch.cuda.max_memory_allocated"),
     "memory_stats": (lambda x: x * len(torch.cuda.memory_stats()), "torch.cuda.memory_stats"),

@@ -9,8 +9,8 @@ what marks or orders such a point is refused, naming the line:
   (tracing would reuse what ``query`` and ``elapsed_time`` read once);
 - ``Stream.wait_stream``, ``wait_event``, ``record_event`` and ``query`` (the waits make the
   kernels after the line wait, which the compiled call cannot tell apart);
-- ``torch.accelerator.current_stream()``: its ``torch.Stream`` is a type whose methods no
-  stand-in can replace (``torch.cuda.current_stream()`` is followed instead).
+- the same methods of ``torch.Event`` and ``torch.Stream`` (``torch.accelerator.current_stream()``'s),
+  C methods of types no stand-in can change, and their ``synchronize``: ``core.state.cuda_calls``.
 
 ``Event.synchronize()`` of an event made outside is made again by every call after it runs, as
 ``Stream.synchronize`` is (``cuda_state``): the host waits for the work the event holds.
@@ -135,13 +135,4 @@ PLACES = (
     (torch.cuda.Stream, "wait_event", _refused("torch.cuda.Stream.wait_event", "makes a stream wait for an event")),
     (torch.cuda.Stream, "record_event", _refused("torch.cuda.Stream.record_event", "records a CUDA event")),
     (torch.cuda.Stream, "query", _refused("torch.cuda.Stream.query", "asks whether a stream's work is done")),
-    (
-        torch.accelerator,
-        "current_stream",
-        _refused(
-            "torch.accelerator.current_stream",
-            "takes a torch.Stream, whose waits and synchronization a compiled call cannot make again (use "
-            "torch.cuda.current_stream() there),",
-        ),
-    ),
 )

@@ -15,7 +15,8 @@
 - ``with torch.cuda.stream(s)`` and ``torch.cuda.set_stream(s)`` are refused, naming the line: a
   compiled call queues all its kernels on the stream current when it is called.
 - ``torch.accelerator``'s ``set_device_index``, ``current_device_index``, ``synchronize``,
-  ``set_stream`` and ``device_index`` context are the same state, and are followed as those are.
+  ``current_stream``, ``set_stream`` and ``device_index`` context are the same state, and are
+  followed as those are.
 - What the program asks of the devices and their allocator (``cuda_queries``) and the events and
   waits between streams it makes (``cuda_events``) are guarded, made again or refused there.
 
@@ -217,6 +218,7 @@ _PLACES = (
     (torch.accelerator, "current_device_idx", _current_device),
     (torch.accelerator, "synchronize", _synchronize),
     (torch.accelerator, "set_stream", _set_stream),
+    (torch.accelerator, "current_stream", _current_stream),
     (torch.accelerator.device_index, "__enter__", _device_enter),
     (torch.accelerator.device_index, "__exit__", _device_exit),
     *cuda_queries.PLACES,
