@@ -239,7 +239,7 @@ def test_on_cuda_the_runtime_api_the_program_uses_is_eagers():
     two = torch.cuda.device_count() >= 2
     names = ("accelerator_reads", "bound_before", "empties_the_cache", "waits_for_an_event", "asks_the_devices")
     programs = dict(PROGRAMS if two else {n: PROGRAMS[n] for n in names}, one_device=_one_device)
-    programs.pop("records_streams")  # (of the fake runtime's stream: ``_records_real_streams`` below)
+    programs.pop("records_streams", None)  # (of the fake runtime's stream: ``_records_real_streams`` below)
     x = torch.randn(2, device="cuda")
     EVENT.record()
     for fn in programs.values():
