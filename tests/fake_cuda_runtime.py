@@ -21,7 +21,7 @@ class Runtime:
 
     def __init__(self):
         self.current, self.log, self.count = 0, [], 2
-        self.properties = [Properties("Fake H200", 9, 0, 2**37), Properties("Fake A100", 8, 0, 2**35)]
+        self.properties = [Properties("Fake H200", 9, 0, 2**37), Properties("Fake V100", 7, 0, 2**35)]
 
     # (kept by the name the first tests read)
     @property

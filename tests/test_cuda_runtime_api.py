@@ -79,6 +79,16 @@ def _asks_the_devices(x):
     return x, torch.ones(sizes, device=torch.accelerator.current_accelerator())
 
 
+def _asks_for_dtypes(x):
+    half = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return x.to(half), x.to(torch.float64 if torch.cuda.is_tf32_supported() else torch.float32)
+
+
+def _asks_the_device_it_chose(x):
+    torch.cuda.set_device(1)
+    return x.to(torch.bfloat16 if torch.cuda.is_bf16_supported(False) else torch.float16), torch.ones(2, device="cuda")
+
+
 #: Programs of a CPU tensor (2,) whose outputs' metadata (fake tensors have no values), current
 #: device after the call and runtime log depend on the device current when the call begins and on
 #: the devices there are.
@@ -91,6 +101,8 @@ PROGRAMS = {
     "waits_for_an_event": _waits_for_an_event,
     "records_streams": _records_streams,
     "asks_the_devices": _asks_the_devices,
+    "asks_for_dtypes": _asks_for_dtypes,
+    "asks_the_device_it_chose": _asks_the_device_it_chose,
 }
 
 
@@ -177,6 +189,8 @@ REFUSED = {
     "memory_module": (lambda x: x * torch.cuda.memory.memory_reserved(), "torch.cuda.memory.memory_reserved"),
     "accelerator_memory": (lambda x: x * torch.accelerator.memory_allocated(), "torch.accelerator.memory_allocated"),
     "reset_peak": (lambda x: torch.cuda.reset_peak_memory_stats() or x * 2, "torch.cuda.reset_peak_memory_stats"),
+    "utilization": (lambda x: x * torch.cuda.utilization(), "torch.cuda.utilization"),
+    "temperature": (lambda x: x * torch.cuda.temperature(0), "torch.cuda.temperature"),
 }
 
 
@@ -238,6 +252,7 @@ def test_on_cuda_the_runtime_api_the_program_uses_is_eagers():
     and a recorded event waited on, and the refusals with real events, streams and allocator."""
     two = torch.cuda.device_count() >= 2
     names = ("accelerator_reads", "bound_before", "empties_the_cache", "waits_for_an_event", "asks_the_devices")
+    names += ("asks_for_dtypes",)
     programs = dict(PROGRAMS if two else {n: PROGRAMS[n] for n in names}, one_device=_one_device)
     programs.pop("records_streams", None)  # (of the fake runtime's stream: ``_records_real_streams`` below)
     x = torch.randn(2, device="cuda")
