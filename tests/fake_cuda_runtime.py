@@ -20,7 +20,7 @@ class Runtime:
     properties of each (tests change them between calls)."""
 
     def __init__(self):
-        self.current, self.log, self.count = 0, [], 2
+        self.current, self.log, self.count, self.capturing = 0, [], 2, False
         self.properties = [Properties("Fake H200", 9, 0, 2**37), Properties("Fake V100", 7, 0, 2**35)]
 
     # (kept by the name the first tests read)
@@ -71,6 +71,14 @@ class Stream:
     query = property(lambda self: functools.partial(torch.cuda.Stream.query, self))
 
 
+class Graph:
+    """A CUDA graph of the fake runtime (a ``torch.cuda.CUDAGraph`` wants the driver); its methods
+    are ``torch.cuda.CUDAGraph``'s."""
+
+    replay = property(lambda self: functools.partial(torch.cuda.CUDAGraph.replay, self))
+    capture_begin = property(lambda self: functools.partial(torch.cuda.CUDAGraph.capture_begin, self))
+
+
 def _current_stream(device=None):
     return Stream(torch.cuda._utils._get_device_index(device, True))
 
@@ -108,6 +116,7 @@ def install(monkeypatch) -> Runtime:
         (torch.cuda.Stream, "synchronize", lambda self: log("stream", self.device_index)),
         (torch.cuda.Stream, "wait_stream", lambda self, other: log("wait", self.stream_id, other.stream_id)),
         (torch.cuda.Event, "synchronize", lambda self: log("event", id(self))),
+        (torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: runtime.capturing),
         (torch.Tensor, "record_stream", lambda self, s: log("record_stream", self, s.device_index, s.stream_id)),
     ):
         monkeypatch.setattr(holder, name, value, raising=False)

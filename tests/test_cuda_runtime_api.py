@@ -14,13 +14,14 @@ import torch
 from torch.cuda import current_device, synchronize as cuda_synchronize
 
 import thunder_rs
-from fake_cuda_runtime import Stream
+from fake_cuda_runtime import Graph, Stream
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: a stream and events made outside the programs (an event is made lazily: no GPU wanted)
 SIDE = Stream(0, stream_id=3)
 EVENT = torch.cuda.Event()
 GENERIC_EVENT = torch.Event(device="cuda")
+GRAPH = Graph()
 
 
 def _accelerator_sets(x):
@@ -169,6 +170,11 @@ def _takes_an_accelerator_stream(x):
     return x * 2
 
 
+def _captures(x):
+    with torch.cuda.graph(GRAPH, stream=SIDE):
+        return x * 2
+
+
 #: Programs whose CUDA calls no compiled call can make where eager makes them: ``(program, the
 #: construct named)``.
 REFUSED = {
@@ -190,6 +196,8 @@ REFUSED = {
     "accelerator_memory": (lambda x: x * torch.accelerator.memory_allocated(), "torch.accelerator.memory_allocated"),
     "reset_peak": (lambda x: torch.cuda.reset_peak_memory_stats() or x * 2, "torch.cuda.reset_peak_memory_stats"),
     "utilization": (lambda x: x * torch.cuda.utilization(), "torch.cuda.utilization"),
+    "graph_replay": (lambda x: GRAPH.replay() or x * 2, "torch.cuda.CUDAGraph.replay"),
+    "graph_capture": (_captures, "torch.cuda.graph"),
     "temperature": (lambda x: x * torch.cuda.temperature(0), "torch.cuda.temperature"),
 }
 
@@ -220,6 +228,19 @@ def test_record_stream_of_a_stream_passed_in_takes_each_calls(fake_cuda):
         fake_cuda.log = []
         jf(x, stream)
         assert fake_cuda.log == [("record_stream", x, stream.device_index, stream.stream_id)]
+
+
+def _asks_whether_capturing(x):
+    return x if torch.cuda.is_current_stream_capturing() else x.double()
+
+
+def test_whether_the_current_stream_captures_is_guarded(fake_cuda):
+    """A CUDA graph's capture around the call (the runtime says so): eager takes the other
+    branch, and so does the compiled call (its entry was used as traced)."""
+    jf, x = thunder_rs.jit(_asks_whether_capturing), torch.randn(2)
+    for capturing in (False, True, False):
+        fake_cuda.capturing = capturing
+        assert jf(x).dtype == _asks_whether_capturing(x).dtype
 
 
 def test_a_stream_the_accelerator_makes_current_is_refused_naming_the_line(fake_cuda):

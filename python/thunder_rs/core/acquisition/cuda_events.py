@@ -12,6 +12,9 @@ what marks or orders such a point is refused, naming the line:
 - the same methods of ``torch.Event`` and ``torch.Stream`` (``torch.accelerator.current_stream()``'s),
   C methods of types no stand-in can change, and their ``synchronize``: ``core.state.cuda_calls``.
 
+A CUDA graph captured or replayed (``with torch.cuda.graph(g)``, ``g.replay()``) is refused too:
+tracing would make it once.
+
 ``Event.synchronize()`` of an event made outside is made again by every call after it runs, as
 ``Stream.synchronize`` is (``cuda_state``): the host waits for the work the event holds.
 ``t.record_stream(s)`` is made again by every call after it runs, on that call's tensor (an extra
@@ -35,20 +38,30 @@ __all__ = ["PLACES", "record_stream_places"]
 _EVENT = "torch.cuda.Event"
 
 
-def _refusal(label: str, why: str, program) -> ThunderNotImplementedError:
+#: why a mark among the kernels is refused
+_QUEUED = (
+    "a compiled call queues its kernels as one block, fused and in another order than eager's, so no point among "
+    "them stands for that line. Time or order the jitted call from outside it"
+)
+#: why a CUDA graph's capture or replay is refused
+_GRAPHED = (
+    "tracing made it once, and a compiled call would not make it where eager makes it on every call. Capture and "
+    "replay graphs outside the jitted function"
+)
+
+
+def _refusal(label: str, why: str, program, tail: str = _QUEUED) -> ThunderNotImplementedError:
     return ThunderNotImplementedError(
-        f"{label}: the program {why} at {program.f_code.co_filename}:{program.f_lineno}; a compiled call queues its "
-        "kernels as one block, fused and in another order than eager's, so no point among them stands for that "
-        "line. Time or order the jitted call from outside it"
+        f"{label}: the program {why} at {program.f_code.co_filename}:{program.f_lineno}; {tail}"
     )
 
 
-def _refused(label: str, why: str):
+def _refused(label: str, why: str, tail: str = _QUEUED):
     def make(real):
         def refuse(*args, **kwargs):
             program = program_of(sys._getframe(1))
             if program is not None:
-                raise _refusal(label, why, program)
+                raise _refusal(label, why, program, tail)
             return real(*args, **kwargs)
 
         return refuse
@@ -135,4 +148,7 @@ PLACES = (
     (torch.cuda.Stream, "wait_event", _refused("torch.cuda.Stream.wait_event", "makes a stream wait for an event")),
     (torch.cuda.Stream, "record_event", _refused("torch.cuda.Stream.record_event", "records a CUDA event")),
     (torch.cuda.Stream, "query", _refused("torch.cuda.Stream.query", "asks whether a stream's work is done")),
+    (torch.cuda.CUDAGraph, "replay", _refused("torch.cuda.CUDAGraph.replay", "replays a CUDA graph", _GRAPHED)),
+    (torch.cuda.CUDAGraph, "capture_begin", _refused("torch.cuda.CUDAGraph.capture_begin", "captures", _GRAPHED)),
+    (torch.cuda.graph, "__enter__", _refused("torch.cuda.graph", "captures a CUDA graph", _GRAPHED)),
 )

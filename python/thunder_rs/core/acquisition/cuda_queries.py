@@ -1,7 +1,8 @@
 """What a traced program asks the CUDA runtime and its allocator: guarded, made again, or refused.
 
 - ``torch.cuda.is_available()``, ``device_count()``, ``get_device_capability()``,
-  ``get_device_name()``, ``is_bf16_supported()``, ``is_tf32_supported()`` and
+  ``get_device_name()``, ``is_bf16_supported()``, ``is_tf32_supported()``,
+  ``is_current_stream_capturing()`` and
   ``torch.accelerator``'s ``is_available()``, ``device_count()``, ``current_accelerator()`` and
   ``get_device_capability()`` the program reads are guarded (eager branches on them, asking on
   every call: what they answer another time compiles again). Asked of the current device (no
@@ -164,6 +165,7 @@ PLACES = (
     (torch.cuda, "is_bf16_supported", _guarded("torch.cuda.is_bf16_supported", "current")),
     (torch.cuda, "is_tf32_supported", _guarded("torch.cuda.is_tf32_supported", "current")),
     (torch.cuda, "get_device_properties", _properties),
+    (torch.cuda, "is_current_stream_capturing", _guarded("torch.cuda.is_current_stream_capturing")),
     (torch.accelerator, "is_available", _guarded("torch.accelerator.is_available")),
     (torch.accelerator, "device_count", _guarded("torch.accelerator.device_count")),
     (torch.accelerator, "current_accelerator", _guarded("torch.accelerator.current_accelerator")),
