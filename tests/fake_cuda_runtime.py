@@ -102,6 +102,7 @@ def install(monkeypatch) -> Runtime:
         (torch._C, "_accelerator_isAllocatorInitialized", lambda: True),
         (torch._C, "_accelerator_emptyCache", lambda: log("empty_cache", runtime.current)),
         (torch.cuda, "current_stream", _current_stream),
+        (torch.cuda, "default_stream", _current_stream),
         (torch._C, "_accelerator_getAccelerator", lambda: torch.device("cuda")),
         (torch._C, "_accelerator_getDeviceIndex", lambda: runtime.current),
         (torch._C, "_accelerator_setDeviceIndex", runtime.set_device),

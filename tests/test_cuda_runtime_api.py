@@ -69,6 +69,12 @@ def _records_streams(x):
     return y
 
 
+def _uses_the_default_stream(x):
+    torch.cuda.default_stream().synchronize()
+    x.record_stream(torch.cuda.default_stream())
+    return x * 2
+
+
 def _asks_the_devices(x):
     if not (torch.cuda.is_available() and torch.accelerator.is_available()):
         return x
@@ -101,6 +107,7 @@ PROGRAMS = {
     "empties_the_cache": _empties_the_cache,
     "waits_for_an_event": _waits_for_an_event,
     "records_streams": _records_streams,
+    "default_stream": _uses_the_default_stream,
     "asks_the_devices": _asks_the_devices,
     "asks_for_dtypes": _asks_for_dtypes,
     "asks_the_device_it_chose": _asks_the_device_it_chose,
@@ -273,7 +280,7 @@ def test_on_cuda_the_runtime_api_the_program_uses_is_eagers():
     and a recorded event waited on, and the refusals with real events, streams and allocator."""
     two = torch.cuda.device_count() >= 2
     names = ("accelerator_reads", "bound_before", "empties_the_cache", "waits_for_an_event", "asks_the_devices")
-    names += ("asks_for_dtypes",)
+    names += ("asks_for_dtypes", "default_stream")
     programs = dict(PROGRAMS if two else {n: PROGRAMS[n] for n in names}, one_device=_one_device)
     programs.pop("records_streams", None)  # (of the fake runtime's stream: ``_records_real_streams`` below)
     x = torch.randn(2, device="cuda")

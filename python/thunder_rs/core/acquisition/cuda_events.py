@@ -20,9 +20,10 @@ tracing would make it once.
 ``t.record_stream(s)`` is made again by every call after it runs, on that call's tensor (an extra
 output of the trace where the program computed it: the allocator keeps its memory for ``s`` as
 eager's does), of ``s``, or of the stream current when the call runs where ``s`` was
-``torch.cuda.current_stream()``.
+``torch.cuda.current_stream()`` (``default_stream()``, ``torch.accelerator.current_stream()``).
 """
 
+import functools
 import sys
 
 import torch
@@ -93,31 +94,31 @@ def _event_synchronize(real):
 
 class _RecordStream:
     """``tensor.record_stream(stream)`` the program made, made again after every call: ``stream``
-    None for the stream current when the call runs on ``device`` (``torch.cuda.current_stream()``),
-    an ``InputSource`` for one of the call's arguments (or reached from them), else itself (read
-    from the program's state, whose read the observer guards)."""
+    an ``InputSource`` for one of the call's arguments (or reached from them), what takes it again
+    (``functools.partial``: ``torch.cuda.current_stream(device)``), else itself (read from the
+    program's state, whose read the observer guards)."""
 
-    __slots__ = ("real", "tensor", "stream", "device")
+    __slots__ = ("real", "tensor", "stream")
 
-    def __init__(self, real, tensor, stream, device):
-        self.real, self.tensor, self.stream, self.device = real, tensor, stream, device
+    def __init__(self, real, tensor, stream):
+        self.real, self.tensor, self.stream = real, tensor, stream
 
     def effect(self, extras: list):
-        return _RecordStream(self.real, TracedValue(self.tensor, extras), self.stream, self.device)
+        return _RecordStream(self.real, TracedValue(self.tensor, extras), self.stream)
 
     def apply(self, extras, flat) -> None:
         stream = self.stream
-        if stream is None:
-            stream = torch.cuda.current_stream(self.device)
+        if type(stream) is functools.partial:
+            stream = stream()
         elif isinstance(stream, InputSource):
             stream = stream.object(flat)
         self.real(self.tensor.get(extras), stream)
 
 
-def record_stream_places(current_stream_of):
-    """The place of ``Tensor.record_stream``'s stand-in; ``current_stream_of(stream)`` is ``(True,
-    the device)`` where ``torch.cuda.current_stream(device)`` gave ``stream`` to the program
-    (``cuda_state``), else ``(False, None)``."""
+def record_stream_places(taken_again):
+    """The place of ``Tensor.record_stream``'s stand-in; ``taken_again(stream)`` is what takes
+    ``stream`` again on a call where ``torch.cuda.current_stream`` gave it to the program
+    (``cuda_state``), else None."""
 
     def make(real):
         def record_stream(self, stream):
@@ -125,10 +126,9 @@ def record_stream_places(current_stream_of):
                 return real(self, stream)
             recorded = recorded_effects()
             if recorded is not None:
-                current, device = current_stream_of(stream)
                 source = thread_state.observer.state.source_of(stream)
-                held = None if current else source if isinstance(source, InputSource) else stream
-                recorded.append(_RecordStream(real, self, held, device))
+                held = taken_again(stream) or (source if isinstance(source, InputSource) else stream)
+                recorded.append(_RecordStream(real, self, held))
             return None
 
         return record_stream

@@ -9,9 +9,10 @@
   them; nothing is left to make again.
 - ``torch.cuda.current_device()`` the program reads is guarded (a changed device compiles again),
   unless the program chose the device itself before.
-- ``torch.cuda.synchronize()`` and ``Stream.synchronize()`` (``torch.cuda.current_stream()``'s)
-  are made again by every compiled call after it runs (the host waits for the call's kernels as
-  eager's waited for the program's): the device or stream current at that point of eager's call.
+- ``torch.cuda.synchronize()`` and ``Stream.synchronize()`` (``torch.cuda.current_stream()``'s
+  or ``default_stream()``'s: of the device current when the call runs) are made again by every
+  compiled call after it runs (the host waits for the call's kernels as eager's waited for the
+  program's): the device or stream current at that point of eager's call.
 - ``with torch.cuda.stream(s)`` and ``torch.cuda.set_stream(s)`` are refused, naming the line: a
   compiled call queues all its kernels on the stream current when it is called.
 - ``torch.accelerator``'s ``set_device_index``, ``current_device_index``, ``synchronize``,
@@ -28,6 +29,7 @@ which it would call without looking it up in ``torch.cuda``) gets its stand-in w
 (``cached_reads.register_stand_in``).
 """
 
+import functools
 import sys
 import types
 
@@ -132,8 +134,9 @@ def _synchronize(real):
     return synchronize
 
 
-#: ``id`` -> (stream, the device to take the current stream of again) of the streams
-#: ``torch.cuda.current_stream`` gave the programs traced
+#: ``id`` -> (stream, what takes it again on a call: the function that gave it to the program with
+#: the device it was given, ``functools.partial``) of the streams ``torch.cuda.current_stream``,
+#: ``torch.cuda.default_stream`` and ``torch.accelerator.current_stream`` gave the programs traced
 _current_streams: dict = {}
 
 
@@ -141,14 +144,14 @@ def _current_stream(real):
     def current_stream(device=None):
         stream = real(device)
         if program_of(sys._getframe(1)) is not None:
-            _current_streams[id(stream)] = (stream, _where_chosen(device))
+            _current_streams[id(stream)] = (stream, functools.partial(real, _where_chosen(device)))
         return stream
 
     return current_stream
 
 
-def _synchronize_current_stream(device) -> None:
-    torch.cuda.current_stream(device).synchronize()
+def _synchronize_taken(take) -> None:
+    take().synchronize()
 
 
 def _stream_synchronize(real):
@@ -157,7 +160,7 @@ def _stream_synchronize(real):
             return real(self)
         held = _current_streams.get(id(self))
         if held is not None and held[0] is self:  # the stream current when the call runs, as eager's
-            _made_again(_synchronize_current_stream, (held[1],))
+            _made_again(_synchronize_taken, (held[1],))
         else:
             _made_again(real, (self,))
         return None
@@ -193,11 +196,11 @@ def _set_stream(real):
     return set_stream
 
 
-def _current_stream_of(stream) -> tuple:
-    """``(True, the device to take the current stream of again)`` where ``torch.cuda.current_stream``
-    gave ``stream`` to the program, else ``(False, None)`` (``cuda_events``' ``record_stream``)."""
+def _current_stream_of(stream):
+    """What takes ``stream`` again on a call (``functools.partial``) where ``torch.cuda.current_stream``
+    (or ``default_stream``) gave it to the program, else None (``cuda_events``' ``record_stream``)."""
     held = _current_streams.get(id(stream))
-    return (True, held[1]) if held is not None and held[0] is stream else (False, None)
+    return held[1] if held is not None and held[0] is stream else None
 
 
 #: ``(holder, name, stand-in maker)`` of the functions replaced while a program is traced
@@ -206,6 +209,7 @@ _PLACES = (
     (torch.cuda, "current_device", _current_device),
     (torch.cuda, "synchronize", _synchronize),
     (torch.cuda, "current_stream", _current_stream),
+    (torch.cuda, "default_stream", _current_stream),
     (torch.cuda, "set_stream", _set_stream),
     (torch.cuda.device, "__enter__", _device_enter),
     (torch.cuda.device, "__exit__", _device_exit),
