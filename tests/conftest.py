@@ -81,3 +81,15 @@ def real_nvfuser():
         return nvfuser_ex.import_nvfuser_direct()
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"nvfuser_direct does not import: {type(e).__name__}: {e}")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A fake CUDA runtime of two devices (``fake_cuda_runtime``), under ``FakeTensorMode``: what the
+    program sets, waits for and asks of CUDA, without a GPU."""
+    import fake_cuda_runtime  # noqa: PLC0415 (the CUDA tests' fixtures: imported where used)
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    runtime = fake_cuda_runtime.install(monkeypatch)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield runtime

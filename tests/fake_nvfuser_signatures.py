@@ -26,18 +26,16 @@ import numbers
 
 import torch
 
+from fake_nvfuser_recording import TensorView, Val
+
 _NO_DEFAULT = object()
 
 
 def _is_val(x) -> bool:
-    from fake_nvfuser_direct import Val  # noqa: PLC0415 (the stand-in imports this module)
-
     return isinstance(x, Val)
 
 
 def _is_tv(x) -> bool:
-    from fake_nvfuser_direct import TensorView  # noqa: PLC0415
-
     return isinstance(x, TensorView)
 
 

@@ -4,63 +4,15 @@ after them (inside it) go to ``cuda:i``, ``set_device`` is made again by every c
 device the program reads is guarded, ``torch.cuda.synchronize()`` and
 ``current_stream().synchronize()`` are made again by every call, and a stream context is refused
 naming the line. On fake CUDA tensors (``FakeTensorMode``) with a fake CUDA runtime of two devices
-in ``torch._C`` (``fake_cuda``); the GPU twin runs the same programs on real devices (gpu_check).
+(``fake_cuda``: ``fake_cuda_runtime``); the GPU twin runs the same programs on real devices (gpu_check).
 """
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import thunder_rs
+from fake_cuda_runtime import Stream as _Stream
 from thunder_rs.errors import ThunderNotImplementedError
-
-
-class _Runtime:
-    """Two CUDA devices: the current one, and what was synchronized, in order."""
-
-    def __init__(self):
-        self.current, self.synchronized = 0, []
-
-    def exchange(self, index):
-        before = self.current
-        if index is not None and index >= 0:
-            self.current = index
-        return before if index is not None and index >= 0 else -1
-
-    def set_device(self, index):
-        self.current = index
-
-
-class _Stream:
-    """A stream of the fake runtime (a ``torch.cuda.Stream`` wants the driver)."""
-
-    def __init__(self, device_index, stream_id=0):
-        self.device_index, self.stream_id, self.device_type = device_index, stream_id, 1
-        self.device = torch.device("cuda", device_index)
-
-    def synchronize(self):
-        return torch.cuda.Stream.synchronize(self)
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    runtime = _Runtime()
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "_check_stray_context", lambda index: None, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: runtime.current)
-    monkeypatch.setattr(torch._C, "_cuda_setDevice", runtime.set_device)
-    monkeypatch.setattr(torch.cuda, "_exchange_device", runtime.exchange)
-    monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", runtime.exchange)
-    monkeypatch.setattr(torch._C, "_cuda_synchronize", lambda: runtime.synchronized.append(("device", runtime.current)))
-    current_stream = lambda device=None: _Stream(torch.cuda._utils._get_device_index(device, True))  # noqa: E731
-    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
-    monkeypatch.setattr(
-        torch.cuda.Stream, "synchronize", lambda self: runtime.synchronized.append(("stream", self.device_index))
-    )
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        yield runtime
 
 
 def _set_then_make(x):

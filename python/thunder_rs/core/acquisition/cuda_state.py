@@ -9,21 +9,33 @@
   them; nothing is left to make again.
 - ``torch.cuda.current_device()`` the program reads is guarded (a changed device compiles again),
   unless the program chose the device itself before.
-- ``torch.cuda.synchronize()`` and ``Stream.synchronize()`` (``torch.cuda.current_stream()``'s)
-  are made again by every compiled call after it runs (the host waits for the call's kernels as
-  eager's waited for the program's): the device or stream current at that point of eager's call.
+- ``torch.cuda.synchronize()`` and ``Stream.synchronize()`` (``torch.cuda.current_stream()``'s
+  or ``default_stream()``'s: of the device current when the call runs) are made again by every
+  compiled call after it runs (the host waits for the call's kernels as eager's waited for the
+  program's): the device or stream current at that point of eager's call.
 - ``with torch.cuda.stream(s)`` and ``torch.cuda.set_stream(s)`` are refused, naming the line: a
   compiled call queues all its kernels on the stream current when it is called.
+- ``torch.accelerator``'s ``set_device_index``, ``current_device_index``, ``synchronize``,
+  ``current_stream``, ``set_stream`` and ``device_index`` context are the same state, and are
+  followed as those are.
+- What the program asks of the devices and their allocator (``cuda_queries``) and the events and
+  waits between streams it makes (``cuda_events``) are guarded, made again or refused there.
 
 The stand-ins take the places of torch's functions while some program is traced (``put_cuda_state``
 from ``stdlib_state``) and act only for the program's own calls (``setters.program_of``);
-torch's code calling them (``Stream.__new__`` entering a device context) gets torch's own.
+torch's code calling them (``Stream.__new__`` entering a device context) gets torch's own. A
+function of a module the program bound before tracing (``from torch.cuda import current_device``,
+which it would call without looking it up in ``torch.cuda``) gets its stand-in where it is bound
+(``cached_reads.register_stand_in``).
 """
 
+import functools
 import sys
+import types
 
 import torch
 
+from thunder_rs.core.acquisition import cuda_events, cuda_queries
 from thunder_rs.core.acquisition.effects import recorded_effects
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import (
@@ -33,6 +45,7 @@ from thunder_rs.core.lang.devices import (
     leave_device,
     program_chose_device,
 )
+from thunder_rs.core.state.cached_reads import forget_stand_in, register_stand_in
 from thunder_rs.errors import ThunderNotImplementedError
 
 __all__ = ["put_cuda_state", "put_back_cuda_state"]
@@ -121,8 +134,9 @@ def _synchronize(real):
     return synchronize
 
 
-#: ``id`` -> (stream, the device to take the current stream of again) of the streams
-#: ``torch.cuda.current_stream`` gave the programs traced
+#: ``id`` -> (stream, what takes it again on a call: the function that gave it to the program with
+#: the device it was given, ``functools.partial``) of the streams ``torch.cuda.current_stream``,
+#: ``torch.cuda.default_stream`` and ``torch.accelerator.current_stream`` gave the programs traced
 _current_streams: dict = {}
 
 
@@ -130,14 +144,14 @@ def _current_stream(real):
     def current_stream(device=None):
         stream = real(device)
         if program_of(sys._getframe(1)) is not None:
-            _current_streams[id(stream)] = (stream, _where_chosen(device))
+            _current_streams[id(stream)] = (stream, functools.partial(real, _where_chosen(device)))
         return stream
 
     return current_stream
 
 
-def _synchronize_current_stream(device) -> None:
-    torch.cuda.current_stream(device).synchronize()
+def _synchronize_taken(take) -> None:
+    take().synchronize()
 
 
 def _stream_synchronize(real):
@@ -146,7 +160,7 @@ def _stream_synchronize(real):
             return real(self)
         held = _current_streams.get(id(self))
         if held is not None and held[0] is self:  # the stream current when the call runs, as eager's
-            _made_again(_synchronize_current_stream, (held[1],))
+            _made_again(_synchronize_taken, (held[1],))
         else:
             _made_again(real, (self,))
         return None
@@ -176,10 +190,17 @@ def _set_stream(real):
     def set_stream(stream):
         program = program_of(sys._getframe(1))
         if program is not None and stream is not None:
-            raise _refused("torch.cuda.set_stream", program)
+            raise _refused(f"{real.__module__}.set_stream", program)
         return real(stream)
 
     return set_stream
+
+
+def _current_stream_of(stream):
+    """What takes ``stream`` again on a call (``functools.partial``) where ``torch.cuda.current_stream``
+    (or ``default_stream``) gave it to the program, else None (``cuda_events``' ``record_stream``)."""
+    held = _current_streams.get(id(stream))
+    return held[1] if held is not None and held[0] is stream else None
 
 
 #: ``(holder, name, stand-in maker)`` of the functions replaced while a program is traced
@@ -188,32 +209,59 @@ _PLACES = (
     (torch.cuda, "current_device", _current_device),
     (torch.cuda, "synchronize", _synchronize),
     (torch.cuda, "current_stream", _current_stream),
+    (torch.cuda, "default_stream", _current_stream),
     (torch.cuda, "set_stream", _set_stream),
     (torch.cuda.device, "__enter__", _device_enter),
     (torch.cuda.device, "__exit__", _device_exit),
     (torch.cuda.StreamContext, "__enter__", _stream_enter),
     (torch.cuda.Stream, "synchronize", _stream_synchronize),
+    # (``torch.accelerator``'s, of the CUDA device: the same state through its own functions)
+    (torch.accelerator, "set_device_index", _set_device),
+    (torch.accelerator, "set_device_idx", _set_device),
+    (torch.accelerator, "current_device_index", _current_device),
+    (torch.accelerator, "current_device_idx", _current_device),
+    (torch.accelerator, "synchronize", _synchronize),
+    (torch.accelerator, "set_stream", _set_stream),
+    (torch.accelerator, "current_stream", _current_stream),
+    (torch.accelerator.device_index, "__enter__", _device_enter),
+    (torch.accelerator.device_index, "__exit__", _device_exit),
+    *cuda_queries.PLACES,
+    *cuda_events.PLACES,
+    *cuda_events.record_stream_places(_current_stream_of),
 )
-#: ``(holder, name, real)`` of those in place now
+_ABSENT = object()
+#: ``(holder, name, what its ``__dict__`` held, or _ABSENT)`` of those in place now
 _replaced: list = []
 
 
 def put_cuda_state() -> None:
-    """Puts the stand-ins in, around the functions in place now (while some program is traced)."""
+    """Puts the stand-ins in, around the functions in place now (while some program is traced);
+    a module's are also put where the program bound them before (``from torch.cuda import
+    current_device``: ``cached_reads.register_stand_in``)."""
     if _replaced:
         return
+    bound: set = set()  # (a function two modules hold, torch.cuda's and torch.cuda.memory's: the first's)
     for holder, name, make in _PLACES:
         real = getattr(holder, name)
-        _replaced.append((holder, name, real))
-        setattr(holder, name, make(real))
+        _replaced.append((holder, name, vars(holder).get(name, _ABSENT), real))
+        stand_in = make(real)
+        setattr(holder, name, stand_in)
+        if isinstance(holder, types.ModuleType) and id(real) not in bound:
+            bound.add(id(real))
+            register_stand_in(real, stand_in)
 
 
 def put_back_cuda_state() -> None:
     """Puts torch's functions back and the current devices as they were before tracing (every
     call, the first one too, sets them again after running)."""
     while _replaced:
-        holder, name, real = _replaced.pop()
-        setattr(holder, name, real)
+        holder, name, held, real = _replaced.pop()
+        if held is _ABSENT:
+            delattr(holder, name)
+        else:
+            setattr(holder, name, held)
+        if isinstance(holder, types.ModuleType):
+            forget_stand_in(real)
     while _undo:
         _undo.pop()()
     _current_streams.clear()

@@ -62,7 +62,8 @@ here lives behind library calls it does not follow, so it is handled by a table 
   changes, ``warnings``' filters, torch's and NumPy's print options, a logger's level:
   ``library_settings``) and the seeding of Python's and NumPy's generators (``core.state.pydraws``);
   the CUDA device it sets, reads or synchronizes as eager does, a stream it enters refused
-  (``cuda_state``).
+  (``cuda_state``), what it asks of the devices guarded and the allocator's statistics, CUDA events
+  and waits between streams refused (``cuda_queries``, ``cuda_events``).
 
 The closures and default arguments of the functions a program runs are watched by the observer
 (``observe.py``, ``guards.DefaultsGuard``), as its other reads are.

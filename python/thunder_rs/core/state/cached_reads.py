@@ -298,6 +298,13 @@ def register_stand_in(real, stand_in) -> None:
     _stdlib_readers[id(stand_in)] = real
 
 
+def forget_stand_in(real) -> None:
+    """``real`` has no stand-in any more (one made again for each tracing: ``cuda_state``'s)."""
+    stand_in = _stdlib.pop(id(real), None)
+    if stand_in is not None:
+        _stdlib_readers.pop(id(stand_in), None)
+
+
 def _stand_in(source, name: str, value, reader, holder) -> None:
     """Puts ``reader`` in place of ``value`` where ``name`` holds it (``stand_in_cached``)."""
     if holder is None and isinstance(source, CellSource):

@@ -10,6 +10,7 @@ from thunder_rs import _core
 from thunder_rs.core.state.c_effects import C_WRITERS, refuse_c_effect
 from thunder_rs.core.state.clocks import C_READERS, refuse_c_call
 from thunder_rs.core.state.code_reads import IMPORTING, classify, in_stdlib, interesting
+from thunder_rs.core.state.cuda_calls import C_CUDA, refuse_cuda_call
 
 
 class _ThreadState(threading.local):
@@ -29,7 +30,7 @@ thread_state = _thread = _ThreadState()
 def thread_hook():
     if _thread.hook is None:
         _thread.hook = _core.CallObserver(classify, _dispatch_call, _dispatch_return)
-        _thread.hook.watch_c_calls([*C_READERS, *C_WRITERS], _dispatch_c_call)
+        _thread.hook.watch_c_calls([*C_READERS, *C_WRITERS, *C_CUDA], _dispatch_c_call)
     return _thread.hook
 
 
@@ -96,9 +97,10 @@ def _dispatch_return(frame, importing: bool) -> None:
 
 
 def _dispatch_c_call(frame, function, importing: bool, interesting: bool):
-    """A call of a watched builtin by ``frame``: refused if it reads the clock (``clocks``) or
-    makes an effect outside the program (``c_effects``); by a frame that is not the program's, an
-    effect only where the standard library makes it for the program (``json.dump(obj, f)``)."""
+    """A call of a watched builtin by ``frame``: refused if it reads the clock (``clocks``), marks
+    a point among CUDA kernels (``cuda_calls``) or makes an effect outside the program
+    (``c_effects``); by a frame that is not the program's, an effect only where the standard
+    library makes it for the program (``json.dump(obj, f)``)."""
     observer = _thread.observer
     if observer is None or _thread.inside:
         return
@@ -107,6 +109,7 @@ def _dispatch_c_call(frame, function, importing: bool, interesting: bool):
         return
     if interesting:
         refuse_c_call(frame, function)
+        refuse_cuda_call(frame, function)
     refuse_c_effect(frame, function, observer)
 
 

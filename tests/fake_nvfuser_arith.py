@@ -1,0 +1,235 @@
+"""The stand-in ``fake_nvfuser_direct``'s arithmetic: unary, binary and ternary ops, reductions,
+scans and normalization, each computed in the dtype nvFuser computes it in (csrc/ops/arith.cpp,
+csrc/ops/composite.cpp, csrc/ops/normalization.cpp; the type rules in ``fake_nvfuser_promotion``).
+"""
+
+import torch
+
+import fake_nvfuser_allocation as allocation
+import fake_nvfuser_layouts as layouts
+from fake_nvfuser_ops import BITWISE, DEFAULT_BINARY, FLOAT_UNARY, IS_OPS, LOGICAL_BINARY, NO_HALF_KERNEL, SAME_DTYPE
+from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, DataType
+from fake_nvfuser_recording import _as, _check, _device, _elementwise, _fd, _operand, _record, compute_types
+
+# -- unary, binary and ternary ops (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ------------------------
+
+
+def _div(a, b):
+    # ``div`` is C++'s operator /: integers truncate.
+    if a.dtype.is_floating_point:
+        return torch.true_divide(a, b)
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _same_dtype_op(name, fn, out_dtype=None):
+    def op(arg):
+        dtype = _operand(arg)[1]
+        if name in NO_HALF_KERNEL and dtype in HALF:
+            _fd().unsupported.append(f"{name} of {DataType(dtype).name}")
+        return _elementwise(name, fn, (arg,), dtype, out_dtype)
+
+    return op
+
+
+def _promoting_unary(name, fn, config, out_dtype=None):
+    def op(arg):
+        return _elementwise(name, fn, (arg,), compute_types(config, (arg,)), out_dtype)
+
+    return op
+
+
+def _promoting_binary(name, fn, config, out_dtype=None):
+    def op(lhs, rhs):
+        return _elementwise(name, fn, (lhs, rhs), compute_types(config, (lhs, rhs)), out_dtype)
+
+    return op
+
+
+def _bitwise(name, fn, logical):
+    def op(lhs, rhs):
+        dtypes = [_operand(x)[1] for x in (lhs, rhs)]
+        for dtype in dtypes:
+            _check(
+                not dtype.is_floating_point,
+                "isIntegralType(v->dtype()) || isBooleanType(v->dtype())",
+                f"Integer or boolean input is required for {name} but found {DataType(dtype).name}",
+            )
+        if dtypes == [torch.bool, torch.bool]:
+            return getattr(_fd().ops, logical)(lhs, rhs)
+        return _elementwise(name, fn, (lhs, rhs), compute_types(DEFAULT, (lhs, rhs)))
+
+    return op
+
+
+def _unary_ops(ops_):
+    for name, fn in SAME_DTYPE.items():
+        setattr(ops_, name, _same_dtype_op(name, fn))
+    for name, fn in FLOAT_UNARY.items():
+        setattr(ops_, name, _promoting_unary(name, fn, FLOAT_OP))
+    for name, fn in IS_OPS.items():
+        setattr(ops_, name, _same_dtype_op(name, fn, torch.bool))
+    # neg: default_op_config, "as a workaround to #1541" (halves to Float, integers kept).
+    ops_.neg = _promoting_unary("neg", torch.neg, DEFAULT)
+    ops_.signbit = _promoting_unary("signbit", torch.signbit, DEFAULT, torch.bool)
+
+
+def _binary_ops(ops_):
+    for name, fn in DEFAULT_BINARY.items():
+        setattr(ops_, name, _promoting_binary(name, fn, DEFAULT))
+    ops_.div = _promoting_binary("div", _div, DEFAULT)
+    ops_.truediv = _promoting_binary("truediv", torch.true_divide, FLOAT_OP)
+    ops_.atan2 = _promoting_binary("atan2", torch.atan2, FLOAT_OP)
+    # nextafter: float_only_op_config, checked before halves become Float: a Half one is an error.
+    ops_.nextafter = _promoting_binary("nextafter", torch.nextafter, FLOAT_ONLY)
+    for name, fn in LOGICAL_BINARY.items():
+        setattr(ops_, name, _promoting_binary(name, fn, DEFAULT, torch.bool))
+    for name, (fn, logical) in BITWISE.items():
+        setattr(ops_, name, _bitwise(name, fn, logical))
+
+
+# -- reductions, scans and normalization (csrc/ops/arith.cpp, csrc/ops/normalization.cpp) -----------------
+
+
+def _reduce_dims(rank, dims):
+    dims = range(rank) if dims is None else [dims] if isinstance(dims, int) else dims
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def _reduced(arg, axes, keepdim):
+    """The expansion rule of a reduction of ``arg`` over ``axes`` (its other dims are ``arg``'s), and
+    what its scheduling refuses: on the H100 and the H200, nvFuser's normalization scheduler
+    vectorized the innermost logical dim of a column-major input's cached copy, whose innermost
+    allocated dim is the other one, and lowering refused it (a layer norm, test_cuda.py)."""
+    fd = _fd()
+    if arg.ndim - 1 in axes and any(layouts.innermost_permuted(spec) for _, spec in fd._inputs):
+        fd.compile_errors.append(
+            "Expected last_alloc_dim == vec_alloc_id . Vectorized dim for producer has to be from an inner most "
+            "position. (Exception raised from validateAllocationVectorizedId at csrc/device_lower/validation.cpp)"
+        )
+    kept = [False if d in axes else e for d, e in enumerate(arg.expanded) if keepdim or d not in axes]
+    return lambda out: kept
+
+
+def _reduction(name, fn, identity_dtype):
+    """``NVFUSER_DEFINE_REDUCTION_OP``'s three overloads: ``(arg, dtype)``, ``(arg, dim, keepdim,
+    dtype)``, ``(arg, dims, keepdim, dtype)``. ``identity_dtype(input dtype, dtype)`` is the
+    result's dtype (``sum``/``prod``: the given dtype, else Int for integers and bools, else the
+    input's; ``max``/``min``: the input's, and no dtype may be given)."""
+
+    def op(arg, dims=None, keepdim=False, dtype=DataType.Null):
+        if isinstance(dims, DataType):
+            dims, dtype = None, dims
+        out_dtype = identity_dtype(arg.meta.dtype, dtype.value)
+        axes = _reduce_dims(arg.ndim, dims)
+        if axes and out_dtype in HALF:  # no arithmetic of its half types (codegen.cpp; failed on the H100)
+            _fd().unsupported.append(f"a {name} ReductionOp of {DataType(out_dtype).name}")
+
+        def run(a):
+            a = a.to(out_dtype)  # optionalCastStrict before the reduction
+            return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
+
+        rule = allocation.reduction(arg, axes, keepdim)
+        return _record(name, run, (arg,), expanded=_reduced(arg, axes, keepdim), ids=rule)
+
+    op.__name__ = name
+    return op
+
+
+def _sum_dtype(arg_dtype, dtype):
+    if dtype is not None:
+        return dtype
+    return torch.int64 if not arg_dtype.is_floating_point else arg_dtype
+
+
+def _max_dtype(arg_dtype, dtype):
+    _check(dtype is None, "dtype == DataType::Null", "A dtype other than Null is not currently supported.")
+    return arg_dtype
+
+
+def _prod(a, dims, keepdim):
+    for d in reversed(dims):
+        a = torch.prod(a, d, keepdim=keepdim)
+    return a
+
+
+def _variance_dtype(dtype):
+    # variance(): mean is sum(x) (in x's dtype) over a Double count, so halves give Float, integers Double.
+    return torch.float32 if dtype in HALF else dtype if dtype.is_floating_point else torch.float64
+
+
+def _var(arg, dims, correction=1, keepdim=False):
+    _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
+    out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
+    if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
+        _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")
+    return _record(
+        "var",
+        lambda a: torch.var(a.to(out_dtype), axes, correction=correction, keepdim=keepdim),
+        (arg,),
+        expanded=_reduced(arg, axes, keepdim),
+        ids=allocation.reduction(arg, axes, keepdim),
+    )
+
+
+def _var_mean(arg, dims, correction=1, keepdim=False):
+    _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
+    dtype = arg.meta.dtype
+    _check(
+        dtype not in HALF,
+        "!(dtype == DataType::Half ...)",
+        f"variance_mean is not supported for {DataType(dtype).name} please upcast to float",
+    )
+    axes = _reduce_dims(arg.ndim, dims)
+    return _record(
+        "var_mean",
+        lambda a: tuple(torch.var_mean(a, axes, correction=correction, keepdim=keepdim)),
+        (arg,),
+        expanded=_reduced(arg, axes, keepdim),
+        ids=allocation.reduction(arg, axes, keepdim),
+    )
+
+
+def _scan(name, fn):
+    """``scan``: the input's dtype, halves included ("unlike ReductionOp, low-precision input is
+    not upcast to float"), computed in it."""
+
+    def op(arg, dim, init=None):
+        _check(-arg.ndim <= dim < arg.ndim, "dim >= 0 && dim < ndim", f"Tried to access out of boundary index {dim}")
+        return _record(name, lambda a: fn(a, dim).to(a.dtype), (arg,))
+
+    op.__name__ = name
+    return op
+
+
+# -- where, sign and bitwise_not (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ----------------------------
+
+
+def _where(condition, x, y):
+    _check(
+        _operand(condition)[1] == torch.bool,
+        "c->getDataType() == DataType::Bool",
+        f"Condition should be of DataType Bool, not {_operand(condition)[1]}",
+    )
+    # where computes its common dtype without turning halves into Float.
+    dtype = compute_types(DEFAULT, (x, y), cast_half_to_float=False)
+
+    def run(c, a, b):
+        device = _device((c, a, b))
+        return torch.where(c, _as(a, dtype, device), _as(b, dtype, device))
+
+    return _record("where", run, (condition, x, y))
+
+
+def _sign(arg):
+    # composite.cpp: where(gt(x, 0.), 1., where(lt(x, 0.), -1., 0.)) cast back to x's dtype.
+    return _elementwise("sign", torch.sign, (arg,), _operand(arg)[1])
+
+
+def _bitwise_not(arg):
+    dtype = _operand(arg)[1]
+    _check(
+        not dtype.is_floating_point,
+        "isBooleanType(v->dtype())",
+        f"input must have integral or boolean type, but got {DataType(dtype).name}",
+    )
+    return _elementwise("bitwise_not", torch.bitwise_not, (arg,), dtype)

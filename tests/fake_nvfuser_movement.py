@@ -1,0 +1,102 @@
+"""The stand-in ``fake_nvfuser_direct``'s data movement and factories (csrc/ops/alias.cpp,
+indexing.cpp, arith.cpp): what each computes, on meta tensors while defining (symbolic extents as
+their samples) and on the inputs' device when the definition executes.
+"""
+
+import torch
+
+import fake_nvfuser_allocation as allocation
+import fake_nvfuser_checks as checks
+import fake_nvfuser_layouts as layouts
+from fake_nvfuser_promotion import HALF, DataType
+from fake_nvfuser_recording import SYMBOLIC_EXTENT, _as, _defined_by_scalars, _device, _fd, _ints, _operand, _record
+
+# -- data movement and factories (csrc/ops/alias.cpp, indexing.cpp, arith.cpp) -------------------------
+
+
+def _broadcast_in_dim(a, shape, broadcast_dims):
+    if _defined_by_scalars(a, shape):
+        return a.new_empty(_ints(shape))
+    view = [1] * len(shape)
+    for i, d in enumerate(broadcast_dims):
+        view[d] = a.shape[i]
+    return a.reshape(view).expand(_ints(shape))
+
+
+def _slice(a, start, end, strides=None, manual_normalization=False):
+    strides = strides or [1] * a.ndim
+    if _defined_by_scalars(a, (*start, *end)):  # the bounds taken as in range (samples may cross)
+        return a.new_empty([max(int(e) - int(s), 0) for s, e in zip(start, end)])
+    return a[tuple(slice(int(s), int(e), st) for s, e, st in zip(start, end, strides))]
+
+
+def _reshape(a, shape):
+    # While defining, a symbolic extent stands as its sample: a reshape to constants (the trace knows
+    # the extent's value where it reshapes) relates the two only when nvFuser executes.
+    sampled = a.is_meta and SYMBOLIC_EXTENT in a.shape
+    return a.new_empty(_ints(shape)) if sampled or _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
+
+
+def _padded_sizes(shape, widths) -> list:
+    """``shape`` padded by torch's ``widths`` (innermost dim first), no extent below 0."""
+    sizes = list(shape)
+    for i in range(len(widths) // 2):
+        d = len(sizes) - 1 - i
+        sizes[d] = max(sizes[d] + widths[2 * i] + widths[2 * i + 1], 0)
+    return sizes
+
+
+def _pad(arg, pad_widths, value=None):
+    checks.pad(arg.ndim, pad_widths, arg.meta.dtype, None if value is None else _operand(value)[1])
+
+    def run(a, widths, v):
+        if isinstance(v, torch.Tensor):  # a scalar Val: its value (none yet while defining, on meta)
+            v = 0 if v.device.type == "meta" else v.item()
+        if _defined_by_scalars(a, widths):
+            # Scalar widths stand as samples while defining: nvFuser relates them to the extents only
+            # when it executes, so none is negative here (a constant extent minus a sampled size).
+            return a.new_empty(_padded_sizes(a.shape, _ints(widths)))
+        return torch.nn.functional.pad(a, _ints(widths), value=0 if v is None else v)
+
+    rule = allocation.padded(arg, list(pad_widths))
+    return _record("pad", run, (arg, list(pad_widths), value), expanded=layouts.none_expanded, ids=rule)
+
+
+def _cat(tensors, dim=0, manual_padding=False):
+    checks.cat([t.meta.dtype for t in tensors])
+    rule = allocation.catted(list(tensors), dim)
+    return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded, ids=rule)
+
+
+def _iota(length, start=None, step=None, dtype=DataType.Int):
+    checks.iota(*(None if v is None else _operand(v)[1] for v in (length, start, step)), dtype)
+    fd = _fd()
+
+    def run(n, s, st):
+        # Index::iota: start + step * index in a scalar of dtype (a half one computes in Float).
+        compute = torch.float32 if dtype.value in HALF else dtype.value
+        index = torch.arange(int(n), dtype=compute, device=fd._device)
+        return (index * (1 if st is None else st) + (0 if s is None else s)).to(dtype.value)
+
+    new = allocation.new_dims
+    return _record("iota", run, (length, start, step), tensor_out=True, expanded=layouts.none_expanded, ids=new)
+
+
+def _full(shape, fill_value, dtype):
+    fd = _fd()
+    return _record(
+        "full",
+        lambda s, v: (
+            v.to(dtype.value).expand(_ints(s)).to(fd._device)
+            if isinstance(v, torch.Tensor)
+            else torch.full(_ints(s), v, dtype=dtype.value, device=fd._device)
+        ),
+        (list(shape), fill_value),
+        tensor_out=True,
+        expanded=layouts.none_expanded,
+        ids=allocation.new_dims,
+    )
+
+
+def _cast(arg, dtype):
+    return _record("cast", lambda a: _as(a, dtype.value, _device((a,))), (arg,))
