@@ -64,6 +64,7 @@ from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
 from thunder_rs.torch.diagonals import *  # noqa: E402,F401,F403
 from thunder_rs.torch.copies import *  # noqa: E402,F401,F403
 from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
+from thunder_rs.torch.index_scatter import *  # noqa: E402,F401,F403
 from thunder_rs.torch.masked_index import *  # noqa: E402,F401,F403
 from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401

@@ -1,0 +1,84 @@
+"""Op fidelity, round 8: outputs, strides and gradients bit-equal to eager's (``torch.equal``)
+where eager's kernels are the ones compiled calls run.
+
+- ``torch.quantile``/``nanquantile`` (their decomposition, when the input requires grad): eager
+  computes ``(*kept, nq)`` contiguous (``kept`` the reduced shape, a kept dim in its place), then
+  moves the quantiles first or squeezes a 0-d ``q``'s dim. The decomposition moved the quantiles
+  first and then unsqueezed the kept dim, so a kept dim of size 1 had another stride
+  (``(1, 1)`` for eager's ``(5, 1)``).
+- ``torch.index_reduce(..., "prod")``'s gradient: eager's ``index_reduce_backward`` takes its
+  products without each element by ``index_reduce`` itself; the rule took them by
+  ``scatter_reduce``, whose kernel rounds a bfloat16 product otherwise (the input's gradient was
+  ulps off in bfloat16).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunder_rs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _grads(fn, args, cotangent_seed=7):
+    """The outputs of ``fn`` on ``args`` and the gradients of the ones requiring grad."""
+    out = fn(*args)
+    wanting = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not wanting:
+        return out, ()
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(cotangent_seed))
+    grads = torch.autograd.grad(out, wanting, g.to(out.dtype), allow_unused=True)
+    return out.detach(), grads
+
+
+def _assert_eager(fn, *args):
+    """Outputs (values and strides) and gradients of the compiled ``fn`` are eager's."""
+    expected, expected_grads = _grads(fn, args)
+    actual, actual_grads = _grads(thunder_rs.jit(fn), args)
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+    assert actual.stride() == expected.stride(), (actual.stride(), expected.stride())
+    assert len(actual_grads) == len(expected_grads)
+    for i, (a, e) in enumerate(zip(actual_grads, expected_grads)):
+        assert (a is None) == (e is None), (i, a, e)
+        if e is not None:
+            assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e), (i, a, e)
+
+
+_KEPT = [((3, 5), 0), ((3, 5), 1), ((3, 2, 1, 2), 0), ((3, 2, 1, 2), 3), ((1, 3), 0), ((3, 1), 1), ((4,), None)]
+
+
+@pytest.mark.parametrize("op", [torch.quantile, torch.nanquantile])
+@pytest.mark.parametrize(("shape", "dim"), _KEPT)
+@pytest.mark.parametrize("q", [0.5, "vector", "one", "0-d"])
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_quantile_keeps_eager_s_strides_of_a_kept_dim(op, shape, dim, q, requires_grad):
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(shape, generator=gen)
+    q = {"vector": torch.tensor([0.2, 0.5]), "one": torch.tensor([0.3]), "0-d": torch.tensor(0.4)}.get(q, q)
+    for interpolation in ("linear", "lower", "midpoint"):
+        for keepdim in (True, False):
+            _assert_eager(
+                lambda x: op(x, q, dim=dim, keepdim=keepdim, interpolation=interpolation),
+                x.clone().requires_grad_(requires_grad),
+            )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize(("shape", "dim", "source_shape"), [((5, 5), 1, (5, 10)), ((5, 5, 5), 1, (5, 10, 5))])
+def test_index_reduce_prod_s_gradient_takes_index_reduce_s_products(dtype, include_self, shape, dim, source_shape):
+    gen = torch.Generator().manual_seed(9)
+    for trial in range(3):
+        x = torch.randn(shape, generator=gen).to(dtype)
+        source = torch.randn(source_shape, generator=gen).to(dtype)
+        if trial == 2:  # a zero in the input and a single zero in the source
+            x.view(-1)[3] = 0
+            source.view(-1)[4] = 0
+        index = torch.randint(0, shape[dim], (source_shape[dim],), generator=gen)
+        _assert_eager(
+            lambda x, s: x.index_reduce(dim, index, s, "prod", include_self=include_self),
+            x.requires_grad_(),
+            source.requires_grad_(),
+        )
