@@ -10,6 +10,10 @@ where eager's kernels are the ones compiled calls run.
   products without each element by ``index_reduce`` itself; the rule took them by
   ``scatter_reduce``, whose kernel rounds a bfloat16 product otherwise (the input's gradient was
   ulps off in bfloat16).
+- ``index_fill`` of a number into an input requiring grad: the forward was the decomposition, whose
+  inner ``index_add`` raised "index out of range in self" for an index out of range, naming
+  neither ``index_fill`` nor its dim; the grad rule (eager's ``grad.index_fill(dim, index, 0)``)
+  now keeps the forward one ``index_fill`` call, which raises eager's error.
 """
 
 from __future__ import annotations
@@ -82,3 +86,31 @@ def test_index_reduce_prod_s_gradient_takes_index_reduce_s_products(dtype, inclu
             x.requires_grad_(),
             source.requires_grad_(),
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_fill_with_negative_indices_and_a_number_is_eager_s(dtype, dim):
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(4, 5, generator=gen).to(dtype).requires_grad_()
+    for index in ([-1, 0, -1], [-4, 3], -2):
+        i = torch.tensor(index)
+        _assert_eager(lambda x: x.index_fill(dim, i, 1.5), x)
+
+
+@pytest.mark.parametrize("index", [[-6], [5], [0, -7]])
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_index_fill_out_of_range_raises_eager_s_error(index, requires_grad):
+    """With a gradient, the forward was the decomposition, whose ``index_add`` raised "index out of
+    range in self" naming neither ``index_fill`` nor the dim; now eager's own check raises."""
+    x = torch.randn(4, 5, requires_grad=requires_grad)
+    i = torch.tensor(index)
+
+    def program(x):
+        return x.index_fill(1, i, 2.0)
+
+    with pytest.raises(IndexError) as eager:
+        program(x)
+    with pytest.raises(IndexError, match="index_fill") as compiled:
+        thunder_rs.jit(program)(x)
+    assert str(eager.value) in str(compiled.value)

@@ -6,6 +6,7 @@ Gradients follow eager's formulas (``index_reduce_backward``, ``index_fill``'s v
 import torch
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderIndexError, ThunderRuntimeError, check
 from thunder_rs.torch.indexing import _check_index
@@ -177,15 +178,19 @@ def index_fill_value_backward(grad, dim: int, index):
 @register_grad(index_fill)
 def index_fill_grad(input, dim, index, value):
     """Eager's: ``grad.index_fill(dim, index, 0)`` for the input, ``index_fill_value_backward``
-    for a value tensor (converted to its dtype); a number value keeps the decomposition's VJP."""
+    for a value tensor (converted to its dtype). A number value too: the forward stays one
+    ``index_fill`` call, which checks the index as eager's does (in the decomposition an index
+    out of range raised from its inner ``index_add``, naming neither the op nor its dim)."""
     out = index_fill(input, dim, index, value)
-    if not (isinstance(value, torch.Tensor) and value.requires_grad and out.dtype.is_floating_point):
+    value_grad = isinstance(value, TensorProxy) and value.requires_grad
+    if not ((input.requires_grad or value_grad) and out.dtype.is_floating_point):
         return out
     d = clang.canonicalize_dim(input.ndim, dim, "ltorch.index_fill")
     g = get_grad(out)
     if input.requires_grad:
         put_grad(input, index_fill(g, d, index, 0))
-    put_grad(value, clang.maybe_convert(index_fill_value_backward(g, d, index), value.dtype))
+    if value_grad:
+        put_grad(value, clang.maybe_convert(index_fill_value_backward(g, d, index), value.dtype))
     return out
 
 
