@@ -14,6 +14,10 @@ where eager's kernels are the ones compiled calls run.
   inner ``index_add`` raised "index out of range in self" for an index out of range, naming
   neither ``index_fill`` nor its dim; the grad rule (eager's ``grad.index_fill(dim, index, 0)``)
   now keeps the forward one ``index_fill`` call, which raises eager's error.
+- ``torch.ops.aten._upsample_bilinear2d_aa``/``_upsample_bicubic2d_aa``'s default form (an output
+  size and, apart, the scales the kernel is given): an eager fallback whose call passed the
+  arguments as the ``vec`` form's, which eager's overloads refused for keyword scales. Now the
+  antialiased resize with those scales (eager's backward kernel given them too).
 """
 
 from __future__ import annotations
@@ -114,3 +118,27 @@ def test_index_fill_out_of_range_raises_eager_s_error(index, requires_grad):
     with pytest.raises(IndexError, match="index_fill") as compiled:
         thunder_rs.jit(program)(x)
     assert str(eager.value) in str(compiled.value)
+
+
+_AA_CALLS = [
+    ((10, 20), ([3, 3], False), {"scales_h": 1.7, "scales_w": 0.9}),
+    ((10, 20), (), {"output_size": [3, 3], "align_corners": False, "scales_h": None, "scales_w": None}),
+    ((10, 20), ([5, 30], True, 1.7, 0.9), {}),
+    ((20, 10), ([7, 5], False, None, 2.5), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"])
+@pytest.mark.parametrize("form", ["packet", "default", "_nn"])
+@pytest.mark.parametrize(("spatial", "args", "kwargs"), _AA_CALLS)
+def test_aten_antialiased_resize_s_default_form_is_eager_s(dtype, name, form, spatial, args, kwargs):
+    """The default form (``output_size`` and, apart, ``scales_h``/``scales_w``) was an eager
+    fallback whose call passed its arguments as the ``vec`` form's: eager's overloads refused
+    keyword scales. Now it is traced: eager's values, strides and gradients."""
+    packet = getattr(torch.ops.aten, name)
+    fn = {"packet": packet, "default": packet.default, "_nn": getattr(torch._C._nn, name)}[form]
+    x = torch.randn(2, 3, *spatial, generator=torch.Generator().manual_seed(11)).to(dtype)
+    program = lambda x: fn(x, *args, **kwargs)  # noqa: E731
+    assert not thunder_rs.examine(program, x).fallbacks
+    _assert_eager(program, x.requires_grad_())
