@@ -18,6 +18,9 @@ where eager's kernels are the ones compiled calls run.
   size and, apart, the scales the kernel is given): an eager fallback whose call passed the
   arguments as the ``vec`` form's, which eager's overloads refused for keyword scales. Now the
   antialiased resize with those scales (eager's backward kernel given them too).
+- ``torch.meshgrid`` (tensors requiring grad, whose grids the call takes as views again): eager
+  views each tensor as the grid's rank, then expands, so a dim of size 1 keeps the view's stride;
+  the trace broadcast each tensor (every new dim's stride 0).
 """
 
 from __future__ import annotations
@@ -142,3 +145,31 @@ def test_aten_antialiased_resize_s_default_form_is_eager_s(dtype, name, form, sp
     program = lambda x: fn(x, *args, **kwargs)  # noqa: E731
     assert not thunder_rs.examine(program, x).fallbacks
     _assert_eager(program, x.requires_grad_())
+
+
+_GRIDS = [[(3,), ()], [(), ()], [(3,), (), (3,)], [(1,), (4,)], [(2,), (1,), (3,)]]
+
+
+@pytest.mark.parametrize("shapes", _GRIDS)
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_meshgrid_s_views_have_eager_s_strides(shapes, indexing, requires_grad):
+    """Eager views each tensor as the grid's rank (its elements at its dim, 1 elsewhere), then
+    expands: a dim of size 1 keeps the view's stride. The trace broadcast each tensor, which
+    made the stride of every new dim 0 (``(0, 0)`` for eager's ``(1, 0)``)."""
+    gen = torch.Generator().manual_seed(12)
+    tensors = [torch.randn(s, generator=gen).requires_grad_(requires_grad) for s in shapes]
+    expected = torch.meshgrid(*tensors, indexing=indexing)
+    actual = thunder_rs.jit(lambda *ts: torch.meshgrid(*ts, indexing=indexing))(*tensors)
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e) and a.stride() == e.stride(), (a.stride(), e.stride())
+
+    def written(*ts):  # the grids are views of the tensors, as eager's
+        grids = torch.meshgrid(*ts, indexing=indexing)
+        for t in ts:
+            t.add_(1)
+        return [g * 1 for g in grids]
+
+    copies = [t.detach().clone() for t in tensors]
+    for a, e in zip(thunder_rs.jit(written)(*[t.clone() for t in copies]), written(*[t.clone() for t in copies])):
+        assert torch.equal(a, e)
