@@ -21,6 +21,8 @@ where eager's kernels are the ones compiled calls run.
 - ``torch.meshgrid`` (tensors requiring grad, whose grids the call takes as views again): eager
   views each tensor as the grid's rank, then expands, so a dim of size 1 keeps the view's stride;
   the trace broadcast each tensor (every new dim's stride 0).
+- ``torch.take_along_dim`` along a dim with negative (or past-the-end) indices: the installed
+  torch takes them modulo the dim's size; the gradient scattered them as given and raised.
 """
 
 from __future__ import annotations
@@ -173,3 +175,22 @@ def test_meshgrid_s_views_have_eager_s_strides(shapes, indexing, requires_grad):
     copies = [t.detach().clone() for t in tensors]
     for a, e in zip(thunder_rs.jit(written)(*[t.clone() for t in copies]), written(*[t.clone() for t in copies])):
         assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("shape", "index", "dim"),
+    [
+        ((5,), [-1, -2, -1, 7, -6], 0),
+        ((2, 3), [[-1, 4], [3, -4]], 1),
+        ((2, 3), [[-1, 4, 2]], 0),
+        ((4, 5), [[-1, -5]], -1),
+    ],
+)
+def test_take_along_dim_s_gradient_takes_eager_s_wrapped_indices(dtype, shape, index, dim):
+    """The installed torch's ``take_along_dim`` along a dim takes its indices modulo the dim's
+    size (its ``GatherBackward`` saves them so); the gradient scattered the indices as given,
+    which raised for ``-1`` where eager's backward runs."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(13)).to(dtype).requires_grad_()
+    i = torch.tensor(index)
+    _assert_eager(lambda x: torch.take_along_dim(x, i, dim), x)

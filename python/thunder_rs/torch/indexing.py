@@ -11,6 +11,7 @@ eager (``key_read_by_values``); elsewhere it is refused. In half precision the g
 lookup by index tensors is eager's ``index_put`` with accumulation (``getitem_grad``).
 """
 
+import functools
 import math
 import operator
 
@@ -657,9 +658,28 @@ def take_along_dim(a, indices, dim=None, *, out=None):
     )
     if a.ndim == 0:
         return prims.take_along_axis(a, indices, 0)
+    if _take_along_dim_wraps() and not _is_zero(a.shape[d]):
+        # eager's (newer releases') indices taken modulo the dim's size, which its gather (and
+        # its gradient's scatter) is given: the gradient's scatter of -1 raised
+        indices = ltorch.remainder(indices, a.shape[d])
     shape = list(clang.broadcast_shapes(op, [*a.shape[:d], indices.shape[d], *a.shape[d + 1 :]], indices.shape))
     a_shape = [*shape[:d], a.shape[d], *shape[d + 1 :]]
     return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, shape), d)
+
+
+@functools.cache
+def _take_along_dim_wraps() -> bool:
+    """Whether the installed torch's ``take_along_dim`` along a dim takes its indices modulo the
+    dim's size (2.15 does: ``-1`` is the last, ``size`` the first); older releases raise."""
+    try:
+        torch.take_along_dim(torch.zeros(1, 2), torch.tensor([[-1]]), 1)
+    except (RuntimeError, IndexError):
+        return False
+    return True
+
+
+def _is_zero(size) -> bool:
+    return type(size) is int and size == 0
 
 
 @torchsymbol(torch.scatter_add, Tensor.scatter_add)
