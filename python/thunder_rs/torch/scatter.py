@@ -25,7 +25,8 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.indexing import _check_index, _check_no_larger
+from thunder_rs.torch.gathers import _check_no_larger
+from thunder_rs.torch.indexing import _check_index
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import SymInt, same_shape
 from thunder_rs.torch.common import size_value, sum_to
