@@ -23,6 +23,7 @@ where eager's kernels are the ones compiled calls run.
   the trace broadcast each tensor (every new dim's stride 0).
 - ``torch.take_along_dim`` along a dim with negative (or past-the-end) indices: the installed
   torch takes them modulo the dim's size; the gradient scattered them as given and raised.
+- ``torch.arange`` with a bool bound or step (eager's integer Scalar) was refused.
 """
 
 from __future__ import annotations
@@ -194,3 +195,20 @@ def test_take_along_dim_s_gradient_takes_eager_s_wrapped_indices(dtype, shape, i
     x = torch.randn(shape, generator=torch.Generator().manual_seed(13)).to(dtype).requires_grad_()
     i = torch.tensor(index)
     _assert_eager(lambda x: torch.take_along_dim(x, i, dim), x)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((False, True, True), {"dtype": torch.float32}),
+        ((True, 5), {}),
+        ((0, 5, True), {}),
+        ((True,), {}),
+        ((True, 3.5), {}),
+    ],
+)
+def test_arange_takes_bools_as_eager_s_integers(args, kwargs):
+    """A bool bound or step is eager's integer Scalar; the trace refused it ("expected a number")."""
+    program = lambda: torch.arange(*args, **kwargs)  # noqa: E731
+    expected, actual = program(), thunder_rs.jit(program)()
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)
