@@ -24,6 +24,8 @@ where eager's kernels are the ones compiled calls run.
 - ``torch.take_along_dim`` along a dim with negative (or past-the-end) indices: the installed
   torch takes them modulo the dim's size; the gradient scattered them as given and raised.
 - ``torch.arange`` with a bool bound or step (eager's integer Scalar) was refused.
+- ``torch.stack``'s gradients are eager's ``grad.select(dim, i)`` (views with the gradient's
+  strides); the VJP of ``cat`` of unsqueezes reshaped slices (a size-1 dim's stride differed).
 """
 
 from __future__ import annotations
@@ -212,3 +214,18 @@ def test_arange_takes_bools_as_eager_s_integers(args, kwargs):
     program = lambda: torch.arange(*args, **kwargs)  # noqa: E731
     expected, actual = program(), thunder_rs.jit(program)()
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 3, (torch.float32, torch.float64, torch.bfloat16)])
+def test_stack_s_gradients_are_eager_s_selects(dim, dtypes):
+    """Eager's ``stack_tensors_backward`` selects each gradient from the output's, a view with its
+    strides; the VJP of ``cat`` of unsqueezes reshaped slices (a dim of size 1: another stride)."""
+    gen = torch.Generator().manual_seed(14)
+    tensors = [torch.randn(1, 2, 1, 4, generator=gen).to(dt).requires_grad_() for dt in dtypes]
+    expected = torch.stack(tensors, dim)
+    actual = thunder_rs.jit(lambda *ts: torch.stack(ts, dim))(*tensors)
+    assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+    cot = torch.randn(expected.shape, generator=gen).to(expected.dtype)
+    for a, e in zip(torch.autograd.grad(actual, tensors, cot), torch.autograd.grad(expected, tensors, cot)):
+        assert a.dtype == e.dtype and torch.equal(a, e) and a.stride() == e.stride(), (a.stride(), e.stride())
