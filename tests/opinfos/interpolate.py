@@ -273,3 +273,29 @@ OPS += [
         ("bicubic", torch.ops.aten._upsample_bicubic2d_aa.vec),
     )
 ]
+
+
+def aten_aa_sized_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """The default form: an output size and, apart, the scales the kernel is given (``scales_h``,
+    ``scales_w``), which change the taps from the sizes' ratio."""
+    x = make((2, 3, 10, 20), dtype, device)
+    yield SampleInput(x, [3, 3], False, 1.7, 0.9)
+    yield SampleInput(x, [3, 3], False)
+    yield SampleInput(x, [5, 30], True, 1.7, 0.9)
+    yield SampleInput(x.mT, [7, 5], False, None, 2.5)
+
+
+def aten_aa_sized_errors() -> Iterable[ErrorInput]:
+    x = cpu((2, 3, 10, 20))
+    yield ErrorInput(SampleInput(x[0], [3, 3], False), RuntimeError, match="input_size equals to 4")
+    yield ErrorInput(SampleInput(x, [3], False), RuntimeError, match="output_size equals to 2")
+    yield ErrorInput(SampleInput(x, [0, 3], False), RuntimeError, match="greater than 0")
+
+
+OPS += [
+    OpInfo(f"upsample_{mode}2d_aa_sized", fn, aten_aa_sized_samples, aten_aa_sized_errors, tolerances=ACCUMULATING)
+    for mode, fn in (
+        ("bilinear", torch.ops.aten._upsample_bilinear2d_aa.default),
+        ("bicubic", torch.ops.aten._upsample_bicubic2d_aa.default),
+    )
+]

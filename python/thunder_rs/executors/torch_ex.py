@@ -24,7 +24,7 @@ from thunder_rs.torch.histograms import TORCH_IMPLS as HISTOGRAM_IMPLS
 from thunder_rs.torch.layers import TORCH_IMPLS as BAG_IMPLS
 from thunder_rs.torch.losses import TORCH_IMPLS as LOSS_IMPLS
 from thunder_rs.torch.scan import TORCH_IMPLS as SCAN_IMPLS
-from thunder_rs.torch.scatter import TORCH_IMPLS as SCATTER_IMPLS
+from thunder_rs.torch.index_scatter import TORCH_IMPLS as SCATTER_IMPLS
 from thunder_rs.torch.symbols import ltorch
 
 torch_ex = Executor("torch")

@@ -31,6 +31,7 @@ from thunder_rs.torch.shape import *  # noqa: E402,F401,F403
 from thunder_rs.torch.joins import *  # noqa: E402,F401,F403
 from thunder_rs.torch.conversions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.indexing import *  # noqa: E402,F401,F403
+from thunder_rs.torch.gathers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.linalg import *  # noqa: E402,F401,F403
 from thunder_rs.torch.factorizations import *  # noqa: E402,F401,F403
 from thunder_rs.torch.spectral import *  # noqa: E402,F401,F403
@@ -64,6 +65,7 @@ from thunder_rs.torch.arrange import *  # noqa: E402,F401,F403
 from thunder_rs.torch.diagonals import *  # noqa: E402,F401,F403
 from thunder_rs.torch.copies import *  # noqa: E402,F401,F403
 from thunder_rs.torch.scatter import *  # noqa: E402,F401,F403
+from thunder_rs.torch.index_scatter import *  # noqa: E402,F401,F403
 from thunder_rs.torch.masked_index import *  # noqa: E402,F401,F403
 from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401

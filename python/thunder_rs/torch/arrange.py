@@ -313,10 +313,17 @@ def _linked_views(symbol):
             out = symbol(*args, **kwargs)
         finally:
             stop_prim_log()
+        reshaped: dict = {}  # id of a reshape's output -> (its input, the step)
         for name, prim_args, outs in log:
             source = prim_args[0]
-            if name == "broadcast_in_dim" and type(source) is TensorProxy and any(o is outs[0] for o in out):
-                attach(source, outs[0], (PrimStep(name, tuple(prim_args[1:])),))
+            returned = any(o is outs[0] for o in out)
+            if name == "reshape" and type(source) is TensorProxy:  # (``meshgrid``'s view of each tensor)
+                reshaped[id(outs[0])] = (source, (PrimStep(name, tuple(prim_args[1:])),))
+                if returned:  # (a grid of one element along each dim: the view is the output)
+                    attach(source, outs[0], reshaped[id(outs[0])][1])
+            if name == "broadcast_in_dim" and type(source) is TensorProxy and returned:
+                root, steps = reshaped.get(id(source), (source, ()))
+                attach(root, outs[0], (*steps, PrimStep(name, tuple(prim_args[1:]))))
         return out
 
     views_of.__wrapped__ = symbol
@@ -382,7 +389,18 @@ def meshgrid(*tensors, indexing=None):
     shape = [0] * len(tensors)
     for t, p in zip(tensors, place):
         shape[p] = t.numel()
-    return tuple(_broadcast_view(t, shape, (p,) if t.ndim else ()) for t, p in zip(tensors, place))
+    # eager views each tensor as ``shape`` with its elements at its dim and 1 elsewhere, then
+    # expands: dims of size 1 keep the view's strides, where a broadcast of the tensor made the
+    # strides of all its new dims 0
+    return tuple(
+        _broadcast_view(_grid_view(t, len(shape), p), shape, tuple(range(len(shape)))) for t, p in zip(tensors, place)
+    )
+
+
+def _grid_view(t, rank: int, p: int):
+    """``t.view(1, ..., -1 at p, ..., 1)``: ``t`` itself where it has that shape."""
+    view_shape = tuple(t.numel() if d == p else 1 for d in range(rank))
+    return t if same_shape(t.shape, view_shape) else prims.reshape(t, view_shape)
 
 
 @torchsymbol(torch.cartesian_prod)

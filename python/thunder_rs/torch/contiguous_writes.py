@@ -20,8 +20,9 @@ import torch
 from thunder_rs.core.base.layouts import is_contiguous
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
-from thunder_rs.torch.indexing import index_add, scatter_add
-from thunder_rs.torch.scatter import index_copy, index_reduce, scatter, scatter_reduce
+from thunder_rs.torch.gathers import index_add, scatter_add
+from thunder_rs.torch.index_scatter import index_copy, index_reduce
+from thunder_rs.torch.scatter import scatter, scatter_reduce
 from thunder_rs.torch.shape import clone
 
 #: The symbols of the writes whose out-of-place results eager lays out row-major.

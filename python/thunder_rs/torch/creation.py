@@ -354,6 +354,8 @@ def arange(
     """``start + i * step`` for ``i < ceil((end - start) / step)``. Integer dtypes step in integers
     (``start`` and ``step`` truncated, as torch does); floating ones compute in float64 and round once."""
     op = "ltorch.arange"
+    # a bool is eager's integer Scalar (``arange(False, True, True)``: ``[0]``, int64)
+    start, end, step = (int(v) if type(v) is bool else v for v in (start, end, step))
     if end is None:
         start, end = 0, start
     if dtype is None:

@@ -1,4 +1,5 @@
-"""Indexing ops: ``Tensor.__getitem__``, select, index_select, gather, scatter_add, index_add, topk, sort.
+"""Indexing ops: ``Tensor.__getitem__``, select, index_select, topk, sort (gather, scatter_add,
+index_add: ``gathers``).
 
 ``a[key]`` runs in two steps, as torch runs it. Basic indexing (ints, slices, None, Ellipsis) is one
 slice and one reshape. Advanced indexing by integer tensors then flattens the indexed dims into
@@ -42,10 +43,6 @@ __all__ = [
     "slice_tensor",
     "unbind",
     "index_select",
-    "gather",
-    "take_along_dim",
-    "scatter_add",
-    "index_add",
     "topk",
     "sort",
     "argsort",
@@ -583,159 +580,6 @@ def index_select(a, dim, index, *, out=None):
     index = _check_index(op, index, a)
     check(index.ndim <= 1, op, "index_select(): Index is supposed to be a vector (argument index)", ThunderIndexError)
     return prims.take(a, index, d)
-
-
-# -- gather and scatter ---------------------------------------------------------------------------
-
-
-def _check_no_larger(op: str, index, a, d: int, what: str):
-    bad = next((k for k in range(index.ndim) if k != d and index.shape[k] > a.shape[k]), None)
-    check(
-        bad is None,
-        op,
-        lambda: (
-            f"Size does not match at dimension {bad} expected index {list(index.shape)} to be no larger than {what} "
-            f"{list(a.shape)} apart from dimension {d} (argument index)"
-        ),
-        ThunderRuntimeError,
-    )
-
-
-@torchsymbol(torch.gather, Tensor.gather)
-def gather(a, dim, index, *, sparse_grad=False, out=None):
-    op = "ltorch.gather"
-    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    d = clang.canonicalize_dim(a.ndim, dim, op)
-    check(
-        isinstance(index, torch.Tensor),
-        op,
-        f"expected a tensor for index, got {type(index).__name__} (argument index)",
-        ThunderTypeError,
-    )
-    if index.numel() == 0:  # eager reads nothing and checks nothing else: an empty view of a
-        none = slice_in_dim(reshape_to(a, (a.numel(),)), 0, 0, 0)
-        return reshape_to(none, tuple(index.shape))
-    index = _check_index(op, index, a)
-    if a.ndim == 0 and index.ndim <= 1:  # a 0-dim tensor gathers as one of one element
-        out = gather(reshape_to(a, (1,)), 0, reshape_to(index, (1,)))
-        return reshape_to(out, tuple(index.shape))
-    check(
-        index.ndim == a.ndim,
-        op,
-        "Index tensor must have the same number of dimensions as input tensor (argument index)",
-        ThunderRuntimeError,
-    )
-    _check_no_larger(op, index, a, d, "self")
-    return prims.gather(a, clang.maybe_convert(index, torch.int64), d)
-
-
-@torchsymbol(torch.take_along_dim, Tensor.take_along_dim)
-def take_along_dim(a, indices, dim=None, *, out=None):
-    op = "ltorch.take_along_dim"
-    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    check(
-        isinstance(indices, torch.Tensor) and indices.dtype == torch.int64,
-        op,
-        lambda: (
-            "torch.take_along_dim(): dtype of indices should be Long but got "
-            f"{getattr(indices, 'dtype', type(indices).__name__)} (argument indices)"
-        ),
-        ThunderRuntimeError,
-    )
-    indices = _check_index(op, indices, a)
-    if dim is None:
-        return prims.take_along_axis(reshape_to(a, (a.numel(),)), reshape_to(indices, (indices.numel(),)), 0)
-    d = clang.canonicalize_dim(a.ndim, dim, op)
-    check(
-        indices.ndim == a.ndim,
-        op,
-        lambda: (
-            f"torch.take_along_dim(): input and indices should have the same number of dimensions, but got {a.ndim} "
-            f"dimensions for input, and {indices.ndim} dimensions for indices (argument indices)"
-        ),
-        ThunderRuntimeError,
-    )
-    if a.ndim == 0:
-        return prims.take_along_axis(a, indices, 0)
-    shape = list(clang.broadcast_shapes(op, [*a.shape[:d], indices.shape[d], *a.shape[d + 1 :]], indices.shape))
-    a_shape = [*shape[:d], a.shape[d], *shape[d + 1 :]]
-    return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, shape), d)
-
-
-@torchsymbol(torch.scatter_add, Tensor.scatter_add)
-def scatter_add(a, dim, index, src):
-    op = "ltorch.scatter_add"
-    d = clang.canonicalize_dim(a.ndim, dim, op)
-    index = _check_index(op, index, a)
-    check(
-        isinstance(src, torch.Tensor) and src.dtype == a.dtype,
-        op,
-        "scatter(): Expected self.dtype to be equal to src.dtype (argument src)",
-        ThunderRuntimeError,
-    )
-    if index.numel() == 0:  # eager checks no shapes against an empty index and adds nothing
-        return prims.convert_element_type(a, a.dtype)
-    check(
-        index.ndim == a.ndim == src.ndim,
-        op,
-        "Index tensor must have the same number of dimensions as self tensor (argument index)",
-        ThunderRuntimeError,
-    )
-    _check_no_larger(op, index, a, d, "self")
-    bad = next((k for k in range(index.ndim) if index.shape[k] > src.shape[k]), None)
-    check(
-        bad is None,
-        op,
-        lambda: f"Expected index {list(index.shape)} to be no larger size than src {list(src.shape)} (argument index)",
-        ThunderRuntimeError,
-    )
-    return prims.scatter_add(a, clang.maybe_convert(index, torch.int64), src, d)
-
-
-@torchsymbol(torch.index_add, Tensor.index_add)
-def index_add(a, dim, index, source, *, alpha=1, out=None):
-    op = "ltorch.index_add"
-    check(out is None, op, "out= is not supported (argument out)", ThunderNotImplementedError)
-    d = clang.canonicalize_dim(a.ndim, dim, op)
-    index = _check_index(op, index, a, what="int32/int64")
-    check(
-        index.ndim <= 1,
-        op,
-        f"index_add_(): Index is supposed to be a vector, but got dim: {index.ndim} (argument index)",
-        ThunderIndexError,
-    )
-    check(
-        isinstance(source, torch.Tensor) and source.dtype == a.dtype,
-        op,
-        lambda: (
-            f"index_add_(): self ({a.dtype}) and source ({getattr(source, 'dtype', None)}) must have the same scalar "
-            "type (argument source)"
-        ),
-        ThunderRuntimeError,
-    )
-    if a.ndim > 0 and source.ndim > 0:
-        check(
-            source.shape[d] == index.numel(),
-            op,
-            lambda: (
-                f"index_add_(): Number of indices ({index.numel()}) should be equal to source.size(dim): "
-                f"({source.shape[d]}), for dim: {d} (argument source)"
-            ),
-            ThunderRuntimeError,
-        )
-        same = source.ndim == a.ndim and all(k == d or source.shape[k] == a.shape[k] for k in range(a.ndim))
-        check(
-            same,
-            op,
-            lambda: (
-                "source tensor shape must match self tensor shape, excluding the specified dimension. "
-                f"Got self.shape = {list(a.shape)} source.shape = {list(source.shape)} (argument source)"
-            ),
-            ThunderRuntimeError,
-        )
-    if alpha != 1:
-        source = clang.maybe_convert(clang.elementwise(prims.mul, op, source, alpha), a.dtype)
-    return prims.index_add(a, index, source, d)
 
 
 # -- topk and sort --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
+from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import (
@@ -513,3 +514,19 @@ def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_o
         a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections
     )
     return _tiles_grad(a, pieces, dim)
+
+
+@register_grad(stack)
+def stack_grad(tensors, dim=0, *, out=None):
+    """Eager's ``stack_tensors_backward``: each tensor's gradient is ``grad.select(dim, i)``, a view
+    that keeps the gradient's strides (the VJP of ``cat`` of unsqueezes reshaped slices, which
+    gave a dim of size 1 another stride)."""
+    result = stack(tensors, dim, out=out)
+    wanting = [(i, x) for i, x in enumerate(tensors) if isinstance(x, TensorProxy) and x.requires_grad]
+    if not wanting:
+        return result
+    d = clang.canonicalize_dim(result.ndim, dim, "ltorch.stack")
+    g = get_grad(result)
+    for i, x in wanting:
+        put_grad(x, clang.maybe_convert(ltorch.select(g, d, i), x.dtype))
+    return result

@@ -232,10 +232,12 @@ def _quantile(op: str, input, q, dim, keepdim: bool, interpolation: str, ignore_
         # eager's ``values_below.lerp_(values_above, weights)``: the lerp kernel, whose vector loop
         # takes each value as one FMA (the formula's ops rounded apart were an ulp off)
         out = ltorch.lerp(out, ltorch.take_along_dim(values, ltorch.to(ltorch.ceil(ranks), torch.int64), -1), weights)
-    out = ltorch.movedim(out, -1, 0)  # quantiles first, then the reduced shape
+    # eager computes ``(*kept, nq)`` contiguous (``kept``: the reduced shape, a kept dim in its
+    # place), then moves the quantiles first or squeezes a 0-d ``q``'s dim: a kept dim of size 1
+    # has the stride of that layout (moved first, then unsqueezed, it had another)
     if keepdim and (flat or input.ndim > 0):  # (a 0-d input's reduced shape is its own: 0-d)
-        out = ltorch.reshape(out, (out.shape[0], *(1 for _ in input.shape))) if flat else ltorch.unsqueeze(out, d + 1)
-    return ltorch.squeeze(out, 0) if scalar_q else out
+        out = ltorch.reshape(out, (*(1 for _ in input.shape), out.shape[-1])) if flat else ltorch.unsqueeze(out, d)
+    return ltorch.squeeze(out, -1) if scalar_q else ltorch.movedim(out, -1, 0)
 
 
 @torchsymbol(torch.quantile, T.quantile)
