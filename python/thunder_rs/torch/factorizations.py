@@ -246,6 +246,25 @@ def eigenvalues(A, *, out=None):
     return ltorch.linalg_eigvals(A)
 
 
+def _sign_without_gradient(symbol):
+    """``slogdet`` as eager differentiates it: of a real matrix, the sign requires grad as the
+    matrix does, yet no gradient flows through it (``slogdet_backward`` reads the log's cotangent
+    alone), so a loss of the sign alone gives the matrix no gradient (None, where the opaque
+    symbol's backward, from the sign's cotangent, gave zeros)."""
+
+    def slogdet(*args, **kwargs):
+        out = symbol(*args, **kwargs)
+        sign = out[0]
+        if not isinstance(sign, TensorProxy) or not sign.requires_grad or sign.dtype.is_complex:
+            return out
+        return type(out)((ltorch.stop_gradient(sign), *out[1:]))
+
+    return slogdet
+
+
+TORCH_TO_LTORCH[LA.slogdet] = _sign_without_gradient(ltorch.linalg_slogdet)
+for _fn in (torch.slogdet, T.slogdet):
+    TORCH_TO_LTORCH[_fn] = _sign_without_gradient(ltorch.slogdet)
 TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
 TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
