@@ -198,3 +198,17 @@ def test_an_identity_view_of_an_argument_written_in_place_is_eagers(name, kind):
         out = fn(x)
         sides.append((*_facts(out, x), torch.equal(out, x)))
     assert sides[1] == sides[0]
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["in inference_mode", "outside"])
+@pytest.mark.parametrize("name", ["view", "slice", "t of t", "flatten of a dim"])
+def test_an_identity_view_of_an_inference_tensor_is_eagers(name, inside):
+    program, shape = PROGRAMS[name]
+    sides = []
+    for fn in (program, thunder_rs.jit(program)):
+        with torch.inference_mode():
+            x = torch.randn(shape)
+        with torch.inference_mode() if inside else contextlib.nullcontext():
+            out = fn(x)
+        sides.append((*_facts(out, x), out.is_inference()))
+    assert sides[1] == sides[0]
