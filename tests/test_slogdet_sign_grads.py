@@ -76,3 +76,20 @@ def test_the_sign_of_a_complex_matrix_has_eagers_gradient():
         fn(A)[0].backward()
         grads.append(A.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_after_a_double_backward_the_sign_still_requires_grad_as_eagers():
+    # From its first double backward on, the entry runs the program under autograd: the sign is
+    # then torch's own output, which requires grad.
+    program = _program(torch.linalg.slogdet, LOSSES["sign times log"])
+    jfn = thunder_rs.jit(program)
+    A = _matrix().requires_grad_()
+    for _ in range(3):
+        sides = []
+        for fn in (program, jfn):
+            value, s = fn(A)
+            (g,) = torch.autograd.grad(value + s.sum(), A, create_graph=True)
+            (gg,) = torch.autograd.grad(g.sum(), A)
+            sides.append((s.requires_grad, gg))
+        assert sides[1][0] == sides[0][0]
+        torch.testing.assert_close(sides[1][1], sides[0][1])
