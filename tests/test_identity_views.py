@@ -114,7 +114,7 @@ def _changes_of_the_result(x, out) -> list:
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
-@pytest.mark.parametrize("name", ["view", "slice", "ellipsis", "reshape", "expand", "alias"])
+@pytest.mark.parametrize("name", ["view", "slice", "ellipsis", "reshape", "expand", "alias", "as_strided"])
 def test_changing_the_results_metadata_leaves_the_argument_as_in_eager(name, requires_grad):
     program, shape = PROGRAMS[name]
     sides = []
