@@ -581,8 +581,8 @@ def _register_views() -> None:
     """The splits and ``atleast_3d`` return views of their input; ``broadcast_tensors`` and
     ``meshgrid`` views of each of theirs."""
     for symbol in (split_with_sizes, unsafe_split, unsafe_chunk, hsplit, vsplit, dsplit, sum_to_size):
-        for fn in symbol.torch_fns:
-            TORCH_TO_LTORCH[fn] = tracked(symbol)
+        for fn in symbol.torch_fns:  # (``x.sum_to_size(x.shape)`` is ``x``)
+            TORCH_TO_LTORCH[fn] = tracked(symbol, returns_self=symbol is sum_to_size)
     for fn in atleast_3d.torch_fns:
         TORCH_TO_LTORCH[fn] = tracked_each(atleast_3d)  # (of each of several tensors)
     for symbol in (broadcast_tensors, meshgrid):

@@ -13,7 +13,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.devices import indexed
-from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
@@ -448,13 +448,15 @@ def memory_root(a):
 def _as_strided_view(native, eager):
     """``as_strided``: reads known positions where ``reads_own_memory``; of an input tensor
     otherwise an eager fallback, which runs on that very tensor and its memory; else refused:
-    a tensor computed in the program may have another layout at run time than in eager."""
+    a tensor computed in the program may have another layout at run time than in eager. Each is
+    a pair: the view of an argument as the caller passed it (unwritten), which a training call
+    returns as eager's view, taken of the caller's tensor after it; the view of anything else."""
 
     def as_strided_view(input, size, stride, storage_offset=None):
         (size, stride, storage_offset), _ = read_numbers((size, stride, storage_offset), {}, 0)
         source = memory_root(input)
         if reads_own_memory(source, size, stride, storage_offset):
-            return native(source, size, stride, storage_offset)
+            return native[_unwritten(source)](source, size, stride, storage_offset)
         check(
             input._view is None and getattr(input, "_input_vid", None) is not None,
             "ltorch.as_strided",
@@ -464,9 +466,14 @@ def _as_strided_view(native, eager):
             ),
             ThunderNotImplementedError,
         )
-        return eager(input, size, stride, storage_offset)
+        return eager[_unwritten(input)](input, size, stride, storage_offset)
 
     return as_strided_view
+
+
+def _unwritten(a) -> bool:
+    """Whether ``a`` is a trace input the program has not written (``_input_vid``)."""
+    return a._input_vid is not None and a._input_vid == a._vid
 
 
 def _eager_as_strided(input, size, stride, storage_offset=None):
@@ -481,8 +488,18 @@ def _register() -> None:
         unfold, None, FALLBACK_LAYOUTS[Tensor.unfold], refusal=refusal.format("Tensor.unfold"), eager=Tensor.unfold
     )
     TORCH_TO_LTORCH[Tensor.unfold] = unfold_view
+    layout, refused = FALLBACK_LAYOUTS[torch.as_strided], refusal.format("torch.as_strided")
+
+    def unwritable(parent, new, *args, **kwargs):
+        # (a view eager's op takes again is otherwise written by eager's ops on a copy, which
+        # adds once where eager's in-place op, over overlapping windows, adds twice)
+        raise ThunderNotImplementedError(f"{refused} (at {user_location()})")
+
     native, eager = (
-        opaque(fn, None, FALLBACK_LAYOUTS[torch.as_strided], refusal=refusal.format("torch.as_strided"))
+        (
+            opaque(fn, None, layout, refusal=refused),
+            opaque(fn, unwritable, layout, refusal=refused, eager=torch.as_strided),
+        )
         for fn in (as_strided, _eager_as_strided)
     )
     for fn in as_strided.torch_fns:

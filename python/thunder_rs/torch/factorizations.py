@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from thunder_rs import _core
+from thunder_rs import _core, prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
+from thunder_rs.core.lang.grad import get_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.core.lang.symint import SymInt
@@ -31,7 +32,7 @@ from thunder_rs.errors import (
     thunder_error_like,
 )
 from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
-from thunder_rs.torch.symbols import ltorch, register
+from thunder_rs.torch.symbols import ltorch, register, torchsymbol
 
 T = torch.Tensor
 LA = torch.linalg
@@ -214,7 +215,7 @@ OPAQUE = (
 
 
 globals().update({name: opaque(name, *fns, meta=meta, integers_rejected=ints) for name, fns, meta, ints in OPAQUE})
-__all__ = [row[0] for row in OPAQUE]
+__all__ = [row[0] for row in OPAQUE] + ["gradient_free"]
 
 
 def _differentiated(A) -> bool:
@@ -246,6 +247,44 @@ def eigenvalues(A, *, out=None):
     return ltorch.linalg_eigvals(A)
 
 
+def _itself(a):
+    return a
+
+
+@torchsymbol(_itself, name="gradient_free")
+def gradient_free(a):
+    """``a``, an output whose cotangent eager's backward formula never reads (``slogdet``'s real
+    sign): it requires grad, and run by torch it is the output itself, yet in the trace's backward
+    no gradient flows through it."""
+    return prims.convert_element_type(a, a.dtype)
+
+
+@register_grad(gradient_free)
+def _gradient_free_grad(a):
+    out = gradient_free(a)
+    get_grad(out)
+    return out
+
+
+def _sign_without_gradient(symbol):
+    """``slogdet`` as eager differentiates it: of a real matrix, the sign requires grad as the
+    matrix does, yet no gradient flows through it (``slogdet_backward`` reads the log's cotangent
+    alone), so a loss of the sign alone gives the matrix no gradient (None, where the opaque
+    symbol's backward, from the sign's cotangent, gave zeros)."""
+
+    def slogdet(*args, **kwargs):
+        out = symbol(*args, **kwargs)
+        sign = out[0]
+        if not isinstance(sign, TensorProxy) or not sign.requires_grad or sign.dtype.is_complex:
+            return out
+        return type(out)((gradient_free(sign), *out[1:]))
+
+    return slogdet
+
+
+TORCH_TO_LTORCH[LA.slogdet] = _sign_without_gradient(ltorch.linalg_slogdet)
+for _fn in (torch.slogdet, T.slogdet):
+    TORCH_TO_LTORCH[_fn] = _sign_without_gradient(ltorch.slogdet)
 TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
 TORCH_TO_LTORCH[LA.eigvals] = eigenvalues

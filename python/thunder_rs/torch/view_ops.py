@@ -62,6 +62,9 @@ _PRIM_VIEWS = (
     "getitem",
     "alias",
 )
+#: Of these, the ops eager returns the input itself from when they have nothing to do (the others
+#: return a new view of it, ``x.view(x.shape)``).
+_RETURN_SELF = frozenset({"flatten"})
 #: View ops of each of several tensors (``tracked_each``); ``atleast_3d`` is ``arrange``'s.
 _EACH_VIEWS = ("atleast_1d", "atleast_2d")
 #: Copying ops that return their input when they have nothing to do (eager still copies).
@@ -314,7 +317,7 @@ def _symbol(name: str):
 def _register() -> None:
     rewrap = _Rewrap(TORCH_TO_LTORCH)
     for name in _PRIM_VIEWS:
-        rewrap(_symbol(name), tracked(_symbol(name)))
+        rewrap(_symbol(name), tracked(_symbol(name), returns_self=name in _RETURN_SELF))
     for name in _EACH_VIEWS:
         rewrap(_symbol(name), tracked_each(_symbol(name)))
     TORCH_TO_LTORCH[torch.Tensor.view] = _checked_view(TORCH_TO_LTORCH[torch.Tensor.view])

@@ -34,9 +34,9 @@ from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
-from thunder_rs.core.lang.recorder import start_prim_log, stop_prim_log
+from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.core.lang.symint import SymInt, identical
+from thunder_rs.core.lang.symint import SymInt, hint, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.torch import shape as _shape
 from thunder_rs.torch.shape import reshape_to, slice_in_dim
@@ -202,6 +202,31 @@ class ViewLink:
             self._strides = layout[1]
         return self._strides
 
+    def folds_away(self, view) -> bool:
+        """Whether ``view`` (this link's) is its root's shape and strides through shape prims alone
+        (``x.view(x.shape)``, ``x.t().t()``): the trace's passes fold the steps, computing the root
+        itself. Decided with no guard: sizes compared as data, strides worked out at the hints."""
+        shape = tuple(self.root.shape)
+        if not all(step.is_prim for step in self.steps) or len(view.shape) != len(shape):
+            return False
+        if not all(identical(a, b) for a, b in zip(view.shape, shape)):
+            return False
+        strides = _hinted(strides_of(self.root))
+        layout = (_hinted(shape), strides)
+        for step in self.steps:
+            taken = step._replace(params=_hinted(step.params)).layout(*layout)
+            if taken is None:
+                return False
+            layout = taken
+        return layout[1] == strides
+
+
+def _hinted(params):
+    """``params`` (sizes, and tuples and lists of them) at the hints of their symbolic sizes."""
+    if type(params) in (tuple, list):
+        return type(params)(_hinted(p) for p in params)
+    return hint(params)
+
 
 _VIEW_PRIMS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
 
@@ -252,8 +277,11 @@ def _chain(parent, view, log):
     return tuple(reversed(steps))
 
 
-def tracked(symbol):
-    """The view op ``symbol``, linking each output it computed from its input by shape prims."""
+def tracked(symbol, returns_self: bool = False):
+    """The view op ``symbol``, linking each output it computed from its input by shape prims.
+    An output that is the input itself (``x.view(x.shape)``, ``x[:]``) is eager's new view of it
+    (an alias: its own tensor, whose ``_base`` is the input), unless eager's op ``returns_self``
+    when it has nothing to do (``flatten(1, 1)``, ``atleast_2d`` of a matrix)."""
 
     def view_op(a, *args, **kwargs):
         if type(a) is not TensorProxy:
@@ -262,6 +290,8 @@ def tracked(symbol):
         start_prim_log(log)
         try:
             out = symbol(a, *args, **kwargs)
+            if not returns_self and not recording_backward():  # (a rule's backward returns no view)
+                out = _new_views(a, out)
         finally:
             stop_prim_log()
         several = type(out) is not TensorProxy
@@ -274,8 +304,17 @@ def tracked(symbol):
             return symbol(_shape.clone(a, memory_format=torch.contiguous_format), *args, **kwargs)
         return out
 
-    view_op.__wrapped__ = symbol
+    view_op.__wrapped__ = symbol  # type: ignore[attr-defined]  # (the symbol it wraps, as functools does)
     return view_op
+
+
+def _new_views(a, out):
+    """``out`` with the input ``a`` itself, where the op returned it, an alias of ``a`` instead."""
+    if out is a:
+        return prims.reshape(a, tuple(a.shape))
+    if type(out) in (tuple, list) and any(o is a for o in out):
+        return type(out)(prims.reshape(a, tuple(a.shape)) if o is a else o for o in out)
+    return out
 
 
 def _link(pairs, log: list, group: tuple | None = None) -> bool:
@@ -297,7 +336,7 @@ def tracked_each(symbol):
     """The view op ``symbol`` of each of several tensors (``atleast_3d(a, b)``, or of a list of
     them): each output linked to its own input, as ``tracked`` links one. (One call, which the
     executors run whole.)"""
-    one = tracked(symbol)
+    one = tracked(symbol, returns_self=True)  # (``atleast_1d`` of a vector is the vector)
 
     def view_op(*tensors):
         given = tensors[0] if len(tensors) == 1 and type(tensors[0]) in (list, tuple) else tensors

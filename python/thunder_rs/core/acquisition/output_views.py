@@ -16,6 +16,8 @@ gradients (others run no Function); other outputs cost a call nothing."""
 
 from dataclasses import dataclass
 
+import torch
+
 from thunder_rs.core.acquisition.writeback import replayable_view, view_taker
 from thunder_rs.core.base.proxies import TensorProxy
 
@@ -28,7 +30,7 @@ class OutputViews:
     out_kind: str
     #: (output position, whether its root is a trace input (None: the program's output at the
     #: position given, returned again), the position of that input or of the trace output
-    #: holding the root, view steps)
+    #: holding the root, view steps, whether the view is taken under ``no_grad``)
     views: tuple
     #: the names of the trace's size inputs (``writeback.WriteBacks.sizes``)
     sizes: tuple = ()
@@ -42,10 +44,14 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     own view of it, which torch refuses to write in place). ``(None, out)`` when there are none.
     ``is_read(vid)``: whether a top-level call of the recording reads the value; an intermediate
     no top-level call reads is internal to a composite (``tensordot``'s product, which its output
-    reshapes), which the trace cannot return: such a view is returned as it is."""
+    reshapes), which the trace cannot return: such a view is returned as it is.
+
+    A call that runs no Function (no output requires grad) returns the executors' views, but for
+    those the trace computes as their root itself (``x.view(x.shape)``, ``x.t().t()``), which
+    eager's view ops return new views of. A view the program took under ``no_grad`` of a root
+    that requires grad is taken under ``no_grad`` (eager's has no history)."""
     leaves = [out] if out_kind == "single" else list(out)
-    if not any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves):
-        return None, out  # no Function: the executors' views are the caller's
+    trained = any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves)
     inputs = {id(p): k for k, p in enumerate(traced)}
     held: dict = {}
     for i, o in enumerate(leaves):
@@ -56,27 +62,28 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     for i, o in enumerate(leaves):
         if id(o) in taken:  # (``return v, v``: eager's one tensor twice)
             leaves[i] = None
-            views.append((i, None, taken[id(o)], ()))
+            views.append((i, None, taken[id(o)], (), False))
             continue
         planned = len(views)
         if id(o) in inputs:
-            if o._vid == o._input_vid:  # the input itself (a written one is the write-backs')
+            if trained and o._vid == o._input_vid:  # the input itself (a written one is the write-backs')
                 leaves[i] = None
-                views.append((i, True, inputs[id(o)], ()))
+                views.append((i, True, inputs[id(o)], (), False))
             continue
         link = replayable_view(o, sizes)
-        if link is None:
+        if link is None or not (trained or link.folds_away(o)):
             continue
         k = inputs.get(id(link.root))
         if k is None and is_read is not None and not is_read(link.root._vid):
             continue
+        detached = link.root.requires_grad and not o.requires_grad
         if k is None:
             at = held.setdefault(id(link.root), i)
             leaves[i] = link.root if at == i else None
-            views.append((i, False, at, link.steps))
+            views.append((i, False, at, link.steps, detached))
         elif link.root._vid == link.root._input_vid:  # (a view of a written input is the write-backs')
             leaves[i] = None
-            views.append((i, True, k, link.steps))
+            views.append((i, True, k, link.steps, detached))
         if len(views) > planned:
             taken[id(o)] = i
     if not views:
@@ -89,13 +96,26 @@ def _same_output(t, inputs):
     return t
 
 
+def _taker(steps, sizes: tuple, detached: bool):
+    """``view_taker``'s function, run under ``no_grad`` where ``detached``."""
+    take = view_taker(steps, sizes)
+    if not detached:
+        return take
+
+    def take_detached(t, inputs):
+        with torch.no_grad():
+            return take(t, inputs)
+
+    return take_detached
+
+
 def with_views(fn, plan: OutputViews):
     """``fn`` returning the program's outputs, each of ``plan.views`` taken of its root; the
     others as ``fn`` returns them."""
     same = _same_output  # (a position returned again: no view to take)
     takes = [
-        (i, of_input, at, same if of_input is None else view_taker(steps, plan.sizes))
-        for i, of_input, at, steps in plan.views
+        (i, of_input, at, same if of_input is None else _taker(steps, plan.sizes, detached))
+        for i, of_input, at, steps, detached in plan.views
     ]
     if plan.out_kind == "single":
         _, of_input, k, take = takes[0]
