@@ -64,6 +64,21 @@ _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleD
 _is_generator = functools.partial(type.__instancecheck__, torch.Generator)
 
 
+def is_a(state: ProgramState, obj, classes, check=None) -> bool:
+    """``isinstance(obj, classes)``, or ``check(obj)`` (``_is_generator``: past a metaclass's hook),
+    for classes whose metaclass's ``__subclasscheck__`` is ``type``'s. Where ``obj``'s type reads
+    attributes in Python (a transformers config's ``__getattribute__``), each check that fails on
+    the type ran it for ``__class__``: read once per state object instead (``ProgramState.class_of``)."""
+    t = type(obj)
+    if type(t.__getattribute__) is types.FunctionType:
+        if issubclass(t, classes):
+            return True
+        cls = state.class_of(obj)
+        if cls is not None:
+            return cls is not t and issubclass(cls, classes)
+    return isinstance(obj, classes) if check is None else check(obj)
+
+
 class AttributeReads:
     """Reads of program state and the guards they make, for ``observe.Observer``: the state it
     holds is set up by the observer (``Observer.__init__``)."""
@@ -83,6 +98,8 @@ class AttributeReads:
     _made: set
     _module_sources: dict
     _kept: dict
+    #: ``(id(obj), name)`` -> ``(type, what the class gives)`` of the methods read (``_class_attribute``)
+    _methods: dict
     _cached_results: CachedCalls
 
     def guard_state(self, guard) -> None:
@@ -139,9 +156,10 @@ class AttributeReads:
             isinstance(v, TensorProxy) for store in ("_parameters", "_buffers") for v in d.get(store, {}).values()
         ) or any(id(m) in self._originals for m in d.get("_modules", {}).values())
 
-    def _attr_source(self, obj):
-        """Where a guard on an attribute of ``obj`` applies, or None when ``obj`` is not state."""
-        if isinstance(obj, torch.nn.Module):
+    def _attr_source(self, obj, module: bool):
+        """Where a guard on an attribute of ``obj`` (a ``torch.nn.Module`` when ``module``) applies,
+        or None when ``obj`` is not state."""
+        if module:
             source = self._module_sources.get(id(obj))
             if source is None:
                 original = self._originals.get(id(obj))
@@ -158,10 +176,10 @@ class AttributeReads:
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
         if attr is ALL_ATTRIBUTES or attr == "__dict__":
-            if not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) and obj in self.state:
+            if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
             return MISSING
-        if _is_generator(obj):
+        if is_a(self.state, obj, torch.Generator, _is_generator):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
                     f"torch.Generator.{attr}: the traced program at {origin} changes the state of a generator it "
@@ -175,17 +193,17 @@ class AttributeReads:
                     "it outside the jitted call and pass the value in"
                 )
             return MISSING
-        if isinstance(obj, (type, types.ModuleType)):
+        if is_a(self.state, obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
         mapping = attributes_of(obj)
         if mapping is None:
             return MISSING
-        if module := isinstance(obj, torch.nn.Module):
+        if module := is_a(self.state, obj, torch.nn.Module):
             if attr in _MODULE_INTERNALS:
                 return MISSING
             if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
                 return self._module_store_read(obj, mapping, attr, origin)
-        source = self._attr_source(obj)
+        source = self._attr_source(obj, module)
         if source is None:
             return MISSING
         value = mapping.get(attr, MISSING)
@@ -226,8 +244,17 @@ class AttributeReads:
         """``obj.attr`` where ``obj`` has no attribute of its own by that name: guards that it
         still has none and what its class holds (``class Config: scale = 2.0``; setting
         ``config.scale`` or ``Config.scale`` later changes what the program reads). Methods,
-        properties and other descriptors give MISSING: their own code is observed."""
-        value = ClassSource(type(obj)).fixed().get(attr, MISSING)
+        properties and other descriptors give MISSING: their own code is observed.
+
+        A method read again (``logger.warning_once`` in a config's ``__getattribute__``, a read
+        per attribute) is done once per object, type and name: while its class still gives the
+        same object (looked up as ``fixed`` does, running no descriptor's code), what its first
+        read did holds for it (``_methods``)."""
+        t = type(obj)
+        known = self._methods.get((id(obj), attr))
+        if known is not None and known[0] is t and ClassSource(t).fixed().get(attr, MISSING) is known[1]:
+            return MISSING
+        value = ClassSource(t).fixed().get(attr, MISSING)
         if value is MISSING and getattr(type(obj), "__getattr__", _MODULE_GETATTR) is _MODULE_GETATTR:
             # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
             # which setting the attribute later changes.
@@ -241,6 +268,8 @@ class AttributeReads:
                     self._guards[("method", id(type(obj)), attr)] = MethodGuard(type(obj), attr, origin)
                 self._add_function(getattr(value, "__func__", value))
             stand_in_cached_method(type(obj), attr, self._cached_results)  # (a cached method too)
+            if value is not MISSING:  # (what the class gives now: a cached method's stand-in)
+                self._methods[(id(obj), attr)] = (t, ClassSource(t).fixed().get(attr, MISSING))
             return MISSING
         if isinstance(obj, torch.nn.Module):
             if (source.key, attr) not in self._guards:
@@ -349,7 +378,7 @@ class AttributeReads:
             key = (source.key, name)
             if key not in self._guards:
                 self._guards[key] = Guard(source, name, value, origin)
-        state_object = not isinstance(value, _MODULE_OR_CODE)
+        state_object = not is_a(self.state, value, _MODULE_OR_CODE)
         if state_object:
             self.state.containers.note(value, source, name, origin)  # a cache the program may fill
         if is_simple(value) or isinstance(value, (torch.Tensor, torch.SymInt)):  # a size stands for an int

@@ -46,7 +46,7 @@ from thunder_rs.core.state.callables import (
     guard_partial,
     partial_origin,
 )
-from thunder_rs.core.state.attribute_reads import AttributeReads
+from thunder_rs.core.state.attribute_reads import AttributeReads, is_a
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
@@ -150,6 +150,7 @@ class Observer(AttributeReads):
         #: ``(type of source, source key, name, guard)`` -> ``(value, the code that read it when a
         #: dict, what _keep answered)`` of the reads kept (``_keep``)
         self._kept: dict = {}
+        self._methods: dict = {}  # (the methods read: ``_class_attribute``)
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
         #: id -> ``(globals dict, a copy)`` of the modules whose code the program ran, taken before
@@ -413,7 +414,7 @@ class Observer(AttributeReads):
             receiver = local.get(reads.receiver) if reads.receiver else None
             if receiver is not None and live:
                 self._add_method_defaults(receiver, code)
-            if (module := isinstance(receiver, torch.nn.Module)) and live and code.co_name == "__init__":
+            if (module := is_a(self.state, receiver, torch.nn.Module)) and live and code.co_name == "__init__":
                 self._made.add(id(receiver))
             if module:
                 original = self._originals.get(id(receiver))

@@ -191,10 +191,12 @@ def stands_in(value) -> bool:
 
 
 class StateObject:
-    __slots__ = ("obj", "source", "found", "whole")
+    __slots__ = ("obj", "source", "found", "whole", "cls")
 
     def __init__(self, obj, source, whole: bool):
         self.obj, self.source, self.whole = obj, source, whole
+        #: ``(type(obj), obj.__class__)`` once read (``ProgramState.class_of``)
+        self.cls: tuple | None = None
         #: the attributes when the program first reached the object
         attributes = attributes_of(obj)
         self.found = None if attributes is None else dict(attributes)
@@ -249,6 +251,23 @@ class ProgramState:
     def was_read(self, obj, name: str) -> bool:
         """Whether the observer saw the program read ``obj.name`` (or all of ``obj``)."""
         return (id(obj), name) in self.names_read or (id(obj), ALL_READ) in self.names_read
+
+    def class_of(self, obj):
+        """``obj.__class__``, which ``isinstance`` reads where ``obj``'s type is not the class asked
+        about, for a state object: read once per type the object has (a transformers config's
+        ``__getattribute__`` is Python code, which ran for each such ``isinstance`` of the
+        observer's; the type where that read finds no class); None for an object that is not state."""
+        known = self._objects.get(id(obj))
+        if known is None:
+            return None
+        t = type(obj)
+        if known.cls is None or known.cls[0] is not t:
+            try:
+                found = obj.__class__
+            except AttributeError:  # (as ``isinstance`` takes it: the type only)
+                found = t
+            known.cls = (t, found if isinstance(found, type) else t)
+        return known.cls[1]
 
     def source_of(self, obj):
         known = self._objects.get(id(obj))
