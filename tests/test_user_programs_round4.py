@@ -5,13 +5,18 @@ while traced: a call after the root's handlers were removed (a test harness, a n
 left it without a handler, at its old level, where eager configures it again
 (``library_settings``). ``sys.path = sys.path + [p]`` was refused with no line ("changed Python
 state it read"), and ``sys.path = [p] + sys.path`` was made once, while traced: eager's path grows
-by an entry every call (``traced_path``)."""
+by an entry every call (``traced_path``). A ``collections.Counter`` (or ``defaultdict``,
+``OrderedDict``) a model keeps of what it saw was refused ("changed Python state it read"): their
+item writes are made again by every call, as a dict's are (``containers``)."""
 
+import collections
+import copy
 import logging
 import sys
 
 import pytest
 import torch
+from torch import nn
 
 import thunder_rs
 
@@ -111,3 +116,32 @@ def test_a_program_giving_sys_path_a_tuple_is_refused_naming_the_line():
     with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"sys.path = .*round4.py:\d+"):
         thunder_rs.jit(_gives_a_tuple)(torch.ones(2))
     assert sys.path is path
+
+
+class _Tally(nn.Module):
+    """Counts the tags it is called with (``self.seen[tag] += 1``) and doubles from a tag's third call."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.lin, self.seen = nn.Linear(3, 3), make()
+
+    def forward(self, x, tag):
+        self.seen[tag] += 1
+        if self.seen[tag] > 2:
+            x = x * 2
+        return self.lin(x)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [collections.Counter, lambda: collections.defaultdict(int), lambda: collections.OrderedDict(a=0, b=0)],
+    ids=["counter", "defaultdict", "ordered_dict"],
+)
+def test_a_counter_of_what_a_model_saw_counts_as_eager(make):
+    torch.manual_seed(0)
+    model = _Tally(make)
+    eager, jitted = copy.deepcopy(model), thunder_rs.jit(model)
+    for tag in "aabab":
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(jitted(x, tag), eager(x, tag), rtol=0, atol=0)
+    assert type(model.seen) is type(eager.seen) and list(model.seen.items()) == list(eager.seen.items())
