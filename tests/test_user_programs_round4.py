@@ -145,3 +145,21 @@ def test_a_counter_of_what_a_model_saw_counts_as_eager(make):
         x = torch.randn(2, 3)
         torch.testing.assert_close(jitted(x, tag), eager(x, tag), rtol=0, atol=0)
     assert type(model.seen) is type(eager.seen) and list(model.seen.items()) == list(eager.seen.items())
+
+
+class _Recent(nn.Module):
+    """Keeps the last two batch means in a ``deque(maxlen=2)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.recent = nn.Linear(3, 3), collections.deque(maxlen=2)
+
+    def forward(self, x):
+        self.recent.append(x.mean().item())
+        return self.lin(x) * len(self.recent)
+
+
+def test_a_deque_a_model_changes_is_refused_saying_what_a_call_makes_again():
+    # The refusal said to keep such state "in a module attribute", which the deque was.
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"_Recent.recent changed.*not in a deque"):
+        thunder_rs.jit(_Recent())(torch.randn(2, 3))
