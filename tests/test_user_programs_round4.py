@@ -7,7 +7,9 @@ left it without a handler, at its old level, where eager configures it again
 state it read"), and ``sys.path = [p] + sys.path`` was made once, while traced: eager's path grows
 by an entry every call (``traced_path``). A ``collections.Counter`` (or ``defaultdict``,
 ``OrderedDict``) a model keeps of what it saw was refused ("changed Python state it read"): their
-item writes are made again by every call, as a dict's are (``containers``)."""
+item writes are made again by every call, as a dict's are (``containers``). A dict whose keys the
+program moved (``d[k] = d.pop(k)``, ``move_to_end``: a most-recently-used order) kept its old order,
+each compiled call setting the values alone."""
 
 import collections
 import copy
@@ -163,3 +165,35 @@ def test_a_deque_a_model_changes_is_refused_saying_what_a_call_makes_again():
     # The refusal said to keep such state "in a module attribute", which the deque was.
     with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=r"_Recent.recent changed.*not in a deque"):
         thunder_rs.jit(_Recent())(torch.randn(2, 3))
+
+
+class _MostRecent(nn.Module):
+    """Keeps the tags it saw most recent last (a plain dict, or an ``OrderedDict`` with an LRU's
+    ``move_to_end`` and ``popitem``) and scales by the oldest's value."""
+
+    def __init__(self, ordered: bool):
+        super().__init__()
+        self.lin, self.ordered = nn.Linear(3, 3), ordered
+        self.recent = (collections.OrderedDict if ordered else dict)(a=1, b=2, c=3)
+
+    def forward(self, x, tag):
+        if not self.ordered:
+            self.recent[tag] = self.recent.pop(tag, 0)
+        elif tag in self.recent:
+            self.recent.move_to_end(tag)
+        else:
+            self.recent[tag] = 0
+            if len(self.recent) > 3:
+                self.recent.popitem(last=False)
+        return self.lin(x) * next(iter(self.recent.values()))
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["dict", "ordered_dict"])
+def test_a_most_recently_used_order_a_model_keeps_is_eagers(ordered):
+    torch.manual_seed(0)
+    model = _MostRecent(ordered)
+    eager, jitted = copy.deepcopy(model), thunder_rs.jit(model)
+    for tag in "abzab":
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(jitted(x, tag), eager(x, tag), rtol=0, atol=0)
+        assert list(model.recent.items()) == list(eager.recent.items())

@@ -309,12 +309,26 @@ def _changes(place: _Place) -> list | str:
     writes = [(at, k, v) for k, v in container.items() if _sized(k) or old.get(k, MISSING) is not v]
     now = {k for k in container if not _sized(k)}
     writes += [(at, k, MISSING) for k in old if k not in now]
+    if not any(map(_sized, container)) and not _same_order(old, writes, container):
+        # Keys moved (``move_to_end``, a key removed then set again): every item again, in order.
+        writes = [(at, k, MISSING) for k in old] + [(at, k, v) for k, v in container.items()]
     for _, key, value in writes:
         if not _plain_key(key):
             return f"an item under the key {key!r} (a {type(key).__name__}), which is not a plain value"
         if value is not MISSING and not _repeatable(value):
             return f"an object of type {type(value).__name__} under the key {key!r}"
     return writes
+
+
+def _same_order(old: dict, writes: list, container) -> bool:
+    """Whether making ``writes`` in a dict holding ``old`` leaves its keys in ``container``'s order."""
+    made = dict(old)
+    for _, key, value in writes:
+        if value is MISSING:
+            made.pop(key, None)
+        else:
+            made[key] = value
+    return list(made) == list(container)
 
 
 def _sized(key) -> bool:
