@@ -9,7 +9,9 @@ by an entry every call (``traced_path``). A ``collections.Counter`` (or ``defaul
 ``OrderedDict``) a model keeps of what it saw was refused ("changed Python state it read"): their
 item writes are made again by every call, as a dict's are (``containers``). A dict whose keys the
 program moved (``d[k] = d.pop(k)``, ``move_to_end``: a most-recently-used order) kept its old order,
-each compiled call setting the values alone."""
+each compiled call setting the values alone. An attribute the program set of a module it imported
+(``settings.FLAG = 1``, ``sys.argv = [...]``) was set once, while traced; it is refused, naming the
+line (``Observer.refuse_unread_global_stores``)."""
 
 import collections
 import copy
@@ -20,6 +22,7 @@ import pytest
 import torch
 from torch import nn
 
+import round4_settings
 import thunder_rs
 
 _ENTRY = "/nonexistent/thunder_rs_round4"
@@ -197,3 +200,25 @@ def test_a_most_recently_used_order_a_model_keeps_is_eagers(ordered):
         x = torch.randn(2, 3)
         torch.testing.assert_close(jitted(x, tag), eager(x, tag), rtol=0, atol=0)
         assert list(model.recent.items()) == list(eager.recent.items())
+
+
+def _sets_a_module_attribute(x):
+    round4_settings.FLAG = 1
+    return x + 1
+
+
+def _sets_argv(x):
+    sys.argv = ["program", "--flag"]
+    return x + 1
+
+
+@pytest.mark.parametrize(
+    "program, what", [(_sets_a_module_attribute, "round4_settings.FLAG"), (_sets_argv, "sys.argv")], ids=["user", "sys"]
+)
+def test_setting_an_attribute_of_an_imported_module_is_refused_naming_the_line(program, what):
+    flag, argv = round4_settings.FLAG, sys.argv
+    try:
+        with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=rf"sets {what} at .*round4.py:\d+"):
+            thunder_rs.jit(program)(torch.ones(2))
+    finally:
+        round4_settings.FLAG, sys.argv = flag, argv

@@ -157,6 +157,9 @@ class Observer(AttributeReads):
         #: sets (``refuse_unread_global_stores``)
         self._module_globals: dict = {}
         self._global_stores: dict = {}
+        #: ``(id of a module, attribute)`` -> ``(module, attribute, its value before, code, offset)``
+        #: of the attributes the program's code sets of modules its globals hold (``settings.FLAG = 1``)
+        self._attribute_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
@@ -260,6 +263,19 @@ class Observer(AttributeReads):
                     "tracing set it once, and a compiled call would not set it again where eager sets it on every "
                     "call. Keep such state in a module attribute or a buffer, or return it"
                 )
+        for module, attr, was, code, offset in self._attribute_stores.values():
+            now = module.__dict__.get(attr, MISSING)
+            if now is was or (id(module.__dict__), attr) in self._guards or _not_a_write(attr, now, was):
+                continue
+            if module is sys and attr == "path":  # (made again by every call: ``traced_path``)
+                continue
+            line = next((p[0] for i, p in enumerate(code.co_positions()) if 2 * i == offset), None)
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program sets {module.__name__}.{attr} at "
+                f"{code.co_filename}:{line or code.co_firstlineno}; tracing set it once, and a compiled call would not "
+                "set it again where eager sets it on every call. Set it outside the jitted function, or keep such "
+                "state in a module attribute or a buffer"
+            )
 
     def refuse_consumed_iterators(self) -> None:
         """Refuses a program that advanced an iterator it did not create (``for i in
@@ -398,6 +414,10 @@ class Observer(AttributeReads):
         for name, offset in reads.stores:
             if (id(g), name) not in self._global_stores:
                 self._global_stores[id(g), name] = (code, offset)
+        for (name, attr), offset in reads.attribute_stores:
+            held = g.get(name, MISSING)
+            if isinstance(held, types.ModuleType) and (id(held), attr) not in self._attribute_stores:
+                self._attribute_stores[id(held), attr] = (held, attr, held.__dict__.get(attr, MISSING), code, offset)
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:
