@@ -10,8 +10,9 @@ by an entry every call (``traced_path``). A ``collections.Counter`` (or ``defaul
 item writes are made again by every call, as a dict's are (``containers``). A dict whose keys the
 program moved (``d[k] = d.pop(k)``, ``move_to_end``: a most-recently-used order) kept its old order,
 each compiled call setting the values alone. An attribute the program set of a module it imported
-(``settings.FLAG = 1``, ``sys.argv = [...]``) was set once, while traced; it is refused, naming the
-line (``Observer.refuse_unread_global_stores``)."""
+(``settings.FLAG = 1``, ``sys.argv = [...]``), or of a class its module defines (``Config.scale =
+2``), was set once, while traced; it is refused, naming the line
+(``Observer.refuse_unread_global_stores``)."""
 
 import collections
 import copy
@@ -212,13 +213,28 @@ def _sets_argv(x):
     return x + 1
 
 
+class _Config:
+    scale = 1.0
+
+
+def _sets_a_class_attribute(x):
+    _Config.scale = 2.0
+    return x * _Config.scale
+
+
 @pytest.mark.parametrize(
-    "program, what", [(_sets_a_module_attribute, "round4_settings.FLAG"), (_sets_argv, "sys.argv")], ids=["user", "sys"]
+    "program, what",
+    [
+        (_sets_a_module_attribute, "round4_settings.FLAG"),
+        (_sets_argv, "sys.argv"),
+        (_sets_a_class_attribute, "_Config.scale"),
+    ],
+    ids=["user_module", "sys", "class"],
 )
-def test_setting_an_attribute_of_an_imported_module_is_refused_naming_the_line(program, what):
+def test_setting_an_attribute_of_an_imported_module_or_a_class_is_refused_naming_the_line(program, what):
     flag, argv = round4_settings.FLAG, sys.argv
     try:
         with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match=rf"sets {what} at .*round4.py:\d+"):
             thunder_rs.jit(program)(torch.ones(2))
     finally:
-        round4_settings.FLAG, sys.argv = flag, argv
+        round4_settings.FLAG, sys.argv, _Config.scale = flag, argv, 1.0

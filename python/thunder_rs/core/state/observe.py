@@ -84,6 +84,15 @@ def _not_a_write(name: str, value, was) -> bool:
     )
 
 
+def _set_again(held, g: dict) -> bool:
+    """Whether an attribute the program sets of ``held``, a global of its module ``g``, is state
+    eager sets on every call: a module, or a class that module defines."""
+    if isinstance(held, type):
+        home = sys.modules.get(getattr(held, "__module__", ""), None)
+        return home is not None and home.__dict__ is g
+    return isinstance(held, types.ModuleType)
+
+
 class Observer(AttributeReads):
     """Collects the guards of one acquisition (a context manager around running the program).
 
@@ -159,6 +168,7 @@ class Observer(AttributeReads):
         self._global_stores: dict = {}
         #: ``(id of a module, attribute)`` -> ``(module, attribute, its value before, code, offset)``
         #: of the attributes the program's code sets of modules its globals hold (``settings.FLAG = 1``)
+        #: and of the classes its module defines (``Config.scale = 2``)
         self._attribute_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
@@ -270,8 +280,9 @@ class Observer(AttributeReads):
             if module is sys and attr == "path":  # (made again by every call: ``traced_path``)
                 continue
             line = next((p[0] for i, p in enumerate(code.co_positions()) if 2 * i == offset), None)
+            owner = module.__qualname__ if isinstance(module, type) else module.__name__
             raise ThunderNotImplementedError(
-                f"thunder_rs.jit: the traced program sets {module.__name__}.{attr} at "
+                f"thunder_rs.jit: the traced program sets {owner}.{attr} at "
                 f"{code.co_filename}:{line or code.co_firstlineno}; tracing set it once, and a compiled call would not "
                 "set it again where eager sets it on every call. Set it outside the jitted function, or keep such "
                 "state in a module attribute or a buffer"
@@ -416,7 +427,7 @@ class Observer(AttributeReads):
                 self._global_stores[id(g), name] = (code, offset)
         for (name, attr), offset in reads.attribute_stores:
             held = g.get(name, MISSING)
-            if isinstance(held, types.ModuleType) and (id(held), attr) not in self._attribute_stores:
+            if _set_again(held, g) and (id(held), attr) not in self._attribute_stores:
                 self._attribute_stores[id(held), attr] = (held, attr, held.__dict__.get(attr, MISSING), code, offset)
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
