@@ -223,7 +223,7 @@ def test_the_library_settings_are_put_back_after_tracing():
         thunder_rs.jit(_inserts_once)(torch.ones(2))
     finally:
         _drop_path()
-    assert type(sys.path) is list
+    assert type(sys.path) is list and type(sys) is types.ModuleType
     functions = (warnings.simplefilter, warnings.filterwarnings, torch.set_printoptions, np.set_printoptions)
-    functions += (logging.Logger.setLevel, logging.disable)
+    functions += (logging.Logger.setLevel, logging.disable, logging.basicConfig)
     assert all(type(f) is types.FunctionType and "thunder_rs" not in f.__code__.co_filename for f in functions)

@@ -25,6 +25,7 @@ from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.state.guards import ModuleSource
+from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
@@ -336,6 +337,20 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         )
 
 
+def _unreplayed(changed) -> str:
+    """Why a change of ``changed`` cannot be made again, and what to do instead."""
+    if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
+        return (
+            f"A compiled call makes the program's changes again in lists and dicts (a Counter, defaultdict or "
+            f"OrderedDict too), not in a {type(changed).__name__}: keep such state in a list or dict, or change it "
+            "outside the jitted function"
+        )
+    return (
+        "Writes to Python objects other than the jitted module's attributes cannot be replayed; keep such state in "
+        "a module attribute or a buffer"
+    )
+
+
 def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
     """A program that changed Python state it read while being traced other than by setting
     attributes (``calls.append(1)``, ``global n; n += 1``) would, compiled, not change it again:
@@ -349,8 +364,7 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
             if rechecked is None:
                 raise ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
-                    "Writes to Python objects other than the jitted module's attributes cannot be replayed; "
-                    "keep such state in a module attribute or a buffer"
+                    + _unreplayed(getattr(guard, "expected", None))
                 )
             guard = rechecked
         kept.append(guard)

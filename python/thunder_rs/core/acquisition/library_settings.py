@@ -1,23 +1,19 @@
 """Settings of Python's libraries a traced program makes: made again by every call, as eager makes them.
 
-``sys.path``'s changes (``append``, ``insert``, ``extend``, ``remove``, ``sys.path[:0] = ...``),
-``warnings.simplefilter``, ``filterwarnings`` and ``resetwarnings``, ``torch.set_printoptions``,
-``numpy.set_printoptions``, a logger's ``setLevel`` and ``logging.disable`` called by program code
-while it is traced are made then (what follows in the program sees them), undone once tracing
-ends and recorded among its effects, as ``setters``' process settings are: every compiled call
-makes them again, in order with its prints, warnings and logging, so a setting reset between calls
-is set again as eager sets it. Tracing made them once before, and a reset stayed reset.
+``sys.path``'s changes (``traced_path``), ``warnings.simplefilter``, ``filterwarnings`` and
+``resetwarnings``, ``torch.set_printoptions``, ``numpy.set_printoptions``, a logger's ``setLevel``,
+``logging.disable`` and ``logging.basicConfig`` called by program code while it is traced are made
+then (what follows in the program sees them), undone once tracing ends and recorded among its
+effects, as ``setters``' process settings are: every compiled call makes them again, in order with
+its prints, warnings and logging, so a setting reset between calls is set again as eager sets it.
+Tracing made them once before, and a reset stayed reset (``logging.basicConfig(level=...)``: a
+program called after the root logger's handlers were removed left it without one, at its old level).
 
 A filter set inside the program's own ``warnings.catch_warnings()`` block is made as eager makes it
 and undone with the block, not repeated. Only the program's own calls count: one the standard
-library makes for it (``logging.basicConfig`` setting the root's level, once) is made as before.
-
-``sys.path`` is a list whose methods no wrapper replaces: while some program is traced it is a list
-of a subclass (``_TracedPath``) whose changes by program code are recorded, and whose reads by
-program code (``p in sys.path``, iterating it) are guarded on what it held when tracing began
-(``setters.settle_later``), so that ``if p not in sys.path: sys.path.insert(0, p)`` inserts once
-as in eager (the next call, finding it there, compiles once more and inserts nothing). Its own
-list is put back, with what other code changed meanwhile, once no program is traced.
+library makes for it (``logging.basicConfig`` setting the root's level) is part of that call.
+``basicConfig``'s ``stream`` may be ``sys.stdout`` or ``sys.stderr``, each call passing the one
+``sys`` holds then; other objects (``handlers=[...]``) are refused naming the line.
 """
 
 import functools
@@ -29,18 +25,16 @@ import torch
 
 from thunder_rs.core.acquisition.logged import in_programs_catch_warnings
 from thunder_rs.core.acquisition.setters import program_of, record_setting
-from thunder_rs.core.acquisition.stdlib_frames import guard_read
+from thunder_rs.core.acquisition.traced_path import put_back_traced_path, put_traced_path
 from thunder_rs.core.state.cached_reads import register_stand_in
 from thunder_rs.core.state.guards import is_simple
-from thunder_rs.core.state.hook import own_work, thread_state
+from thunder_rs.core.state.hook import own_work
 
 
 def _plain(value) -> bool:
     """A setting's argument a compiled call can pass again: a number or a string (``is_simple``),
-    a class (a warning's category), a logger, or a slice of ints (``sys.path[:0] = ...``)."""
-    if type(value) is slice:
-        return all(map(is_simple, (value.start, value.stop, value.step)))
-    return is_simple(value) or isinstance(value, (type, logging.Logger))
+    a class (a warning's category), a logger, or a standard stream (``_Std``)."""
+    return is_simple(value) or isinstance(value, (type, logging.Logger, _Std))
 
 
 def _by_program(frame) -> bool:
@@ -125,6 +119,65 @@ def _disable_before(*_args, **_kwargs):
     return lambda: _disable(level)
 
 
+class _Std:
+    """``sys.stdout`` or ``sys.stderr``, read when a call configures logging again."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def stream(self):
+        return getattr(sys, self.name)
+
+
+def _standard_streams(kwargs: dict) -> dict:
+    """``kwargs`` with a stream that is ``sys.stdout`` or ``sys.stderr`` named as one (``_Std``)."""
+    stream = kwargs.get("stream")
+    for name in ("stdout", "stderr"):
+        if stream is not None and stream is getattr(sys, name):
+            return {**kwargs, "stream": _Std(name)}
+    return kwargs
+
+
+_basic_config = logging.basicConfig
+
+
+def _configure(**kwargs):
+    """``logging.basicConfig(**kwargs)``, a ``_Std`` stream read from ``sys``."""
+    if isinstance(kwargs.get("stream"), _Std):
+        kwargs["stream"] = kwargs["stream"].stream()
+    return _basic_config(**kwargs)
+
+
+def _root_before(**_kwargs):
+    root = logging.root
+    handlers, level = list(root.handlers), root.level
+
+    def undo():
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        _set_level(root, level)
+
+    return undo
+
+
+@functools.wraps(_basic_config)
+def _basic_config_stand_in(**kwargs):
+    frame = sys._getframe(1)
+    if not _by_program(frame):
+        return _basic_config(**kwargs)
+    undo = _root_before()
+    kwargs = _standard_streams(kwargs)
+    result = own_work(functools.partial(_configure, **kwargs))
+    record_setting("logging.basicConfig", _configure, (), frame, undo, kwargs, _plain)
+    return result
+
+
+register_stand_in(_basic_config, _basic_config_stand_in)
+
 #: ``(holder, name, stand-in, real)`` of the functions replaced while a program is traced
 _SETTINGS = [
     (holder, name, _stand_in(label, getattr(holder, name), before, made_here), getattr(holder, name))
@@ -137,99 +190,7 @@ _SETTINGS = [
         (logging, "disable", "logging.disable", _disable_before, None),
     )
 ]
-
-
-# -- sys.path --------------------------------------------------------------------------------------
-
-
-class _PathCall:
-    """``sys.path.<name>(*args)`` on whatever list ``sys.path`` is when a call makes it again."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __call__(self, *args):
-        return getattr(sys.path, self.name)(*args)
-
-
-def _changing(name: str):
-    real = getattr(list, name)
-
-    def change(self, *args):
-        frame = sys._getframe(1)
-        if not _by_program(frame):
-            return real(self, *args)
-        items = list(list.__iter__(self))
-        result = real(self, *args)
-        undo = functools.partial(list.__setitem__, self, slice(None), items)
-        record_setting(f"sys.path.{name}", _PathCall(name), args, frame, undo, None, _plain)
-        return result
-
-    change.__name__ = change.__qualname__ = name
-    return change
-
-
-def _reading(name: str):
-    real = getattr(list, name)
-
-    def read(self, *args):
-        if thread_state.observer is not None and program_of(sys._getframe(1)) is not None:
-            guard_read("sys.path", _path_items, _entries)
-        return real(self, *args)
-
-    read.__name__ = read.__qualname__ = name
-    return read
-
-
-def _path_items() -> tuple:
-    return tuple(sys.path)
-
-
-def _entries(items: tuple) -> str:
-    return f"{len(items)} entries"
-
-
-_CHANGES: tuple[str, ...] = (
-    "append",
-    "extend",
-    "insert",
-    "remove",
-    "pop",
-    "clear",
-    "sort",
-    "reverse",
-    "__setitem__",
-    "__delitem__",
-)
-_CHANGES += ("__iadd__", "__imul__")
-_READS: tuple[str, ...] = (
-    "__contains__",
-    "__iter__",
-    "__len__",
-    "__getitem__",
-    "index",
-    "count",
-    "copy",
-    "__reversed__",
-    "__eq__",
-)
-_READS += ("__ne__", "__add__", "__mul__", "__repr__")
-
-
-class _TracedPath(list):
-    """``sys.path`` while some program is traced: its changes and reads by program code are seen."""
-
-    __slots__ = ()
-
-
-for _name in _CHANGES:
-    setattr(_TracedPath, _name, _changing(_name))
-for _name in _READS:
-    setattr(_TracedPath, _name, _reading(_name))
-#: ``sys.path``'s own list while a ``_TracedPath`` stands in for it
-_path_list: list = []
+_SETTINGS.append((logging, "basicConfig", _basic_config_stand_in, _basic_config))
 
 
 # -- putting them in -------------------------------------------------------------------------------
@@ -246,9 +207,7 @@ def put_library_settings() -> None:
         if not _numpy_stand_in or _numpy_stand_in[0] is not real:  # (made once: a stand-in's id stays registered)
             _numpy_stand_in[:] = [real, _stand_in("numpy.set_printoptions", real, _numpy_options_before)]
         numpy.set_printoptions = _numpy_stand_in[1]  # type: ignore[union-attr]
-    if type(sys.path) is list and not _path_list:
-        _path_list.append(sys.path)
-        sys.path = _TracedPath(sys.path)
+    put_traced_path()
 
 
 def put_back_library_settings() -> None:
@@ -259,8 +218,4 @@ def put_back_library_settings() -> None:
     while _numpy_setter:
         numpy, real = _numpy_setter.pop()
         numpy.set_printoptions = real
-    while _path_list:
-        held = _path_list.pop()
-        if type(sys.path) is _TracedPath:
-            held[:] = list.__iter__(sys.path)
-            sys.path = held
+    put_back_traced_path()

@@ -127,7 +127,7 @@ def classify(code) -> int:
 class CodeReads:
     """The read chains of one code object, by kind of root: ``(root name, (attr, ...))``."""
 
-    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver", "types", "stores")
+    __slots__ = ("globals", "args", "cells", "locals", "line", "receiver", "types", "stores", "attribute_stores")
 
     def __init__(self, code):
         chains, whole = _chains(code)
@@ -147,10 +147,20 @@ class CodeReads:
         self.types = type_calls(code)
         #: the globals it sets or deletes (``global n; n = 1``): ``(name, offset)``, the first of each
         stored: dict = {}
+        #: the attributes it sets or deletes of what a global holds (``settings.FLAG = 1``, ``sys.argv
+        #: = [...]``): ``((global name, attribute), offset)``, the first of each
+        attributes: dict = {}
+        previous = None
         for ins in instructions(code):
             if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
                 stored.setdefault(ins.argval, ins.offset)
+            elif ins.opname in ("STORE_ATTR", "DELETE_ATTR") and previous is not None:
+                if previous.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    attributes.setdefault((previous.argval, ins.argval), ins.offset)
+            if ins.opname != "CACHE":
+                previous = ins
         self.stores = tuple(stored.items())
+        self.attribute_stores = tuple(attributes.items())
 
 
 def _chains(code) -> tuple:

@@ -3,9 +3,10 @@
 timm's LeViT keeps, in eval mode, a tensor computed from a parameter in a dict attribute
 (``self.attention_bias_cache[key] = self.attention_biases[:, self.attention_bias_idxs]``) and
 reads it back on later calls; a program may do the same with a global dict (``_MASKS[n] = ...``).
-Each list or dict the program reads from a module's attributes, a global, a class attribute, a
-closure cell (a hook's list, a cache made by a factory function), or an object or item reached
-from those, is noted with where it lives and its items when first read.
+Each list or dict (a ``Counter``, ``defaultdict`` or ``OrderedDict`` too: ``items.DICTS``) the
+program reads from a module's attributes, a global, a class attribute, a closure cell (a hook's
+list, a cache made by a factory function), or an object or item reached from those, is noted
+with where it lives and its items when first read.
 After tracing, the changes made to it are undone (no stand-in stays in user state) and become
 writes that the compiled call performs after running, with that call's tensors
 (``effects.ItemWrite`` on a ``ContainerAt``). The container is state the trace read, guarded
@@ -40,6 +41,7 @@ from thunder_rs.core.state.guards import (
     is_simple,
     items_of,
 )
+from thunder_rs.core.state.items import DICTS
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
 from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore
@@ -154,7 +156,7 @@ class StateContainers:
         rooted = isinstance(source, _ROOTS) or id(_holder(source)) in self._paths
         if rooted:
             self._paths.setdefault(id(value), (value, source, name))
-        if type(value) in (list, dict) and id(value) not in self._places:
+        if (type(value) is list or type(value) in DICTS) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
@@ -243,7 +245,7 @@ class StateContainers:
         for place in self._places.values():
             if not place.replayed or not self._lasting(place.container):
                 continue
-            pairs = place.items if type(place.container) is dict else enumerate(place.items)
+            pairs = place.items if type(place.container) in DICTS else enumerate(place.items)
             for key, t in pairs:
                 if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy):
                     found[id(t)] = None if id(t) in found else (place, key)
@@ -307,12 +309,26 @@ def _changes(place: _Place) -> list | str:
     writes = [(at, k, v) for k, v in container.items() if _sized(k) or old.get(k, MISSING) is not v]
     now = {k for k in container if not _sized(k)}
     writes += [(at, k, MISSING) for k in old if k not in now]
+    if not any(map(_sized, container)) and not _same_order(old, writes, container):
+        # Keys moved (``move_to_end``, a key removed then set again): every item again, in order.
+        writes = [(at, k, MISSING) for k in old] + [(at, k, v) for k, v in container.items()]
     for _, key, value in writes:
         if not _plain_key(key):
             return f"an item under the key {key!r} (a {type(key).__name__}), which is not a plain value"
         if value is not MISSING and not _repeatable(value):
             return f"an object of type {type(value).__name__} under the key {key!r}"
     return writes
+
+
+def _same_order(old: dict, writes: list, container) -> bool:
+    """Whether making ``writes`` in a dict holding ``old`` leaves its keys in ``container``'s order."""
+    made = dict(old)
+    for _, key, value in writes:
+        if value is MISSING:
+            made.pop(key, None)
+        else:
+            made[key] = value
+    return list(made) == list(container)
 
 
 def _sized(key) -> bool:

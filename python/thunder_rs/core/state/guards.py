@@ -20,7 +20,7 @@ from collections.abc import MutableMapping
 import numpy
 import torch
 
-from thunder_rs.core.state.items import ANY_TENSOR, MUTABLE, SameType, members, same_held_items, same_items
+from thunder_rs.core.state.items import ANY_TENSOR, DICTS, MUTABLE, SameType, members, same_held_items, same_items
 from thunder_rs.core.state.items import container_copy, same_attributes
 
 #: Stands for "no such attribute" in guard checks.
@@ -306,8 +306,9 @@ class _SequenceView:
 
 
 def items_of(container):
-    """A dict, or a list or tuple as a mapping from index to item."""
-    return container if type(container) is dict else _SequenceView(container)
+    """A dict (a ``Counter``, a ``defaultdict``: read with ``get``, which makes no item), or a list
+    or tuple as a mapping from index to item."""
+    return container if type(container) in DICTS else _SequenceView(container)
 
 
 class _ClassView:

@@ -14,6 +14,10 @@ import torch
 #: Their subclasses too (``Counter``, ``defaultdict``, ``OrderedDict``, ``deque``): ``isinstance``.
 #: Buffers of numbers too (``bytearray``, ``array.array``: a global one appended to between calls).
 MUTABLE = (list, dict, set, collections.deque, bytearray, array.array)
+#: The dicts whose items a program's writes are replayed in (``containers``), read by key as a dict
+#: is: ``dict`` and the standard library's subclasses (a ``Counter`` of calls, a ``defaultdict``),
+#: whose ``__setitem__`` and ``__delitem__`` are dict's. Other subclasses may define their own.
+DICTS = (dict, collections.Counter, collections.OrderedDict, collections.defaultdict)
 
 
 def members(container) -> tuple:
@@ -28,7 +32,7 @@ def members(container) -> tuple:
 
 def has_item(container, key) -> bool:
     """Whether ``container[key]`` reads an item: a dict's key, a list's or tuple's index."""
-    if type(container) is dict:
+    if type(container) in DICTS:
         return key in container
     return type(key) is int and -len(container) <= key < len(container)
 

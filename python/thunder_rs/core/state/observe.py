@@ -84,6 +84,15 @@ def _not_a_write(name: str, value, was) -> bool:
     )
 
 
+def _set_again(held, g: dict) -> bool:
+    """Whether an attribute the program sets of ``held``, a global of its module ``g``, is state
+    eager sets on every call: a module, or a class that module defines."""
+    if isinstance(held, type):
+        home = sys.modules.get(getattr(held, "__module__", ""), None)
+        return home is not None and home.__dict__ is g
+    return isinstance(held, types.ModuleType)
+
+
 class Observer(AttributeReads):
     """Collects the guards of one acquisition (a context manager around running the program).
 
@@ -158,6 +167,10 @@ class Observer(AttributeReads):
         #: sets (``refuse_unread_global_stores``)
         self._module_globals: dict = {}
         self._global_stores: dict = {}
+        #: ``(id of a module, attribute)`` -> ``(module, attribute, its value before, code, offset)``
+        #: of the attributes the program's code sets of modules its globals hold (``settings.FLAG = 1``)
+        #: and of the classes its module defines (``Config.scale = 2``)
+        self._attribute_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
 
     def __enter__(self):
@@ -261,6 +274,20 @@ class Observer(AttributeReads):
                     "tracing set it once, and a compiled call would not set it again where eager sets it on every "
                     "call. Keep such state in a module attribute or a buffer, or return it"
                 )
+        for module, attr, was, code, offset in self._attribute_stores.values():
+            now = module.__dict__.get(attr, MISSING)
+            if now is was or (id(module.__dict__), attr) in self._guards or _not_a_write(attr, now, was):
+                continue
+            if module is sys and attr == "path":  # (made again by every call: ``traced_path``)
+                continue
+            line = next((p[0] for i, p in enumerate(code.co_positions()) if 2 * i == offset), None)
+            owner = module.__qualname__ if isinstance(module, type) else module.__name__
+            raise ThunderNotImplementedError(
+                f"thunder_rs.jit: the traced program sets {owner}.{attr} at "
+                f"{code.co_filename}:{line or code.co_firstlineno}; tracing set it once, and a compiled call would not "
+                "set it again where eager sets it on every call. Set it outside the jitted function, or keep such "
+                "state in a module attribute or a buffer"
+            )
 
     def refuse_consumed_iterators(self) -> None:
         """Refuses a program that advanced an iterator it did not create (``for i in
@@ -399,6 +426,10 @@ class Observer(AttributeReads):
         for name, offset in reads.stores:
             if (id(g), name) not in self._global_stores:
                 self._global_stores[id(g), name] = (code, offset)
+        for (name, attr), offset in reads.attribute_stores:
+            held = g.get(name, MISSING)
+            if _set_again(held, g) and (id(held), attr) not in self._attribute_stores:
+                self._attribute_stores[id(held), attr] = (held, attr, held.__dict__.get(attr, MISSING), code, offset)
         for name, attrs in reads.globals:
             value = g.get(name, MISSING)
             if value is MISSING or id(value) in TRACING_GLOBALS:

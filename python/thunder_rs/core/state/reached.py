@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple
+from thunder_rs.core.state.items import DICTS
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
@@ -232,7 +233,7 @@ def _place(source: InputSource, name: str | int) -> InputSource:
 
 
 def _items(container) -> tuple:
-    return tuple(container.items()) if type(container) is dict else tuple(container)
+    return tuple(container.items()) if type(container) in DICTS else tuple(container)
 
 
 def _changed(container, before: tuple) -> bool:
@@ -240,7 +241,7 @@ def _changed(container, before: tuple) -> bool:
     now = _items(container)
     if len(now) != len(before):
         return True
-    if type(container) is dict:
+    if type(container) in DICTS:
         return any(a[0] is not b[0] or a[1] is not b[1] for a, b in zip(now, before))
     return any(a is not b for a, b in zip(now, before))
 
@@ -320,9 +321,10 @@ def _container_error(container, source: InputSource) -> ThunderNotImplementedErr
 
 
 def _restore(container, before: tuple) -> None:
-    if type(container) is dict:
+    if type(container) in DICTS:
         container.clear()
-        container.update(before)
+        for key, value in before:  # (``Counter.update`` adds counts)
+            container[key] = value
     else:
         container[:] = before
 

@@ -1,0 +1,3 @@
+"""A module whose attribute the programs of ``test_user_programs_round4.py`` set."""
+
+FLAG = 0
