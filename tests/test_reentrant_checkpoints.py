@@ -7,9 +7,10 @@ region's total, summed apart, added to its other gradients, and a parameter the 
 the region's total added to its ``.grad``. The trace holds the region inline and summed every
 gradient in one backward: the gradients of T5's and BART's checkpointed layers, and of an MLP of
 checkpointed blocks with residuals around them, an ulp off eager's in some elements. The VJP pass
-now sums each region apart (``passes::reentrant``). What still differs: a ``.grad`` that holds a
-gradient already (accumulation over micro-batches) gets the region totals added one by one in
-eager, the call's total once here."""
+now sums each region apart (``passes::reentrant``). A ``.grad`` that holds a gradient already
+(accumulation over micro-batches) gets the region totals added one by one in eager: the call's
+total added once was an ulp off; the backward now returns each total and the runtime adds them in
+turn (``run.autograd._land_in_turn``)."""
 
 import copy
 
@@ -126,4 +127,27 @@ def test_reentrant_checkpointed_seq2seq_training_is_eagers(build):
         _assert_grads_equal(model, eager, f"step {step}")
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert thunder_rs.cache_misses(jmodel) == 1
+
+
+@pytest.mark.parametrize("kind", [{"shared": True}, {"shared": True, "outside": True}, {"nested": True}], ids=str)
+def test_micro_batches_accumulate_onto_grad_as_eager(kind):
+    """Two forwards and backwards before the optimizer's step (no ``zero_grad`` between): eager's
+    backward of each region adds the region's total to a ``.grad`` that holds the first batch's
+    gradient, one region after the other, and runs the parameter's hooks for each."""
+    torch.manual_seed(0)
+    model = Blocks(**kind)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    calls = {"thunder_rs": 0, "eager": 0}
+    for m, name in ((model, "thunder_rs"), (eager, "eager")):
+        m.head.weight.register_post_accumulate_grad_hook(lambda p, n=name: calls.__setitem__(n, calls[n] + 1))
+    for seed in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        jmodel(x).backward()
+        eager(y).backward()
+        torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+        _assert_grads_equal(model, eager, f"batch {seed}")
+    assert calls["thunder_rs"] == calls["eager"]
     assert thunder_rs.cache_misses(jmodel) == 1

@@ -8,7 +8,9 @@
 //! its `.grad` when that inner backward ends (the outer backward adds its own total once it has
 //! differentiated its last use of the parameter). The trace holds the region's calls inline; the
 //! VJP pass sums as eager does, from each region's extent (the values its function defined: the
-//! recorder numbers values in order) and the tensors passed to it.
+//! recorder numbers values in order) and the tensors passed to it. A parameter given several
+//! totals gets them all, in eager's order, which the runtime adds to its `.grad` one by one (a
+//! `.grad` from an earlier backward, micro-batches without `zero_grad`, rounds their sum otherwise).
 //!
 //! A tensor the region reads without being passed to it (captured by the function) that is no
 //! input of the program gets the region's total in the outer backward; eager backpropagates it
@@ -30,24 +32,25 @@ pub struct Checkpoint {
     pub inputs: Vec<ValueId>,
 }
 
-/// How the backward sums: the checkpoints, and per program input (eager's leaves) its `.grad` so far.
+/// The gradients each program input gets added to its `.grad` (eager's leaves) in turn, in the
+/// order eager's backward adds them: all but the last are returned before it, as
+/// `(first, ..., last)` in the input's place (see [`backprop_checkpointed`]).
+pub(crate) type Landed = FxHashMap<ValueId, Vec<ValueId>>;
+
+/// How the backward sums: the checkpoints, and per program input (eager's leaves) what is added
+/// to its `.grad`, in turn.
 struct Sums<'a> {
     checkpoints: &'a [Checkpoint],
     inputs: FxHashSet<ValueId>,
-    grad: FxHashMap<ValueId, ValueId>,
+    landed: Landed,
     /// Per top-level call: the inputs whose outer total is added to `.grad` once it is differentiated.
     landings: FxHashMap<usize, Vec<ValueId>>,
 }
 
 impl Sums<'_> {
-    /// Adds `g` to `v`'s `.grad`.
-    fn land(&mut self, e: &mut Emitter, v: ValueId, g: ValueId) -> Result<()> {
-        let total = match self.grad.get(&v) {
-            Some(&previous) => e.add(previous, g)?,
-            None => g,
-        };
-        self.grad.insert(v, total);
-        Ok(())
+    /// Adds `g` to `v`'s `.grad` (after what was added before).
+    fn land(&mut self, v: ValueId, g: ValueId) {
+        self.landed.entry(v).or_default().push(g);
     }
 
     /// The outermost checkpoint inside `within` (any when None) that defined an output of `bsym`.
@@ -67,26 +70,37 @@ impl Sums<'_> {
 }
 
 /// Emits the backward of `trace`'s calls as [`crate::vjp::joint`] does, summing each
-/// checkpoint's gradients apart as eager does; the program inputs' gradients are left in `cots`.
+/// checkpoint's gradients apart as eager does. Each program input's gradients are what eager adds
+/// to its `.grad` one after the other (each region's total when its backward ends, the outer
+/// backward's once it has differentiated its last use): the last is left in `cots`, and the
+/// others, in order, returned. The runtime adds those to the `.grad` as eager does (an
+/// AccumulateGrad each, through autograd) and returns the last to autograd: with a `.grad` from
+/// an earlier backward (micro-batches), eager's sum is `((grad + first) + second) + ...`, which
+/// the sum of the pieces added to it once would round otherwise.
 pub(crate) fn backprop_checkpointed(
     e: &mut Emitter,
     cots: &mut Cotangents,
     trace: &Trace,
     checkpoints: &[Checkpoint],
-) -> Result<()> {
+) -> Result<Landed> {
     let inputs: FxHashSet<ValueId> = trace.inputs.iter().copied().collect();
-    let mut sums = Sums { checkpoints, inputs, grad: FxHashMap::default(), landings: FxHashMap::default() };
+    let mut sums = Sums { checkpoints, inputs, landed: FxHashMap::default(), landings: FxHashMap::default() };
     sums.landings = landings(trace, &sums);
     walk(e, cots, &trace.bsyms, &mut sums, None)?;
     for &i in &trace.inputs {
         if let Some(g) = cots.take(i) {
-            sums.land(e, i, g)?;
+            sums.land(i, g);
         }
     }
-    for (i, g) in sums.grad {
-        cots.set(i, g);
+    let mut early = Landed::default();
+    for (i, mut pieces) in sums.landed {
+        let last = pieces.pop().expect("an input lands a gradient at least once");
+        cots.set(i, last);
+        if !pieces.is_empty() {
+            early.insert(i, pieces);
+        }
     }
-    Ok(())
+    Ok(early)
 }
 
 /// Per top-level call, the program inputs it is the first differentiated reader of in the outer
@@ -135,7 +149,7 @@ fn walk(
         let Some(k) = sums.region_of(&bsyms[end - 1], within) else {
             backprop(e, cots, &bsyms[end - 1..end])?;
             if within.is_none() {
-                land_outer(e, cots, sums, end - 1..end)?;
+                land_outer(cots, sums, end - 1..end);
             }
             end -= 1;
             continue;
@@ -146,7 +160,7 @@ fn walk(
         }
         region(e, cots, &bsyms[start..end], k, sums)?;
         if within.is_none() {
-            land_outer(e, cots, sums, start..end)?;
+            land_outer(cots, sums, start..end);
         }
         end = start;
     }
@@ -155,15 +169,14 @@ fn walk(
 
 /// Adds the outer backward's totals to the `.grad` of the program inputs whose last outer
 /// gradient the top-level calls `calls` gave.
-fn land_outer(e: &mut Emitter, cots: &mut Cotangents, sums: &mut Sums, calls: Range<usize>) -> Result<()> {
+fn land_outer(cots: &mut Cotangents, sums: &mut Sums, calls: Range<usize>) {
     for i in calls.rev() {
         for v in sums.landings.remove(&i).unwrap_or_default() {
             if let Some(g) = cots.take(v) {
-                sums.land(e, v, g)?;
+                sums.land(v, g);
             }
         }
     }
-    Ok(())
 }
 
 /// The backward of checkpoint `k`'s calls `bsyms`, as its own: from the cotangents of the values
@@ -190,7 +203,7 @@ fn region(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol], k: usiz
         if passed.contains(&v) || !sums.inputs.contains(&v) {
             cots.accumulate(e, v, g)?;
         } else {
-            sums.land(e, v, g)?;
+            sums.land(v, g);
         }
     }
     Ok(())
@@ -230,6 +243,28 @@ mod tests {
         let reads = |b: &BoundSymbol, v: ValueId| b.args.contains(&Arg::Value(v));
         let total = defining(g);
         total.args.iter().any(|a| matches!(a, Arg::Value(p) if reads(defining(*p), d)))
+    }
+
+    #[test]
+    fn a_parameter_read_by_two_checkpoints_gets_each_total_in_turn() {
+        // w read by two regions, passed x only: eager adds each region's total to w's `.grad`
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let (x, w) = (b.add_input(ValueKind::Tensor(meta.clone())), b.add_input(ValueKind::Tensor(meta)));
+        let mut h = x;
+        let mut checkpoints = vec![];
+        for _ in 0..2 {
+            let start = b.num_values();
+            h = b.record_prim("mul", vec![Arg::Value(h), Arg::Value(w)]).unwrap()[0];
+            checkpoints.push(Checkpoint { values: start..b.num_values(), inputs: vec![x] });
+        }
+        let trace = b.finish(Arg::Value(h)).unwrap();
+        let joint = joint_checkpointed(&trace, &checkpoints).unwrap().unwrap().trace;
+        trace_ir::verify::verify(&joint).unwrap();
+        let Arg::Tuple(parts) = &joint.outputs else { panic!("(outputs, grads)") };
+        let Arg::Tuple(grads) = &parts[1] else { panic!("grads") };
+        assert!(matches!(&grads[0], Arg::Value(_)), "x gets one gradient: {:?}", grads[0]);
+        assert!(matches!(&grads[1], Arg::Tuple(pieces) if pieces.len() == 2), "w gets two: {:?}", grads[1]);
     }
 
     #[test]
