@@ -10,7 +10,9 @@ checkpointed blocks with residuals around them, an ulp off eager's in some eleme
 now sums each region apart (``passes::reentrant``). A ``.grad`` that holds a gradient already
 (accumulation over micro-batches) gets the region totals added one by one in eager: the call's
 total added once was an ulp off; the backward now returns each total and the runtime adds them in
-turn (``run.autograd._land_in_turn``)."""
+turn (``run.autograd._land_in_turn``). A tensor a region reads without being passed it, computed
+by the program, got the region's total in the outer backward; eager's region backward goes on
+through the calls that computed it."""
 
 import copy
 
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -151,3 +154,55 @@ def test_micro_batches_accumulate_onto_grad_as_eager(kind):
         _assert_grads_equal(model, eager, f"batch {seed}")
     assert calls["thunder_rs"] == calls["eager"]
     assert thunder_rs.cache_misses(jmodel) == 1
+
+
+class Captured(nn.Module):
+    """Checkpoints whose functions read tensors that require grad without being passed them: a
+    parameter, a tensor computed from one before the call, and the first checkpoint's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.scale = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.scale.sin()
+        a = checkpoint(lambda z: self.linear(z) * h + self.scale, x, use_reentrant=True)
+        b = checkpoint(lambda z: (z * a).tanh() * self.scale, x, use_reentrant=True)
+        return b.square().mean() + (self.scale * x).mean()
+
+
+def test_tensors_captured_by_checkpoints_get_eagers_gradients():
+    """Eager's checkpoint backward (``torch.autograd.backward`` of what the function returned)
+    goes on through the calls that computed a captured tensor: the second checkpoint's runs the
+    first's backward and ``sin``'s, which add to ``scale.grad`` and ``x.grad`` within it, before
+    the outer backward adds its own. Those gradients went to the outer backward, summed with its."""
+    torch.manual_seed(0)
+    model = Captured()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for seed in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        actual, expected = jmodel(x), eager(y)
+        actual.backward()
+        expected.backward()
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+        _assert_grads_equal(model, eager, f"batch {seed}")
+    assert thunder_rs.cache_misses(jmodel) == 1
+
+
+def _captured_and_read_after(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    h = w.sin()
+    return checkpoint(lambda a: (a * h).sin(), x, use_reentrant=True).sum() + h.sum()
+
+
+def test_a_captured_tensor_the_program_also_differentiates_is_refused_naming_the_line():
+    """Eager's checkpoint backward frees the graph of the calls that computed a captured tensor,
+    and the outer backward through them fails; the trace would differentiate them twice."""
+    w, x = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _captured_and_read_after(w, x).backward()
+    with pytest.raises(ThunderNotImplementedError, match=r"use_reentrant=True\) at .*test_reentrant"):
+        thunder_rs.jit(_captured_and_read_after)(w, x).backward()

@@ -259,7 +259,12 @@ pub(crate) struct Cotangents {
 }
 
 impl Cotangents {
-    fn get(&self, v: ValueId) -> Option<ValueId> {
+    /// The values that have a cotangent.
+    pub(crate) fn values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.of.keys().copied()
+    }
+
+    pub(crate) fn get(&self, v: ValueId) -> Option<ValueId> {
         self.of.get(&v).copied()
     }
 

@@ -178,7 +178,7 @@ _reentrant: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_reentran
 @contextlib.contextmanager
 def noting_checkpoints(rec):
     """While ``rec`` records a program: the list of the reentrant activation checkpoints it runs
-    with grad, ``(first value id, end value id, ids of the tensors passed)`` each, whose gradients
+    with grad, ``(first value id, end value id, ids of the tensors passed, the user's line)`` each, whose gradients
     the VJP pass sums apart as eager's backward of each does (``passes::reentrant``)."""
     noted: list = []
     token = _reentrant.set((rec, noted))
@@ -197,7 +197,7 @@ def _reentrant_region(run_function, inputs: list):
     rec, noted = noting
     start = rec.num_values
     out = run_function(*inputs)
-    noted.append((start, rec.num_values, [a._vid for a in inputs if isinstance(a, TensorProxy)]))
+    noted.append((start, rec.num_values, [a._vid for a in inputs if isinstance(a, TensorProxy)], user_location()))
     return out
 
 
