@@ -12,12 +12,15 @@ now sums each region apart (``passes::reentrant``). A ``.grad`` that holds a gra
 total added once was an ulp off; the backward now returns each total and the runtime adds them in
 turn (``run.autograd._land_in_turn``). A tensor a region reads without being passed it, computed
 by the program, got the region's total in the outer backward; eager's region backward goes on
-through the calls that computed it."""
+through the calls that computed it. Eager's forward runs the function without grad, where SDPA
+takes its flash kernel for a mask that requires grad in the backward's recompute (the math path):
+Swin's losses and gradients an ulp off; such a function is now traced both ways."""
 
 import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -206,3 +209,90 @@ def test_a_captured_tensor_the_program_also_differentiates_is_refused_naming_the
         _captured_and_read_after(w, x).backward()
     with pytest.raises(ThunderNotImplementedError, match=r"use_reentrant=True\) at .*test_reentrant"):
         thunder_rs.jit(_captured_and_read_after)(w, x).backward()
+
+
+class BiasedAttention(nn.Module):
+    """Attention with a learned bias, and a random mask (drop path), in a reentrant checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.bias = nn.Parameter(torch.randn(1, 2, 16, 16))
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.view(4, 16, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias * 1.0).transpose(1, 2).reshape(4, 16, 16)
+        keep = torch.floor(torch.rand(4, 1, 1) + 0.75)
+        return x + out / 0.75 * keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = checkpoint(self.block, x, use_reentrant=True)
+        return checkpoint(self.block, h, use_reentrant=True).square().mean()
+
+
+def test_attention_with_a_bias_requiring_grad_in_a_checkpoint_runs_eagers_kernels():
+    """Eager's checkpoint runs the function without grad, where the bias requires none and SDPA
+    takes its flash kernel, and again with grad in the backward, where it takes the math path
+    (drawing the forward's random numbers again). The trace ran the math path once: the loss and
+    the gradients an ulp off. The function is now traced both ways."""
+    torch.manual_seed(0)
+    model = BiasedAttention()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    for seed in range(2):
+        x = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        torch.manual_seed(seed)
+        actual = jmodel(x)
+        torch.manual_seed(seed)
+        expected = eager(y)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        actual.backward()
+        expected.backward()
+        torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+        _assert_grads_equal(model, eager, f"batch {seed}")
+    assert thunder_rs.cache_misses(jmodel) == 1
+
+
+def _swin():
+    T = pytest.importorskip("transformers")
+    sizes = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)
+    return T.SwinForImageClassification(T.SwinConfig(num_labels=3, **sizes))
+
+
+@pytest.mark.slow
+def test_reentrant_checkpointed_swin_trains_as_eager_bit_for_bit():
+    """Three AdamW steps of Swin (attention with a relative position bias that requires grad,
+    drop path) with reentrant checkpointing: losses, gradients and parameters bit for bit."""
+    torch.manual_seed(0)
+    model = _swin().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    eager = copy.deepcopy(model)
+    jmodel = thunder_rs.jit(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, eager)]
+    for step in range(3):
+        generator = torch.Generator().manual_seed(step)
+        batch = dict(pixel_values=torch.randn(2, 3, 32, 32, generator=generator), labels=torch.tensor([0, 2]))
+        losses = []
+        for call, optimizer in zip((jmodel, eager), optimizers):
+            optimizer.zero_grad()
+            torch.manual_seed(step)
+            out = call(**batch)
+            out.loss.backward()
+            optimizer.step()
+            losses.append(out.logits)
+        torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)
+        _assert_grads_equal(model, eager, f"step {step}")
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_a_checkpoint_choosing_other_kernels_without_grad_that_draws_otherwise_is_refused_naming_the_line():
+    """``torch.randn`` runs eagerly in a trace: its draw cannot be given again to the function
+    traced without grad."""
+    model = BiasedAttention()
+    block = model.block
+    model.block = lambda x: block(x) + torch.randn(16)
+    x = torch.randn(4, 16, 16, requires_grad=True)
+    with pytest.raises(ThunderNotImplementedError, match=r"use_reentrant=True\) at .*test_reentrant.*torch.rand"):
+        thunder_rs.jit(model)(x)
