@@ -296,3 +296,14 @@ def test_a_checkpoint_choosing_other_kernels_without_grad_that_draws_otherwise_i
     x = torch.randn(4, 16, 16, requires_grad=True)
     with pytest.raises(ThunderNotImplementedError, match=r"use_reentrant=True\) at .*test_reentrant.*torch.rand"):
         thunder_rs.jit(model)(x)
+
+
+def test_autograd_grad_through_reentrant_checkpoints_raises_eagers_error():
+    """Eager's checkpoint backward accumulates into ``.grad``, which ``torch.autograd.grad`` does
+    not read: it raises. The compiled backward adds some gradients to ``.grad`` in turn, and
+    returned only the last."""
+    model = Blocks(shared=True)
+    x = torch.randn(8, 16, requires_grad=True)
+    for call in (model, thunder_rs.jit(model)):
+        with pytest.raises(RuntimeError, match="use_reentrant=True, torch.utils.checkpoint is incompatible with .grad"):
+            torch.autograd.grad(call(x), [x, *model.parameters()])

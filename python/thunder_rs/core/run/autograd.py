@@ -324,6 +324,8 @@ def grad_function(
 
         @staticmethod
         def backward(ctx, *grads):
+            if landing and not torch.autograd._is_checkpoint_valid():
+                raise RuntimeError(_REENTRANT_UNDER_GRAD)
             saved = _residuals_checked(ctx, stale, made, grads)
             cotangents = cotangents_of(grads)
             # (absent cotangents: the residuals the backward for their pattern reads are checked)
@@ -340,6 +342,15 @@ def grad_function(
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
+
+
+#: Eager's error for a backward through a reentrant checkpoint that does not accumulate into
+#: ``.grad`` (``torch.autograd.grad``, ``backward(inputs=...)``), whose own backward would.
+_REENTRANT_UNDER_GRAD = (
+    "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing an `inputs` parameter "
+    "to .backward(). To resolve this error, you can either set use_reentrant=False, or call .backward() without "
+    "passing the `inputs` argument."
+)
 
 
 def _land_in_turn(inputs: tuple, grads: tuple) -> tuple:
