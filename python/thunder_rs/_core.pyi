@@ -50,7 +50,7 @@ def compile(
     consts: list,
     passes: list[str] = ...,
     differentiable: bool = ...,
-    checkpoints: list[tuple[int, int, list[int]]] = ...,
+    checkpoints: list[tuple[int, int, list[int], str]] = ...,
 ) -> Compiled: ...
 def compile_backward(
     acquired: Trace,
@@ -60,7 +60,7 @@ def compile_backward(
     consts: list,
     passes: list[str],
     absent_cotangents: list[int],
-    checkpoints: list[tuple[int, int, list[int]]] = ...,
+    checkpoints: list[tuple[int, int, list[int], str]] = ...,
 ) -> Compiled: ...
 def prim_table() -> list[PrimInfo]: ...
 def registered_passes() -> list[str]: ...

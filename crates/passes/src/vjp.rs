@@ -7,7 +7,7 @@
 //! `<name>.vjp` call that torch.autograd differentiates at run time. Only tensors that require
 //! grad receive gradients, so integer and boolean values never do.
 
-use crate::reentrant::{backprop_checkpointed, Checkpoint};
+use crate::reentrant::{backprop_checkpointed, Checkpoint, Landed};
 use crate::PassCx;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::ops::Range;
@@ -67,7 +67,8 @@ pub fn joint_without(trace: &Trace, absent: &[usize]) -> Result<Option<Joint>> {
 }
 
 /// [`joint`] of a program that ran the reentrant activation `checkpoints`, whose gradients it
-/// sums as eager does (see [`crate::reentrant`]).
+/// sums as eager does (see [`crate::reentrant`]). A program input whose `.grad` eager adds
+/// several gradients to in turn gets the tuple of them, in order, in place of its gradient.
 pub fn joint_checkpointed(trace: &Trace, checkpoints: &[Checkpoint]) -> Result<Option<Joint>> {
     joint_with(trace, &[], checkpoints)
 }
@@ -80,6 +81,7 @@ pub fn joint_with(trace: &Trace, absent: &[usize], checkpoints: &[Checkpoint]) -
     }
     let mut builder = TraceBuilder::resume(trace);
     let mut cots = Cotangents::default();
+    let mut early = Landed::default();
     {
         let mut e = Emitter::new(&mut builder);
         for (k, &o) in outputs.iter().enumerate() {
@@ -93,13 +95,18 @@ pub fn joint_with(trace: &Trace, absent: &[usize], checkpoints: &[Checkpoint]) -
         if checkpoints.is_empty() {
             backprop(&mut e, &mut cots, &trace.bsyms)?;
         } else {
-            backprop_checkpointed(&mut e, &mut cots, trace, checkpoints)?;
+            early = backprop_checkpointed(&mut e, &mut cots, trace, checkpoints)?;
         }
     }
     let backward = builder.take_bsyms();
     let facts = Arc::new(builder.facts().clone());
     let (values, inputs) = builder.into_parts();
-    let grads = trace.inputs.iter().map(|i| cots.get(*i).map_or(Arg::None, Arg::Value)).collect();
+    // (an input whose `.grad` eager adds several gradients to in turn: all of them, in order)
+    let grad = |i: &ValueId| match (cots.get(*i), early.get(i)) {
+        (Some(last), Some(pieces)) => Arg::Tuple(pieces.iter().chain([&last]).map(|&g| Arg::Value(g)).collect()),
+        (g, _) => g.map_or(Arg::None, Arg::Value),
+    };
+    let grads = trace.inputs.iter().map(grad).collect();
     let mut bsyms = trace.bsyms.clone();
     let num_forward = bsyms.len();
     bsyms.extend(backward);
@@ -252,7 +259,12 @@ pub(crate) struct Cotangents {
 }
 
 impl Cotangents {
-    fn get(&self, v: ValueId) -> Option<ValueId> {
+    /// The values that have a cotangent.
+    pub(crate) fn values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.of.keys().copied()
+    }
+
+    pub(crate) fn get(&self, v: ValueId) -> Option<ValueId> {
         self.of.get(&v).copied()
     }
 

@@ -22,7 +22,7 @@ use crate::trace::PyTrace;
 /// `differentiable` compiles the program to run under torch's autograd instead
 /// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.
 /// `checkpoints` are the reentrant activation checkpoints the program ran, `(first value id, end
-/// value id, ids of the tensors passed)` each, whose gradients the backward sums as eager does.
+/// value id, ids of the tensors passed, the user's location of the call)` each, whose gradients the backward sums as eager does.
 ///
 /// Returns a `Compiled`: the traces after each stage, the last being the execution trace whose
 /// `str()` is the Python source to exec; for a program with an output that requires grad, the
@@ -52,13 +52,15 @@ pub fn compile(
     run(acquired, &options, checker, make_proxy, consts)
 }
 
-/// A reentrant checkpoint as Python gives it: `(first value id, end value id, ids of the tensors passed)`.
-type CheckpointSpec = (usize, usize, Vec<u32>);
+/// A reentrant checkpoint as Python gives it: `(first value id, end value id, ids of the tensors
+/// passed, the user's location of the call)`.
+type CheckpointSpec = (usize, usize, Vec<u32>, String);
 
 fn to_checkpoints(specs: Vec<CheckpointSpec>) -> Vec<Checkpoint> {
-    let checkpoint = |(start, end, inputs): CheckpointSpec| Checkpoint {
+    let checkpoint = |(start, end, inputs, location): CheckpointSpec| Checkpoint {
         values: start..end,
         inputs: inputs.into_iter().map(ValueId).collect(),
+        location,
     };
     specs.into_iter().map(checkpoint).collect()
 }

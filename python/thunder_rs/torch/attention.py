@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang import sdp_state, symfloat
+from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.eager_layouts import eager_strides
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
@@ -411,9 +412,12 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
     guarded; under it eager's math path rounds otherwise, and may lay its output out otherwise)."""
     if query.device.type != "cpu" or dropout_p != 0 or query.dtype not in _FLASH_DTYPES:
         return False
-    if attn_mask is not None and (
-        attn_mask.requires_grad or attn_mask.ndim not in (2, 4) or attn_mask.dtype not in (torch.bool, query.dtype)
-    ):
+    # (inside a reentrant checkpoint, whose forward eager runs without grad: there the mask
+    # requires none, and flash may take the call)
+    mask_grad = attn_mask is not None and attn_mask.requires_grad
+    if mask_grad and not (draws_again.regions and torch.is_grad_enabled()):
+        return False
+    if attn_mask is not None and (attn_mask.ndim not in (2, 4) or attn_mask.dtype not in (torch.bool, query.dtype)):
         return False
     if not (all(x.ndim == 4 for x in (query, key, value)) or all(x.ndim == 3 for x in (query, key, value))):
         return False  # (3-D ones eager unsqueezes to one batch of heads)
@@ -430,7 +434,11 @@ def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa=False) -> 
         return False
     # Each compared with 0 on its own: ``min`` of symbolic lengths would compare them with each
     # other (a guard ``T <= head size`` that a longer sequence fails: a compile more).
-    return same and key.shape[-2] == value.shape[-2] and all(d > 0 for d in (query.shape[-2], key.shape[-2], size))
+    flash = same and key.shape[-2] == value.shape[-2] and all(d > 0 for d in (query.shape[-2], key.shape[-2], size))
+    if flash and mask_grad:  # (eager's forward takes flash, its recompute the math path)
+        draws_again.grad_kernels += 1
+        return False
+    return flash
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

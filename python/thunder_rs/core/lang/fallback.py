@@ -412,6 +412,11 @@ class _DrawsAgain(threading.local):
 
     depth = 0
     regions = 0
+    #: Random draws traced inside them with grad.
+    draws = 0
+    #: Kernels chosen inside them with grad that eager's forward, without grad, chooses otherwise
+    #: (``torch_overrides._differentiated_checkpoint``).
+    grad_kernels = 0
 
 
 #: Eager runs such a function again in the backward with new random numbers.
@@ -425,6 +430,7 @@ def refuse_draw_made_again(name: str, generator: torch.Generator | None = None) 
     ``preserve_rng_state``)."""
     if not (draws_again.regions and torch.is_grad_enabled()):
         return
+    draws_again.draws += 1
     if draws_again.depth:
         raise ThunderNotImplementedError(
             f"{name} at {user_location()}: a random draw inside torch.utils.checkpoint with preserve_rng_state=False; "

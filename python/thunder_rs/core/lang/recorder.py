@@ -331,9 +331,46 @@ def stop_prim_log() -> None:
         del _prim_logs[ident]
 
 
+#: Per thread, the draws ``(args, output)`` that the next ``prims.uniform`` calls return again
+#: instead of drawing (``replaying_draws``).
+_replays: dict[int, list] = {}
+
+
+@contextlib.contextmanager
+def replaying_draws(draws: list):
+    """While it lasts, each ``prims.uniform`` this thread records with the arguments of the next of
+    ``draws`` returns that draw's output: a reentrant checkpoint's function traced a second time,
+    whose draws eager makes again from the generator state of the first (``preserve_rng_state``).
+    Raises where the calls draw otherwise."""
+    ident = threading.get_ident()
+    _replays[ident] = list(draws)
+    try:
+        yield
+        if _replays[ident]:
+            raise ThunderNotImplementedError(
+                f"torch.utils.checkpoint (use_reentrant=True) at {user_location()}: the checkpointed function draws "
+                "fewer random numbers without grad than with it"
+            )
+    finally:
+        del _replays[ident]
+
+
+def _replayed(args: tuple):
+    """The output of the draw ``replaying_draws`` gives again for ``prims.uniform(*args)``."""
+    replay = _replays[threading.get_ident()]
+    if not replay or replay[0][0] != args:
+        raise ThunderNotImplementedError(
+            f"torch.utils.checkpoint (use_reentrant=True) at {user_location()}: the checkpointed function draws "
+            "other random numbers without grad than with it"
+        )
+    return replay.pop(0)[1]
+
+
 def record_prim(name: str, args: tuple):
     """Records ``prims.<name>(*args)`` under the grad mode in effect now; returns one proxy or a
     tuple of them."""
+    if _replays and name == "uniform" and threading.get_ident() in _replays:
+        return _replayed(args)
     grad = _is_grad_enabled()
     if not grad:
         _note_cut(name, args, {})

@@ -83,7 +83,7 @@ import torch.compiler
 import torch.func
 import torch.utils.checkpoint
 from torch.autograd.function import Function
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import custom_function, functorch_calls, symfloat, symint
@@ -91,7 +91,7 @@ from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import active_recorder
+from thunder_rs.core.lang.recorder import active_recorder, replaying_draws, start_prim_log, stop_prim_log
 from thunder_rs.core.state.observe import TRACING_GLOBALS
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -156,9 +156,10 @@ def _apply(cls, *args, **kwargs):
         # Eager's Function runs it without grad, and its outputs carry a gradient (computed again in
         # the backward) only when an input requires grad: else the parameters inside get none.
         requiring = any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
-        differentiable = torch.is_grad_enabled() and requiring
-        with checkpointed(preserve_rng_state), torch.set_grad_enabled(differentiable):
-            return _reentrant_region(run_function, inputs) if differentiable else run_function(*inputs)
+        if torch.is_grad_enabled() and requiring:
+            return _differentiated_checkpoint(run_function, preserve_rng_state, inputs)
+        with checkpointed(preserve_rng_state), torch.no_grad():
+            return run_function(*inputs)
     if (cls.__module__, cls.__qualname__) in _GRADIENT_OF_FORWARD:
         return cls.forward(*args, **kwargs)
     if (cls.__module__, cls.__qualname__) in _BACKWARD_HOOKS:
@@ -171,6 +172,62 @@ def _apply(cls, *args, **kwargs):
     return custom_function.apply(cls, args, kwargs)
 
 
+def _differentiated_checkpoint(run_function, preserve_rng_state: bool, inputs: list):
+    """A reentrant checkpoint whose outputs require grad: its function traced with grad, as eager's
+    backward runs it again. Where eager's forward, which runs it without grad, chooses other
+    kernels (SDPA's flash where a mask that requires grad takes the math path), the function is
+    traced a second time without grad: the outputs have those values, and the gradient of the
+    first (``_ForwardValues``)."""
+    with checkpointed(preserve_rng_state):
+        kernels, draws = draws_again.grad_kernels, draws_again.draws
+        log: list[tuple] = []
+        start_prim_log(log)
+        try:
+            recomputed = _reentrant_region(run_function, inputs)
+        finally:
+            stop_prim_log()
+        if draws_again.grad_kernels == kernels:
+            return recomputed
+        uniform = [(args, outs[0]) for name, args, outs in log if name == "uniform"]
+        if draws_again.draws - draws != len(uniform):
+            raise ThunderNotImplementedError(
+                f"torch.utils.checkpoint (use_reentrant=True) at {user_location()}: the checkpointed function draws "
+                "random numbers other than by torch.rand or dropout and chooses other kernels without grad (eager's "
+                "forward) than with it (its backward's recompute: SDPA's math path for a mask that requires grad); "
+                "draw outside the checkpointed function, or use use_reentrant=False"
+            )
+        # (eager's backward draws again what its forward drew: the generator's state restored)
+        with torch.no_grad(), replaying_draws(uniform):
+            forward = run_function(*inputs)
+    values, spec = tree_flatten(forward)
+    gradients = tree_leaves(recomputed)
+    if len(gradients) != len(values):
+        raise ThunderNotImplementedError(
+            f"torch.utils.checkpoint (use_reentrant=True) at {user_location()}: the checkpointed function returns "
+            "other outputs without grad than with it"
+        )
+    pairs = zip(values, gradients)
+    flat = [custom_function.apply(_ForwardValues, (v, g), {}) if _differentiable(g) else v for v, g in pairs]
+    return tree_unflatten(flat, spec)
+
+
+def _differentiable(x) -> bool:
+    return isinstance(x, TensorProxy) and x.requires_grad
+
+
+class _ForwardValues(Function):
+    """A reentrant checkpoint's output as eager's forward computed it (without grad), whose
+    gradient goes to the output its backward's recompute (with grad) computed."""
+
+    @staticmethod
+    def forward(ctx, forward, recomputed):
+        return forward.view_as(forward)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, grad
+
+
 #: Per acquisition: its recorder and the reentrant checkpoints traced into it (``noting_checkpoints``).
 _reentrant: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_reentrant", default=None)
 
@@ -178,7 +235,7 @@ _reentrant: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_reentran
 @contextlib.contextmanager
 def noting_checkpoints(rec):
     """While ``rec`` records a program: the list of the reentrant activation checkpoints it runs
-    with grad, ``(first value id, end value id, ids of the tensors passed)`` each, whose gradients
+    with grad, ``(first value id, end value id, ids of the tensors passed, the user's line)`` each, whose gradients
     the VJP pass sums apart as eager's backward of each does (``passes::reentrant``)."""
     noted: list = []
     token = _reentrant.set((rec, noted))
@@ -197,7 +254,7 @@ def _reentrant_region(run_function, inputs: list):
     rec, noted = noting
     start = rec.num_values
     out = run_function(*inputs)
-    noted.append((start, rec.num_values, [a._vid for a in inputs if isinstance(a, TensorProxy)]))
+    noted.append((start, rec.num_values, [a._vid for a in inputs if isinstance(a, TensorProxy)], user_location()))
     return out
 
 

@@ -269,6 +269,7 @@ def grad_function(
     stale: tuple = (),
     viewable: tuple | None = None,
     made: dict | None = None,
+    landing: bool = False,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -287,7 +288,9 @@ def grad_function(
     have made whose saved tensors the program wrote in place (``version_tracking``): a backward that reaches one of
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
-    version eager's error names for an output the program made that the caller writes (``_check_versions``)."""
+    version eager's error names for an output the program made that the caller writes (``_check_versions``).
+    ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
+    eager adds to its ``.grad`` in turn (``_land_in_turn``)."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -309,6 +312,8 @@ def grad_function(
             if may != ():  # (none of them may be a view: nothing to read)
                 flat = _own_views(flat, inputs, may)
             _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs, made)
+            if landing:
+                ctx.landing = inputs
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -319,6 +324,8 @@ def grad_function(
 
         @staticmethod
         def backward(ctx, *grads):
+            if landing and not torch.autograd._is_checkpoint_valid():
+                raise RuntimeError(_REENTRANT_UNDER_GRAD)
             saved = _residuals_checked(ctx, stale, made, grads)
             cotangents = cotangents_of(grads)
             # (absent cotangents: the residuals the backward for their pattern reads are checked)
@@ -328,11 +335,57 @@ def grad_function(
                 return _differentiated(ctx, program, grads, outputs, pattern)
             saved = _unpacked(ctx, saved, outputs, read, grads)
             if pattern is not None:
-                return _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
-            return backward(saved, *cotangents)
+                found = _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
+            else:
+                found = backward(saved, *cotangents)
+            return _land_in_turn(ctx.landing, found) if landing else found
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
+
+
+#: Eager's error for a backward through a reentrant checkpoint that does not accumulate into
+#: ``.grad`` (``torch.autograd.grad``, ``backward(inputs=...)``), whose own backward would.
+_REENTRANT_UNDER_GRAD = (
+    "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing an `inputs` parameter "
+    "to .backward(). To resolve this error, you can either set use_reentrant=False, or call .backward() without "
+    "passing the `inputs` argument."
+)
+
+
+def _land_in_turn(inputs: tuple, grads: tuple) -> tuple:
+    """``grads`` as autograd takes them: an input given a tuple of gradients (a program with
+    reentrant checkpoints, ``passes::reentrant``) gets all but its last added to its ``.grad`` in
+    turn, each by its AccumulateGrad (a backward of its own, as eager's checkpoint runs one per
+    region: its hooks run, and a ``.grad`` from an earlier backward gets them one by one), and
+    the last returned. The k-th gradients of all such inputs are added by one backward (the
+    engine's: ``torch.autograd.backward`` cost 20 times as much inside a backward, 5 ms a step of
+    three checkpointed blocks); a leaf without ``.grad`` or hooks gets their sum, as autograd's
+    steps would leave it."""
+    out = list(grads)
+    turns: list[tuple[list, list]] = []
+    for k, g in enumerate(grads):
+        if isinstance(g, tuple) and _adds_alone(inputs[k]):  # (autograd's steps: the first stored, then +=)
+            out[k] = functools.reduce(operator.add, g)
+        elif isinstance(g, tuple):
+            *early, out[k] = g
+            turns.extend(([], []) for _ in range(len(early) - len(turns)))
+            for (tensors, pieces), piece in zip(turns, early):
+                tensors.append(inputs[k])
+                pieces.append(piece)
+    for tensors, pieces in turns:
+        _run_backward(tuple(tensors), tuple(pieces), False, False, (), allow_unreachable=True, accumulate_grad=True)
+    return tuple(out)
+
+
+#: The autograd engine's backward (``torch.autograd.backward`` checks and wraps its arguments first).
+_run_backward = torch.autograd.Variable._execution_engine.run_backward
+
+
+def _adds_alone(t: torch.Tensor) -> bool:
+    """Whether adding gradients to the ``.grad`` of ``t`` one by one gives their sum and runs
+    nothing else: a leaf without a ``.grad`` yet and without hooks."""
+    return t.grad_fn is None and t.grad is None and not t._backward_hooks and not t._post_accumulate_grad_hooks
 
 
 def _reachable(made: dict | None, differentiable: frozenset) -> dict:

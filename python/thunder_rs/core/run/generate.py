@@ -276,6 +276,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["stale"] = _stale(acquired, grad_positions)
         partial["made"] = _made(acquired, grad_positions)
         partial["viewable"] = viewable_outputs(traces[-1], impls)
+        partial["landing"] = bool(acquired.checkpoints)
         if wb is None:
             computation = grad_function(
                 computation,
