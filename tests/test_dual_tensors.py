@@ -204,3 +204,37 @@ def test_a_dual_made_outside_the_jitted_call_is_refused_where_the_program_unpack
         match = r"forward_ad at .*test_dual_tensors\.py:\d+: an input .* is a dual tensor"
         with pytest.raises(NotImplementedError, match=match):
             thunder_rs.jit(tangent)(d)
+
+
+def _tangent_of(op):
+    def program(x, t):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(op(fwAD.make_dual(x, t))).tangent
+
+    return program
+
+
+NO_FORWARD_FORMULA = {
+    "cdist": (lambda d: torch.cdist(d, d), "_cdist_forward"),
+    "cdist_by_matmul": (lambda d: torch.cdist(d.repeat(8, 1), d), "_euclidean_dist"),
+    "pdist": (lambda d: torch.nn.functional.pdist(d), "_pdist_forward"),
+    "unique": (lambda d: d.unique(), "_unique2"),
+    "embedding_bag": (
+        lambda d: torch.nn.functional.embedding_bag(torch.tensor([0, 1, 2]), d, torch.tensor([0])),
+        "_embedding_bag",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NO_FORWARD_FORMULA))
+def test_a_kernel_without_a_forward_formula_raises_eagers_error(name):
+    """(was a tangent computed by reverse mode twice where eager has none)"""
+    op, kernel = NO_FORWARD_FORMULA[name]
+    x, t = torch.randn(4, 4), torch.randn(4, 4)
+    message = f"Trying to use forward AD with {kernel} that does not support it"
+    with pytest.raises(NotImplementedError, match=message):
+        _tangent_of(op)(x, t)
+    with pytest.raises(NotImplementedError, match=message):
+        thunder_rs.jit(_tangent_of(op))(x, t)
+    plain = _tangent_of(lambda d: torch.cdist(x, x) + d)  # (no dual reaches it: eager computes it)
+    assert torch.equal(thunder_rs.jit(plain)(x, t), plain(x, t))

@@ -218,6 +218,64 @@ def exit_dual_level(*, level=None):
     return _EXIT_DUAL_LEVEL(level=level)
 
 
+def _cdist_kernel(args: tuple, kwargs: dict) -> str:
+    """Which kernel eager's ``cdist`` runs: the matmul one for p=2 where it is asked, or where a side
+    has more than 25 rows and the default mode is on."""
+    x1, x2 = args[0], args[1] if len(args) > 1 else kwargs.get("x2")
+    p = args[2] if len(args) > 2 else kwargs.get("p", 2.0)
+    mode = args[3] if len(args) > 3 else kwargs.get("compute_mode")
+    rows = max(getattr(x, "shape", (0, 0))[-2] if getattr(x, "ndim", 0) >= 2 else 0 for x in (x1, x2))
+    by_default = mode in (None, "use_mm_for_euclid_dist_if_necessary") and rows > 25
+    euclid = p == 2 and (mode == "use_mm_for_euclid_dist" or by_default)
+    return "_euclidean_dist" if euclid else "_cdist_forward"
+
+
+def _unique_kernel(args: tuple, kwargs: dict) -> str:
+    return "unique_dim" if kwargs.get("dim") is not None else "_unique2"
+
+
+#: The calls whose kernels eager has no forward-mode formula for, by name: the kernel its error
+#: names (for the call's arguments).
+NO_FORWARD_AD: dict = {
+    "cdist": _cdist_kernel,
+    "pdist": lambda args, kwargs: "_pdist_forward",
+    "embedding_bag": lambda args, kwargs: "_embedding_bag",
+    "ctc_loss": lambda args, kwargs: "_ctc_loss",
+    "multi_margin_loss": lambda args, kwargs: "multi_margin_loss",
+    "multilabel_margin_loss": lambda args, kwargs: "multilabel_margin_loss_forward",
+    "unique": _unique_kernel,
+    "_unique_impl": _unique_kernel,
+    "_return_output": _unique_kernel,
+    "_return_inverse": _unique_kernel,
+    "_return_counts": _unique_kernel,
+    "_return_inverse_and_counts": _unique_kernel,
+    "unique_consecutive": lambda args, kwargs: "unique_consecutive",
+    "_consecutive_return_output": lambda args, kwargs: "unique_consecutive",
+    "_consecutive_return_inverse": lambda args, kwargs: "unique_consecutive",
+    "_consecutive_return_counts": lambda args, kwargs: "unique_consecutive",
+    "_consecutive_return_inverse_and_counts": lambda args, kwargs: "unique_consecutive",
+}
+
+
+def check_forward_ad(func, args: tuple, kwargs: dict) -> None:
+    """Eager's error for a call whose kernel has no forward-mode formula on a dual of the live level."""
+    kernel = NO_FORWARD_AD.get(getattr(func, "__name__", None))
+    holder = dual_levels.get()
+    state = holder[0] if holder else None
+    if kernel is None or state is None:
+        return
+    flat = [a for a in (*args, *kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else (a,))]
+    vids = [a._vid for a in flat if isinstance(a, TensorProxy) and a._vid is not None]
+    if not vids:
+        return
+    labels = dict(state.rec.dual_labels(state.mark, state.first, state.duals, state.cuts))
+    if any(labels.get(v) for v in vids):
+        raise ThunderNotImplementedError(
+            f"Trying to use forward AD with {kernel(args, kwargs)} that does not support it because it has not been "
+            f"implemented yet. (at {user_location()}; as eager raises)"
+        )
+
+
 def _view_of(t: TensorProxy):
     """A view of all of ``t`` that is a value of its own (``view_as`` gives ``t``'s value)."""
     return t.unsqueeze(0).squeeze(0)

@@ -32,6 +32,7 @@ from thunder_rs.core.lang import dual_tensors, inference, inner_leaves, tensor_h
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
+    dual_levels,
     lift_captured,
     record_composite,
     record_kernel,
@@ -475,6 +476,7 @@ _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch
 
 #: Forward-mode differentiation through dual tensors (``torch.autograd.forward_ad``): traced by
 #: ``dual_tensors``.
+_NO_DUALS = (None,)
 _FORWARD_AD_CALLS = {torch._make_dual: dual_tensors.make_dual, torch._unpack_dual: dual_tensors.unpack_dual}
 
 
@@ -583,6 +585,8 @@ class LanguageMode(TorchFunctionMode):
             raise _autograd_call_error(func)
         if func in _FORWARD_AD_CALLS and thread_state.inside == 0:
             return _FORWARD_AD_CALLS[func](*args, **kwargs)
+        if (dual_levels.get() or _NO_DUALS)[0] is not None and thread_state.inside == 0:  # (a dual lives)
+            dual_tensors.check_forward_ad(func, args, kwargs)
         if types != _PROXY_TYPES and any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if func is torch.einsum and len(args) == 2 and isinstance(args[1], (list, tuple)):
