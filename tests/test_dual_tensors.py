@@ -238,3 +238,19 @@ def test_a_kernel_without_a_forward_formula_raises_eagers_error(name):
         thunder_rs.jit(_tangent_of(op))(x, t)
     plain = _tangent_of(lambda d: torch.cdist(x, x) + d)  # (no dual reaches it: eager computes it)
     assert torch.equal(thunder_rs.jit(plain)(x, t), plain(x, t))
+
+
+def test_a_call_at_another_forward_ad_level_compiles_again():
+    """The program's ``make_dual`` is traced at the caller's level: outside any level eager raises
+    (was the cached entry's tangent)."""
+
+    def at_the_callers_level(x, t):
+        return fwAD.unpack_dual(fwAD.make_dual(x, t).sin()).tangent
+
+    jitted, x, t = thunder_rs.jit(at_the_callers_level), torch.randn(3), torch.randn(3)
+    with fwAD.dual_level():
+        assert torch.equal(jitted(x, t), at_the_callers_level(x, t))
+    with pytest.raises(RuntimeError, match="no level exists"):
+        at_the_callers_level(x, t)
+    with pytest.raises(RuntimeError, match="no level exists"):
+        jitted(x, t)
