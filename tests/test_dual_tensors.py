@@ -41,14 +41,15 @@ def views(x, t):
 def in_place(x, t):
     """A write to a dual (its tangent follows, written into the tangent tensor as eager writes it),
     and a dual written into a plain tensor (which then carries its tangent); the primal an earlier
-    unpack gave carries none."""
+    unpack gave carries none, nor the tensor the dual views."""
     x = x.clone()
     with fwAD.dual_level():
         d = fwAD.make_dual(x, t)
         d.mul_(2)
         z = torch.zeros(3, 4).add_(d[0])
         p, tangent = fwAD.unpack_dual(z)
-        return p, tangent, fwAD.unpack_dual(p * d).tangent, x
+        base = fwAD.unpack_dual(x * 3)  # (written through the dual: no tangent, as eager's)
+        return p, tangent, fwAD.unpack_dual(p * d).tangent, x, base.tangent is None
 
 
 def without_tangents(x, t):

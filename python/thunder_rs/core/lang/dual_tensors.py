@@ -58,7 +58,7 @@ class _Level:
         self.duals: list[int] = []
         #: the value id of each dual's tangent (as given: a write to the tangent tensor since changes it)
         self.tangents: list[int] = []
-        #: id of each dual ``make_dual`` returned -> (it, its value id, its tangent)
+        #: id of each dual ``make_dual`` returned -> [it, its value id, its tangent, its primal, that's id]
         self.made: dict[int, list] = {}
         self.cuts: list[int] = []
 
@@ -142,7 +142,7 @@ def make_dual(tensor, tangent, *, level: int = 0):
     dual = _view_of(tensor)
     state.duals.append(dual._vid)
     state.tangents.append(tangent._vid)
-    state.made[id(dual)] = [dual, dual._vid, tangent]
+    state.made[id(dual)] = [dual, dual._vid, tangent, tensor, tensor._vid]
     return dual
 
 
@@ -196,12 +196,16 @@ def _traced_tangent(rec, state: _Level, tensor: TensorProxy, what: str):
 def _write_tangents(rec, state: _Level) -> None:
     """Eager's dual holds its tangent tensor as given (of the primal's strides), and an in-place
     write to the dual writes that tensor too: the tangents of the duals written since are copied
-    into theirs, once the program makes or unpacks a dual again or leaves the level."""
+    into theirs, once the program makes or unpacks a dual again or leaves the level. The primal
+    the dual views, written through it, carries no tangent (as eager's)."""
     for entry in state.made.values():
-        dual, vid, tangent = entry
+        dual, vid, tangent, base, base_vid = entry
         if dual._vid == vid:
             continue
         entry[1] = dual._vid
+        if base._vid != base_vid:
+            entry[4] = base._vid
+            state.cuts.append(base._vid)
         new = _traced_tangent(rec, state, dual, "make_dual")
         if new is not None and tangent.stride() == dual.stride():
             tangent.copy_(new)
