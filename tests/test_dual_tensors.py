@@ -88,17 +88,20 @@ PROGRAMS = [elementwise, matmul_and_reduction, views, in_place, without_tangents
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.__name__ for p in PROGRAMS])
 def test_dual_tensors_give_eagers_primals_and_tangents(program):
-    x, t = torch.randn(3, 4), torch.randn(3, 4)
-    eagers, ours = t.clone(), t.clone()  # (a write to a dual writes its tangent tensor too)
-    expected, actual = program(x, eagers), thunder_rs.jit(program)(x, ours)
-    assert torch.equal(ours, eagers)
-    flat_expected, flat_actual = tree_flatten(expected)[0], tree_flatten(actual)[0]
-    assert len(flat_expected) == len(flat_actual)
-    for e, a in zip(flat_expected, flat_actual):
-        if isinstance(e, torch.Tensor):
-            assert torch.equal(a, e)
-        else:
-            assert a == e
+    jitted = thunder_rs.jit(program)
+    for _ in range(2):  # (the second call runs the compiled program)
+        x, t = torch.randn(3, 4), torch.randn(3, 4)
+        eagers, ours = t.clone(), t.clone()  # (a write to a dual writes its tangent tensor too)
+        expected, actual = program(x, eagers), jitted(x, ours)
+        assert torch.equal(ours, eagers)
+        flat_expected, flat_actual = tree_flatten(expected)[0], tree_flatten(actual)[0]
+        assert len(flat_expected) == len(flat_actual)
+        for e, a in zip(flat_expected, flat_actual):
+            if isinstance(e, torch.Tensor):
+                assert torch.equal(a, e)
+            else:
+                assert a == e
+    assert thunder_rs.cache_hits(jitted) == 1
 
 
 MODEL = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.GELU(), torch.nn.LayerNorm(5))
