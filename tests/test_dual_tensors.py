@@ -258,3 +258,15 @@ def test_a_call_at_another_forward_ad_level_compiles_again():
         at_the_callers_level(x, t)
     with pytest.raises(RuntimeError, match="no level exists"):
         jitted(x, t)
+
+
+def test_a_dual_of_values_vmap_batches_raises_eagers_error():
+    def program(xs, ts):
+        return torch.vmap(_tangent_of(torch.sin))(xs, ts)
+
+    xs, ts = torch.randn(2, 3), torch.randn(2, 3)
+    message = "Batching rule not implemented for aten::_make_dual"
+    with pytest.raises(RuntimeError, match=message):
+        program(xs, ts)
+    with pytest.raises(RuntimeError, match=message + r".*test_dual_tensors\.py:\d+"):
+        thunder_rs.jit(program)(xs, ts)

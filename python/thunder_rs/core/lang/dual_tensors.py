@@ -20,7 +20,8 @@ Eager's dual holds its tangent tensor as given, so an in-place write to the dual
 tensor too (``_write_tangents``: by the next ``make_dual``/``unpack_dual`` or the level's end).
 
 Refused, naming the construct and the line: a tangent whose dtype differs from the primal's
-(eager keeps it as given), duals under ``torch.vmap``, a tangent whose backward cannot be traced
+(eager keeps it as given), duals of values ``torch.vmap`` does not batch under it (of batched
+ones: eager's error), a tangent whose backward cannot be traced
 (an eager fallback's), and the dual API in a program that takes a dual made outside the jitted
 call (its tangent does not reach the trace).
 """
@@ -97,10 +98,12 @@ def _refuse(what: str):
 
 
 def _check_as_eager(tensor: TensorProxy, tangent: TensorProxy, level: int) -> None:
-    """Eager's errors for ``make_dual`` (sizes, devices), from its call on meta stand-ins."""
+    """Eager's errors for ``make_dual`` (sizes, devices), from its call on meta stand-ins (sizes at
+    their hints where symbolic)."""
+    hint = lambda sizes: tuple(getattr(getattr(s, "expr", None), "hint", s) for s in sizes)  # noqa: E731
     with paused_recording(), DisableTorchFunction():
-        meta = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=tensor.dtype, device="meta")
-        torch._make_dual(meta, torch.empty(tuple(tangent.shape), dtype=tangent.dtype, device="meta"), level=level)
+        meta = torch.empty_strided(hint(tensor.shape), hint(tensor.stride()), dtype=tensor.dtype, device="meta")
+        torch._make_dual(meta, torch.empty(hint(tangent.shape), dtype=tangent.dtype, device="meta"), level=level)
     if tensor.device != tangent.device:
         raise ThunderRuntimeError(
             f"make_dual: the tangent is on {tangent.device} and the primal on {tensor.device} (at {user_location()})"
@@ -111,11 +114,13 @@ def make_dual(tensor, tangent, *, level: int = 0):
     """``torch._make_dual`` of traced tensors: a view of ``tensor`` noted as a dual of ``level``."""
     rec = active_recorder()
     (tensor, tangent), _ = lift_captured((tensor, tangent), {})
-    if vmap_state.levels.get() or vmap_state.levels_of(tensor) or vmap_state.levels_of(tangent):
-        raise _refuse(
-            "make_dual: a dual tensor under torch.vmap (jacobian(strategy='forward-mode', vectorize=True)) is not "
-            "traced; use torch.func.jacfwd, which thunder_rs traces"
+    if vmap_state.levels_of(tensor) or vmap_state.levels_of(tangent):
+        raise ThunderRuntimeError(
+            "Batching rule not implemented for aten::_make_dual; the fallback path doesn't work on out= or view ops. "
+            f"(at {user_location()})"
         )
+    if vmap_state.levels.get():
+        raise _refuse("make_dual: a dual tensor under torch.vmap is not traced; use torch.func.jacfwd or jvp there")
     if not (isinstance(tensor, TensorProxy) and isinstance(tangent, TensorProxy)):
         raise _refuse("make_dual: the primal and the tangent must be tensors")
     _check_as_eager(tensor, tangent, level)
