@@ -338,6 +338,9 @@ class Recorder:
     ) -> list[RecordedTensor | None]:
         """``differentiate`` of the calls defining the values made from ``first`` to before ``end``
         (a vjp's forward), labelled ``inner`` meanwhile, its backward after all recorded so far."""
+    def dual_labels(self, mark: int, first: int, sources: Sequence[int], cuts: Sequence[int]) -> list[tuple[int, bool]]:
+        """Whether each tensor value made from ``first`` on carries a tangent of the dual tensors
+        ``sources``: computed from one by a call since ``mark``, but for ``cuts``."""
     @property
     def num_values(self) -> int:
         """How many values the recording has made: the next value's id."""

@@ -4,8 +4,11 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use std::collections::HashSet;
 use std::thread::{self, ThreadId};
-use trace_ir::{ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind};
+use trace_ir::{
+    BoundSymbol, ErrorKind, IrError, OpenCalls, Scalar, Symbol, SymbolId, TraceBuilder, ValueId, ValueKind,
+};
 
 use crate::convert::{tensor_meta, to_arg, to_args, to_kwargs, types};
 use crate::errors::{no_panic, py_result, PyIrError};
@@ -411,6 +414,30 @@ impl Recorder {
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
 
+    /// Whether each tensor value made from `first` on carries a tangent of the dual tensors
+    /// `sources` (`torch.autograd.forward_ad.make_dual`'s stand-ins): an inexact output of a call
+    /// recorded at the current level since `mark` (or in its decomposition) that reads one that
+    /// does, but for `cuts` (what `unpack_dual` returned, which carries none). The labels
+    /// `differentiate_values` differentiates a dual's computation under.
+    fn dual_labels(
+        &mut self,
+        mark: usize,
+        first: usize,
+        sources: Vec<u32>,
+        cuts: Vec<u32>,
+    ) -> PyResult<Vec<(u32, bool)>> {
+        let builder = self.builder()?;
+        let mut dual: HashSet<ValueId> = sources.into_iter().map(ValueId).collect();
+        let cuts: HashSet<ValueId> = cuts.into_iter().map(ValueId).collect();
+        spread_duals(builder, builder.recorded_since(mark), &mut dual, &cuts);
+        Ok((first..builder.num_values())
+            .filter_map(|i| match builder.value(ValueId(i as u32)) {
+                Some(ValueKind::Tensor(_)) => Some((i as u32, dual.contains(&ValueId(i as u32)))),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// How many values the recording has made: the next value's id.
     #[getter]
     fn num_values(&mut self) -> PyResult<usize> {
@@ -510,5 +537,23 @@ impl Recorder {
         }
         let builder = self.builder.take().ok_or_else(|| PyRuntimeError::new_err("the recording is finished"))?;
         Ok(PyTrace::new(no_panic("finish", || py_result(builder.finish(outputs)))?, "acquired"))
+    }
+}
+
+/// Adds to `dual` the inexact tensors `bsyms` (and their decompositions) compute from one in it,
+/// but for `cuts` (`Recorder.dual_labels`).
+fn spread_duals(builder: &TraceBuilder, bsyms: &[BoundSymbol], dual: &mut HashSet<ValueId>, cuts: &HashSet<ValueId>) {
+    for bsym in bsyms {
+        spread_duals(builder, &bsym.subsymbols, dual, cuts);
+        let mut reads = false;
+        bsym.for_each_input(|v| reads |= dual.contains(&v));
+        if !reads {
+            continue;
+        }
+        for &o in &bsym.outputs {
+            if !cuts.contains(&o) && matches!(builder.value(o), Some(ValueKind::Tensor(t)) if t.dtype.is_inexact()) {
+                dual.insert(o);
+            }
+        }
     }
 }

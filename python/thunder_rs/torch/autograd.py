@@ -10,7 +10,7 @@ trace input would change the caller's tensor, which is refused.
 import torch
 
 from thunder_rs import prims
-from thunder_rs.core.lang import inner_leaves
+from thunder_rs.core.lang import dual_tensors, inner_leaves
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.core.lang.recorder import current
 from thunder_rs.errors import ThunderError
@@ -24,7 +24,9 @@ def detach(a):
     """``a`` cut from autograd: a fresh value recorded with grad mode off, so it requires no grad
     and the VJP pass stops there."""
     with torch.no_grad():
-        return prims.convert_element_type(a, a.dtype)
+        out = prims.convert_element_type(a, a.dtype)
+    dual_tensors.cut(out, a)
+    return out
 
 
 def requires_grad_(a, requires_grad=True):

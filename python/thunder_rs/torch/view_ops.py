@@ -7,6 +7,7 @@ through whose outputs a write is refused. Registered at import, after ``views``.
 import torch
 
 from thunder_rs import prims
+from thunder_rs.core.lang import dual_tensors
 from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.fallback import fallback, qualified_name, user_fallback
 from thunder_rs.core.lang.langctx import PROXY_CALLS, PROPERTY_TO_LTORCH, TORCH_TO_LTORCH, user_location
@@ -232,6 +233,7 @@ def _detach_with(take):
         out = take(a)
         with torch._C.DisableTorchFunctionSubclass():
             out.requires_grad_(False)
+        dual_tensors.cut(out, a)
         return out
 
     def written(a, new):  # (no gradient reaches a history eager refuses: ``TensorProxy._history_error``)

@@ -201,12 +201,13 @@ _STATE_READS = {
     "_modes": torch._C._len_torch_function_stack,
     "_inference": torch.is_inference_mode_enabled,
     "_default_device": _default_device,
+    "_forward_ad": torch.autograd.forward_ad,
 }
 #: ``global_key``'s value as an expression, which the unrolled key functions inline (no frame of
 #: its own on the hit path).
 GLOBAL_STATE = (
     "(_grad(), _default_dtype(), _autocast() if _any_autocast() else None, "
-    "_default_device() if _modes() else None, extra, _inference(), aliases)"
+    "_default_device() if _modes() else None, extra, _inference(), aliases, _forward_ad._current_level)"
 )
 
 
@@ -230,7 +231,9 @@ global_key.__doc__ = """Grad mode, default dtype, the CPU and CUDA autocast dtyp
     everywhere, read with one call), the default device where a torch function mode may set one,
     ``extra``, inference mode (a call under ``torch.inference_mode()`` makes inference tensors
     where one under ``no_grad`` does not, and records no gradient even where the program enables
-    grad mode), and ``aliases`` (``tensor_aliases``: which tensor arguments are one tensor)."""
+    grad mode), ``aliases`` (``tensor_aliases``: which tensor arguments are one tensor), and the
+    forward-mode AD level the caller is in (``torch.autograd.forward_ad``: -1 outside one; a program's
+    ``make_dual`` is traced at it, and an input dual made there is noted, ``core.lang.dual_tensors``)."""
 
 
 def tensor_aliases(flat) -> tuple | None:
@@ -351,9 +354,11 @@ def _state_change(old, new, names=()) -> str:
     changes = [f"{label} {a} -> {b}" for label, a, b in zip(labels, old, new) if a != b]
     if old[5] != new[5]:
         changes.append(f"inference mode {old[5]} -> {new[5]}")
-    if old[6:] != new[6:]:
+    if old[6] != new[6]:
         before, after = _one_tensor(old[6], names), _one_tensor(new[6], names)
         changes.append(f"tensor arguments that are one tensor {before} -> {after}")
+    if old[7:] != new[7:]:
+        changes.append(f"forward AD level {old[7]} -> {new[7]}")
     old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:

@@ -28,10 +28,11 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang import inference, inner_leaves, tensor_hooks, vmap_state
+from thunder_rs.core.lang import dual_tensors, inference, inner_leaves, tensor_hooks, vmap_state
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
+    dual_levels,
     lift_captured,
     record_composite,
     record_kernel,
@@ -473,19 +474,10 @@ _GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
 _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
 
 
-#: Forward-mode differentiation through dual tensors (``torch.autograd.forward_ad.make_dual``): a
-#: traced tensor carries no tangent, so the program would get none (``unpack_dual(y).tangent`` None).
-#: (``torch.func.jvp``, ``jacfwd`` and ``linearize`` are traced as reverse mode twice instead.)
-_FORWARD_AD_CALLS = frozenset({torch._make_dual})
-
-
-def _forward_ad_error(func) -> ThunderNotImplementedError:
-    return ThunderNotImplementedError(
-        f"{qualified_name(func)}: the program differentiates in forward mode at {user_location()} through dual tensors "
-        "(torch.autograd.forward_ad.make_dual/unpack_dual) while it is traced; a traced tensor carries no tangent. "
-        "Write it as torch.func.jvp(f, primals, tangents) or torch.func.linearize(f, *primals), which thunder_rs "
-        "traces, or apply forward mode outside the jitted function"
-    )
+#: Forward-mode differentiation through dual tensors (``torch.autograd.forward_ad``): traced by
+#: ``dual_tensors``.
+_NO_DUALS = (None,)
+_FORWARD_AD_CALLS = {torch._make_dual: dual_tensors.make_dual, torch._unpack_dual: dual_tensors.unpack_dual}
 
 
 def _autograd_call_error(func) -> ThunderNotImplementedError:
@@ -592,7 +584,9 @@ class LanguageMode(TorchFunctionMode):
         if func in _AUTOGRAD_CALLS and thread_state.inside == 0:
             raise _autograd_call_error(func)
         if func in _FORWARD_AD_CALLS and thread_state.inside == 0:
-            raise _forward_ad_error(func)
+            return _FORWARD_AD_CALLS[func](*args, **kwargs)
+        if (dual_levels.get() or _NO_DUALS)[0] is not None and thread_state.inside == 0:  # (a dual lives)
+            dual_tensors.check_forward_ad(func, args, kwargs)
         if types != _PROXY_TYPES and any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls
         if func is torch.einsum and len(args) == 2 and isinstance(args[1], (list, tuple)):

@@ -77,6 +77,19 @@ def refuse_unlike_strided(t: torch.Tensor) -> None:
             )
 
 
+def _note_dual_input(t: torch.Tensor) -> None:
+    """Notes an input that is a dual tensor made outside the jitted call (``dual_tensors`` refuses
+    the program's own ``make_dual``/``unpack_dual`` then: the input's tangent does not reach the
+    trace, whose executors' eager kernels alone carry it, as under ``torch.func.jvp`` of the call)."""
+    level = torch.autograd.forward_ad._current_level
+    holder = dual_levels.get()
+    if level < 0 or holder is None:
+        return
+    with torch._C.DisableTorchFunction():
+        if torch._unpack_dual(t, level=level)[1] is not None:
+            holder[1] = True
+
+
 def input_proxy(
     rec: "_core.Recorder", t: torch.Tensor, sizes: dict | None = None, strides=None, position: int | None = None
 ) -> TensorProxy:
@@ -90,6 +103,7 @@ def input_proxy(
     if dtype is None:
         raise ThunderTypeError(f"jit: unsupported input dtype {t.dtype}")
     refuse_unlike_strided(t)
+    _note_dual_input(t)
     requires_grad = t.requires_grad
     shape = tuple(t.shape) if not sizes else tuple(sizes.get(d, s) for d, s in enumerate(t.shape))
     vid = rec.tensor_input(dtype, str(t.device), shape, requires_grad)
@@ -229,6 +243,33 @@ def lift_captured(args: tuple, kwargs: dict):
 #: that symbol whole (``extend.whole_runners``); None when every decomposition must be recorded.
 _whole: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_whole", default=None)
 
+#: Per acquisition, a list holding the dual level the program made duals at (``dual_tensors``), or
+#: None, and whether an input is a dual made outside the call (``_note_dual_input``).
+dual_levels: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_dual_levels", default=None)
+
+
+#: While a dual lives (``dual_tensors``): composites are recorded with their decompositions, not
+#: their grad rules (whose backward differentiates only the inputs that required grad then).
+_without_rules: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_without_grad_rules", default=False)
+
+
+def recording_decompositions_from_now():
+    """``recording_decompositions``, and composites without their grad rules, until the function
+    it returns is called (a dual level's end, which no ``with`` block of thunder_rs spans), or
+    the acquisition ends."""
+    tokens = [(_whole, _whole.set(None)), (_without_rules, _without_rules.set(True))]
+
+    def restore() -> None:
+        while tokens:
+            var, token = tokens.pop()
+            try:
+                var.reset(token)
+            except ValueError:  # (set in another context: the acquisition's end reset it)
+                pass
+
+    return restore
+
+
 #: While ``torch.func.jvp``'s function is traced (reverse mode standing for forward mode), a list
 #: of the calls recorded with grad mode off on values that require grad (``no_grad`` inside it):
 #: eager's forward mode carries tangents through them, reverse mode no gradient
@@ -250,13 +291,19 @@ def recording(
     made is appended to ``made``; kernels that ``whole`` says an executor runs whole are recorded
     without their decompositions (``record_kernel``)."""
     token = _current.set(rec)
+    rules_token = _without_rules.set(False)
     captures_token = _captures.set(captures)
     made_token = _made.set(made)
     whole_token = _whole.set(whole)
+    duals: list = [None, False]
+    duals_token = dual_levels.set(duals)
     try:
         yield rec
     finally:
+        duals[0] = None  # (the duals' proxies do not outlive the acquisition)
+        dual_levels.reset(duals_token)
         _whole.reset(whole_token)
+        _without_rules.reset(rules_token)
         _made.reset(made_token)
         _captures.reset(captures_token)
         _current.reset(token)
@@ -489,7 +536,7 @@ def _body(symbol_id: int, fn, args: tuple, kwargs: dict):
     """The decomposition, or the grad rule when one is registered and a gradient may flow (grad
     mode on and an input requires grad)."""
     rule = GRAD_RULES.get(symbol_id)
-    if rule is None or not _is_grad_enabled():
+    if rule is None or not _is_grad_enabled() or _without_rules.get():
         return fn(*args, **kwargs)
     running = _running
     if symbol_id in running.symbols or True in running.in_backward or not _requires_grad(args, kwargs):

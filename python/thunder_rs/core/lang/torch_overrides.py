@@ -86,7 +86,7 @@ from torch.autograd.function import Function
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from thunder_rs.core.base import dtypes
-from thunder_rs.core.lang import custom_function, functorch_calls, symfloat, symint
+from thunder_rs.core.lang import autograd_functional, custom_function, dual_tensors, functorch_calls, symfloat, symint
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
@@ -349,6 +349,10 @@ OVERRIDES: dict[tuple[object, str], object] = {
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
     # torch.func.grad/jacrev/... of traced values run eagerly, as one call (``core.lang.functorch_calls``)
     **functorch_calls.OVERRIDES,
+    # torch.autograd.functional's jvp/vjp/hvp/vhp/jacobian/hessian by the traced torch.func transforms
+    **autograd_functional.OVERRIDES,
+    # an in-place write to a dual writes its tangent tensor too, by the level's end (``core.lang.dual_tensors``)
+    (torch.autograd.forward_ad, "exit_dual_level"): dual_tensors.exit_dual_level,
     (torch, "sym_sum"): symint.sym_sum,
     # ``math.sqrt(d_k)``, ``math.log(max_len)`` of a size: a float computed on each call
     **{(math, name): fn for name, fn in symfloat.MATH_FUNCTIONS.items()},
