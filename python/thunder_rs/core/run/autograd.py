@@ -253,6 +253,23 @@ def _own_views(flat: tuple, inputs: tuple, viewable: tuple | None = None) -> tup
     )
 
 
+def _run_forward(ctx, inputs, forward, program, single, viewable, keeping):
+    """The flat outputs of ``forward(*inputs)`` inside ``CompiledFunction.forward``, its residuals kept on ``ctx``
+    (``keeping``: ``_keep_residuals``' written, stale inputs and made)."""
+    hooks = _saved_tensors_hooks(False)
+    if hooks is None:
+        program.keep(ctx, inputs)  # before the forward draws from the generators
+    else:
+        ctx.inputs = None  # see _differentiated
+    outputs, residuals = forward(*inputs)
+    flat = (outputs,) if single else tuple(outputs)
+    may = None if _function_modes() else viewable  # (a mode may answer any call with a view)
+    if may != ():  # (none of them may be a view: nothing to read)
+        flat = _own_views(flat, inputs, may)
+    _keep_residuals(ctx, residuals, hooks, inputs, flat, *keeping)
+    return flat
+
+
 def grad_function(
     forward,
     backward,
@@ -301,17 +318,7 @@ def grad_function(
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
-            hooks = _saved_tensors_hooks(False)
-            if hooks is None:
-                program.keep(ctx, inputs)  # before the forward draws from the generators
-            else:
-                ctx.inputs = None  # see _differentiated
-            outputs, residuals = forward(*inputs)
-            flat = (outputs,) if single else tuple(outputs)
-            may = None if _function_modes() else viewable  # (a mode may answer any call with a view)
-            if may != ():  # (none of them may be a view: nothing to read)
-                flat = _own_views(flat, inputs, may)
-            _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs, made)
+            flat = _run_forward(ctx, inputs, forward, program, single, viewable, (written, stale_inputs, made))
             if landing:
                 ctx.landing = inputs
             constant = outputs_at.constant(flat)
