@@ -5,7 +5,9 @@ They have no sensible decomposition into prims: each is an opaque symbol (``opaq
 an eager fallback. It has a name and a meta rule (torch's own meta kernel, or one written in
 ``linalg_metas`` where torch has none), the torch executor runs it as one call of its first torch
 callable, and its backward ``ltorch.<name>.vjp`` differentiates that call with torch's own
-derivative formula (``torch.autograd.grad`` on the saved inputs). They are one table, ``OPAQUE``;
+derivative formula (``torch.autograd.grad`` on the saved inputs), or, for the factorizations
+``linalg_grads`` covers, ``ltorch.<name>.saved_vjp`` computes eager's formula from the saved
+outputs. They are one table, ``OPAQUE``;
 adding an op is one row. In the trace an opaque symbol has no subsymbols, so no pass looks inside
 it; its outputs' metadata are what eager's kernels return (int32 pivots and infos included).
 """
@@ -30,6 +32,7 @@ from thunder_rs.errors import (
     check,
     thunder_error_like,
 )
+from thunder_rs.torch.linalg_grads import SAVED_BACKWARDS, saved_vjp
 from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
 from thunder_rs.torch.symbols import ltorch, register
 
@@ -146,6 +149,8 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     sid = _core.register_symbol(sym_name, fallback=True)
     func = torch_fns[0]
     FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
+    if name in SAVED_BACKWARDS:  # (the VJP pass calls it in place of the one above)
+        FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.saved_vjp", fallback=True)] = saved_vjp(name, func)
 
     def symbol(*args, **kwargs):
         if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
