@@ -150,3 +150,20 @@ def test_complex_eigenvectors_of_a_phase_dependent_loss_raise_as_eager():
         torch.autograd.grad(fn(a), a)
     with pytest.raises(RuntimeError, match="phi"):
         torch.autograd.grad(thunder_rs.jit(fn)(a), a)
+
+
+@pytest.mark.parametrize("fn", [torch.linalg.householder_product, torch.orgqr], ids=["householder_product", "orgqr"])
+@pytest.mark.parametrize("shapes", [((5, 5), (0,)), ((0, 0), (0,)), ((5, 4), (3,))], ids=["no tau", "empty", "3 of 4"])
+def test_householder_product_without_reflectors_gives_no_gradient_as_eager(fn, shapes):
+    """``householder_product_backward`` returns undefined gradients where there are no
+    reflectors or no vectors: ``.grad`` stays None, not zeros."""
+    torch.manual_seed(0)
+    inputs = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
+    out = fn(*inputs)
+    cot = torch.randn(out.shape, dtype=out.dtype)
+    expected = torch.autograd.grad(out, inputs, cot, allow_unused=True)
+    jit_out = thunder_rs.jit(fn)(*inputs)
+    got = torch.autograd.grad(jit_out, inputs, cot, allow_unused=True)
+    assert torch.equal(out, jit_out) and jit_out.requires_grad
+    assert [g is None for g in got] == [g is None for g in expected]
+    assert all(e is None or torch.equal(e, g) for e, g in zip(expected, got))

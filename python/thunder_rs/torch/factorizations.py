@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
-from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.proxies import TensorProxy, numel_of
 from thunder_rs.core.lang.fallback import FALLBACK_IMPLS, _vjp_of, fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
@@ -140,6 +140,23 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
 
 
+def _no_reflectors(input, tau, *args, **kwargs) -> bool:
+    """``householder_product_backward`` gives no gradient (undefined) where there are no
+    reflectors or no vectors."""
+    return numel_of(input) == 0 or numel_of(tau) == 0
+
+
+#: ltorch name -> whether eager's backward gives the inputs no gradient at all (``.grad`` stays
+#: None) for these arguments, which their shapes tell.
+NO_GRADIENT = {"linalg_householder_product": _no_reflectors, "orgqr": _no_reflectors}
+
+
+def _gradient_stopped(args: tuple) -> tuple:
+    """``args`` with their tensors that require grad through ``stop_gradient``: the call's outputs
+    require grad as eager's do, but no gradient reaches them."""
+    return tuple(ltorch.stop_gradient(a) if isinstance(a, TensorProxy) and a.requires_grad else a for a in args)
+
+
 def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     """Registers ``ltorch.<name>`` for ``torch_fns``: an opaque symbol the torch executor runs as
     ``torch_fns[0]``, with ``meta`` (or torch's meta kernel) for its outputs, and a backward that
@@ -148,6 +165,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     sym_name = f"ltorch.{name}"
     sid = _core.register_symbol(sym_name, fallback=True)
     func = torch_fns[0]
+    no_gradient = NO_GRADIENT.get(name)
     FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
     if name in SAVED_BACKWARDS:  # (the VJP pass calls it in place of the one above)
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.saved_vjp", fallback=True)] = saved_vjp(name, func)
@@ -160,6 +178,8 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
             # eager fallback under the traced autocast state. (Those with a meta rule here are
             # kernels that autocast casts whole, as the language context has.)
             return fallback(func, args, kwargs)
+        if no_gradient is not None and torch.is_grad_enabled() and no_gradient(*args, **kwargs):
+            args = _gradient_stopped(args)
         return _record(sid, func, meta, sym_name, args, kwargs, integers_rejected)
 
     symbol.__name__ = symbol.__qualname__ = name
