@@ -6,12 +6,13 @@ an eager fallback. It has a name and a meta rule (torch's own meta kernel, or on
 ``linalg_metas`` where torch has none), the torch executor runs it as one call of its first torch
 callable, and its backward ``ltorch.<name>.vjp`` differentiates that call with torch's own
 derivative formula (``torch.autograd.grad`` on the saved inputs), or, for the factorizations
-``linalg_grads`` covers, ``ltorch.<name>.saved_vjp`` computes eager's formula from the saved
-outputs. They are one table, ``OPAQUE``;
+below covers, ``ltorch.<name>.saved_vjp`` computes eager's formula from the saved outputs
+(``SAVED_BACKWARDS``). They are one table, ``OPAQUE``;
 adding an op is one row. In the trace an opaque symbol has no subsymbols, so no pass looks inside
 it; its outputs' metadata are what eager's kernels return (int32 pivots and infos included).
 """
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,7 +33,6 @@ from thunder_rs.errors import (
     check,
     thunder_error_like,
 )
-from thunder_rs.torch.linalg_grads import SAVED_BACKWARDS, saved_vjp
 from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
 from thunder_rs.torch.symbols import ltorch, register
 
@@ -138,6 +138,311 @@ def _record(sid: int, func, meta, name: str, args: tuple, kwargs: dict, integers
         note_gradient_through(metas, (*args, *kwargs.values()))
     outs = proxies(current().call(sid, tuple(args), kwargs or None, metas))
     return outs[0] if isinstance(out, torch.Tensor) else tree_unflatten(outs, spec)
+
+
+# -- backwards from the saved outputs --------------------------------------------------------------
+# Backwards of the factorizations from their forward's outputs, as eager's derivative formulas
+# compute them (``torch/csrc/autograd/FunctionsManual.cpp``: ``linalg_eig_backward``,
+# ``svd_backward``, ``linalg_qr_backward``, ``cholesky_backward``, ``linalg_det_backward``,
+# ``slogdet_backward``, ``linalg_solve_backward``; ``derivatives.yaml`` for ``linalg_inv_ex``).
+#
+# The generic backward of an opaque symbol (``fallback._vjp_of``) runs the factorization again
+# under torch.autograd: a second decomposition and autograd's bookkeeping, 2 to 20 times eager's
+# backward (benchmarks/bench_linalg.py). Eager's node saves the decomposition and its backward is a
+# few products; each formula here makes the same ATen calls in the same order, so that the
+# gradients are eager's bit for bit. Where eager's node saves an auxiliary output the op does
+# not return (the LU factors of det, slogdet and solve), the backward computes it again with the
+# ATen call eager's forward made (one factorization, no autograd).
+#
+# A formula takes ``(args, kwargs, outputs, cotangents)`` (None for an output no gradient flowed
+# to, eager's undefined gradient) and returns one gradient per positional argument (None where
+# there is none); the symbol's ``saved_vjp`` hands those to the inputs the trace wants. Inputs it
+# does not cover (complex dtypes, tensors passed by keyword, modes whose backward raises) take the
+# generic backward, which raises eager's errors.
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+@contextlib.contextmanager
+def _no_tf32():
+    """Eager's ``at::NoTF32Guard`` around each formula (float32 products on CUDA in full precision)."""
+    matmul = torch.backends.cuda.matmul
+    if not matmul.allow_tf32:
+        yield
+        return
+    matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = True
+
+
+def _diagonal(x):
+    return x.diagonal(0, -2, -1)
+
+
+def eigh_backward(args, kwargs, outputs, cotangents):
+    """``linalg_eig_backward`` with ``is_hermitian`` (``_linalg_eigh``'s node), real case."""
+    gL, gV = cotangents
+    L, V = outputs
+    if gL is None and gV is None:
+        return (None,)
+    if gV is None:  # (eigvalsh)
+        return (torch.matmul(V * gL.unsqueeze(-2), V.mH),)
+    VhgV = torch.matmul(V.mH, gV)
+    VhgV = 0.5 * (VhgV - VhgV.mH)
+    Lconj = L.conj()
+    Econj = Lconj.unsqueeze(-2) - Lconj.unsqueeze(-1)
+    _diagonal(Econj).fill_(1.0)
+    gA = VhgV.div_(Econj)
+    if gL is not None:
+        _diagonal(gA).copy_(gL)
+    return (torch.matmul(V, torch.matmul(gA, V.mH)),)
+
+
+def _svd_backward(gU, gS, gVh, U, S, Vh):
+    """``svd_backward``, real case."""
+    if gS is None and gU is None and gVh is None:
+        return None
+    m, n = U.shape[-2], Vh.shape[-1]
+    if gU is None and gVh is None:  # (svdvals)
+        return torch.matmul(U, gS.unsqueeze(-1) * Vh) if m >= n else torch.matmul(U * gS.unsqueeze(-2), Vh)
+    UhgU = None if gU is None else _skew(torch.matmul(U.mH, gU))
+    VhgV = None if gVh is None else _skew(torch.matmul(Vh, gVh.mH))
+    S2 = S * S
+    E = S2.unsqueeze(-2) - S2.unsqueeze(-1)
+    _diagonal(E).fill_(1)
+    if gU is not None and gVh is not None:
+        gA = (UhgU * S.unsqueeze(-2) + S.unsqueeze(-1) * VhgV) / E
+    elif gU is not None:
+        gA = (UhgU / E) * S.unsqueeze(-2)
+    else:
+        gA = S.unsqueeze(-1) * (VhgV / E)
+    if gS is not None:
+        gA = gA + gS.diag_embed()
+    if m > n and gU is not None:
+        gA = torch.matmul(U, gA)
+        gUSinv = gU / S.unsqueeze(-2)
+        gA = gA + gUSinv - torch.matmul(U, torch.matmul(U.mH, gUSinv))
+        return torch.matmul(gA, Vh)
+    if m < n and gVh is not None:
+        gA = torch.matmul(gA, Vh)
+        SinvgVh = gVh / S.unsqueeze(-1)
+        gA = gA + SinvgVh - torch.matmul(torch.matmul(SinvgVh, Vh.mH), Vh)
+        return torch.matmul(U, gA)
+    return torch.matmul(U, torch.matmul(gA, Vh)) if m >= n else torch.matmul(torch.matmul(U, gA), Vh)
+
+
+def _skew(x):
+    return x - x.mH
+
+
+def _narrowed(full: bool, gU, gVh, U, Vh, k: int):
+    """``_linalg_svd``'s derivative: the first ``k`` singular vectors where ``full_matrices``."""
+    if not full:
+        return gU, gVh, U, Vh
+    return (
+        None if gU is None else gU.narrow(-1, 0, k),
+        None if gVh is None else gVh.narrow(-2, 0, k),
+        U.narrow(-1, 0, k),
+        Vh.narrow(-2, 0, k),
+    )
+
+
+def linalg_svd_backward(args, kwargs, outputs, cotangents):
+    U, S, Vh = outputs
+    gU, gS, gVh = cotangents
+    full = _arg(args, kwargs, 1, "full_matrices", True)
+    gU, gVh, U, Vh = _narrowed(full, gU, gVh, U, Vh, S.shape[-1])
+    return (_svd_backward(gU, gS, gVh, U, S, Vh),)
+
+
+def svd_backward(args, kwargs, outputs, cotangents):
+    """``torch.svd``: ``linalg_svd(A, full_matrices=not some)`` and ``V = Vh.mH`` (a view, whose
+    backward transposes the gradient back)."""
+    if not _arg(args, kwargs, 2, "compute_uv", True):
+        return NotImplemented
+    U, S, V = outputs
+    gU, gS, gV = cotangents
+    Vh, gVh = V.mH, None if gV is None else gV.mH
+    gU, gVh, U, Vh = _narrowed(not _arg(args, kwargs, 1, "some", True), gU, gVh, U, Vh, S.shape[-1])
+    return (_svd_backward(gU, gS, gVh, U, S, Vh),)
+
+
+def qr_backward(args, kwargs, outputs, cotangents):
+    """``linalg_qr_backward``, real case (mode 'r' and complete with more rows than columns,
+    whose backward raises, take the generic one)."""
+    mode = _arg(args, kwargs, 1, "mode", "reduced")
+    Q, R = outputs
+    gQ, gR = cotangents
+    m, n = Q.shape[-2], R.shape[-1]
+    if mode == "r" or (mode == "complete" and m > n):
+        return NotImplemented
+    if gQ is None and gR is None:
+        return (None,)
+    if gQ is None:
+        gA = gR.matmul(R.mH)
+    elif gR is None:
+        gA = -Q.mH.matmul(gQ)
+    else:
+        gA = gR.matmul(R.mH) - Q.mH.matmul(gQ)
+    if m >= n:
+        X = gA.triu()
+        sym = X + X.mH
+        _diagonal(sym).mul_(0.5)
+        gA = Q.matmul(sym)
+        if gQ is not None:
+            gA = gA + gQ
+        return (torch.linalg.solve_triangular(R.mH, gA, upper=False, left=False),)
+    X = -gA
+    gA = Q.matmul((X - X.mH).tril())
+    gA = torch.linalg.solve_triangular(R.narrow(-1, 0, m).mH, gA, upper=False, left=False)
+    shape = list(R.shape)
+    shape[-1] = n - m
+    gA = torch.cat([gA, gA.new_zeros(shape)], dim=-1)
+    if gR is not None:
+        gA = gA + Q.matmul(gR)
+    return (gA,)
+
+
+def cholesky_backward(args, kwargs, outputs, cotangents):
+    """``cholesky_backward`` (``linalg_cholesky_ex``'s node)."""
+    gL = cotangents[0]
+    if gL is None:
+        return (None,)
+    upper = _arg(args, kwargs, 1, "upper", False)
+    L = outputs[0]
+    L_ = L.mH if upper else L
+    gL_ = gL.mH if upper else gL
+    gA = L_.mH.matmul(gL_).tril()
+    gA = 0.5 * (gA + gA.tril(-1).mH)
+    gA = torch.linalg.solve_triangular(L_.mH, gA, upper=True, left=True)
+    return (torch.linalg.solve_triangular(L_, gA, upper=False, left=False),)
+
+
+def inv_backward(args, kwargs, outputs, cotangents):
+    """``linalg_inv_ex``'s: ``-inverse^H @ (grad @ inverse^H)``."""
+    g = cotangents[0]
+    if g is None:
+        return (None,)
+    inverse = outputs[0]
+    return (-torch.matmul(inverse.mH, torch.matmul(g, inverse.mH)),)
+
+
+def _uses_A_T(A) -> bool:
+    """Eager's LU-based kernels factor ``A.mT`` of a contiguous real ``A`` (then solve adjoint)."""
+    return A.is_contiguous() and not A.is_complex()
+
+
+def det_backward(args, kwargs, outputs, cotangents):
+    """``linalg_det_backward`` without grad mode (a singular matrix's zero pivots perturbed by
+    eps), from the LU factors eager's ``_linalg_det`` saves."""
+    grad = cotangents[0]
+    A = args[0]
+    if grad is None or A.numel() == 0:
+        return (None,)
+    if torch.is_grad_enabled():
+        return NotImplemented  # (eager recomputes through an SVD for higher-order gradients)
+    det = outputs[0]
+    _, LU, pivots = torch.ops.aten._linalg_det(A)
+    d = torch.diag_embed((grad * det.conj()).unsqueeze(-1).expand_as(pivots)).mT
+    eps = torch.finfo(LU.dtype).eps
+    LU_ = LU + torch.diag_embed(torch.where(_diagonal(LU) == 0.0, eps, 0.0))
+    return (torch.linalg.lu_solve(LU_, pivots, d, left=True, adjoint=not _uses_A_T(A)),)
+
+
+def slogdet_backward(args, kwargs, outputs, cotangents):
+    """``slogdet_backward``, real case (the sign's gradient is zero), from ``_linalg_slogdet``'s LU."""
+    g = cotangents[1]
+    A = args[0]
+    if g is None:
+        return (None,)
+    if torch.is_grad_enabled():
+        return NotImplemented
+    _, _, LU, pivots = torch.ops.aten._linalg_slogdet(A)
+    d = torch.diag_embed(g.unsqueeze(-1).expand_as(pivots)).mT
+    return (torch.linalg.lu_solve(LU, pivots, d, left=True, adjoint=not _uses_A_T(A)),)
+
+
+def solve_backward(args, kwargs, outputs, cotangents):
+    """``linalg_solve_backward`` without grad mode, from ``_linalg_solve_ex``'s LU."""
+    gX = cotangents[0]
+    if gX is None:
+        return (None, None)
+    if torch.is_grad_enabled() or len(args) < 2:
+        return NotImplemented
+    A, B = args[0], args[1]
+    left = kwargs.get("left", True)
+    X = outputs[0]
+    _, LU, pivots, _ = torch.ops.aten._linalg_solve_ex(A, B, left=left)
+    batch = LU.shape[:-1]
+    vector = X.ndim == 1 or (LU.ndim - 1 == X.ndim and X.shape == batch)
+    # (``_linalg_solve_ex`` factors ``A`` itself in this torch, whatever its layout, and its
+    # backward solves adjoint: the ``use_A_T`` of det and slogdet is not solve's)
+    gB_ = torch.linalg.lu_solve(LU, pivots, gX.unsqueeze(-1) if vector else gX, left=left, adjoint=True)
+    X_ = X.unsqueeze(-1) if vector else X
+    gA = -gB_.matmul(X_.mH) if left else -X_.mH.matmul(gB_)
+    return (gA, gB_.squeeze(-1) if vector else gB_)
+
+
+#: ltorch name -> its backward from the forward's outputs.
+SAVED_BACKWARDS = {
+    "linalg_eigh": eigh_backward,
+    "linalg_svd": linalg_svd_backward,
+    "svd": svd_backward,
+    "linalg_qr": qr_backward,
+    "linalg_cholesky": cholesky_backward,
+    "linalg_cholesky_ex": cholesky_backward,
+    "linalg_inv": inv_backward,
+    "inverse": inv_backward,
+    "linalg_inv_ex": inv_backward,
+    "linalg_det": det_backward,
+    "det": det_backward,
+    "linalg_slogdet": slogdet_backward,
+    "slogdet": slogdet_backward,
+    "linalg_solve": solve_backward,
+}
+
+
+def _covered(args, kwargs) -> bool:
+    """Real floating tensors, passed positionally (the formulas read them by position)."""
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return False
+    return all(a.dtype.is_floating_point for a in args if isinstance(a, torch.Tensor))
+
+
+def saved_vjp(name: str, func):
+    """The ``saved_vjp`` of the opaque symbol ``name`` running ``func``: its formula's gradients
+    for the inputs ``wanted`` (summed where one tensor is several arguments; zeros where none
+    flowed, as the generic backward gives), else the generic backward."""
+    formula = SAVED_BACKWARDS[name]
+    generic = _vjp_of(func)
+
+    def vjp(args, outputs, cotangents, wanted, **kwargs):
+        grads = NotImplemented
+        if _covered(args, kwargs):
+            with _no_tf32():
+                grads = formula(args, kwargs, outputs, cotangents)
+        if grads is NotImplemented:
+            return generic(args, cotangents, wanted, **kwargs)
+        found: list = []
+        seen: set[int] = set()
+        for w in wanted:
+            g = None
+            if id(w) not in seen:  # (values that are one tensor when run: the first gets its sum)
+                seen.add(id(w))
+                for a, ga in zip(args, grads):
+                    if a is w and ga is not None:
+                        g = ga if g is None else g + ga
+            if g is not None and g.shape != w.shape:
+                g = g.sum_to_size(w.shape)  # (autograd's sum over broadcast dims)
+            found.append(torch.zeros_like(w) if g is None else g)
+        return found[0] if len(found) == 1 else tuple(found)
+
+    vjp.__name__ = f"{name}_saved_vjp"
+    return vjp
 
 
 def _no_reflectors(input, tau, *args, **kwargs) -> bool:
