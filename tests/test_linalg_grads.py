@@ -43,6 +43,11 @@ OPS = {
     "slogdet": (lambda a: torch.linalg.slogdet(a)[1], _well),
     "solve": (lambda a: torch.linalg.solve(a, a[..., :2].exp()), _well),
     "solve, vector": (lambda a: torch.linalg.solve(a, a[..., 0].exp()), _well),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a)[0], _well),
+    "lu_factor_ex, wide": (lambda a: torch.linalg.lu_factor_ex(a[..., :3, :])[0], _well),
+    "lu": (lambda a: torch.linalg.lu(a)[1:], _well),
+    "lu, tall U": (lambda a: torch.linalg.lu(a[..., :3])[2], _well),
+    "lu, wide L": (lambda a: torch.linalg.lu(a[..., :3, :])[1], _well),
     "solve, right": (lambda a: torch.linalg.solve(a, a[..., :2, :].exp(), left=False), _well),
 }
 
@@ -125,6 +130,16 @@ def test_repeated_eigenvalues_give_eagers_infinities():
 def test_singular_determinant_gradient_is_eagers():
     """A singular matrix's zero pivot is perturbed by eps in det's backward, as eager's."""
     a = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]], requires_grad=True)
+    _, grad, _ = _run(torch.linalg.det, a)
+    _, jit_grad, _ = _run(thunder_rs.jit(torch.linalg.det), a)
+    assert torch.equal(grad, jit_grad)
+
+
+@pytest.mark.parametrize("values", [[[[-1.5]], [[0.25]], [[3.0]]], [[[0.0]], [[2.0]]]], ids=["nonsingular", "singular"])
+def test_determinant_of_1x1_matrices_has_eagers_gradient(values):
+    """Eager's gradient of a 1x1 determinant is the cotangent itself (not its LU solve, an ulp
+    off, or zero for a zero matrix)."""
+    a = torch.tensor(values, dtype=torch.float64, requires_grad=True)
     _, grad, _ = _run(torch.linalg.det, a)
     _, jit_grad, _ = _run(thunder_rs.jit(torch.linalg.det), a)
     assert torch.equal(grad, jit_grad)

@@ -13,7 +13,7 @@ it; its outputs' metadata are what eager's kernels return (int32 pivots and info
 """
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -345,6 +345,8 @@ def det_backward(args, kwargs, outputs, cotangents):
         return (None,)
     if torch.is_grad_enabled():
         return NotImplemented  # (eager recomputes through an SVD for higher-order gradients)
+    if A.shape[-1] == 1:  # (eager's gradient of a 1x1 determinant is the cotangent itself, singular or not)
+        return (grad.reshape(A.shape).clone(),)
     det = outputs[0]
     _, LU, pivots = torch.ops.aten._linalg_det(A)
     d = torch.diag_embed((grad * det.conj()).unsqueeze(-1).expand_as(pivots)).mT
@@ -387,6 +389,62 @@ def solve_backward(args, kwargs, outputs, cotangents):
     return (gA, gB_.squeeze(-1) if vector else gB_)
 
 
+def _lu_backward(gL, gU, P, L, U, pivot: bool):
+    """``linalg_lu_backward``, real case."""
+    if gL is None and gU is None:
+        return None
+    m, n = L.shape[-2], U.shape[-1]
+    k = min(m, n)
+    solve = torch.linalg.solve_triangular
+    gA: Any
+    if m == n:
+        gA = None if gL is None else L.mH.matmul(gL).tril(-1)
+        if gU is not None:
+            gA = gU.matmul(U.mH).triu() if gA is None else gA + gU.matmul(U.mH).triu()
+        gA = solve(U.mH, gA, upper=False, left=False)
+        gA = solve(L.mH, gA, upper=True, left=True, unitriangular=True)
+        return P.matmul(gA) if pivot else gA
+    if m < n:  # (wide)
+        gA = None if gL is None else L.mH.matmul(gL)
+        if gU is not None:
+            gA = -gU.triu().matmul(U.mH) if gA is None else gA - gU.triu().matmul(U.mH)
+        gA = solve(U.narrow(-1, 0, k).mH, gA.tril(-1), upper=False, left=False)
+        if gU is not None:
+            gA = torch.cat([gA + gU.narrow(-1, 0, k).triu(), gU.narrow(-1, k, n - k)], dim=-1)
+        gA = solve(L.mH, gA, upper=True, left=True, unitriangular=True)
+        if gU is None:
+            gA = torch.cat([gA, torch.zeros_like(U.narrow(-1, k, n - k))], dim=-1)
+    else:  # (tall)
+        gA = None if gU is None else gU.matmul(U.mH)
+        if gL is not None:
+            gA = -L.mH.matmul(gL.tril(-1)) if gA is None else gA - L.mH.matmul(gL.tril(-1))
+        gA = solve(L.narrow(-2, 0, k).mH, gA.triu(), upper=True, left=True, unitriangular=True)
+        if gL is not None:
+            gA = torch.cat([gA + gL.narrow(-2, 0, k).tril(-1), gL.narrow(-2, k, m - k)], dim=-2)
+        gA = solve(U.mH, gA, upper=False, left=False)
+        if gL is None:
+            gA = torch.cat([gA, torch.zeros_like(L.narrow(-2, k, m - k))], dim=-2)
+    return P.matmul(gA) if pivot else gA
+
+
+def lu_backward(args, kwargs, outputs, cotangents):
+    """``linalg_lu``'s node: ``linalg_lu_backward`` of L's and U's gradients."""
+    P, L, U = outputs
+    return (_lu_backward(cotangents[1], cotangents[2], P, L, U, kwargs.get("pivot", True)),)
+
+
+def lu_factor_backward(args, kwargs, outputs, cotangents):
+    """``lu_factor_ex_backward`` (``linalg_lu_factor_ex``'s node): the packed factors unpacked."""
+    grad = cotangents[0]
+    if grad is None:
+        return (None,)
+    LU, pivots = outputs[0], outputs[1]
+    pivot = kwargs.get("pivot", True)
+    P, L, U = torch.lu_unpack(LU, pivots, unpack_data=True, unpack_pivots=pivot)
+    k = min(LU.shape[-2], LU.shape[-1])
+    return (_lu_backward(grad.narrow(-1, 0, k), grad.narrow(-2, 0, k), P, L, U, pivot),)
+
+
 #: ltorch name -> its backward from the forward's outputs.
 SAVED_BACKWARDS = {
     "linalg_eigh": eigh_backward,
@@ -403,6 +461,9 @@ SAVED_BACKWARDS = {
     "linalg_slogdet": slogdet_backward,
     "slogdet": slogdet_backward,
     "linalg_solve": solve_backward,
+    "linalg_lu": lu_backward,
+    "linalg_lu_factor": lu_factor_backward,
+    "linalg_lu_factor_ex": lu_factor_backward,
 }
 
 
