@@ -338,7 +338,8 @@ def _uses_A_T(A) -> bool:
 
 def det_backward(args, kwargs, outputs, cotangents):
     """``linalg_det_backward`` without grad mode (a singular matrix's zero pivots perturbed by
-    eps), from the LU factors eager's ``_linalg_det`` saves."""
+    eps), from the LU factors eager's ``_linalg_det`` saves: the forward's where it was
+    ``_linalg_det`` (``determinant``), else computed again."""
     grad = cotangents[0]
     A = args[0]
     if grad is None or A.numel() == 0:
@@ -347,8 +348,7 @@ def det_backward(args, kwargs, outputs, cotangents):
         return NotImplemented  # (eager recomputes through an SVD for higher-order gradients)
     if A.shape[-1] == 1:  # (eager's gradient of a 1x1 determinant is the cotangent itself, singular or not)
         return (grad.reshape(A.shape).clone(),)
-    det = outputs[0]
-    _, LU, pivots = torch.ops.aten._linalg_det(A)
+    det, LU, pivots = outputs if len(outputs) == 3 else torch.ops.aten._linalg_det(A)
     d = torch.diag_embed((grad * det.conj()).unsqueeze(-1).expand_as(pivots)).mT
     eps = torch.finfo(LU.dtype).eps
     LU_ = LU + torch.diag_embed(torch.where(_diagonal(LU) == 0.0, eps, 0.0))
@@ -363,7 +363,7 @@ def slogdet_backward(args, kwargs, outputs, cotangents):
         return (None,)
     if torch.is_grad_enabled():
         return NotImplemented
-    _, _, LU, pivots = torch.ops.aten._linalg_slogdet(A)
+    _, _, LU, pivots = outputs if len(outputs) == 4 else torch.ops.aten._linalg_slogdet(A)
     d = torch.diag_embed(g.unsqueeze(-1).expand_as(pivots)).mT
     return (torch.linalg.lu_solve(LU, pivots, d, left=True, adjoint=not _uses_A_T(A)),)
 
@@ -457,8 +457,10 @@ SAVED_BACKWARDS = {
     "inverse": inv_backward,
     "linalg_inv_ex": inv_backward,
     "linalg_det": det_backward,
+    "_linalg_det": det_backward,
     "det": det_backward,
     "linalg_slogdet": slogdet_backward,
+    "_linalg_slogdet": slogdet_backward,
     "slogdet": slogdet_backward,
     "linalg_solve": solve_backward,
     "linalg_lu": lu_backward,
@@ -579,6 +581,8 @@ OPAQUE = (
     ("linalg_det", (LA.det,), None, True),
     ("det", (torch.det, T.det), None, True),
     ("linalg_slogdet", (LA.slogdet,), None, True),
+    ("_linalg_det", (torch.ops.aten._linalg_det.default,), None, True),
+    ("_linalg_slogdet", (torch.ops.aten._linalg_slogdet.default,), None, True),
     ("slogdet", (torch.slogdet, T.slogdet), None, True),
     ("logdet", (torch.logdet, T.logdet), None, True),
     ("linalg_inv", (LA.inv,), None, True),
@@ -637,9 +641,32 @@ def eigenvalues(A, *, out=None):
     return ltorch.linalg_eigvals(A)
 
 
+def determinant(A, *, out=None):
+    """``linalg.det`` (``torch.det``) as eager computes it: where ``A`` requires grad, its
+    ``_linalg_det``, whose LU factors the backward reads (eager's node saves them)."""
+    if _differentiated(A):
+        return ltorch._linalg_det(A)[0]
+    return ltorch.linalg_det(A)
+
+
+def _log_determinant(structseq):
+    def slogdet(A, *, out=None):
+        """``linalg.slogdet`` (``torch.slogdet``) as eager computes it: where ``A`` requires grad,
+        its ``_linalg_slogdet``, whose LU factors the backward reads (eager's node saves them)."""
+        if _differentiated(A):
+            sign, logabsdet, _, _ = ltorch._linalg_slogdet(A)
+            return structseq((sign, logabsdet))
+        return ltorch.slogdet(A) if structseq is torch.return_types.slogdet else ltorch.linalg_slogdet(A)
+
+    return slogdet
+
+
 TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
 TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
+TORCH_TO_LTORCH.update(dict.fromkeys((LA.det, torch.det, T.det), determinant))
+TORCH_TO_LTORCH[LA.slogdet] = _log_determinant(torch.return_types.linalg_slogdet)  # type: ignore[attr-defined]
+TORCH_TO_LTORCH.update(dict.fromkeys((torch.slogdet, T.slogdet), _log_determinant(torch.return_types.slogdet)))
 
 if TYPE_CHECKING:
     # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.
