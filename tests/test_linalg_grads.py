@@ -107,19 +107,27 @@ def test_factorization_backwards_are_eagers_everywhere(name, dtype, shape, conti
 
 
 @pytest.mark.parametrize(
-    "fn", [torch.linalg.det, torch.det, lambda a: torch.linalg.slogdet(a)[1], lambda a: a.slogdet()[1]]
+    "fn",
+    [
+        torch.linalg.det,
+        torch.det,
+        lambda a: torch.linalg.slogdet(a)[1],
+        lambda a: a.slogdet()[1],
+        lambda a: torch.linalg.solve(a, a[..., :2].exp()),
+    ],
+    ids=["linalg.det", "det", "linalg.slogdet", "Tensor.slogdet", "solve"],
 )
-def test_determinant_backwards_read_the_forwards_lu_factors(fn):
-    """det and slogdet run eager's ``_linalg_det``/``_linalg_slogdet`` where the input requires
-    grad, and the backward reads the LU factors they return (eager's node saves them): it
-    factorizes nothing again."""
+def test_lu_backwards_read_the_forwards_lu_factors(fn):
+    """det, slogdet and solve run eager's ``_linalg_det``/``_linalg_slogdet``/``_linalg_solve_ex``
+    where an input requires grad, and the backward reads the LU factors they return (eager's
+    node saves them): it factorizes nothing again."""
     a = _input(_well, (2, 4, 4), torch.float64, contiguous=True)
     jfn = thunder_rs.jit(fn)
     out = jfn(a)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         (grad,) = torch.autograd.grad(out, a, torch.ones_like(out))
     names = {e.name for e in prof.events()}
-    assert not {n for n in names if "lu_factor" in n or "_linalg_det" in n or "_linalg_slogdet" in n}, names
+    assert not {n for n in names if "lu_factor" in n or n.startswith(("aten::_linalg_", "aten::linalg_solve"))}, names
     assert torch.equal(grad, torch.autograd.grad(fn(a), a, torch.ones_like(out))[0])
     with torch.no_grad():  # (without grad, the op eager runs then: no factors returned)
         assert torch.equal(jfn(a), fn(a))

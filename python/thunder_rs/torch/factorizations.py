@@ -378,7 +378,7 @@ def solve_backward(args, kwargs, outputs, cotangents):
     A, B = args[0], args[1]
     left = kwargs.get("left", True)
     X = outputs[0]
-    _, LU, pivots, _ = torch.ops.aten._linalg_solve_ex(A, B, left=left)
+    _, LU, pivots = outputs if len(outputs) == 3 else torch.ops.aten._linalg_solve_ex(A, B, left=left)[:3]
     batch = LU.shape[:-1]
     vector = X.ndim == 1 or (LU.ndim - 1 == X.ndim and X.shape == batch)
     # (``_linalg_solve_ex`` factors ``A`` itself in this torch, whatever its layout, and its
@@ -463,6 +463,7 @@ SAVED_BACKWARDS = {
     "_linalg_slogdet": slogdet_backward,
     "slogdet": slogdet_backward,
     "linalg_solve": solve_backward,
+    "linalg_solve_saving_factors": solve_backward,
     "linalg_lu": lu_backward,
     "linalg_lu_factor": lu_factor_backward,
     "linalg_lu_factor_ex": lu_factor_backward,
@@ -506,6 +507,14 @@ def saved_vjp(name: str, func):
 
     vjp.__name__ = f"{name}_saved_vjp"
     return vjp
+
+
+def _solve_saving_factors(A, B, *, left=True):
+    """``linalg.solve`` as eager runs it (``_linalg_solve_ex``, then its error check), returning
+    the LU factors its node saves too."""
+    X, LU, pivots, info = torch.ops.aten._linalg_solve_ex(A, B, left=left)
+    torch._linalg_check_errors(info, "torch.linalg.solve", is_matrix=A.dim() == 2)
+    return X, LU, pivots
 
 
 def _no_reflectors(input, tau, *args, **kwargs) -> bool:
@@ -560,6 +569,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
 OPAQUE = (
     ("linalg_solve", (LA.solve,), None, True),
     ("linalg_solve_ex", (LA.solve_ex,), None, True),
+    ("linalg_solve_saving_factors", (_solve_saving_factors,), None, True),
     ("linalg_lstsq", (LA.lstsq,), lstsq_meta, False),
     ("linalg_svd", (LA.svd,), None, True),
     ("linalg_svdvals", (LA.svdvals,), None, True),
@@ -649,6 +659,14 @@ def determinant(A, *, out=None):
     return ltorch.linalg_det(A)
 
 
+def solved(A, B, *, left=True, out=None):
+    """``linalg.solve`` as eager computes it: where an operand requires grad, with the LU factors
+    its backward reads (eager's node saves them)."""
+    if torch.is_grad_enabled() and (A.requires_grad or getattr(B, "requires_grad", False)):
+        return ltorch.linalg_solve_saving_factors(A, B, left=left)[0]
+    return ltorch.linalg_solve(A, B, left=left)
+
+
 def _log_determinant(structseq):
     def slogdet(A, *, out=None):
         """``linalg.slogdet`` (``torch.slogdet``) as eager computes it: where ``A`` requires grad,
@@ -665,6 +683,7 @@ TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
 TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
 TORCH_TO_LTORCH.update(dict.fromkeys((LA.det, torch.det, T.det), determinant))
+TORCH_TO_LTORCH[LA.solve] = solved
 TORCH_TO_LTORCH[LA.slogdet] = _log_determinant(torch.return_types.linalg_slogdet)  # type: ignore[attr-defined]
 TORCH_TO_LTORCH.update(dict.fromkeys((torch.slogdet, T.slogdet), _log_determinant(torch.return_types.slogdet)))
 
