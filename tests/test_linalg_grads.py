@@ -209,3 +209,19 @@ def test_householder_product_without_reflectors_gives_no_gradient_as_eager(fn, s
     assert torch.equal(out, jit_out) and jit_out.requires_grad
     assert [g is None for g in got] == [g is None for g in expected]
     assert all(e is None or torch.equal(e, g) for e, g in zip(expected, got))
+
+
+def test_formulas_run_without_tf32_and_restore_the_flag():
+    """Eager's formulas run under ``NoTF32Guard``; the flag the program set is back afterwards."""
+    matmul = torch.backends.cuda.matmul
+    a = _input(_sym, (3, 4, 4), torch.float32, contiguous=True)
+    fn = torch.linalg.eigh
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        _, grad, _ = _run(fn, a)
+        _, jit_grad, _ = _run(thunder_rs.jit(fn), a)
+        assert matmul.allow_tf32
+    finally:
+        matmul.allow_tf32 = before
+    assert torch.equal(grad, jit_grad)

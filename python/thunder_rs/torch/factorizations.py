@@ -5,14 +5,14 @@ They have no sensible decomposition into prims: each is an opaque symbol (``opaq
 an eager fallback. It has a name and a meta rule (torch's own meta kernel, or one written in
 ``linalg_metas`` where torch has none), the torch executor runs it as one call of its first torch
 callable, and its backward ``ltorch.<name>.vjp`` differentiates that call with torch's own
-derivative formula (``torch.autograd.grad`` on the saved inputs), or, for the factorizations
-below covers, ``ltorch.<name>.saved_vjp`` computes eager's formula from the saved outputs
-(``SAVED_BACKWARDS``). They are one table, ``OPAQUE``;
-adding an op is one row. In the trace an opaque symbol has no subsymbols, so no pass looks inside
-it; its outputs' metadata are what eager's kernels return (int32 pivots and infos included).
+derivative formula (``torch.autograd.grad`` on the saved inputs), or, for the ops
+``SAVED_BACKWARDS`` covers, ``ltorch.<name>.saved_vjp`` computes eager's formula from the saved
+outputs (det, slogdet and solve of inputs that require grad run the ATen op eager's node
+differentiates, which returns the LU factors it saves). They are one table, ``OPAQUE``; adding an
+op is one row. In the trace an opaque symbol has no subsymbols, so no pass looks inside it; its
+outputs' metadata are what eager's kernels return (int32 pivots and infos included).
 """
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -165,18 +165,20 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default):
     return args[i] if len(args) > i else kwargs.get(name, default)
 
 
-@contextlib.contextmanager
-def _no_tf32():
-    """Eager's ``at::NoTF32Guard`` around each formula (float32 products on CUDA in full precision)."""
-    matmul = torch.backends.cuda.matmul
-    if not matmul.allow_tf32:
-        yield
-        return
-    matmul.allow_tf32 = False
+_tf32_allowed = torch._C._get_cublas_allow_tf32
+_allow_tf32 = torch._C._set_cublas_allow_tf32
+
+
+def _without_tf32(formula, *args):
+    """``formula(*args)`` under eager's ``at::NoTF32Guard`` (float32 products on CUDA in full
+    precision); the flag is read once, a C call, where it is off (the common case)."""
+    if not _tf32_allowed():
+        return formula(*args)
+    _allow_tf32(False)
     try:
-        yield
+        return formula(*args)
     finally:
-        matmul.allow_tf32 = True
+        _allow_tf32(True)
 
 
 def _diagonal(x):
@@ -487,8 +489,7 @@ def saved_vjp(name: str, func):
     def vjp(args, outputs, cotangents, wanted, **kwargs):
         grads = NotImplemented
         if _covered(args, kwargs):
-            with _no_tf32():
-                grads = formula(args, kwargs, outputs, cotangents)
+            grads = _without_tf32(formula, args, kwargs, outputs, cotangents)
         if grads is NotImplemented:
             return generic(args, cotangents, wanted, **kwargs)
         found: list = []
