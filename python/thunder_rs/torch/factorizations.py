@@ -652,12 +652,15 @@ def eigenvalues(A, *, out=None):
     return ltorch.linalg_eigvals(A)
 
 
-def determinant(A, *, out=None):
-    """``linalg.det`` (``torch.det``) as eager computes it: where ``A`` requires grad, its
-    ``_linalg_det``, whose LU factors the backward reads (eager's node saves them)."""
-    if _differentiated(A):
-        return ltorch._linalg_det(A)[0]
-    return ltorch.linalg_det(A)
+def _determinant(plain: str):
+    def determinant(A, *, out=None):
+        """``linalg.det`` (``torch.det``) as eager computes it: where ``A`` requires grad, its
+        ``_linalg_det``, whose LU factors the backward reads (eager's node saves them)."""
+        if _differentiated(A):
+            return ltorch._linalg_det(A)[0]
+        return getattr(ltorch, plain)(A)
+
+    return determinant
 
 
 def solved(A, B, *, left=True, out=None):
@@ -683,7 +686,8 @@ def _log_determinant(structseq):
 TORCH_TO_LTORCH[LA.svdvals] = singular_values
 TORCH_TO_LTORCH[LA.eigvalsh] = hermitian_eigenvalues
 TORCH_TO_LTORCH[LA.eigvals] = eigenvalues
-TORCH_TO_LTORCH.update(dict.fromkeys((LA.det, torch.det, T.det), determinant))
+TORCH_TO_LTORCH[LA.det] = _determinant("linalg_det")
+TORCH_TO_LTORCH.update(dict.fromkeys((torch.det, T.det), _determinant("det")))
 TORCH_TO_LTORCH[LA.solve] = solved
 TORCH_TO_LTORCH[LA.slogdet] = _log_determinant(torch.return_types.linalg_slogdet)  # type: ignore[attr-defined]
 TORCH_TO_LTORCH.update(dict.fromkeys((torch.slogdet, T.slogdet), _log_determinant(torch.return_types.slogdet)))
