@@ -438,7 +438,9 @@ fn label_from_inputs(builder: &mut TraceBuilder, bsyms: &[BoundSymbol]) {
 }
 
 /// A fallback's backward: `<name>.vjp((args), (cotangents), (inputs wanting grads), **kwargs)`,
-/// which runs the torch call under torch.autograd and returns one gradient per wanted input. A
+/// which runs the torch call under torch.autograd and returns one gradient per wanted input, or,
+/// where one is registered, `<name>.saved_vjp((args), (outputs), (cotangents), (wanted), **kwargs)`,
+/// which computes them from the forward's outputs as eager's derivative formula does. A
 /// random (effect) fallback also gets the generator state it returned last, to draw again what
 /// the forward drew.
 fn fallback_vjp(
@@ -459,7 +461,10 @@ fn fallback_vjp(
         return Ok(());
     }
     let name = SymbolTable::name(id);
-    let Some(vjp_id) = SymbolTable::lookup(&format!("{name}.vjp")) else {
+    // A backward from the forward's outputs (eager's derivative formula on what its node saved,
+    // a factorisation's) where one is registered; else torch.autograd on the saved inputs.
+    let saved = SymbolTable::lookup(&format!("{name}.saved_vjp"));
+    let Some(vjp_id) = saved.or_else(|| SymbolTable::lookup(&format!("{name}.vjp"))) else {
         bail!(NotImplemented, &*name, "no gradient is registered for this eager fallback");
     };
     let outputs: Vec<ValueId> = wanted
@@ -470,11 +475,11 @@ fn fallback_vjp(
         })
         .collect();
     let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
-    let mut args = vec![
-        Arg::Tuple(bsym.args.clone()),
-        Arg::Tuple(cot_args),
-        Arg::Tuple(wanted.iter().map(|&w| Arg::Value(w)).collect()),
-    ];
+    let mut args = vec![Arg::Tuple(bsym.args.clone())];
+    if saved.is_some() {
+        args.push(Arg::Tuple(bsym.outputs.iter().map(|&o| Arg::Value(o)).collect()));
+    }
+    args.extend([Arg::Tuple(cot_args), Arg::Tuple(wanted.iter().map(|&w| Arg::Value(w)).collect())]);
     if bsym.symbol.is_effect() {
         // A random call returns, last, the generator state its draws started from; its backward
         // draws the same numbers again from that state.
@@ -512,6 +517,29 @@ mod tests {
         let trace = b.finish(Arg::Value(y)).unwrap();
         let err = joint(&trace).unwrap_err().to_string();
         assert!(err.contains("ltorch.test_whole_kernel") && err.contains("without its decomposition"), "{err}");
+    }
+
+    #[test]
+    fn a_fallback_with_a_saved_backward_gets_its_outputs() {
+        // y = f(x), f a fallback whose `saved_vjp` computes the gradient from y (a factorization's).
+        let id = SymbolTable::register("ltorch.test_saved_factor", SymbolKind::Fallback);
+        for name in ["ltorch.test_saved_factor.vjp", "ltorch.test_saved_factor.saved_vjp"] {
+            SymbolTable::register(name, SymbolKind::Fallback);
+        }
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b);
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let y = b.record_given(Symbol::Fallback(id), vec![Arg::Value(x)], vec![], vec![meta])[0];
+        let trace = b.finish(Arg::Value(y)).unwrap();
+        let joint = joint(&trace).unwrap().expect("x requires grad");
+        let call = joint.trace.bsyms[joint.num_forward..]
+            .iter()
+            .find(|b| matches!(b.symbol, Symbol::Fallback(_)))
+            .expect("the backward calls the fallback's");
+        assert_eq!(call.symbol.qualified_name(), "ltorch.test_saved_factor.saved_vjp");
+        // (args), (outputs), (cotangents), (wanted)
+        assert_eq!(call.args.len(), 4);
+        assert_eq!(call.args[1], Arg::Tuple(vec![Arg::Value(y)]));
     }
 
     #[test]

@@ -12,6 +12,7 @@ autocast they run from the program's code, op by op (``autocast.cast_inside``), 
 import torch
 
 from thunder_rs.core.lang import autocast
+from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layouts
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderValueError
 from thunder_rs.torch.common import require_tensor
@@ -27,7 +28,7 @@ def _approximate_basis(A, q: int, niter, M):
     dtype = A.dtype if A.dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
 
     def minus_m(x, m, r):
-        return x if m is None else ltorch.sub(x, _matmul(m, r))
+        return x if m is None else _as_eager(torch.sub, x, _matmul(m, r))
 
     R = ltorch.randn(A.shape[-1], q, dtype=dtype, device=A.device)
     Q = _qr(minus_m(_matmul(A, R), M, R))
@@ -37,12 +38,24 @@ def _approximate_basis(A, q: int, niter, M):
     return Q
 
 
+def _as_eager(func, *args, **kwargs):
+    """``func`` called as the program's own call is (``langctx``): its ltorch op, the outputs laid
+    out as eager's. LAPACK's ``Q`` is column-major, so that ``Q.mH @ A``'s gradient is eager's
+    product, not the transposed one (a call of the ltorch op took ``Q`` for row-major: ulps)."""
+    op = TORCH_TO_LTORCH[func]
+    out = op(*args, **kwargs)
+    ruled = func if func in LAYOUT_RULES else op
+    if laid_out(ruled, args, kwargs):
+        take_layouts(ruled, args, kwargs, out)
+    return out
+
+
 def _matmul(a, b):
-    return ltorch.matmul(*autocast.cast_inside("matmul", a, b))
+    return _as_eager(torch.matmul, *autocast.cast_inside("matmul", a, b))
 
 
 def _qr(x):
-    return ltorch.linalg_qr(*autocast.cast_inside("linalg_qr", x)).Q
+    return _as_eager(torch.linalg.qr, *autocast.cast_inside("linalg_qr", x)).Q
 
 
 def _svd_lowrank(A, q, niter, M):
@@ -57,8 +70,8 @@ def _svd_lowrank(A, q, niter, M):
     Q = _approximate_basis(A, q, niter, M)
     B = _matmul(Q.mH, A)
     if M is not None:
-        B = ltorch.sub(B, _matmul(Q.mH, M))
-    U, S, Vh = ltorch.linalg_svd(*autocast.cast_inside("linalg_svd", B), full_matrices=False)
+        B = _as_eager(torch.sub, B, _matmul(Q.mH, M))
+    U, S, Vh = _as_eager(torch.linalg.svd, *autocast.cast_inside("linalg_svd", B), full_matrices=False)
     V, U = Vh.mH, _matmul(Q, U)
     return (V, S, U) if m < n else (U, S, V)
 
@@ -88,7 +101,7 @@ def _pca_lowrank(A, q=None, center=True, niter=2):
         raise ThunderValueError(f"ltorch.pca_lowrank: niter(={niter}) must be non-negative integer (argument niter)")
     if not center:
         return _svd_lowrank(A, q, niter, None)
-    return _svd_lowrank(ltorch.sub(A, ltorch.mean(A, (-2,), keepdim=True)), q, niter, None)
+    return _svd_lowrank(_as_eager(torch.sub, A, _as_eager(torch.mean, A, (-2,), keepdim=True)), q, niter, None)
 
 
 @torchsymbol(torch.pca_lowrank)

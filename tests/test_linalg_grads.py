@@ -1,0 +1,227 @@
+"""The factorizations' backwards from their forward's outputs (``factorizations.SAVED_BACKWARDS``): eager's
+derivative formulas on the decomposition the forward computed, not the factorization again under
+torch.autograd. Gradients (and outputs) are compared with eager's bit for bit, for float32 and
+float64, batched and non-contiguous inputs, and inputs where eager's formula divides by zero."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import thunder_rs
+
+
+def _spd(a):
+    return a @ a.mT + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype)
+
+
+def _sym(a):
+    return a + a.mT
+
+
+def _well(a):
+    return a + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype)
+
+
+#: name -> (program, input maker)
+OPS = {
+    "eigh": (lambda a: torch.linalg.eigh(a), _sym),
+    "eigh, upper": (lambda a: torch.linalg.eigh(a, UPLO="U")[1], _sym),
+    "eigvalsh": (torch.linalg.eigvalsh, _sym),
+    "svd": (lambda a: torch.linalg.svd(a), _well),
+    "svd, tall": (lambda a: torch.linalg.svd(a[..., :3], full_matrices=False), _well),
+    "svd, wide U": (lambda a: torch.linalg.svd(a[..., :3, :], full_matrices=False)[0], _well),
+    "svdvals": (torch.linalg.svdvals, _well),
+    "torch.svd": (lambda a: torch.svd(a[..., :3]), _well),
+    "qr": (lambda a: torch.linalg.qr(a), _well),
+    "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
+    "qr, tall R": (lambda a: torch.linalg.qr(a[..., :3])[1], _well),
+    "cholesky": (torch.linalg.cholesky, _spd),
+    "cholesky, upper": (lambda a: torch.linalg.cholesky_ex(a, upper=True)[0], _spd),
+    "inv": (torch.linalg.inv, _well),
+    "inverse": (torch.inverse, _well),
+    "det": (torch.linalg.det, _well),
+    "slogdet": (lambda a: torch.linalg.slogdet(a)[1], _well),
+    "solve": (lambda a: torch.linalg.solve(a, a[..., :2].exp()), _well),
+    "solve, vector": (lambda a: torch.linalg.solve(a, a[..., 0].exp()), _well),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a)[0], _well),
+    "lu_factor_ex, wide": (lambda a: torch.linalg.lu_factor_ex(a[..., :3, :])[0], _well),
+    "lu": (lambda a: torch.linalg.lu(a)[1:], _well),
+    "lu, tall U": (lambda a: torch.linalg.lu(a[..., :3])[2], _well),
+    "lu, wide L": (lambda a: torch.linalg.lu(a[..., :3, :])[1], _well),
+    "solve, right": (lambda a: torch.linalg.solve(a, a[..., :2, :].exp(), left=False), _well),
+}
+
+
+def _nodes(events) -> set:
+    """The autograd nodes a profile ran (``LinalgEighBackward0``) but the compiled call's own."""
+    return {e.name for e in events if e.name.endswith("Backward0")}
+
+
+def _outputs(out):
+    return [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+
+
+def _run(fn, a, seed: int = 1):
+    """The outputs of ``fn(a)``, the gradient of ``a`` for random cotangents, and the autograd
+    nodes the backward ran."""
+    outs = _outputs(fn(a))
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (grad,) = torch.autograd.grad(outs, a, cots)
+    return outs, grad, _nodes(prof.events())
+
+
+def _same(x, y) -> bool:
+    return torch.equal(x.nan_to_num(), y.nan_to_num()) and torch.equal(x.isnan(), y.isnan())
+
+
+def _input(make, shape, dtype, contiguous: bool):
+    torch.manual_seed(0)
+    a = make(torch.randn(shape, dtype=dtype))
+    return (a if contiguous else a.mT.contiguous().mT).requires_grad_()
+
+
+def _check(name, shape, dtype, contiguous):
+    fn, make = OPS[name]
+    a = _input(make, shape, dtype, contiguous)
+    outs, grad, _ = _run(fn, a)
+    jit_outs, jit_grad, jit_calls = _run(thunder_rs.jit(fn), a)
+    assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+    assert torch.equal(grad, jit_grad), (grad - jit_grad).abs().max()
+    assert not jit_calls, f"the backward ran the factorization again under autograd: {jit_calls}"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_factorization_backwards_are_eagers_from_the_saved_outputs(name):
+    _check(name, (3, 5, 5), torch.float64, contiguous=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (2, 3, 5, 5)])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_factorization_backwards_are_eagers_everywhere(name, dtype, shape, contiguous):
+    _check(name, shape, dtype, contiguous)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.linalg.det,
+        torch.det,
+        lambda a: torch.linalg.slogdet(a)[1],
+        lambda a: a.slogdet()[1],
+        lambda a: torch.linalg.solve(a, a[..., :2].exp()),
+    ],
+    ids=["linalg.det", "det", "linalg.slogdet", "Tensor.slogdet", "solve"],
+)
+def test_lu_backwards_read_the_forwards_lu_factors(fn):
+    """det, slogdet and solve run eager's ``_linalg_det``/``_linalg_slogdet``/``_linalg_solve_ex``
+    where an input requires grad, and the backward reads the LU factors they return (eager's
+    node saves them): it factorizes nothing again."""
+    a = _input(_well, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(fn)
+    out = jfn(a)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (grad,) = torch.autograd.grad(out, a, torch.ones_like(out))
+    names = {e.name for e in prof.events()}
+    assert not {n for n in names if "lu_factor" in n or n.startswith(("aten::_linalg_", "aten::linalg_solve"))}, names
+    assert torch.equal(grad, torch.autograd.grad(fn(a), a, torch.ones_like(out))[0])
+    with torch.no_grad():  # (without grad, the op eager runs then: no factors returned)
+        assert torch.equal(jfn(a), fn(a))
+
+
+def test_solve_gradients_of_both_operands_are_eagers():
+    torch.manual_seed(0)
+    a = _well(torch.randn(2, 4, 4)).requires_grad_()
+    b = torch.randn(4, 3, requires_grad=True)  # (broadcast over a's batch: its gradient is summed)
+    cot = torch.randn(2, 4, 3)
+    expected = torch.autograd.grad(torch.linalg.solve(a, b), (a, b), cot)
+    got = torch.autograd.grad(thunder_rs.jit(torch.linalg.solve)(a, b), (a, b), cot)
+    assert all(torch.equal(x, y) for x, y in zip(expected, got))
+
+
+def test_repeated_eigenvalues_give_eagers_infinities():
+    """eigh's gradient through the eigenvectors divides by the eigenvalues' gaps: eager's inf
+    and NaN where two are equal, the same here."""
+    a = torch.diag(torch.tensor([1.0, 1.0, 2.0], dtype=torch.float64)).requires_grad_()
+    fn = lambda a: torch.linalg.eigh(a)[1]  # noqa: E731
+    _, grad, _ = _run(fn, a)
+    _, jit_grad, _ = _run(thunder_rs.jit(fn), a)
+    assert not grad.isfinite().all()
+    assert _same(grad, jit_grad)
+
+
+def test_singular_determinant_gradient_is_eagers():
+    """A singular matrix's zero pivot is perturbed by eps in det's backward, as eager's."""
+    a = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]], requires_grad=True)
+    _, grad, _ = _run(torch.linalg.det, a)
+    _, jit_grad, _ = _run(thunder_rs.jit(torch.linalg.det), a)
+    assert torch.equal(grad, jit_grad)
+
+
+@pytest.mark.parametrize("values", [[[[-1.5]], [[0.25]], [[3.0]]], [[[0.0]], [[2.0]]]], ids=["nonsingular", "singular"])
+def test_determinant_of_1x1_matrices_has_eagers_gradient(values):
+    """Eager's gradient of a 1x1 determinant is the cotangent itself (not its LU solve, an ulp
+    off, or zero for a zero matrix)."""
+    a = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    _, grad, _ = _run(torch.linalg.det, a)
+    _, jit_grad, _ = _run(thunder_rs.jit(torch.linalg.det), a)
+    assert torch.equal(grad, jit_grad)
+
+
+def test_singular_inverse_raises_as_eager():
+    a = torch.zeros(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError) as expected:
+        torch.linalg.inv(a)
+    with pytest.raises(RuntimeError, match="singular") as got:
+        thunder_rs.jit(torch.linalg.inv)(a)
+    assert str(expected.value).split(":")[-1].strip() in str(got.value)
+
+
+def test_complex_eigenvectors_of_a_phase_dependent_loss_raise_as_eager():
+    """Complex inputs take the generic backward (torch's own, run again), which raises eager's
+    error for a loss that depends on the eigenvectors' phases."""
+    torch.manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex128)
+    a = (a + a.mH).requires_grad_()
+    fn = lambda a: torch.linalg.eigh(a)[1].real.sum()  # noqa: E731
+    with pytest.raises(RuntimeError, match="phi"):
+        torch.autograd.grad(fn(a), a)
+    with pytest.raises(RuntimeError, match="phi"):
+        torch.autograd.grad(thunder_rs.jit(fn)(a), a)
+
+
+@pytest.mark.parametrize("fn", [torch.linalg.householder_product, torch.orgqr], ids=["householder_product", "orgqr"])
+@pytest.mark.parametrize("shapes", [((5, 5), (0,)), ((0, 0), (0,)), ((5, 4), (3,))], ids=["no tau", "empty", "3 of 4"])
+def test_householder_product_without_reflectors_gives_no_gradient_as_eager(fn, shapes):
+    """``householder_product_backward`` returns undefined gradients where there are no
+    reflectors or no vectors: ``.grad`` stays None, not zeros."""
+    torch.manual_seed(0)
+    inputs = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
+    out = fn(*inputs)
+    cot = torch.randn(out.shape, dtype=out.dtype)
+    expected = torch.autograd.grad(out, inputs, cot, allow_unused=True)
+    jit_out = thunder_rs.jit(fn)(*inputs)
+    got = torch.autograd.grad(jit_out, inputs, cot, allow_unused=True)
+    assert torch.equal(out, jit_out) and jit_out.requires_grad
+    assert [g is None for g in got] == [g is None for g in expected]
+    assert all(e is None or torch.equal(e, g) for e, g in zip(expected, got))
+
+
+def test_formulas_run_without_tf32_and_restore_the_flag():
+    """Eager's formulas run under ``NoTF32Guard``; the flag the program set is back afterwards."""
+    matmul = torch.backends.cuda.matmul
+    a = _input(_sym, (3, 4, 4), torch.float32, contiguous=True)
+    fn = torch.linalg.eigh
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        _, grad, _ = _run(fn, a)
+        _, jit_grad, _ = _run(thunder_rs.jit(fn), a)
+        assert matmul.allow_tf32
+    finally:
+        matmul.allow_tf32 = before
+    assert torch.equal(grad, jit_grad)
