@@ -35,8 +35,8 @@ __all__ = [
 _aten = torch.ops.aten
 
 
-def _aa(mode: str, input, output_size, align_corners, scale_factors):
-    op = f"ltorch.upsample_{mode}2d_aa"
+def _check_4d(op: str, input) -> None:
+    """Eager's check of an anti-aliased resize's input (``upsample_2d_common_check``)."""
     require_tensor(op, input, "input")
     check(
         input.ndim == 4,
@@ -44,6 +44,11 @@ def _aa(mode: str, input, output_size, align_corners, scale_factors):
         lambda: f"It is expected input_size equals to 4, but got size {input.ndim} (argument input)",
         ThunderRuntimeError,
     )
+
+
+def _aa(mode: str, input, output_size, align_corners, scale_factors):
+    op = f"ltorch.upsample_{mode}2d_aa"
+    _check_4d(op, input)
     check(
         (output_size is None) != (scale_factors is None),
         op,
@@ -67,13 +72,7 @@ def upsample_bicubic2d_aa(input, output_size, align_corners, scale_factors):
 
 def _check_sized(op: str, input, output_size):
     """The default form's checks, eager's messages (``upsample_2d_common_check``)."""
-    require_tensor(op, input, "input")
-    check(
-        input.ndim == 4,
-        op,
-        lambda: f"It is expected input_size equals to 4, but got size {input.ndim} (argument input)",
-        ThunderRuntimeError,
-    )
+    _check_4d(op, input)
     sizes = tuple(output_size)
     check(
         len(sizes) == 2,
