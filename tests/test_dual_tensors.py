@@ -270,3 +270,29 @@ def test_a_dual_of_values_vmap_batches_raises_eagers_error():
         program(xs, ts)
     with pytest.raises(RuntimeError, match=message + r".*test_dual_tensors\.py:\d+"):
         thunder_rs.jit(program)(xs, ts)
+
+
+def test_whether_an_input_is_a_dual_is_part_of_the_cache_key():
+    """A program unpacking at the caller's level, called in the caller's level with a plain input
+    and then a dual (was the first entry's None tangent), and the other way round (was refused for
+    the plain call too); a program using no dual API gives the dual's tangent either way."""
+
+    def at_the_callers_level(x):
+        return fwAD.unpack_dual(x.sin()).tangent
+
+    def plain(x):
+        return x.exp() * x.cos()
+
+    x, t = torch.randn(3), torch.randn(3)
+    first, second = thunder_rs.jit(at_the_callers_level), thunder_rs.jit(plain)
+    with fwAD.dual_level():
+        assert first(x) is None and at_the_callers_level(x) is None
+        with pytest.raises(NotImplementedError, match=r"an input of the jitted call is a dual tensor"):
+            first(fwAD.make_dual(x, t))
+        assert first(x) is None
+        expected = fwAD.unpack_dual(plain(fwAD.make_dual(x, t)))
+        for dual in (False, True, False, True):
+            out = fwAD.unpack_dual(second(fwAD.make_dual(x, t) if dual else x))
+            assert torch.equal(out.primal, expected.primal)
+            assert (out.tangent is None) if not dual else torch.equal(out.tangent, expected.tangent)
+    assert thunder_rs.cache_hits(first) == 1 and thunder_rs.cache_hits(second) == 2
