@@ -291,7 +291,7 @@ def _unrolled_key(arity: int):
     aliases = f"tensor_aliases(args) if {repeated_term(names, 'args')} else None" if arity > 1 else "None"
     # (The leaves first: a call with a non-tensor argument raises before global state is read.)
     source = f"def key(args, extra):\n  {unpack}\n  leaves = ({leaves})\n  aliases = {aliases}\n"
-    source += f"  flat = args\n  return ({GLOBAL_STATE}, leaves)\n"
+    source += f"  return ({GLOBAL_STATE.replace('(flat)', '(args)')}, leaves)\n"
     return compiled_key(source, "key", tensor_aliases=tensor_aliases)
 
 
