@@ -270,3 +270,71 @@ def test_a_dual_of_values_vmap_batches_raises_eagers_error():
         program(xs, ts)
     with pytest.raises(RuntimeError, match=message + r".*test_dual_tensors\.py:\d+"):
         thunder_rs.jit(program)(xs, ts)
+
+
+def test_whether_an_input_is_a_dual_is_part_of_the_cache_key():
+    """A program unpacking at the caller's level, called in the caller's level with a plain input
+    and then a dual (was the first entry's None tangent), and the other way round (was refused for
+    the plain call too); a program using no dual API gives the dual's tangent either way."""
+
+    def at_the_callers_level(x):
+        return fwAD.unpack_dual(x.sin()).tangent
+
+    def plain(x):
+        return x.exp() * x.cos()
+
+    x, t = torch.randn(3), torch.randn(3)
+    first, second = thunder_rs.jit(at_the_callers_level), thunder_rs.jit(plain)
+    with fwAD.dual_level():
+        assert first(x) is None and at_the_callers_level(x) is None
+        with pytest.raises(NotImplementedError, match=r"an input of the jitted call is a dual tensor"):
+            first(fwAD.make_dual(x, t))
+        assert first(x) is None
+        expected = fwAD.unpack_dual(plain(fwAD.make_dual(x, t)))
+        for dual in (False, True, False, True):
+            out = fwAD.unpack_dual(second(fwAD.make_dual(x, t) if dual else x))
+            assert torch.equal(out.primal, expected.primal)
+            assert (out.tangent is None) if not dual else torch.equal(out.tangent, expected.tangent)
+    assert thunder_rs.cache_hits(first) == 1 and thunder_rs.cache_hits(second) == 2
+
+
+def test_a_dual_input_to_a_call_recording_a_gradient_gives_eagers_tangent():
+    """The parameters require grad: the compiled autograd function has no forward-mode formula
+    (was torch's 'You must implement the jvp function'); the program runs as torch calls, whose
+    tangent and gradients are eager's."""
+    torch.manual_seed(0)
+    layer, x, t = torch.nn.Linear(4, 3), torch.randn(2, 4), torch.randn(2, 4)
+    results = []
+    for program in (layer, thunder_rs.jit(layer)):
+        layer.zero_grad()
+        with fwAD.dual_level():
+            primal, tangent = fwAD.unpack_dual(program(fwAD.make_dual(x, t)).tanh())
+            (primal.sum() + tangent.pow(2).sum()).backward()
+        results.append([primal, tangent, layer.weight.grad.clone(), layer.bias.grad.clone()])
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_a_dual_input_runs_on_the_per_op_executors(fake_ex):
+    """A fusion's kernel carries no tangent (nvFuser's; the stand-in's torch calls would): the
+    entry for a dual input runs the torch executor's calls, that for a plain one the fusion."""
+
+    def program(x):
+        return (x.exp() * x.cos()).sum(0)
+
+    jitted, x, t = thunder_rs.jit(program, executors=[fake_ex]), torch.randn(3, 3), torch.randn(3, 3)
+    with fwAD.dual_level():
+        expected, out = fwAD.unpack_dual(program(fwAD.make_dual(x, t))), fwAD.unpack_dual(jitted(fwAD.make_dual(x, t)))
+        assert "fusion" not in str(thunder_rs.last_traces(jitted)[-1])
+        torch.testing.assert_close(out, expected)
+        jitted(x)
+        assert "fusion" in str(thunder_rs.last_traces(jitted)[-1])
+
+
+def test_a_dual_input_to_a_call_writing_its_inputs_is_refused():
+    """BatchNorm's running statistics, written after the call: the program as torch calls does not
+    write them (was torch's 'You must implement the jvp function', not naming the construct)."""
+    norm = torch.nn.BatchNorm1d(3)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.randn(4, 3), torch.randn(4, 3))
+        with pytest.raises(NotImplementedError, match=r"forward_ad: .* writes its inputs in place .* dual tensor"):
+            thunder_rs.jit(norm)(dual)

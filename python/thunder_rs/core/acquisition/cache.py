@@ -203,18 +203,34 @@ _STATE_READS = {
     "_default_device": _default_device,
     "_forward_ad": torch.autograd.forward_ad,
 }
+_FORWARD_AD, _NO_TORCH_FUNCTION, _unpack = torch.autograd.forward_ad, torch._C.DisableTorchFunction, torch._unpack_dual
 #: ``global_key``'s value as an expression, which the unrolled key functions inline (no frame of
 #: its own on the hit path).
 GLOBAL_STATE = (
     "(_grad(), _default_dtype(), _autocast() if _any_autocast() else None, "
-    "_default_device() if _modes() else None, extra, _inference(), aliases, _forward_ad._current_level)"
+    "_default_device() if _modes() else None, extra, _inference(), aliases, "
+    "-1 if _forward_ad._current_level < 0 else _duals(flat))"
 )
+
+
+def _dual(x, level: int) -> bool:
+    return isinstance(x, _Tensor) and _unpack(x, level)[1] is not None
+
+
+def forward_ad_duals(flat) -> tuple:
+    """The forward-AD level the caller is in and which of the tensor inputs ``flat`` are duals of
+    it (carry a tangent there), read only inside a level (``_unpack_dual``: ~0.7 us a tensor): a
+    program traced with a plain input does not carry a dual's tangent, and one traced with a dual
+    is refused or carries it (``core.lang.dual_tensors``)."""
+    level = _FORWARD_AD._current_level
+    with _NO_TORCH_FUNCTION():
+        return level, tuple([i for i, x in enumerate(flat) if _dual(x, level)])
 
 
 def compiled_key(source: str, name: str, **names):
     """The function ``name`` that ``source`` defines, with ``global_key``'s reads (``GLOBAL_STATE``)
     and ``layout`` in its namespace, and ``names``."""
-    namespace = {**_STATE_READS, **META_NAMES, **names}
+    namespace = {**_STATE_READS, "_duals": forward_ad_duals, **META_NAMES, **names}
     exec(source, namespace)
     return namespace[name]
 
@@ -226,14 +242,17 @@ def tensor_key_source(name: str) -> str:
     return meta_source(name)
 
 
-global_key = compiled_key(f"def global_key(extra=None, aliases=None):\n  return {GLOBAL_STATE}\n", "global_key")
+global_key = compiled_key(
+    f"def global_key(extra=None, aliases=None, flat=()):\n  return {GLOBAL_STATE}\n", "global_key"
+)
 global_key.__doc__ = """Grad mode, default dtype, the CPU and CUDA autocast dtypes (None when autocast is off
     everywhere, read with one call), the default device where a torch function mode may set one,
     ``extra``, inference mode (a call under ``torch.inference_mode()`` makes inference tensors
     where one under ``no_grad`` does not, and records no gradient even where the program enables
     grad mode), ``aliases`` (``tensor_aliases``: which tensor arguments are one tensor), and the
     forward-mode AD level the caller is in (``torch.autograd.forward_ad``: -1 outside one; a program's
-    ``make_dual`` is traced at it, and an input dual made there is noted, ``core.lang.dual_tensors``)."""
+    ``make_dual`` is traced at it) with which of the call's inputs ``flat`` are duals of it
+    (``forward_ad_duals``)."""
 
 
 def tensor_aliases(flat) -> tuple | None:
@@ -272,7 +291,7 @@ def _unrolled_key(arity: int):
     aliases = f"tensor_aliases(args) if {repeated_term(names, 'args')} else None" if arity > 1 else "None"
     # (The leaves first: a call with a non-tensor argument raises before global state is read.)
     source = f"def key(args, extra):\n  {unpack}\n  leaves = ({leaves})\n  aliases = {aliases}\n"
-    source += f"  return ({GLOBAL_STATE}, leaves)\n"
+    source += f"  return ({GLOBAL_STATE.replace('(flat)', '(args)')}, leaves)\n"
     return compiled_key(source, "key", tensor_aliases=tensor_aliases)
 
 
@@ -347,6 +366,13 @@ def _one_tensor(aliases, names) -> str:
     return "(" + ", ".join(f"{label(i)} is {label(j)}" for i, j in aliases) + ")"
 
 
+def _duals_in_words(state, names) -> str:
+    if state == -1:
+        return "none"
+    label = lambda i: names[i] if i < len(names) else f"input {i}"  # noqa: E731
+    return f"level {state[0]} with duals ({', '.join(map(label, state[1]))})"
+
+
 def _state_change(old, new, names=()) -> str:
     """Which part of ``global_key`` changed: grad mode, default dtype, autocast, default device, or
     (for a module) its training mode or its parameters' dtype, device, requires_grad and sizes."""
@@ -358,7 +384,8 @@ def _state_change(old, new, names=()) -> str:
         before, after = _one_tensor(old[6], names), _one_tensor(new[6], names)
         changes.append(f"tensor arguments that are one tensor {before} -> {after}")
     if old[7:] != new[7:]:
-        changes.append(f"forward AD level {old[7]} -> {new[7]}")
+        before, after = _duals_in_words(old[7], names), _duals_in_words(new[7], names)
+        changes.append(f"forward AD level and dual inputs {before} -> {after}")
     old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
         if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:

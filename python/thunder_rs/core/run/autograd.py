@@ -619,13 +619,34 @@ _WRITES_UNDER_TRANSFORM = (
 )
 
 
+_WRITES_UNDER_FORWARD_AD = (
+    "torch.autograd.forward_ad: a thunder_rs-compiled call that records a gradient and writes its inputs in place "
+    "(BatchNorm's running statistics, a buffer the program updates) was given a dual tensor, whose tangent its "
+    "compiled autograd function does not carry; call it with no input requiring grad, or outside the jitted function"
+)
+
+
+def _refused_transform(e: RuntimeError) -> str | None:
+    """Where torch refused the autograd function for a transform that the program as torch calls
+    carries: a torch.func transform (it has no ``setup_context``), or a dual tensor input of
+    forward-mode AD (it has no ``jvp``; the torch calls carry the tangent as eager's do). Then the
+    refusal of such a call that writes its inputs; else None."""
+    text = str(e)
+    if "setup_context" in text and transforms_active():
+        return _WRITES_UNDER_TRANSFORM
+    if "implement the jvp function" in text and torch.autograd.forward_ad._current_level >= 0:
+        return _WRITES_UNDER_FORWARD_AD
+    return None
+
+
 def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale: tuple = ()):
     """``apply`` adapted to the forward's output form. The program as torch calls under autograd
     (``program.flat``) instead: once a double backward went through the entry (``recording``),
-    and under a torch.func transform, which the autograd function does not support (torch refuses
-    it before its forward runs, at no cost to other calls) and which differentiates the torch
-    calls. ``writes``: the call writes its inputs after it runs, which is refused there. ``stale``
-    (``grad_function``): the outputs whose backward raises eager's error there too."""
+    and under a torch.func transform or for a dual input, which the autograd function does not
+    support (torch refuses it before its forward runs, at no cost to other calls) and which
+    differentiates the torch calls. ``writes``: the call writes its inputs after it runs, which
+    is refused there. ``stale`` (``grad_function``): the outputs whose backward raises eager's
+    error there too."""
 
     def call(*inputs):
         if program.recording:
@@ -633,10 +654,11 @@ def _entry_call(apply, program, single: bool, as_list: bool, writes: bool, stale
         try:
             return apply(*inputs)
         except RuntimeError as e:
-            if "setup_context" not in str(e) or not transforms_active():
+            refused = _refused_transform(e)
+            if refused is None:
                 raise
         if writes:
-            raise ThunderNotImplementedError(_WRITES_UNDER_TRANSFORM)
+            raise ThunderNotImplementedError(refused)
         if not stale:
             return program.flat(*inputs)
         at_call = state_at_call(inputs, inputs_at_call(stale))

@@ -55,7 +55,7 @@ def _flattened(jfn, args, kwargs, state, params, binding):
     """The call keyed from its flatten; a miss compiles. ``state``: the module's part of the key,
     read with ``params`` (its tensors) from ``binding``."""
     flat, spec = flatten_call(args, kwargs)
-    key = (global_key(state, tensor_aliases(flat)), tuple(map(leaf_key, flat)), spec)
+    key = (global_key(state, tensor_aliases(flat), flat), tuple(map(leaf_key, flat)), spec)
     if jfn._floats.wide:
         key = jfn._floats.key(key)
     entry = jfn._cache.get(key)

@@ -22,6 +22,7 @@ from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wan
 from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.run.call_paths import call_general, no_tail
 from thunder_rs.core.acquisition.cache import (
+    forward_ad_duals,
     describe_change,
     fast_key_fn,
     has_dead,
@@ -418,6 +419,9 @@ class ThunderFunction:
         inputs. Raises where a count traced at 2 fails a guard at its value (``value_sizes.above_values``)."""
         start = time.perf_counter()
         executors = default_executors() if self._executors is None else self._executors
+        if torch.autograd.forward_ad._current_level >= 0 and forward_ad_duals(flat)[1]:
+            # (a dual input's tangent is carried by the per-op executors' torch calls, not a fusion's kernel)
+            executors = [e for e in executors if not e.fusion]
         binding = self._binding if self._module is not None else None
         names: tuple = (input_names(self._fn, flat, spec), ())
 
