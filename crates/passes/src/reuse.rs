@@ -12,7 +12,8 @@
 //!   matmul and linear prims, and the writes at indices, whose output is their first operand
 //!   with elements added or written;
 //! - its receiver was produced in this trace by a call that returns fresh memory (one that
-//!   computes, a creation such as `full`, or a `clone`: see [`returns_fresh`]), no call reads it
+//!   computes, a creation such as `full`, a `clone`, or a backward kernel such as
+//!   `convolution_backward`: see [`returns_fresh`]), no call reads it
 //!   in a way whose result may alias it (views, fallbacks, regions), it is read nowhere else in
 //!   the call, and this call is its last use (the receiver is deleted right after);
 //! - its one output has the receiver's dtype, shape and device (no promotion, no broadcast:
@@ -87,7 +88,31 @@ pub fn computes(bsym: &BoundSymbol) -> bool {
 /// creates a tensor (`full`, `iota`; composites such as `zeros_like` that one produces), or it
 /// is a copy (`clone`: see [`is_copy`]).
 pub fn returns_fresh(bsym: &BoundSymbol) -> bool {
-    made_by(bsym, |p| is_compute(p) || is_creation(p)) || is_copy(bsym)
+    made_by(bsym, |p| is_compute(p) || is_creation(p) || is_new_gradient(p))
+        || is_copy(bsym)
+        || is_gradient_kernel(bsym)
+}
+
+/// Whether a call is a backward kernel recorded whole that aten computes into new tensors
+/// (`native_batch_norm_backward`): it neither returns nor views its operands, so a gradient it
+/// reads stays a fresh receiver for the sum of gradients after it ([`is_new_gradient`]).
+fn is_gradient_kernel(bsym: &BoundSymbol) -> bool {
+    matches!(bsym.symbol, Symbol::Composite(id) if is_whole_gradient(&SymbolTable::name(id))) && !bsym.has_effect()
+}
+
+fn is_whole_gradient(name: &str) -> bool {
+    matches!(name, "ltorch.native_batch_norm_backward")
+}
+
+/// Prims whose outputs are gradients aten computes into new tensors (`convolution_backward`).
+/// A sum of gradients whose first is such a dying tensor then adds the next into it, as eager's
+/// autograd accumulates into the first gradient it receives (`InputBuffer::accumulate`, where it
+/// holds the last reference): the sum keeps that gradient's strides. They differ from an
+/// out-of-place sum's where a channels_last `[N, C, 1, 1]` gradient is also contiguous (torch's
+/// `add` then writes contiguous strides), and batch norm's backward reads them: it runs its
+/// channels_last kernel, other roundings, only on an input and gradient both laid out so.
+fn is_new_gradient(p: &Prim) -> bool {
+    p.name() == "convolution_backward"
 }
 
 /// Whether a call is `ltorch.clone`, which torch runs as `Tensor.clone`: always new memory, though
@@ -207,6 +232,25 @@ mod tests {
         assert_eq!(out.bsyms[1].args, vec![Arg::Value(ValueId(0)), Arg::Value(ValueId(2))]);
         assert_eq!(impls[1].method.as_deref(), Some("add"));
         assert_eq!(impls[2].method.as_deref(), Some("sub"));
+    }
+
+    #[test]
+    fn a_sum_of_gradients_adds_into_a_dying_first_gradient_from_a_backward_kernel() {
+        // As eager's autograd adds a second gradient into the first (`InputBuffer::accumulate`),
+        // keeping its strides.
+        let mut text = String::from("def computation(t0, t1, t2, t3):\n");
+        text.push_str(
+            "  # t0: \"cpu f32[2, 4, 1, 1]\"\n  # t1: \"cpu f32[2, 4, 1, 1]\"\n  # t2: \"cpu f32[4, 4, 1, 1]\"\n",
+        );
+        text.push_str("  # t3: \"cpu f32[2, 4, 1, 1]\"\n");
+        text.push_str("  t4 = prims.convolution_backward(t0, t1, t2, (1, 1), (0, 0), (1, 1), False, (0, 0), 1, True, False, False)\n");
+        text.push_str("  t5 = prims.add(t4, t3)\n  return t5\n");
+        let trace = parse_trace(&text).unwrap();
+        let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
+        let mut impls = vec![callee("convolution_backward"), callee("add")];
+        let dels = del_last_used(&trace, 0);
+        reuse_receivers(&trace, &mut impls, &dels);
+        assert_eq!(impls[1].method.as_deref(), Some("add_"));
     }
 
     #[test]
