@@ -138,21 +138,26 @@ def test_a_rexnet_style_partial_shortcut_trains_as_eager():
 
 
 @pytest.mark.parametrize(
-    "key",
-    [(slice(None), slice(2, None)), (slice(1, None), slice(None), slice(1, 4))],
-    ids=["channels", "batch and rows"],
+    "program",
+    [
+        lambda x: x[:, 2:] * 2,
+        lambda x: x[1:, :, 1:4] * 2,
+        lambda x: x.narrow(1, 2, 3) * 2,
+        lambda x: torch.ops.aten.slice(x, 1, 1, 4) * 2,
+        lambda x: x.select(2, -1)[:, :, None] * 2,
+    ],
+    ids=["channels", "batch and rows", "narrow", "aten.slice", "select"],
 )
-def test_the_gradient_of_slices_is_row_major_as_eagers(key):
-    """Eager's ``SliceBackward0`` writes the cotangent into new row-major zeros, whatever its
-    layout (one per dim sliced); the slice prim's VJP padded a channels_last cotangent, which
-    stayed channels_last."""
+def test_the_gradient_of_slices_is_row_major_as_eagers(program):
+    """Eager's ``SliceBackward0`` (``SelectBackward0``) writes the cotangent into new row-major
+    zeros, whatever its layout (one per dim sliced); the slice prim's VJP padded a channels_last
+    cotangent, which stayed channels_last."""
     x = torch.randn(2, 6, 5, 4).to(memory_format=torch.channels_last).requires_grad_()
     sides = []
-    for fn in (lambda x: x[key] * 2, thunder_rs.jit(lambda x: x[key] * 2)):
+    for fn in (program, thunder_rs.jit(program)):
         out = fn(x)
         cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
-        cotangent = cotangent.to(memory_format=torch.channels_last)
-        (grad,) = torch.autograd.grad(out, x, cotangent)
+        (grad,) = torch.autograd.grad(out, x, cotangent.to(memory_format=torch.channels_last))
         sides.append(grad)
     assert sides[1].stride() == sides[0].stride()
     assert torch.equal(sides[1], sides[0])

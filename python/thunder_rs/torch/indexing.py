@@ -42,6 +42,7 @@ __all__ = [
     "select",
     "slice_tensor",
     "slice_backward",
+    "put_slice_gradient",
     "unbind",
     "index_select",
     "topk",
@@ -478,6 +479,17 @@ def slice_backward(grad_output, input_sizes, dim, start, end, step):
     return prims.pad(grad_output, clang.maybe_convert(0, grad_output.dtype), tuple(config))
 
 
+def put_slice_gradient(a, out, d: int, start, stop, step: int = 1) -> None:
+    """Puts eager's gradient of ``out``, ``a``'s slice ``start:stop:step`` of ``d`` (``SliceBackward0``;
+    ``SelectBackward0`` of an int's slice of one): a new row-major tensor. The decomposition's VJP
+    stays where the sizes or bounds are symbolic, or the slice is ``a`` itself."""
+    if out is a or not a.requires_grad or not all(type(n) is int for n in (*a.shape, start, stop)):
+        return
+    shape = list(a.shape)
+    shape[d] = (max(stop, start) - start + step - 1) // step
+    put_grad(a, slice_backward(reshape_to(get_grad(out), tuple(shape)), tuple(a.shape), d, start, stop, step))
+
+
 def _slices(a, key) -> list | None:
     """The dims that basic indexing ``a[key]`` slices, as (dim, start, stop, step), an int as a
     slice of one; None where the key has other entries than ints, slices, None and Ellipsis, the
@@ -600,6 +612,24 @@ def slice_tensor(a, dim=0, start=None, end=None, step=1):
     check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
     begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])  # (a symbolic size's bounds decided)
     return slice_in_dim(a, d, begin, max(begin, stop), step)
+
+
+@register_grad(select)
+def select_grad(a, dim, index):
+    out = select(a, dim, index)
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.select")
+    start = index + a.shape[d] if index < 0 else index
+    put_slice_gradient(a, out, d, start, start + 1)
+    return out
+
+
+@register_grad(slice_tensor)
+def slice_grad(a, dim=0, start=None, end=None, step=1):
+    out = slice_tensor(a, dim, start, end, step)
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.slice")
+    begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])
+    put_slice_gradient(a, out, d, begin, stop, step)
+    return out
 
 
 @torchsymbol(torch.unbind, Tensor.unbind, sequence=True)
