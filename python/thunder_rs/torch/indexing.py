@@ -41,6 +41,8 @@ __all__ = [
     "getitem",
     "select",
     "slice_tensor",
+    "slice_backward",
+    "put_slice_gradient",
     "unbind",
     "index_select",
     "topk",
@@ -295,6 +297,16 @@ def _slice_bounds(op: str, s: slice, size: int) -> tuple[int, int, int]:
 
 def _basic_index(op: str, a, entries):
     """Applies ints, slices and None; returns the result and its (dim, index) advanced entries."""
+    starts, stops, steps, shape, advanced = _basic_bounds(op, a, entries)
+    # (Compared as data: a symbolic stop that may equal its dim's size slices, with no guard.)
+    if not all(map(identical, (*starts, *stops, *steps), (*[0] * a.ndim, *a.shape, *[1] * a.ndim))):
+        a = prims.slice(a, starts, stops, steps)
+    return reshape_to(a, shape), advanced
+
+
+def _basic_bounds(op: str, a, entries):
+    """The slice of ``a`` that the ints and slices of ``entries`` take (start, stop and step per
+    dim), the shape of the result and its (result dim, dim, index) advanced entries."""
     starts, stops, steps, shape, advanced = [], [], [], [], []
     dim = 0
     for e in entries:
@@ -334,10 +346,7 @@ def _basic_index(op: str, a, entries):
         stops.append(stop)
         steps.append(step)
         dim += 1
-    # (Compared as data: a symbolic stop that may equal its dim's size slices, with no guard.)
-    if not all(map(identical, (*starts, *stops, *steps), (*[0] * a.ndim, *a.shape, *[1] * a.ndim))):
-        a = prims.slice(a, starts, stops, steps)
-    return reshape_to(a, shape), advanced
+    return starts, stops, steps, shape, advanced
 
 
 def _index_tensor(op: str, index, dim: int, size: int, device):
@@ -459,19 +468,80 @@ def _plain_advanced(a, key) -> list | None:
     return [(d, index) for _, d, index in advanced]
 
 
+@torchsymbol(torch.ops.aten.slice_backward.default, name="slice_backward")
+def slice_backward(grad_output, input_sizes, dim, start, end, step):
+    """A slice's gradient (eager's ``SliceBackward0``): a new row-major tensor of ``input_sizes``,
+    ``grad_output`` at ``start:end:step`` of ``dim`` (in-range bounds) and zeros elsewhere."""
+    n = grad_output.shape[dim]
+    config = [(0, 0, 0)] * len(input_sizes)
+    covered = (n - 1) * step + 1 if n else 0
+    config[dim] = (start, input_sizes[dim] - start - covered, step - 1 if n else 0)
+    return prims.pad(grad_output, clang.maybe_convert(0, grad_output.dtype), tuple(config))
+
+
+def put_slice_gradient(a, out, d: int, start, stop, step: int = 1) -> None:
+    """Puts eager's gradient of ``out``, ``a``'s slice ``start:stop:step`` of ``d`` (``SliceBackward0``;
+    ``SelectBackward0`` of an int's slice of one): a new row-major tensor. The decomposition's VJP
+    stays where the sizes or bounds are symbolic, or the slice is ``a`` itself."""
+    if out is a or not a.requires_grad or not all(type(n) is int for n in (*a.shape, start, stop)):
+        return
+    shape = list(a.shape)
+    shape[d] = (max(stop, start) - start + step - 1) // step
+    put_grad(a, slice_backward(reshape_to(get_grad(out), tuple(shape)), tuple(a.shape), d, start, stop, step))
+
+
+def _slices(a, key) -> list | None:
+    """The dims that basic indexing ``a[key]`` slices, as (dim, start, stop, step), an int as a
+    slice of one; None where the key has other entries than ints, slices, None and Ellipsis, the
+    sizes or bounds are symbolic, or nothing is sliced."""
+    op = "ltorch.getitem"
+    parts = key if _treat_as_tuple(key) else (key,)
+    if not all(k is None or k is Ellipsis or isinstance(k, slice) or type(k) is int for k in parts):
+        return None
+    starts, stops, steps, _, _ = _basic_bounds(op, a, _entries(op, a, key))
+    if not all(type(n) is int for n in (*a.shape, *starts, *stops)):
+        return None
+    bounds = enumerate(zip(starts, stops, steps))
+    return [(d, lo, hi, st) for d, (lo, hi, st) in bounds if (lo, hi, st) != (0, a.shape[d], 1)] or None
+
+
+def _slices_gradient(a, slices: list, g):
+    """Eager's gradient of ``a``'s ints and slices: ``SliceBackward0`` (``SelectBackward0`` for an
+    int) of each dim sliced, the last one first, each a new row-major tensor. The slice prim's
+    VJP pads the cotangent, which keeps a channels_last cotangent's layout (ReXNet's
+    ``x[:, :c] + shortcut``: batch norm's backward then read it on its channels_last kernel)."""
+    shape = list(a.shape)
+    for d, lo, hi, st in slices:
+        shape[d] = (hi - lo + st - 1) // st
+    g = reshape_to(g, tuple(shape))
+    for d, lo, hi, st in reversed(slices):
+        shape[d] = a.shape[d]
+        g = slice_backward(g, tuple(shape), d, lo, hi, st)
+    return g
+
+
 @register_grad(getitem)
 def getitem_grad(a, key):
+    """Eager's gradients of indexing: of ints and slices (``_slices_gradient``) and, in half
+    precision, of advanced indexing (``_index_put_gradient``); the decomposition's VJP for the rest."""
+    out = ltorch.getitem(a, key)
+    if not a.requires_grad:
+        return out
+    advanced = _plain_advanced(a, key) if a.dtype in LOW_PRECISION else None
+    if advanced is not None:
+        put_grad(a, _index_put_gradient(a, advanced, get_grad(out)))
+    elif (slices := _slices(a, key)) is not None:
+        put_grad(a, _slices_gradient(a, slices, get_grad(out)))
+    return out
+
+
+def _index_put_gradient(a, advanced: list, g):
     """Eager's gradient of advanced indexing in half precision: ``index_put_(zeros, indices, g,
     accumulate=True)``, whose CPU kernel adds the values that meet at one element one after
     another in the tensor's dtype, rounding each sum; the take prim's VJP, ``index_add``, sums in
     float32 and rounds once (equal in float32 and float64, where both add in one order in one
     dtype; LeViT's and Swin2SR's attention biases in bfloat16 were not). The dims before the
     indexed ones are indexed by an arange, so that the kernel visits the cotangent in eager's order."""
-    out = ltorch.getitem(a, key)
-    advanced = _plain_advanced(a, key) if a.dtype in LOW_PRECISION and a.requires_grad else None
-    if advanced is None:
-        return out  # the decomposition's VJP
-    g = get_grad(out)
     indices = [_index_tensor("ltorch.getitem", index, d, a.shape[d], a.device) for d, index in advanced]
     before = advanced[0][0]
     index_rank = max(index.ndim for index in indices)
@@ -484,8 +554,7 @@ def getitem_grad(a, key):
         for d in range(before)
     ]
     zeros = ltorch.zeros(tuple(a.shape), dtype=a.dtype, device=a.device)
-    put_grad(a, ltorch.index_put(zeros, (*leading, *indices), g, accumulate=True))
-    return out
+    return ltorch.index_put(zeros, (*leading, *indices), g, accumulate=True)
 
 
 def _masked_select(input, mask, *, out=None):
@@ -543,6 +612,24 @@ def slice_tensor(a, dim=0, start=None, end=None, step=1):
     check(step > 0, op, "slice step must be positive (argument step)", ThunderRuntimeError)
     begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])  # (a symbolic size's bounds decided)
     return slice_in_dim(a, d, begin, max(begin, stop), step)
+
+
+@register_grad(select)
+def select_grad(a, dim, index):
+    out = select(a, dim, index)
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.select")
+    start = index + a.shape[d] if index < 0 else index
+    put_slice_gradient(a, out, d, start, start + 1)
+    return out
+
+
+@register_grad(slice_tensor)
+def slice_grad(a, dim=0, start=None, end=None, step=1):
+    out = slice_tensor(a, dim, start, end, step)
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.slice")
+    begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])
+    put_slice_gradient(a, out, d, begin, stop, step)
+    return out
 
 
 @torchsymbol(torch.unbind, Tensor.unbind, sequence=True)

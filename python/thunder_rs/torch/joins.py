@@ -27,6 +27,7 @@ from thunder_rs.errors import (
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.autograd import also_zero_gradient
 from thunder_rs.torch.common import is_int, pieces, require_tensors, size_value, slice_indices
+from thunder_rs.torch.indexing import put_slice_gradient
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
@@ -387,6 +388,16 @@ def narrow(a, dim, start, length):
         ThunderRuntimeError,
     )
     return slice_in_dim(a, d, start, start + length)
+
+
+@register_grad(narrow)
+def narrow_grad(a, dim, start, length):
+    out = narrow(a, dim, start, length)
+    if type(start) is int and type(length) is int:
+        d = clang.canonicalize_dim(a.ndim, dim, "ltorch.narrow")
+        begin = start + a.shape[d] if start < 0 else start
+        put_slice_gradient(a, out, d, begin, begin + length)
+    return out
 
 
 # -- padding ---------------------------------------------------------------------------------------
