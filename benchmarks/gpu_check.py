@@ -98,6 +98,7 @@ TESTS = [
     "tests/test_cached_misses.py::test_on_cuda_training_with_cached_tables_matches_eager_gradients",
     "tests/test_cuda_contexts.py::test_on_cuda_the_current_device_the_program_sets_or_reads_is_eagers",
     "tests/test_cuda_runtime_api.py::test_on_cuda_the_runtime_api_the_program_uses_is_eagers",
+    "tests/test_cuda_queue.py::test_on_cuda_the_device_queue_work_of_the_program_is_eagers",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,

@@ -43,6 +43,9 @@ FALLBACK_IMPLS: dict[int, Callable] = {}
 _ids: dict[object, int] = {}
 #: fallback name -> the callables registered under it, in order.
 _names: dict[str, list] = {}
+#: names of the effect symbols that wait or mark on the device queue (``cuda_queue``): a trace
+#: holding one launches its kernels one by one, in program order (no fusion region moves them)
+QUEUE_EFFECTS: set[str] = set()
 
 
 def qualified_name(func) -> str:

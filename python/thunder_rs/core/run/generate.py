@@ -14,6 +14,7 @@ from thunder_rs.core.acquisition.dynamic import size_readers, with_sizes
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
+from thunder_rs.core.lang.fallback import QUEUE_EFFECTS
 from thunder_rs.core.lang.values import abandonable
 from thunder_rs.core.run import codes
 from thunder_rs.core.lang.executor_api import (
@@ -228,14 +229,8 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
-    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
-    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
-    the program was traced under, which the call runs in; ``passes`` the jit's own registered
-    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
-    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
-    start = time.perf_counter()
-    executors = default_executors() if executors is None else executors
+def _executors_for(acquired, executors: list) -> list:
+    """The executors of ``acquired``'s trace: ``executors`` but the fusion executors it cannot use."""
     if acquired.sizes:
         # A fusion executor that compiles a region for the sizes of its first call (a definition
         # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
@@ -243,6 +238,20 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
     if acquired.floats:  # (likewise a fusion executor that compiles a region per float value)
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_float_inputs]
+    if acquired.trace.has_effects() and QUEUE_EFFECTS.intersection(acquired.trace.all_symbol_names()):
+        # (a wait or mark on the device queue falls between the kernels eager's does: launched one by one)
+        executors = [e for e in executors if not isinstance(e, FusionExecutor)]
+    return executors
+
+
+def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
+    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
+    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
+    the program was traced under, which the call runs in; ``passes`` the jit's own registered
+    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
+    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
+    start = time.perf_counter()
+    executors = _executors_for(acquired, default_executors() if executors is None else executors)
     table, impls = executor_table(executors)
     compiled = _core.compile(
         acquired.trace,
