@@ -290,3 +290,27 @@ def test_on_cuda_the_device_queue_work_of_the_program_is_eagers():
     with pytest.raises(ThunderNotImplementedError, match=r"^with torch.Stream\(...\): .* at .*test_cuda_queue.py:\d+"):
         thunder_rs.jit(enters)(x)
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
+def _enters_a_generic_stream(x):
+    with CPU_STREAM:
+        y = x * 2
+    return y
+
+
+CPU_STREAM = torch.Stream(device="cpu")
+
+
+def test_a_generic_stream_entered_is_refused_naming_the_line(monkeypatch):
+    """``with torch.Stream(...)``: its C ``__enter__`` made the stream current while traced, which
+    a compiled call would not make (its kernels would run on the stream current when it is called);
+    refused where its ``__exit__`` is called, after leaving the stream. A CPU stream stands for the
+    accelerator's (``current_accelerator`` says the CPU). (The block was traced as if on the
+    current stream.)"""
+    monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: torch.device("cpu"))
+    with pytest.raises(
+        ThunderNotImplementedError, match=r"^with torch.Stream\(...\): .* at .*test_cuda_queue.py:(\d+)"
+    ) as e:
+        thunder_rs.jit(_enters_a_generic_stream)(torch.randn(2))
+    line = int(e.value.args[0].split("test_cuda_queue.py:")[1].split(";")[0])
+    assert open(__file__).read().splitlines()[line - 1].strip() == "with CPU_STREAM:"

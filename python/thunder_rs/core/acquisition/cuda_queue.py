@@ -272,17 +272,18 @@ def _synchronize(real):
 
 
 def refuse_escaped_events(out, stored: list) -> None:
-    """Refuses an event the program made that it returns or stores where it outlives the call
-    (``stored``: the values it writes into its state), naming the line that made it."""
+    """Refuses an event or stream the program made that it returns or stores where it outlives the
+    call (``stored``: the values it writes into its state), naming the line that made it."""
     if not _made:
         return
     for leaf in pytree.tree_leaves((out, stored)):
         made = _made.get(id(leaf))
         if made is not None and made[0] is leaf:
+            kind = made[1].kind.__name__
             raise ThunderNotImplementedError(
-                f"torch.cuda.Event: the program returns or keeps the event it makes at {made[1].where}; a compiled "
-                "call would hand back the one tracing made, where eager's makes a new one on every call. Make the "
-                "event outside the jitted function, or use it only inside"
+                f"torch.cuda.{kind}: the program returns or keeps the {kind.lower()} it makes at {made[1].where}; a "
+                "compiled call would hand back the one tracing made, where eager's makes a new one on every call. "
+                f"Make the {kind.lower()} outside the jitted function, or use it only inside"
             )
 
 

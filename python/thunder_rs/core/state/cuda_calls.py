@@ -47,8 +47,10 @@ def refuse_cuda_call(frame, function) -> None:
 def _refuse_entered(frame, function, stream) -> None:
     """Refuses ``with stream:`` (``torch.Stream.__enter__``, a C slot no hook sees, made the stream
     current while traced; its ``__exit__`` is seen), after leaving the stream as eager's ``with``
-    would. A stream of the CPU, whose ``with`` switches nothing, is let through."""
-    if stream.device.type == "cpu":
+    would. A stream of another device than the accelerator's (the CPU's), whose ``with`` switches
+    nothing, is let through."""
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or stream.device.type != accelerator.type:
         return
     function(None, None, None)
     raise ThunderNotImplementedError(
