@@ -22,6 +22,7 @@ class Runtime:
     def __init__(self):
         self.current, self.log, self.count, self.capturing = 0, [], 2, False
         self.streams: dict = {}  # device index -> the id of its current stream (0 where none was set)
+        self.failing = False  # (a wait for an event raises)
         self.properties = [Properties("Fake H200", 9, 0, 2**37), Properties("Fake V100", 7, 0, 2**35)]
 
     # (kept by the name the first tests read)
@@ -48,6 +49,11 @@ class Runtime:
     def current_stream(self, device=None):
         index = torch.cuda._utils._get_device_index(device, True)
         return Stream(index, self.streams.get(index, 0))
+
+    def event_wait(self, event, stream=None):
+        if self.failing:
+            raise RuntimeError("the fake runtime failed to wait")
+        self.log.append(("wait_event", id(event), _stream_key(stream)))
 
     def set_stream(self, stream_id, device_index, device_type):
         self.streams[device_index] = stream_id
@@ -157,7 +163,7 @@ def install(monkeypatch) -> Runtime:
         (torch.cuda.Stream, "wait_stream", lambda self, other: log("wait", self.stream_id, other.stream_id)),
         (torch.cuda.Event, "synchronize", lambda self: log("event", id(self))),
         (torch.cuda.Event, "record", lambda self, s=None: log("record", id(self), _stream_key(s))),
-        (torch.cuda.Event, "wait", lambda self, s=None: log("wait_event", id(self), _stream_key(s))),
+        (torch.cuda.Event, "wait", lambda self, s=None: runtime.event_wait(self, s)),
         (torch.cuda.Stream, "wait_event", lambda self, e: log("wait_event", id(e), _stream_key(self))),
         (torch.cuda.nvtx, "_nvtx", Nvtx(lambda entry: runtime.log.append(entry))),
         (torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: runtime.capturing),

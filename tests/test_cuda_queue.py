@@ -314,3 +314,24 @@ def test_a_generic_stream_entered_is_refused_naming_the_line(monkeypatch):
         thunder_rs.jit(_enters_a_generic_stream)(torch.randn(2))
     line = int(e.value.args[0].split("test_cuda_queue.py:")[1].split(";")[0])
     assert open(__file__).read().splitlines()[line - 1].strip() == "with CPU_STREAM:"
+
+
+def _fails_on_a_side_stream(x):
+    with torch.cuda.stream(SIDE):
+        y = x.sin()
+        EVENT.wait()
+    return y.cos()
+
+
+def test_a_call_raising_inside_a_stream_context_leaves_the_stream_as_eager(fake_cuda):
+    """A call whose wait fails inside ``with torch.cuda.stream(s)``: eager's ``with`` makes the
+    stream current before it current again on the way out, and so does the compiled call (``s`` was
+    left current)."""
+    jf, x = thunder_rs.jit(_fails_on_a_side_stream), torch.randn(2)
+    jf(x)
+    fake_cuda.failing = True
+    for f in (_fails_on_a_side_stream, jf):
+        fake_cuda.streams = {}
+        with pytest.raises(RuntimeError, match="the fake runtime failed to wait"):
+            f(x)
+        assert fake_cuda.streams == {0: 0}

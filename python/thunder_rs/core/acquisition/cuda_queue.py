@@ -40,7 +40,7 @@ from thunder_rs.core.lang.fallback import QUEUE_EFFECTS, record_effect
 from thunder_rs.core.lang.rng import STATE_CALLS
 from thunder_rs.core.state.guards import InputSource
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import UNDO_AFTER_ERROR, ThunderNotImplementedError
 
 __all__ = [
     "Made",
@@ -120,8 +120,9 @@ def _site(program) -> str:
 _made: dict = {}
 
 
-#: where the programs traced enter ``torch.cuda.stream(s)`` (``refuse_switched_writes``)
-_switched: list = []
+#: ``id`` of a tracing's recorded effects (``effects.recorded_effects``, one list per tracing) ->
+#: where its program entered ``torch.cuda.stream(s)`` first (``refuse_switched_writes``)
+_switched: dict = {}
 
 
 def forget_made_events() -> None:
@@ -131,7 +132,7 @@ def forget_made_events() -> None:
 
 def stream_switch_site() -> str | None:
     """Where the program traced entered a stream first (``with torch.cuda.stream(s)``), or None."""
-    return _switched[0] if _switched else None
+    return _switched.get(id(recorded_effects())) if _switched else None
 
 
 def refuse_switched_writes(site: str | None, writebacks) -> None:
@@ -304,9 +305,16 @@ class _SwitchedStream:
     def exit(self) -> None:
         _EXIT(self.local.contexts.pop(), None, None, None)
 
+    def exit_all(self) -> None:
+        """Leaves the streams a call that raised entered and did not leave on this thread."""
+        contexts = self.local.__dict__.get("contexts")
+        while contexts:
+            _EXIT(contexts.pop(), None, None, None)
+
 
 _ENTER, _EXIT = torch.cuda.StreamContext.__enter__, torch.cuda.StreamContext.__exit__
 _SWITCHED = _SwitchedStream()
+UNDO_AFTER_ERROR.append(_SWITCHED.exit_all)
 
 
 def _stream_enter(taken_again):
@@ -319,7 +327,7 @@ def _stream_enter(taken_again):
             if program is None or self.stream is None or self.idx == -1:
                 return real(self)
             stream = _held(self.stream, program, "with torch.cuda.stream(...)", taken_again)
-            _switched.append(_site(program))
+            _switched.setdefault(id(recorded_effects()), _site(program))
             self._thunder_rs_switched = True
             record_effect(_effect("torch.cuda.StreamContext.__enter__", _SWITCHED.enter), (stream,), {}, [])
             return None
