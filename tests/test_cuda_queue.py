@@ -335,3 +335,57 @@ def test_a_call_raising_inside_a_stream_context_leaves_the_stream_as_eager(fake_
         with pytest.raises(RuntimeError, match="the fake runtime failed to wait"):
             f(x)
         assert fake_cuda.streams == {0: 0}
+
+
+def _reads_a_value_first(x):
+    y = x.sin()
+    if y.sum() > 0:  # (tracing runs the recording so far to read it)
+        y = y.cos()
+    torch.cuda.nvtx.range_push("read")
+    torch.cuda.current_stream().wait_stream(SIDE)
+    with torch.cuda.stream(SIDE):
+        EVENT.record()
+        z = y.sin()
+    torch.cuda.nvtx.range_pop()
+    return z
+
+
+def test_a_program_reading_a_value_makes_its_queue_work_once_on_every_call(monkeypatch):
+    """Real values read while traced, the last call taking the other branch: every call, the first
+    too, waits, records, switches and pushes once, as eager. (The first call made none: its outputs
+    were those tracing computed, where the effects were made while tracing.)"""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are read)
+
+    runtime = fake_cuda_runtime.install(monkeypatch)
+    jf = thunder_rs.jit(_reads_a_value_first)
+    for x in (torch.ones(2), torch.ones(2), -torch.ones(2)):
+        seen = []
+        for f in (_reads_a_value_first, jf):
+            runtime.log, runtime.streams = [], {}
+            out = f(x)
+            seen.append((out, _seen(runtime.log), runtime.streams))
+        torch.testing.assert_close(seen[1][0], seen[0][0])
+        assert seen[1][1:] == seen[0][1:]
+
+
+def _reads_a_value_after_a_wait(x):
+    torch.cuda.current_stream().wait_stream(SIDE)
+    y = x.sin()
+    if y.sum() > 0:
+        y = y.cos()
+    return y
+
+
+def test_a_value_read_after_a_wait_is_refused_naming_the_line(monkeypatch):
+    """A call finding another value at the read runs the program again from its start: the wait
+    before it would be made twice. (Tracing made the wait, and the first call again.)"""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are read)
+
+    fake_cuda_runtime.install(monkeypatch)
+    with pytest.raises(
+        ThunderNotImplementedError,
+        match=r"^torch.cuda.Stream.wait_stream: the program reads a tensor's value at .*test_cuda_queue.py:(\d+)",
+    ) as e:
+        thunder_rs.jit(_reads_a_value_after_a_wait)(torch.ones(2))
+    line = int(e.value.args[0].split("test_cuda_queue.py:")[1].split(" ")[0])
+    assert open(__file__).read().splitlines()[line - 1].strip() == "if y.sum() > 0:"

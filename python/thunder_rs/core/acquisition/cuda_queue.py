@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import program_chose_device
-from thunder_rs.core.lang.fallback import QUEUE_EFFECTS, record_effect
+from thunder_rs.core.lang.fallback import CALL_EFFECTS, QUEUE_EFFECTS, record_effect
 from thunder_rs.core.lang.rng import STATE_CALLS
 from thunder_rs.core.state.guards import InputSource
 from thunder_rs.core.state.observe import thread_state
@@ -93,7 +93,10 @@ _effects: dict = {}
 def _effect(label: str, real, queued: bool = True, now=_now):
     """The implementation of the effect ``label`` (``torch.cuda.Stream.wait_stream``): ``real``
     called with each call's arguments (``now``). One symbol per label: it runs the function in
-    place when the program was last traced (torch's, which a test's runtime may replace)."""
+    place when the program was last traced (torch's, which a test's runtime may replace). Not
+    made where tracing runs the recording so far for a value the program reads (``snapshots``,
+    which may run it again from the start): the first call runs the whole program and makes it,
+    once, as eager's (``fallback.CALL_EFFECTS``)."""
     found = _effects.get(label)
     if found is not None:
         found[1][0] = real
@@ -101,12 +104,14 @@ def _effect(label: str, real, queued: bool = True, now=_now):
     cell = [real]
 
     def run(*args):
-        cell[0](*map(now, args))
+        if not thread_state.inside:  # (else a run of the recording while tracing, for a value read)
+            cell[0](*map(now, args))
 
     run.__module__, _, run.__name__ = label.rpartition(".")
     run.__qualname__ = run.__name__
     _effects[label] = (run, cell)
     STATE_CALLS.add(label)
+    CALL_EFFECTS.add(label)
     if queued:
         QUEUE_EFFECTS.add(label)
     return run

@@ -43,8 +43,12 @@ FALLBACK_IMPLS: dict[int, Callable] = {}
 _ids: dict[object, int] = {}
 #: fallback name -> the callables registered under it, in order.
 _names: dict[str, list] = {}
-#: names of the effect symbols that wait or mark on the device queue (``cuda_queue``): a trace
-#: holding one launches its kernels one by one, in program order (no fusion region moves them)
+#: names of the effect symbols that only a compiled call makes, never tracing's runs of the
+#: recording for a value read (``snapshots``): a trace holding one runs whole on its first call
+#: (``cuda_queue``: waits, events, streams, nvtx ranges)
+CALL_EFFECTS: set[str] = set()
+#: those of them that wait or mark on the device queue: a trace holding one launches its kernels
+#: one by one, in program order (no fusion region moves them)
 QUEUE_EFFECTS: set[str] = set()
 
 
