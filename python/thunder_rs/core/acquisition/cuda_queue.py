@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import program_chose_device
-from thunder_rs.core.lang.fallback import CALL_EFFECTS, QUEUE_EFFECTS, record_effect
+from thunder_rs.core.lang.fallback import CALL_EFFECTS, FALLBACK_IMPLS, QUEUE_EFFECTS, record_effect, symbol_id
 from thunder_rs.core.lang.rng import STATE_CALLS
 from thunder_rs.core.state.guards import InputSource
 from thunder_rs.core.state.observe import thread_state
@@ -110,6 +110,7 @@ def _effect(label: str, real, queued: bool = True, now=_now):
     run.__module__, _, run.__name__ = label.rpartition(".")
     run.__qualname__ = run.__name__
     _effects[label] = (run, cell)
+    FALLBACK_IMPLS[symbol_id(run, effect=True)] = run  # (its outputs are none: no flattening per call)
     STATE_CALLS.add(label)
     CALL_EFFECTS.add(label)
     if queued:

@@ -138,6 +138,8 @@ def _flat_outputs(func):
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor):
             return out
+        if out is None:  # (an effect's: no pytree walk, 20 us, on every call)
+            return ()
         leaves = _tensor_leaves(out)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
