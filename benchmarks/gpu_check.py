@@ -67,10 +67,12 @@ import gpu_report  # noqa: E402
 #: vmap of grad and complex values (RoPE, polar) through the default executors (test_cuda_transforms.py);
 #: rotary tables of functools.lru_cache'd helpers made on the GPU by misses (test_cached_misses.py);
 #: ``torch.cuda.set_device``, ``with torch.cuda.device``, ``current_device()``, synchronizations and
-#: a refused stream context inside the program (test_cuda_contexts.py; two GPUs for device 1);
+#: a stream made and entered inside the program (test_cuda_contexts.py; two GPUs for device 1);
 #: ``torch.accelerator``'s device index, ``empty_cache``, ``record_stream``, an event waited on, the
-#: devices' count and capability read, and refused events, waits and allocator statistics
-#: (test_cuda_runtime_api.py).
+#: devices' count and capability read, and refused event readings and allocator statistics
+#: (test_cuda_runtime_api.py); waits between real streams, an event made and waited on, kernels on a
+#: side stream inside ``with torch.cuda.stream`` and nvtx ranges on every call, ``with torch.Stream``
+#: refused (test_cuda_queue.py).
 #: About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine (2026-11-28). test_ops.py's
 #: 20,000 CUDA parameters are left out: collecting its 47,000 items costs each worker 40 s, running
 #: them 10 minutes.
@@ -98,6 +100,7 @@ TESTS = [
     "tests/test_cached_misses.py::test_on_cuda_training_with_cached_tables_matches_eager_gradients",
     "tests/test_cuda_contexts.py::test_on_cuda_the_current_device_the_program_sets_or_reads_is_eagers",
     "tests/test_cuda_runtime_api.py::test_on_cuda_the_runtime_api_the_program_uses_is_eagers",
+    "tests/test_cuda_queue.py::test_on_cuda_the_device_queue_work_of_the_program_is_eagers",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,

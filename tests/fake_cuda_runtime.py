@@ -21,6 +21,8 @@ class Runtime:
 
     def __init__(self):
         self.current, self.log, self.count, self.capturing = 0, [], 2, False
+        self.streams: dict = {}  # device index -> the id of its current stream (0 where none was set)
+        self.failing = False  # (a wait for an event raises)
         self.properties = [Properties("Fake H200", 9, 0, 2**37), Properties("Fake V100", 7, 0, 2**35)]
 
     # (kept by the name the first tests read)
@@ -43,6 +45,19 @@ class Runtime:
 
     def device_properties(self, device=None):
         return self.properties[torch.cuda._utils._get_device_index(device, optional=True)]
+
+    def current_stream(self, device=None):
+        index = torch.cuda._utils._get_device_index(device, True)
+        return Stream(index, self.streams.get(index, 0))
+
+    def event_wait(self, event, stream=None):
+        if self.failing:
+            raise RuntimeError("the fake runtime failed to wait")
+        self.log.append(("wait_event", id(event), _stream_key(stream)))
+
+    def set_stream(self, stream_id, device_index, device_type):
+        self.streams[device_index] = stream_id
+        self.log.append(("set_stream", device_index, stream_id))
 
 
 class Stream:
@@ -79,8 +94,37 @@ class Graph:
     capture_begin = property(lambda self: functools.partial(torch.cuda.CUDAGraph.capture_begin, self))
 
 
-def _current_stream(device=None):
-    return Stream(torch.cuda._utils._get_device_index(device, True))
+def _stream_key(stream=None):
+    """A stream's ``(device, id)``; the current one's where None (``Event.record()``'s)."""
+    stream = stream or torch.cuda.current_stream()
+    return stream.device_index, stream.stream_id
+
+
+class Nvtx:
+    """``torch.cuda.nvtx``'s C functions, logging what is pushed, popped and marked."""
+
+    def __init__(self, log):
+        self.log, self.depth = log, 0
+
+    def rangePushA(self, msg):  # noqa: N802 (torch's names)
+        self.log(("range_push", msg))
+        self.depth += 1
+        return self.depth - 1
+
+    def rangePop(self):  # noqa: N802
+        self.log(("range_pop",))
+        self.depth -= 1
+        return self.depth
+
+    def markA(self, msg):  # noqa: N802
+        self.log(("mark", msg))
+
+    def rangeStartA(self, msg):  # noqa: N802
+        self.log(("range_start", msg))
+        return 7
+
+    def rangeEnd(self, handle):  # noqa: N802
+        self.log(("range_end", handle))
 
 
 def install(monkeypatch) -> Runtime:
@@ -101,8 +145,9 @@ def install(monkeypatch) -> Runtime:
         (torch._C, "_cuda_emptyCache", lambda: log("empty_cache", runtime.current)),
         (torch._C, "_accelerator_isAllocatorInitialized", lambda: True),
         (torch._C, "_accelerator_emptyCache", lambda: log("empty_cache", runtime.current)),
-        (torch.cuda, "current_stream", _current_stream),
-        (torch.cuda, "default_stream", _current_stream),
+        (torch.cuda, "current_stream", runtime.current_stream),
+        (torch.cuda, "default_stream", lambda device=None: Stream(torch.cuda._utils._get_device_index(device, True))),
+        (torch._C, "_cuda_setStream", runtime.set_stream),
         (torch._C, "_accelerator_getAccelerator", lambda: torch.device("cuda")),
         (torch._C, "_accelerator_getDeviceIndex", lambda: runtime.current),
         (torch._C, "_accelerator_setDeviceIndex", runtime.set_device),
@@ -117,6 +162,10 @@ def install(monkeypatch) -> Runtime:
         (torch.cuda.Stream, "synchronize", lambda self: log("stream", self.device_index)),
         (torch.cuda.Stream, "wait_stream", lambda self, other: log("wait", self.stream_id, other.stream_id)),
         (torch.cuda.Event, "synchronize", lambda self: log("event", id(self))),
+        (torch.cuda.Event, "record", lambda self, s=None: log("record", id(self), _stream_key(s))),
+        (torch.cuda.Event, "wait", lambda self, s=None: runtime.event_wait(self, s)),
+        (torch.cuda.Stream, "wait_event", lambda self, e: log("wait_event", id(e), _stream_key(self))),
+        (torch.cuda.nvtx, "_nvtx", Nvtx(lambda entry: runtime.log.append(entry))),
         (torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: runtime.capturing),
         (torch.Tensor, "record_stream", lambda self, s: log("record_stream", self, s.device_index, s.stream_id)),
     ):

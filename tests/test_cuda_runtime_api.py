@@ -3,9 +3,10 @@ set, read, entered and synchronized as ``torch.cuda``'s; ``empty_cache()``, ``Ev
 of an event made outside and ``Tensor.record_stream`` made again by every call; what the program
 asks of the devices (``is_available()``, ``device_count()``, capabilities, properties) guarded, also
 through a function bound before tracing (``from torch.cuda import current_device``); and what no
-compiled call can make where eager makes it (events made or recorded, waits between streams, the
-methods of the device-generic ``torch.Event`` and ``torch.Stream``, the allocator's statistics)
-refused naming the line. On the fake CUDA runtime of two devices
+compiled call can make as eager makes it (an event made and returned, an event timed or queried,
+the methods of the device-generic ``torch.Event`` and ``torch.Stream``, the allocator's statistics)
+refused naming the line (events recorded and waited on and waits between streams are made on every
+call: test_cuda_queue.py). On the fake CUDA runtime of two devices
 (``fake_cuda``); the GPU twin runs them on real devices (gpu_check).
 """
 
@@ -149,27 +150,12 @@ def _makes_an_event(x):
     return x * 2, start
 
 
-def _records(x):
-    EVENT.record()
-    return x * 2
-
-
 def _times(x):
     return x * EVENT.elapsed_time(EVENT)
 
 
 def _queries(x):
     return x * 2 if EVENT.query() else x
-
-
-def _waits_on_an_event(x):
-    EVENT.wait()
-    return x * 2
-
-
-def _waits_for_a_stream(x):
-    torch.cuda.current_stream().wait_stream(SIDE)
-    return x * 2
 
 
 def _takes_an_accelerator_stream(x):
@@ -182,15 +168,12 @@ def _captures(x):
         return x * 2
 
 
-#: Programs whose CUDA calls no compiled call can make where eager makes them: ``(program, the
-#: construct named)``.
+#: Programs whose CUDA calls no compiled call can make as eager makes them: ``(program, the
+#: construct named)``. (Events recorded and waited on and waits between streams: test_cuda_queue.py.)
 REFUSED = {
     "event_made": (_makes_an_event, "torch.cuda.Event"),
-    "event_recorded": (_records, "torch.cuda.Event.record"),
     "elapsed_time": (_times, "torch.cuda.Event.elapsed_time"),
     "event_query": (_queries, "torch.cuda.Event.query"),
-    "event_wait": (_waits_on_an_event, "torch.cuda.Event.wait"),
-    "wait_stream": (_waits_for_a_stream, "torch.cuda.Stream.wait_stream"),
     "accelerator_stream": (_takes_an_accelerator_stream, "torch.Stream.synchronize"),
     "generic_record": (lambda x: GENERIC_EVENT.record() or x * 2, "torch.Event.record"),
     "generic_elapsed_time": (lambda x: x * GENERIC_EVENT.elapsed_time(GENERIC_EVENT), "torch.Event.elapsed_time"),
@@ -211,9 +194,9 @@ REFUSED = {
 
 @pytest.mark.parametrize("name", REFUSED)
 def test_cuda_calls_no_compiled_call_can_make_as_eager_are_refused_naming_the_line(fake_cuda, name):
-    """An event recorded, timed or waited on, a wait between streams, or the allocator's
-    statistics read or reset: eager's point among its kernels (or its allocations) has no
-    counterpart in a compiled call, and a reading would be reused. (Tracing recorded or read once,
+    """An event made and returned, an event timed or queried, a generic event's or stream's method,
+    or the allocator's statistics read or reset: a compiled call would hand back tracing's event,
+    and a reading would be reused. (Tracing recorded or read once,
     or failed on the fake runtime's stream with another error.)"""
     fn, construct = REFUSED[name]
     with pytest.raises(

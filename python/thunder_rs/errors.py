@@ -71,8 +71,16 @@ def thunder_error_like(exc: Exception, message: str) -> Exception:
         return ThunderRuntimeError(message)
 
 
+#: what a compiled call that raised leaves to undo, as eager's ``with`` blocks would have on the
+#: way out (``cuda_queue``: the streams it entered): each called before its error is raised
+UNDO_AFTER_ERROR: list = []
+
+
 def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
-    """Re-labels an exception raised inside generated code with the call that raised it."""
+    """Re-labels an exception raised inside generated code with the call that raised it (after
+    undoing what the call left: ``UNDO_AFTER_ERROR``)."""
+    for undo in UNDO_AFTER_ERROR:
+        undo()
     if isinstance(exc, ThunderError):
         return exc
     tb, lineno = exc.__traceback__, None

@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.cache import input_names
+from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
 from thunder_rs.core.acquisition.effects import (
     attribute_writes,
     item_writes,
@@ -204,11 +205,14 @@ def _trace_program(
                 for source, key, value in _item_writes(reached, observer)
             ]
             stored = [w[2] for w in writes] + [i[2] for i in items]
+            refuse_escaped_events(out, stored)
+            switched = stream_switch_site()
             through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
-    return out, observer, writes, (prints, draws, items), inputs, (inference_outputs(out), hooks, through_leaves)
+    facts = (inference_outputs(out), hooks, (through_leaves, switched))
+    return out, observer, writes, (prints, draws, items), inputs, facts
 
 
 def _item_writes(reached: ArgumentObjects, observer: Observer) -> list:
@@ -379,12 +383,14 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     call traced where its reads computed them (``ValueReads.first_outputs``). ``repeated`` is
     ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies. With
     ``through_leaves`` (``inner_leaves``), also the positions of the outputs that require grad. ``made``:
-    ``(through_leaves, saved_outputs.outputs_made's answer)``; the latter by output position."""
-    through_leaves, outputs_made = made
+    ``(through_leaves, where the program entered a stream, saved_outputs.outputs_made's answer)``;
+    the last by output position."""
+    through_leaves, switched, outputs_made = made
     try:
         writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
             rec, out, writes, repeated, flat_inputs, inputs, captured, kept
         )
+        refuse_switched_writes(switched, writebacks)
         first = None if reads is None else reads.first_outputs(rec, outputs)
     finally:
         if reads is not None:
@@ -483,7 +489,7 @@ def acquire(
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
     try:
         with version_tracking.tracking() as saves, noting_checkpoints(rec) as checkpoints:
-            out, observer, writes, repeated, inputs, (inference, hooks, through_leaves) = _trace_program(
+            out, observer, writes, repeated, inputs, (inference, hooks, traced) = _trace_program(
                 fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
             )
         stale_saves, outputs_made = saved_outputs.released(saves, out)  # (its proxies would be found stored)
@@ -495,7 +501,7 @@ def acquire(
     del observer
     kept = _kept_tensors(captures, inputs)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, (through_leaves, outputs_made)
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, (*traced, outputs_made)
     )
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)

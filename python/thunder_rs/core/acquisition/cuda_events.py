@@ -1,22 +1,15 @@
-"""CUDA events, waits between streams and ``Tensor.record_stream`` in a traced program.
+"""CUDA events' and streams' readings, CUDA graphs and ``Tensor.record_stream`` in a traced program.
 
-A compiled call queues its kernels as one block on the stream current when it is called, fused and
-in another order than eager's program: no point among them stands for a line of the program. So
-what marks or orders such a point is refused, naming the line:
-
-- ``torch.cuda.Event(...)`` made by the program (it can only be recorded among its kernels or
-  timed), and ``record``, ``wait``, ``query`` and ``elapsed_time`` of an event made outside it
-  (tracing would reuse what ``query`` and ``elapsed_time`` read once);
-- ``Stream.wait_stream``, ``wait_event``, ``record_event`` and ``query`` (the waits make the
-  kernels after the line wait, which the compiled call cannot tell apart);
-- the same methods of ``torch.Event`` and ``torch.Stream`` (``torch.accelerator.current_stream()``'s),
-  C methods of types no stand-in can change, and their ``synchronize``: ``core.state.cuda_calls``.
+What gives the program a value of the call's run is refused, naming the line (tracing would reuse
+what it read once): ``query`` and ``elapsed_time`` of a ``torch.cuda.Event``, ``Stream.query``, and
+the same methods of ``torch.Event`` and ``torch.Stream`` (C methods of types no stand-in can change,
+with their ``record``, waits and ``synchronize``: ``core.state.cuda_calls``). Events made, recorded
+and waited on, waits between streams and ``with torch.cuda.stream(s)`` are made at their point of
+every call: ``cuda_queue``.
 
 A CUDA graph captured or replayed (``with torch.cuda.graph(g)``, ``g.replay()``) is refused too:
 tracing would make it once.
 
-``Event.synchronize()`` of an event made outside is made again by every call after it runs, as
-``Stream.synchronize`` is (``cuda_state``): the host waits for the work the event holds.
 ``t.record_stream(s)`` is made again by every call after it runs, on that call's tensor (an extra
 output of the trace where the program computed it: the allocator keeps its memory for ``s`` as
 eager's does), of ``s``, or of the stream current when the call runs where ``s`` was
@@ -29,7 +22,7 @@ import sys
 import torch
 
 from thunder_rs.core.acquisition.effects import TracedValue, recorded_effects
-from thunder_rs.core.acquisition.setters import SetterCall, program_of
+from thunder_rs.core.acquisition.setters import program_of
 from thunder_rs.core.state.guards import InputSource
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderNotImplementedError
@@ -39,10 +32,10 @@ __all__ = ["PLACES", "record_stream_places"]
 _EVENT = "torch.cuda.Event"
 
 
-#: why a mark among the kernels is refused
+#: why a reading of the call's run is refused
 _QUEUED = (
-    "a compiled call queues its kernels as one block, fused and in another order than eager's, so no point among "
-    "them stands for that line. Time or order the jitted call from outside it"
+    "tracing would read it once, and every compiled call would reuse that reading. Time or query the jitted call "
+    "from outside it"
 )
 #: why a CUDA graph's capture or replay is refused
 _GRAPHED = (
@@ -68,28 +61,6 @@ def _refused(label: str, why: str, tail: str = _QUEUED):
         return refuse
 
     return make
-
-
-def _event_new(real):
-    def __new__(cls, *args, **kwargs):
-        program = program_of(sys._getframe(1))
-        if program is not None:
-            raise _refusal(_EVENT, "makes a CUDA event", program)
-        return real(cls, *args, **kwargs)
-
-    return __new__
-
-
-def _event_synchronize(real):
-    def synchronize(self):
-        if program_of(sys._getframe(1)) is None:
-            return real(self)
-        recorded = recorded_effects()
-        if recorded is not None:
-            recorded.append(SetterCall(real, (self,)))
-        return None
-
-    return synchronize
 
 
 class _RecordStream:
@@ -136,17 +107,11 @@ def record_stream_places(taken_again):
     return ((torch.Tensor, "record_stream", make),)
 
 
-#: ``(holder, name, stand-in maker)`` of the functions replaced while a program is traced
+#: ``(holder, name, stand-in maker)`` of the functions replaced while a program is traced (those
+#: that order the device queue: ``cuda_queue``)
 PLACES = (
-    (torch.cuda.Event, "__new__", _event_new),
-    (torch.cuda.Event, "record", _refused(f"{_EVENT}.record", "records a CUDA event")),
-    (torch.cuda.Event, "wait", _refused(f"{_EVENT}.wait", "makes a stream wait for a CUDA event")),
     (torch.cuda.Event, "query", _refused(f"{_EVENT}.query", "asks whether a CUDA event's work is done")),
     (torch.cuda.Event, "elapsed_time", _refused(f"{_EVENT}.elapsed_time", "reads the time between CUDA events")),
-    (torch.cuda.Event, "synchronize", _event_synchronize),
-    (torch.cuda.Stream, "wait_stream", _refused("torch.cuda.Stream.wait_stream", "makes a stream wait for another")),
-    (torch.cuda.Stream, "wait_event", _refused("torch.cuda.Stream.wait_event", "makes a stream wait for an event")),
-    (torch.cuda.Stream, "record_event", _refused("torch.cuda.Stream.record_event", "records a CUDA event")),
     (torch.cuda.Stream, "query", _refused("torch.cuda.Stream.query", "asks whether a stream's work is done")),
     (torch.cuda.CUDAGraph, "replay", _refused("torch.cuda.CUDAGraph.replay", "replays a CUDA graph", _GRAPHED)),
     (torch.cuda.CUDAGraph, "capture_begin", _refused("torch.cuda.CUDAGraph.capture_begin", "captures", _GRAPHED)),

@@ -35,7 +35,7 @@ import types
 
 import torch
 
-from thunder_rs.core.acquisition import cuda_events, cuda_queries
+from thunder_rs.core.acquisition import cuda_events, cuda_queries, cuda_queue
 from thunder_rs.core.acquisition.effects import recorded_effects
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import (
@@ -176,16 +176,6 @@ def _refused(construct: str, program) -> ThunderNotImplementedError:
     )
 
 
-def _stream_enter(real):
-    def __enter__(self):
-        program = program_of(sys._getframe(1))
-        if program is not None and self.stream is not None and self.idx != -1:
-            raise _refused("with torch.cuda.stream(...)", program)
-        return real(self)
-
-    return __enter__
-
-
 def _set_stream(real):
     def set_stream(stream):
         program = program_of(sys._getframe(1))
@@ -213,7 +203,6 @@ _PLACES = (
     (torch.cuda, "set_stream", _set_stream),
     (torch.cuda.device, "__enter__", _device_enter),
     (torch.cuda.device, "__exit__", _device_exit),
-    (torch.cuda.StreamContext, "__enter__", _stream_enter),
     (torch.cuda.Stream, "synchronize", _stream_synchronize),
     # (``torch.accelerator``'s, of the CUDA device: the same state through its own functions)
     (torch.accelerator, "set_device_index", _set_device),
@@ -228,6 +217,7 @@ _PLACES = (
     *cuda_queries.PLACES,
     *cuda_events.PLACES,
     *cuda_events.record_stream_places(_current_stream_of),
+    *cuda_queue.queue_places(_current_stream_of),
 )
 _ABSENT = object()
 #: ``(holder, name, what its ``__dict__`` held, or _ABSENT)`` of those in place now
@@ -265,3 +255,4 @@ def put_back_cuda_state() -> None:
     while _undo:
         _undo.pop()()
     _current_streams.clear()
+    cuda_queue.forget_made_events()

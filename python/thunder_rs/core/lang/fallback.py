@@ -43,6 +43,13 @@ FALLBACK_IMPLS: dict[int, Callable] = {}
 _ids: dict[object, int] = {}
 #: fallback name -> the callables registered under it, in order.
 _names: dict[str, list] = {}
+#: names of the effect symbols that only a compiled call makes, never tracing's runs of the
+#: recording for a value read (``snapshots``): a trace holding one runs whole on its first call
+#: (``cuda_queue``: waits, events, streams, nvtx ranges)
+CALL_EFFECTS: set[str] = set()
+#: those of them that wait or mark on the device queue: a trace holding one launches its kernels
+#: one by one, in program order (no fusion region moves them)
+QUEUE_EFFECTS: set[str] = set()
 
 
 def qualified_name(func) -> str:
@@ -131,6 +138,8 @@ def _flat_outputs(func):
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor):
             return out
+        if out is None:  # (an effect's: no pytree walk, 20 us, on every call)
+            return ()
         leaves = _tensor_leaves(out)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 

@@ -26,11 +26,14 @@ import os
 
 import torch
 
+from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.fallback import CALL_EFFECTS
 from thunder_rs.core.lang.reads import CHECK
 from thunder_rs.core.lang.recorder import active_recorder, current, paused_recording
 from thunder_rs.core.lang.value_sizes import CHECK_INTS, CHECK_SIZES
 from thunder_rs.core.state.cached_reads import set_eager_caller
 from thunder_rs.core.state.observe import thread_state
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: the symbols of the checks reads record: they only compare, so they may run again or not at all
 _CHECKS = [CHECK, CHECK_SIZES, CHECK_INTS]
@@ -74,9 +77,10 @@ class Snapshots:
         self._known.update(zip(returned, values))
         return values
 
-    def _cut(self, cut, wanted: list, inputs: list) -> tuple[list, list, list]:
+    def _cut(self, cut, wanted: list, inputs: list, read: bool = True) -> tuple[list, list, list]:
         """Runs the segment ``cut`` (``Recorder.segment`` or ``last_segment``) makes for
-        ``wanted``: the value ids it returns, their values, and the generators' states after it."""
+        ``wanted`` (``read`` by the program, not at its end): the value ids it returns, their
+        values, and the generators' states after it."""
         segment = cut(wanted, list(self._known), _CHECKS)
         if segment is None:  # an effect would run again: from the start
             self.forget()
@@ -84,7 +88,7 @@ class Snapshots:
             assert segment is not None  # (nothing ran before: nothing runs again)
         trace, taken, known_inputs, sizes, returned = segment
         taking = [*(inputs[i] for i in taken), *(self._known[v] for v in known_inputs)]
-        values, generators = self._evaluate(trace, taking, sizes)
+        values, generators = self._evaluate(trace, taking, sizes, read)
         return returned, values, generators
 
     def last(self, wanted: list, inputs: list) -> tuple[list, list] | None:
@@ -94,11 +98,11 @@ class Snapshots:
         read no value: the compiled call runs it once) or the kept tensors passed the budget."""
         if self._generators is None or not self._segments:
             return None
-        returned, values, generators = self._cut(current().last_segment, wanted, inputs)
+        returned, values, generators = self._cut(current().last_segment, wanted, inputs, read=False)
         found = {**self._known, **dict(zip(returned, values))}
         return [found[v] for v in wanted], generators
 
-    def _evaluate(self, trace, inputs: list, size_ids: list) -> tuple[list, list]:
+    def _evaluate(self, trace, inputs: list, size_ids: list, read: bool = True) -> tuple[list, list]:
         """The values ``trace`` returns for ``inputs`` (the recording's size values ``size_ids``
         added: the call's own), and the generators' states after it; the generators are then as
         they were."""
@@ -106,6 +110,8 @@ class Snapshots:
         consts = list(rec.consts())
         sizes = [self.actual.get(v, _hint(rec.size_value(v))) for v in size_ids]
         draws = trace.has_effects()
+        if draws and read:
+            refuse_read_after_call_effects(trace)
         with outside_the_trace(draws):
             if draws and self._generators is not None:  # (None from the start, and once past the budget)
                 restore_generators(self._generators)
@@ -206,6 +212,19 @@ def outside_the_trace(draws: bool = True):
             torch.set_autocast_enabled(d, True)
         thread_state.inside -= 1
         restore_generators(states)
+
+
+def refuse_read_after_call_effects(trace) -> None:
+    """Refuses a value read after an effect only a compiled call makes (``fallback.CALL_EFFECTS``:
+    a wait, an event, a stream switch, an nvtx range), in ``trace``, the recording so far: a call
+    finding another value at the read runs the program again from its start, making it twice."""
+    found = CALL_EFFECTS.intersection(trace.all_symbol_names())
+    if found:
+        raise ThunderNotImplementedError(
+            f"{min(found)}: the program reads a tensor's value at {user_location()} after it; a compiled call that "
+            "finds another value there runs the program again from its start, which would make it twice. Read the "
+            "value before it, or outside the jitted function"
+        )
 
 
 def call_eagerly(fn, args: tuple, kwargs: dict) -> tuple:

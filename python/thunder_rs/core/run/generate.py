@@ -14,6 +14,7 @@ from thunder_rs.core.acquisition.dynamic import size_readers, with_sizes
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
+from thunder_rs.core.lang.fallback import CALL_EFFECTS, QUEUE_EFFECTS
 from thunder_rs.core.lang.values import abandonable
 from thunder_rs.core.run import codes
 from thunder_rs.core.lang.executor_api import (
@@ -228,14 +229,15 @@ def _with_captured(fn, captured: tuple):
     return lambda *inputs: fn(*inputs, *captured)
 
 
-def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
-    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
-    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
-    the program was traced under, which the call runs in; ``passes`` the jit's own registered
-    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
-    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
-    start = time.perf_counter()
-    executors = default_executors() if executors is None else executors
+def _made_by_the_call(acquired) -> set:
+    """The effects of ``acquired``'s trace that only a compiled call makes (``fallback.CALL_EFFECTS``)."""
+    trace = acquired.trace
+    return CALL_EFFECTS.intersection(trace.all_symbol_names()) if trace.has_effects() else set()
+
+
+def _executors_for(acquired, executors: list, made: set) -> list:
+    """The executors of ``acquired``'s trace: ``executors`` but the fusion executors it cannot use
+    (``made``: the effects only a call makes)."""
     if acquired.sizes:
         # A fusion executor that compiles a region for the sizes of its first call (a definition
         # or kernels per shape, seconds each) is left out: a trace with symbolic sizes runs
@@ -243,6 +245,21 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_symbolic]
     if acquired.floats:  # (likewise a fusion executor that compiles a region per float value)
         executors = [e for e in executors if not isinstance(e, FusionExecutor) or e.fuses_float_inputs]
+    if made & QUEUE_EFFECTS:
+        # (a wait or mark on the device queue falls between the kernels eager's does: launched one by one)
+        executors = [e for e in executors if not isinstance(e, FusionExecutor)]
+    return executors
+
+
+def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
+    """Runs the passes over an acquired trace and execs the result: the entry's callable, its
+    source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
+    the program was traced under, which the call runs in; ``passes`` the jit's own registered
+    passes; ``executors`` the jit's executors (the defaults when None); ``names`` ``(the user's
+    name of each flat input, the module's qualified parameter names)`` name the traces' inputs."""
+    start = time.perf_counter()
+    made = _made_by_the_call(acquired)
+    executors = _executors_for(acquired, default_executors() if executors is None else executors, made)
     table, impls = executor_table(executors)
     compiled = _core.compile(
         acquired.trace,
@@ -299,7 +316,8 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     # The call traced returns the outputs its reads computed, where they are the program's own:
     # no gradient to record, no pass of the jit's that the reads' snapshots did not run. (Taken
     # off ``acquired``, which closures keep: its tensors live until that call only.)
-    first = acquired.first if not backward_traces and not passes and not acquired.leaf_outputs else None
+    # (no first outputs where the call makes effects tracing's runs did not: ``CALL_EFFECTS``)
+    first = acquired.first if not (backward_traces or passes or acquired.leaf_outputs or made) else None
     acquired.first = None
     if first is not None:
         first = _called(first.wrap(computation), acquired, modes, False)
