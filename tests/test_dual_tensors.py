@@ -338,3 +338,74 @@ def test_a_dual_input_to_a_call_writing_its_inputs_is_refused():
         dual = fwAD.make_dual(torch.randn(4, 3), torch.randn(4, 3))
         with pytest.raises(NotImplementedError, match=r"forward_ad: .* writes its inputs in place .* dual tensor"):
             thunder_rs.jit(norm)(dual)
+
+
+class _Scaled(torch.nn.Module):
+    """Unpacks at the caller's level what its parameter, buffer and attribute scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+        self.register_buffer("shift", torch.randn(3))
+        self.scale = torch.randn(3)
+
+    def forward(self, x):
+        return fwAD.unpack_dual((x * self.weight + self.shift) * self.scale).tangent
+
+
+@pytest.mark.parametrize("where", ["parameter", "buffer", "attribute"])
+def test_a_dual_parameter_buffer_or_attribute_is_part_of_the_cache_key(where):
+    """A module called at the caller's level with plain tensors, then with a dual in a parameter
+    (``functional_call``), a buffer or an attribute: eager's tangent is not None, where the entry of
+    the plain call gave None (was that entry's); the program's dual API is refused for it, as for
+    a dual argument, and the plain call gives None again."""
+    module = _Scaled()
+    jitted, x = thunder_rs.jit(module), torch.randn(3)
+    name = {"parameter": "weight", "buffer": "shift", "attribute": "scale"}[where]
+    with fwAD.dual_level():
+        assert jitted(x) is None and module(x) is None
+        dual = fwAD.make_dual(torch.randn(3), torch.randn(3))
+        if where == "parameter":
+            call = lambda program: torch.func.functional_call(program, {name: dual}, (x,))  # noqa: E731
+        else:
+            plain = getattr(module, name)
+            setattr(module, name, dual)
+            call = lambda program: program(x)  # noqa: E731
+        assert call(module) is not None
+        with pytest.raises(NotImplementedError, match=r"an input of the jitted call is a dual tensor"):
+            call(jitted)
+        if where != "parameter":
+            setattr(module, name, plain)
+        assert jitted(x) is None
+
+
+class _Fused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        return (x.exp() * self.weight.cos()).sum(0)
+
+
+def test_a_dual_parameter_or_captured_tensor_runs_on_the_per_op_executors(fake_ex):
+    """A fusion's kernel carries no tangent (an Inductor region's drops it): a module called with
+    dual parameters (``functional_call``) and a program reading a captured dual, after plain ones,
+    run the torch executor's calls (were the fusion of the plain call's entry, or a new one)."""
+    captured = [torch.randn(3, 3)]
+
+    def program(x):
+        return (x.exp() * captured[0].cos()).sum(0)
+
+    model, x = _Fused(), torch.randn(3, 3)
+    jitted_model, jitted = thunder_rs.jit(model, executors=[fake_ex]), thunder_rs.jit(program, executors=[fake_ex])
+    with fwAD.dual_level():
+        jitted_model(x), jitted(x)
+        assert "fusion" in str(thunder_rs.last_traces(jitted_model)[-1])
+        params = {k: fwAD.make_dual(v.detach(), torch.randn_like(v)) for k, v in model.named_parameters()}
+        out = fwAD.unpack_dual(torch.func.functional_call(jitted_model, params, (x,)))
+        torch.testing.assert_close(out, fwAD.unpack_dual(torch.func.functional_call(model, params, (x,))))
+        assert "fusion" not in str(thunder_rs.last_traces(jitted_model)[-1])
+        captured[0] = fwAD.make_dual(torch.randn(3, 3), torch.randn(3, 3))
+        torch.testing.assert_close(fwAD.unpack_dual(jitted(x)), fwAD.unpack_dual(program(x)))
+        assert "fusion" not in str(thunder_rs.last_traces(jitted)[-1])

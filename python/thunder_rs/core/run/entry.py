@@ -14,6 +14,7 @@ from operator import attrgetter
 
 from torch.utils.hooks import RemovableHandle as _handles
 
+from thunder_rs.core.acquisition.cache import forward_ad_duals
 from thunder_rs.core.state.guard_terms import compile_check
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, registered_since
@@ -156,6 +157,20 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: 
         if traced_from >= 0 and registered_since(hooked, traced_from):
             entry.hooks, entry.hooks_id = (None,), -1  # (no snapshot: compared, and found changed, next call)
     return check
+
+
+def checking_held_duals(check, tail, flat):
+    """``check`` of an entry compiled inside a forward-AD level, and that the tensors it reads per
+    call from argument objects and module attributes (``tail``) are duals of the caller's level
+    where they were then (``forward_ad_duals``): ``module.w = make_dual(...)`` after a call with a
+    plain ``w`` compiles again, whose trace carries the tangent or refuses the program's dual API
+    (the entry of the plain ``w`` dropped it)."""
+    duals = forward_ad_duals(tail(flat))
+
+    def checked(flat) -> bool:
+        return forward_ad_duals(tail(flat)) == duals and (check is None or check(flat))
+
+    return checked
 
 
 def make_post(structure, effects: list, num_outputs: int):
