@@ -409,3 +409,22 @@ def test_a_dual_parameter_or_captured_tensor_runs_on_the_per_op_executors(fake_e
         captured[0] = fwAD.make_dual(torch.randn(3, 3), torch.randn(3, 3))
         torch.testing.assert_close(fwAD.unpack_dual(jitted(x)), fwAD.unpack_dual(program(x)))
         assert "fusion" not in str(thunder_rs.last_traces(jitted)[-1])
+
+
+def test_a_value_computed_from_a_dual_of_the_callers_level_returned_is_refused():
+    """Eager's output carries its tangent out of the call (was a plain output: the caller's
+    unpack_dual gave None); the program's unpacked primal and tangent are eager's."""
+
+    def returned(x, t):
+        return (fwAD.make_dual(x, t) * 2).tanh()
+
+    def unpacked(x, t):
+        return fwAD.unpack_dual((fwAD.make_dual(x, t) * 2).tanh())
+
+    x, t = torch.randn(3), torch.randn(3)
+    with fwAD.dual_level():
+        assert fwAD.unpack_dual(returned(x, t)).tangent is not None
+        match = r"make_dual at .*test_dual_tensors\.py:\d+: the program returns a tensor computed from a dual"
+        with pytest.raises(NotImplementedError, match=match):
+            thunder_rs.jit(returned)(x, t)
+        torch.testing.assert_close(thunder_rs.jit(unpacked)(x, t), unpacked(x, t))

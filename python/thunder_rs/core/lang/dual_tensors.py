@@ -62,6 +62,8 @@ class _Level:
         #: id of each dual ``make_dual`` returned -> [it, its value id, its tangent, its primal, that's id]
         self.made: dict[int, list] = {}
         self.cuts: list[int] = []
+        #: the user's line of the level's first ``make_dual``
+        self.where = ""
 
 
 class Unpacked(NamedTuple):
@@ -136,6 +138,7 @@ def make_dual(tensor, tangent, *, level: int = 0):
         with paused_recording(), DisableTorchFunction():
             sentinel = torch._make_dual(torch.zeros(()), torch.zeros(()), level=level)
         state = _Level(rec, level, rec.mark(), rec.num_values, sentinel, recording_decompositions_from_now())
+        state.where = user_location()
         dual_levels.get()[0] = state
     elif tensor._vid is not None and dict(rec.dual_labels(state.mark, state.first, state.duals, state.cuts)).get(
         tensor._vid
@@ -215,6 +218,24 @@ def _write_tangents(rec, state: _Level) -> None:
         if new is not None and tangent.stride() == dual.stride():
             tangent.copy_(new)
             state.cuts += [new._vid, tangent._vid]
+
+
+def refuse_returned_duals(rec, outputs: list) -> None:
+    """Refuses a program that returns (or writes into an input or state) a value computed from a
+    dual of a level still live at its end, the caller's (its ``make_dual`` at the caller's level):
+    eager's carries the tangent out, which the compiled call's outputs do not."""
+    holder = dual_levels.get()
+    state = _level_of(rec, holder[0].level) if holder and holder[0] is not None else None
+    if state is None:
+        return
+    labels = dict(rec.dual_labels(state.mark, state.first, state.duals, state.cuts))
+    if any(isinstance(o, TensorProxy) and labels.get(o._vid) for o in outputs):
+        raise ThunderNotImplementedError(
+            f"torch.autograd.forward_ad.make_dual at {state.where}: the program returns a tensor computed from a dual "
+            f"of the caller's forward-AD level {state.level} (it enters no dual_level of its own), whose tangent the "
+            "compiled call's output does not carry; return unpack_dual's primal and tangent instead, or enter the "
+            "level inside the jitted function"
+        )
 
 
 def exit_dual_level(*, level=None):
