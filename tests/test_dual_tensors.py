@@ -227,6 +227,10 @@ NO_FORWARD_FORMULA = {
         lambda d: torch.nn.functional.embedding_bag(torch.tensor([0, 1, 2]), d, torch.tensor([0])),
         "_embedding_bag",
     ),
+    "attention": (
+        lambda d: torch.nn.functional.scaled_dot_product_attention(*[d.view(1, 2, 2, 4)] * 3),
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ),
 }
 
 
@@ -242,6 +246,28 @@ def test_a_kernel_without_a_forward_formula_raises_eagers_error(name):
         thunder_rs.jit(_tangent_of(op))(x, t)
     plain = _tangent_of(lambda d: torch.cdist(x, x) + d)  # (no dual reaches it: eager computes it)
     assert torch.equal(thunder_rs.jit(plain)(x, t), plain(x, t))
+
+
+@pytest.mark.parametrize("name", ["cdist", "attention"])
+def test_a_kernel_without_a_forward_formula_under_func_jvp_raises_eagers_error(name):
+    """(was a tangent computed by reverse mode twice where eager has none; attention's math path,
+    which eager takes under sdpa_kernel(MATH), has one)"""
+    op, kernel = NO_FORWARD_FORMULA[name]
+
+    def program(x, t):
+        return torch.func.jvp(op, (x,), (t,))[1]
+
+    def math_path(x, t):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return torch.func.jvp(NO_FORWARD_FORMULA["attention"][0], (x,), (t,))[1]
+
+    x, t = torch.randn(4, 4), torch.randn(4, 4)
+    message = f"Trying to use forward AD with {kernel} that does not support it"
+    with pytest.raises(NotImplementedError, match=message):
+        program(x, t)
+    with pytest.raises(NotImplementedError, match=message):
+        thunder_rs.jit(program)(x, t)
+    torch.testing.assert_close(thunder_rs.jit(math_path)(x, t), math_path(x, t))
 
 
 def test_a_call_at_another_forward_ad_level_compiles_again():

@@ -39,6 +39,7 @@ from thunder_rs.core.lang import vmap_state
 from thunder_rs.core.lang.recorder import (
     active_recorder,
     dual_levels,
+    grad_mode_cuts,
     lift_captured,
     paused_recording,
     proxies,
@@ -265,7 +266,8 @@ def _unique_kernel(args: tuple, kwargs: dict) -> str:
 
 
 #: The calls whose kernels eager has no forward-mode formula for, by name: the kernel its error
-#: names (for the call's arguments).
+#: names (for the call's arguments; None where the kernel eager runs for them has one). The
+#: torch language adds those whose kernel depends on the device (attention's fused kernels).
 NO_FORWARD_AD: dict = {
     "cdist": _cdist_kernel,
     "pdist": lambda args, kwargs: "_pdist_forward",
@@ -288,20 +290,28 @@ NO_FORWARD_AD: dict = {
 
 
 def check_forward_ad(func, args: tuple, kwargs: dict) -> None:
-    """Eager's error for a call whose kernel has no forward-mode formula on a dual of the live level."""
+    """Eager's error for a call whose kernel has no forward-mode formula on a dual of the live
+    level. Inside a traced ``torch.func.jvp`` (reverse mode standing for forward mode), such a call
+    on what requires grad is noted in ``grad_mode_cuts``: the jvp then runs as eager's call, which
+    raises it (was a tangent where eager has none)."""
     kernel = NO_FORWARD_AD.get(getattr(func, "__name__", None))
-    holder = dual_levels.get()
-    state = holder[0] if holder else None
-    if kernel is None or state is None:
+    if kernel is None:
         return
     flat = [a for a in (*args, *kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else (a,))]
-    vids = [a._vid for a in flat if isinstance(a, TensorProxy) and a._vid is not None]
-    if not vids:
+    tensors = [a for a in flat if isinstance(a, TensorProxy) and a._vid is not None]
+    holder = dual_levels.get()
+    state = holder[0] if holder else None
+    if state is None:
+        cuts = grad_mode_cuts.get()
+        if cuts is not None and any(t.requires_grad for t in tensors) and kernel(args, kwargs) is not None:
+            cuts.append(func.__name__)
+        return
+    if not tensors:
         return
     labels = dict(state.rec.dual_labels(state.mark, state.first, state.duals, state.cuts))
-    if any(labels.get(v) for v in vids):
+    if any(labels.get(t._vid) for t in tensors) and (name := kernel(args, kwargs)) is not None:
         raise ThunderNotImplementedError(
-            f"Trying to use forward AD with {kernel(args, kwargs)} that does not support it because it has not been "
+            f"Trying to use forward AD with {name} that does not support it because it has not been "
             f"implemented yet. (at {user_location()}; as eager raises)"
         )
 
