@@ -435,6 +435,7 @@ def test_a_dual_parameter_or_captured_tensor_runs_on_the_per_op_executors(fake_e
         captured[0] = fwAD.make_dual(torch.randn(3, 3), torch.randn(3, 3))
         torch.testing.assert_close(fwAD.unpack_dual(jitted(x)), fwAD.unpack_dual(program(x)))
         assert "fusion" not in str(thunder_rs.last_traces(jitted)[-1])
+        assert "forward-AD duals changed: () -> (0,)" in thunder_rs.compile_stats(jitted).miss_reasons[-1]
 
 
 def test_a_value_computed_from_a_dual_of_the_callers_level_returned_is_refused():

@@ -385,7 +385,7 @@ class ThunderFunction:
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else no_tail
         entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
         if _forward_ad._current_level >= 0 and entry.tail is not None and entry.tail is not no_tail:
-            entry.check = entries.checking_held_duals(entry.check, entry.tail, flat)
+            entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:
