@@ -227,6 +227,10 @@ NO_FORWARD_FORMULA = {
         lambda d: torch.nn.functional.embedding_bag(torch.tensor([0, 1, 2]), d, torch.tensor([0])),
         "_embedding_bag",
     ),
+    "attention": (
+        lambda d: torch.nn.functional.scaled_dot_product_attention(*[d.view(1, 2, 2, 4)] * 3),
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ),
 }
 
 
@@ -242,6 +246,28 @@ def test_a_kernel_without_a_forward_formula_raises_eagers_error(name):
         thunder_rs.jit(_tangent_of(op))(x, t)
     plain = _tangent_of(lambda d: torch.cdist(x, x) + d)  # (no dual reaches it: eager computes it)
     assert torch.equal(thunder_rs.jit(plain)(x, t), plain(x, t))
+
+
+@pytest.mark.parametrize("name", ["cdist", "attention"])
+def test_a_kernel_without_a_forward_formula_under_func_jvp_raises_eagers_error(name):
+    """(was a tangent computed by reverse mode twice where eager has none; attention's math path,
+    which eager takes under sdpa_kernel(MATH), has one)"""
+    op, kernel = NO_FORWARD_FORMULA[name]
+
+    def program(x, t):
+        return torch.func.jvp(op, (x,), (t,))[1]
+
+    def math_path(x, t):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return torch.func.jvp(NO_FORWARD_FORMULA["attention"][0], (x,), (t,))[1]
+
+    x, t = torch.randn(4, 4), torch.randn(4, 4)
+    message = f"Trying to use forward AD with {kernel} that does not support it"
+    with pytest.raises(NotImplementedError, match=message):
+        program(x, t)
+    with pytest.raises(NotImplementedError, match=message):
+        thunder_rs.jit(program)(x, t)
+    torch.testing.assert_close(thunder_rs.jit(math_path)(x, t), math_path(x, t))
 
 
 def test_a_call_at_another_forward_ad_level_compiles_again():
@@ -338,3 +364,94 @@ def test_a_dual_input_to_a_call_writing_its_inputs_is_refused():
         dual = fwAD.make_dual(torch.randn(4, 3), torch.randn(4, 3))
         with pytest.raises(NotImplementedError, match=r"forward_ad: .* writes its inputs in place .* dual tensor"):
             thunder_rs.jit(norm)(dual)
+
+
+class _Scaled(torch.nn.Module):
+    """Unpacks at the caller's level what its parameter, buffer and attribute scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+        self.register_buffer("shift", torch.randn(3))
+        self.scale = torch.randn(3)
+
+    def forward(self, x):
+        return fwAD.unpack_dual((x * self.weight + self.shift) * self.scale).tangent
+
+
+@pytest.mark.parametrize("where", ["parameter", "buffer", "attribute"])
+def test_a_dual_parameter_buffer_or_attribute_is_part_of_the_cache_key(where):
+    """A module called at the caller's level with plain tensors, then with a dual in a parameter
+    (``functional_call``), a buffer or an attribute: eager's tangent is not None, where the entry of
+    the plain call gave None (was that entry's); the program's dual API is refused for it, as for
+    a dual argument, and the plain call gives None again."""
+    module = _Scaled()
+    jitted, x = thunder_rs.jit(module), torch.randn(3)
+    name = {"parameter": "weight", "buffer": "shift", "attribute": "scale"}[where]
+    with fwAD.dual_level():
+        assert jitted(x) is None and module(x) is None
+        dual = fwAD.make_dual(torch.randn(3), torch.randn(3))
+        if where == "parameter":
+            call = lambda program: torch.func.functional_call(program, {name: dual}, (x,))  # noqa: E731
+        else:
+            plain = getattr(module, name)
+            setattr(module, name, dual)
+            call = lambda program: program(x)  # noqa: E731
+        assert call(module) is not None
+        with pytest.raises(NotImplementedError, match=r"an input of the jitted call is a dual tensor"):
+            call(jitted)
+        if where != "parameter":
+            setattr(module, name, plain)
+        assert jitted(x) is None
+
+
+class _Fused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        return (x.exp() * self.weight.cos()).sum(0)
+
+
+def test_a_dual_parameter_or_captured_tensor_runs_on_the_per_op_executors(fake_ex):
+    """A fusion's kernel carries no tangent (an Inductor region's drops it): a module called with
+    dual parameters (``functional_call``) and a program reading a captured dual, after plain ones,
+    run the torch executor's calls (were the fusion of the plain call's entry, or a new one)."""
+    captured = [torch.randn(3, 3)]
+
+    def program(x):
+        return (x.exp() * captured[0].cos()).sum(0)
+
+    model, x = _Fused(), torch.randn(3, 3)
+    jitted_model, jitted = thunder_rs.jit(model, executors=[fake_ex]), thunder_rs.jit(program, executors=[fake_ex])
+    with fwAD.dual_level():
+        jitted_model(x), jitted(x)
+        assert "fusion" in str(thunder_rs.last_traces(jitted_model)[-1])
+        params = {k: fwAD.make_dual(v.detach(), torch.randn_like(v)) for k, v in model.named_parameters()}
+        out = fwAD.unpack_dual(torch.func.functional_call(jitted_model, params, (x,)))
+        torch.testing.assert_close(out, fwAD.unpack_dual(torch.func.functional_call(model, params, (x,))))
+        assert "fusion" not in str(thunder_rs.last_traces(jitted_model)[-1])
+        captured[0] = fwAD.make_dual(torch.randn(3, 3), torch.randn(3, 3))
+        torch.testing.assert_close(fwAD.unpack_dual(jitted(x)), fwAD.unpack_dual(program(x)))
+        assert "fusion" not in str(thunder_rs.last_traces(jitted)[-1])
+        assert "forward-AD duals changed: () -> (0,)" in thunder_rs.compile_stats(jitted).miss_reasons[-1]
+
+
+def test_a_value_computed_from_a_dual_of_the_callers_level_returned_is_refused():
+    """Eager's output carries its tangent out of the call (was a plain output: the caller's
+    unpack_dual gave None); the program's unpacked primal and tangent are eager's."""
+
+    def returned(x, t):
+        return (fwAD.make_dual(x, t) * 2).tanh()
+
+    def unpacked(x, t):
+        return fwAD.unpack_dual((fwAD.make_dual(x, t) * 2).tanh())
+
+    x, t = torch.randn(3), torch.randn(3)
+    with fwAD.dual_level():
+        assert fwAD.unpack_dual(returned(x, t)).tangent is not None
+        match = r"make_dual at .*test_dual_tensors\.py:\d+: the program returns a tensor computed from a dual"
+        with pytest.raises(NotImplementedError, match=match):
+            thunder_rs.jit(returned)(x, t)
+        torch.testing.assert_close(thunder_rs.jit(unpacked)(x, t), unpacked(x, t))

@@ -307,3 +307,30 @@ def test_autograd_grad_through_reentrant_checkpoints_raises_eagers_error():
     for call in (model, thunder_rs.jit(model)):
         with pytest.raises(RuntimeError, match="use_reentrant=True, torch.utils.checkpoint is incompatible with .grad"):
             torch.autograd.grad(call(x), [x, *model.parameters()])
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_micro_batches_accumulate_onto_grad_as_eager_under_torch_compile(reentrant, monkeypatch):
+    """Dynamo passes a checkpointed region the parameters its function captures (graph inputs): a
+    reentrant region's backward then returned their gradients to the outer backward, which summed
+    them with the parameter's others into one ``.grad`` step, where eager's region backward adds
+    its total to ``.grad`` by itself (an ulp off eager's from the second micro-batch on, and for a
+    layer also used outside the regions). The backend has the region capture them again."""
+    monkeypatch.setitem(
+        globals(),
+        "checkpoint",
+        lambda fn, *args, **kw: torch.utils.checkpoint.checkpoint(fn, *args, **{**kw, "use_reentrant": reentrant}),
+    )
+    torch._dynamo.reset()
+    for kind in ({"shared": True}, {"outside": True}):
+        torch.manual_seed(0)
+        model = Blocks(**kind)
+        eager = copy.deepcopy(model)
+        compiled = torch.compile(model, backend="thunder_rs")
+        for seed in range(2):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+            y = x.detach().clone().requires_grad_()
+            compiled(x).backward()
+            eager(y).backward()
+            torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+            _assert_grads_equal(model, eager, f"{kind} batch {seed}")

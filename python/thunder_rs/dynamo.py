@@ -75,7 +75,7 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         _trace_constructors(gm)
-        _user_checkpoints(gm)
+        _user_checkpoints(gm, example_inputs)
         _user_functions(gm)
         transform = _transform_call(gm)
         #: the positions of the float arguments Dynamo passes as tensors, which the graph takes as floats
@@ -196,30 +196,57 @@ def _trace_constructors(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _user_checkpoints(gm: torch.fx.GraphModule) -> None:
+def _user_checkpoints(gm: torch.fx.GraphModule, example_inputs=()) -> None:
     """Dynamo writes ``torch.utils.checkpoint.checkpoint(fn, ...)`` as the higher-order op
     ``tag_activation_checkpoint`` of ``fn``'s graph, whose implementation runs it with
     ``preserve_rng_state=False`` (Inductor replays random draws itself; run as it is, the backward
     recomputes with other draws than the forward's: other gradients than eager's) through an FX
     Interpreter (whose progress bar writes ``tqdm``'s class state, which a trace refuses). The call is
-    made the user's checkpoint of that graph again, traced (or run eagerly) as eager runs it."""
+    made the user's checkpoint of that graph again, traced (or run eagerly) as eager runs it.
+
+    Dynamo passes the region every tensor it reads, the parameters it captures too (graph inputs).
+    A reentrant checkpoint's backward adds a captured parameter's gradient to its ``.grad`` by a
+    backward of its own, one passed it returns to the outer backward, which sums it with the
+    parameter's others: the parameters among the graph's inputs (``example_inputs``) are captured
+    by the region again (``_CAPTURED``), as the user's function captured them (their gradients
+    were an ulp off eager's where a ``.grad`` accumulates over micro-batches or a parameter is read
+    outside the region too)."""
     hop = torch.ops.higher_order.tag_activation_checkpoint
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {n for n, x in zip(placeholders, example_inputs) if isinstance(x, torch.nn.Parameter)}
     for node in calls:
         node.target = _checkpoint
+        captured = tuple(i for i, a in enumerate(node.args[1:]) if a in params)
+        if node.kwargs.get("use_reentrant") and captured:
+            node.kwargs = {**node.kwargs, _CAPTURED: captured}
     if calls:
         gm.recompile()
 
 
+#: The keyword of ``_checkpoint`` naming the positions of the arguments its region captures.
+_CAPTURED = "thunder_rs_captured"
+
+
 def _checkpoint(body: torch.fx.GraphModule, *args, **kwargs):
     """``torch.utils.checkpoint.checkpoint`` of a checkpointed region's graph with the user's
-    arguments (a selective checkpoint's ``context_fn`` is in the graph's ``meta``)."""
+    arguments (a selective checkpoint's ``context_fn`` is in the graph's ``meta``), the arguments
+    at the positions ``kwargs[_CAPTURED]`` captured by the region instead of passed to it."""
     from torch.utils.checkpoint import checkpoint
 
     context_fn = body.meta.get("_checkpoint_context_fn")
     if context_fn is not None:
         kwargs["context_fn"] = context_fn
-    return checkpoint(body, *args, **kwargs)
+    held = dict.fromkeys(kwargs.pop(_CAPTURED, ()))
+    if not held:
+        return checkpoint(body, *args, **kwargs)
+    held = {i: args[i] for i in held}
+
+    def region(*passed):
+        given = iter(passed)
+        return body(*[held[i] if i in held else next(given) for i in range(len(args))])
+
+    return checkpoint(region, *[a for i, a in enumerate(args) if i not in held], **kwargs)
 
 
 def _user_functions(gm: torch.fx.GraphModule) -> None:

@@ -44,6 +44,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.symint import SymInt, at_sizes, hint
 from thunder_rs.core.state.observe import check_sizes
 from thunder_rs.core.state.offsets import can_guard, guard_offset
+from thunder_rs.core.lang.dual_tensors import NO_FORWARD_AD
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.errors import ThunderError, ThunderNotImplementedError, thunder_error_like
@@ -537,3 +538,38 @@ def _kernel_node(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 KERNEL_CHOICES[torch.nn.functional.scaled_dot_product_attention] = (_runs_fused, _chosen_kernel)
 KERNEL_NODES[torch.nn.functional.scaled_dot_product_attention] = _kernel_node
+
+
+#: The fused kernels' names as eager's forward-mode error names them (none has a formula)
+_KERNEL_NAMES = {
+    FLASH: "_scaled_dot_product_flash_attention",
+    EFFICIENT: "_scaled_dot_product_efficient_attention",
+    CUDNN: "_scaled_dot_product_cudnn_attention",
+}
+_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _kernel_without_forward_ad(args: tuple, kwargs: dict) -> str | None:
+    """The fused kernel eager runs an attention call with (it has no forward-mode formula), or
+    None where eager takes its math path (ops that have one)."""
+    call = {**dict(zip(_PARAMETERS, args)), **kwargs}
+    query = call["query"]
+    if query.device.type == "cpu":
+        return "_scaled_dot_product_flash_attention_for_cpu" if _runs_fused(**call) else None
+    if query.device.type != "cuda":
+        return None
+    return _KERNEL_NAMES.get(_choose_of(call))
+
+
+def _choose_of(call: dict) -> int:
+    metas = [None if call.get(n) is None else _at_hints(_meta(call[n])) for n in _PARAMETERS[:4]]
+    return _choose(
+        metas,
+        float(call.get("dropout_p", 0.0)),
+        bool(call.get("is_causal", False)),
+        call.get("scale"),
+        bool(call.get("enable_gqa", False)),
+    )
+
+
+NO_FORWARD_AD["scaled_dot_product_attention"] = _kernel_without_forward_ad

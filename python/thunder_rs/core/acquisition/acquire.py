@@ -33,6 +33,7 @@ from thunder_rs.core.state.modules import attribute_writes as module_writes, cha
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.lang import inner_leaves
+from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
@@ -207,6 +208,8 @@ def _trace_program(
             stored = [w[2] for w in writes] + [i[2] for i in items]
             refuse_escaped_events(out, stored)
             switched = stream_switch_site()
+            kept = inputs.args + inputs.params + captures.proxies  # (what the call writes into them)
+            refuse_returned_duals(rec, [*tree_flatten((out, stored))[0], *kept])
             through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
     finally:
         stop_recording_prints(token)

@@ -388,7 +388,10 @@ def _state_change(old, new, names=()) -> str:
         changes.append(f"forward AD level and dual inputs {before} -> {after}")
     old_extra, new_extra = old[4], new[4]
     if old_extra != new_extra:
-        if type(old_extra) is tuple and type(new_extra) is tuple and len(old_extra) == len(new_extra) == 2:
+        if type(old_extra) is tuple and type(new_extra) is tuple and 2 <= len(old_extra) and 2 <= len(new_extra):
+            old_duals, new_duals = old_extra[2:] or ((),), new_extra[2:] or ((),)
+            if old_duals != new_duals:
+                changes.append(f"the module's tensors that are forward-AD duals {old_duals[0]} -> {new_duals[0]}")
             if old_extra[0] != new_extra[0]:
                 changes.append(f"module training {old_extra[0]} -> {new_extra[0]}")
             old_params, new_params = _per_tensor(old_extra[1]), _per_tensor(new_extra[1])

@@ -39,6 +39,7 @@ from thunder_rs.core.lang import vmap_state
 from thunder_rs.core.lang.recorder import (
     active_recorder,
     dual_levels,
+    grad_mode_cuts,
     lift_captured,
     paused_recording,
     proxies,
@@ -62,6 +63,8 @@ class _Level:
         #: id of each dual ``make_dual`` returned -> [it, its value id, its tangent, its primal, that's id]
         self.made: dict[int, list] = {}
         self.cuts: list[int] = []
+        #: the user's line of the level's first ``make_dual``
+        self.where = ""
 
 
 class Unpacked(NamedTuple):
@@ -136,6 +139,7 @@ def make_dual(tensor, tangent, *, level: int = 0):
         with paused_recording(), DisableTorchFunction():
             sentinel = torch._make_dual(torch.zeros(()), torch.zeros(()), level=level)
         state = _Level(rec, level, rec.mark(), rec.num_values, sentinel, recording_decompositions_from_now())
+        state.where = user_location()
         dual_levels.get()[0] = state
     elif tensor._vid is not None and dict(rec.dual_labels(state.mark, state.first, state.duals, state.cuts)).get(
         tensor._vid
@@ -217,6 +221,24 @@ def _write_tangents(rec, state: _Level) -> None:
             state.cuts += [new._vid, tangent._vid]
 
 
+def refuse_returned_duals(rec, outputs: list) -> None:
+    """Refuses a program that returns (or writes into an input or state) a value computed from a
+    dual of a level still live at its end, the caller's (its ``make_dual`` at the caller's level):
+    eager's carries the tangent out, which the compiled call's outputs do not."""
+    holder = dual_levels.get()
+    state = _level_of(rec, holder[0].level) if holder and holder[0] is not None else None
+    if state is None:
+        return
+    labels = dict(rec.dual_labels(state.mark, state.first, state.duals, state.cuts))
+    if any(isinstance(o, TensorProxy) and labels.get(o._vid) for o in outputs):
+        raise ThunderNotImplementedError(
+            f"torch.autograd.forward_ad.make_dual at {state.where}: the program returns a tensor computed from a dual "
+            f"of the caller's forward-AD level {state.level} (it enters no dual_level of its own), whose tangent the "
+            "compiled call's output does not carry; return unpack_dual's primal and tangent instead, or enter the "
+            "level inside the jitted function"
+        )
+
+
 def exit_dual_level(*, level=None):
     """``torch.autograd.forward_ad.exit_dual_level`` while a program is traced: the tangents of
     duals written in place are written first (``_write_tangents``)."""
@@ -244,7 +266,8 @@ def _unique_kernel(args: tuple, kwargs: dict) -> str:
 
 
 #: The calls whose kernels eager has no forward-mode formula for, by name: the kernel its error
-#: names (for the call's arguments).
+#: names (for the call's arguments; None where the kernel eager runs for them has one). The
+#: torch language adds those whose kernel depends on the device (attention's fused kernels).
 NO_FORWARD_AD: dict = {
     "cdist": _cdist_kernel,
     "pdist": lambda args, kwargs: "_pdist_forward",
@@ -267,20 +290,28 @@ NO_FORWARD_AD: dict = {
 
 
 def check_forward_ad(func, args: tuple, kwargs: dict) -> None:
-    """Eager's error for a call whose kernel has no forward-mode formula on a dual of the live level."""
+    """Eager's error for a call whose kernel has no forward-mode formula on a dual of the live
+    level. Inside a traced ``torch.func.jvp`` (reverse mode standing for forward mode), such a call
+    on what requires grad is noted in ``grad_mode_cuts``: the jvp then runs as eager's call, which
+    raises it (was a tangent where eager has none)."""
     kernel = NO_FORWARD_AD.get(getattr(func, "__name__", None))
-    holder = dual_levels.get()
-    state = holder[0] if holder else None
-    if kernel is None or state is None:
+    if kernel is None:
         return
     flat = [a for a in (*args, *kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else (a,))]
-    vids = [a._vid for a in flat if isinstance(a, TensorProxy) and a._vid is not None]
-    if not vids:
+    tensors = [a for a in flat if isinstance(a, TensorProxy) and a._vid is not None]
+    holder = dual_levels.get()
+    state = holder[0] if holder else None
+    if state is None:
+        cuts = grad_mode_cuts.get()
+        if cuts is not None and any(t.requires_grad for t in tensors) and kernel(args, kwargs) is not None:
+            cuts.append(func.__name__)
+        return
+    if not tensors:
         return
     labels = dict(state.rec.dual_labels(state.mark, state.first, state.duals, state.cuts))
-    if any(labels.get(v) for v in vids):
+    if any(labels.get(t._vid) for t in tensors) and (name := kernel(args, kwargs)) is not None:
         raise ThunderNotImplementedError(
-            f"Trying to use forward AD with {kernel(args, kwargs)} that does not support it because it has not been "
+            f"Trying to use forward AD with {name} that does not support it because it has not been "
             f"implemented yet. (at {user_location()}; as eager raises)"
         )
 

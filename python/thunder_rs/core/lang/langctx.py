@@ -33,6 +33,7 @@ from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
     dual_levels,
+    grad_mode_cuts,
     lift_captured,
     record_composite,
     record_kernel,
@@ -585,7 +586,8 @@ class LanguageMode(TorchFunctionMode):
             raise _autograd_call_error(func)
         if func in _FORWARD_AD_CALLS and thread_state.inside == 0:
             return _FORWARD_AD_CALLS[func](*args, **kwargs)
-        if (dual_levels.get() or _NO_DUALS)[0] is not None and thread_state.inside == 0:  # (a dual lives)
+        live = (dual_levels.get() or _NO_DUALS)[0] is not None or grad_mode_cuts.get() is not None
+        if live and thread_state.inside == 0:  # (a dual lives, or a torch.func.jvp is traced)
             dual_tensors.check_forward_ad(func, args, kwargs)
         if types != _PROXY_TYPES and any(t is not TensorProxy and issubclass(t, TensorProxy) for t in types):
             return func(*args, **kwargs)  # a proxy subclass (vmap's BatchedProxy) handles its calls

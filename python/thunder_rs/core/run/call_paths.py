@@ -7,8 +7,9 @@ miss compiles. Both key a call alike, so an entry compiled by one serves the oth
 """
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
-from thunder_rs.core.acquisition.cache import global_key, leaf_key, tensor_aliases
+from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.call_keys import call_key
@@ -39,6 +40,8 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         params = jfn._module_tensors()
         binding = jfn._binding
         state = (module.training, binding.metadata(params))
+        if _forward_ad._current_level >= 0:  # (which of its tensors are duals there: ``forward_ad_duals``)
+            state = (*state, forward_ad_duals(params)[1])
     keyed = call_key(args, kwargs, state, structure)
     if keyed is not None:
         key, flat = keyed

@@ -14,6 +14,7 @@ from operator import attrgetter
 
 from torch.utils.hooks import RemovableHandle as _handles
 
+from thunder_rs.core.acquisition.cache import forward_ad_duals
 from thunder_rs.core.state.guard_terms import compile_check
 from thunder_rs.core.state.guards import Guards
 from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, registered_since
@@ -51,7 +52,7 @@ class Entry:
     captured_meta: tuple = ()
     #: ``tail(flat)``: all captured inputs of a call, when argument objects hold some of them
     #: (``Acquired.tail``); None when ``fn`` appends ``captured`` itself
-    tail: object = None
+    tail: Any = None
     #: the values the program read from traced tensors (``values.Read``), which ``fn`` checks,
     #: their ``values.decision`` keys, and the ``values.ValueTree`` of the variants of its key
     reads: tuple = ()
@@ -61,6 +62,8 @@ class Entry:
     #: held)`` it was compiled with: a variant for other values read is compiled with them too
     symbolic: object = None
     symbolic_args: tuple = ()
+    #: for an entry compiled inside a forward-AD level, ``forward_ad_duals`` of what ``tail`` read then
+    held_duals: tuple | None = None
 
     def why_not(self, flat) -> str:
         """Why ``check`` failed, in words (slow path)."""
@@ -76,6 +79,11 @@ class Entry:
                 fields = ("requires_grad", "dtype")
                 changes = ", ".join(f"{f} {a} -> {b}" for f, a, b in zip(fields, then, now) if a != b)
                 return f"a tensor the program reads from outside its inputs changed: {changes}"
+        if self.held_duals is not None and forward_ad_duals(self.tail(flat)) != self.held_duals:
+            return (
+                "which tensors the program reads per call from argument objects or module attributes are forward-AD "
+                f"duals changed: {self.held_duals[1]} -> {forward_ad_duals(self.tail(flat))[1]}"
+            )
         return "unknown"
 
 
@@ -156,6 +164,22 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: 
         if traced_from >= 0 and registered_since(hooked, traced_from):
             entry.hooks, entry.hooks_id = (None,), -1  # (no snapshot: compared, and found changed, next call)
     return check
+
+
+def checking_held_duals(entry: Entry, flat):
+    """The ``check`` of ``entry``, compiled inside a forward-AD level, and that the tensors it reads per
+    call from argument objects and module attributes (``tail``) are duals of the caller's level
+    where they were then (``forward_ad_duals``): ``module.w = make_dual(...)`` after a call with a
+    plain ``w`` compiles again, whose trace carries the tangent or refuses the program's dual API
+    (the entry of the plain ``w`` dropped it)."""
+    check: Any = entry.check
+    tail = entry.tail
+    duals = entry.held_duals = forward_ad_duals(tail(flat))
+
+    def checked(flat) -> bool:
+        return forward_ad_duals(tail(flat)) == duals and (check is None or check(flat))
+
+    return checked
 
 
 def make_post(structure, effects: list, num_outputs: int):

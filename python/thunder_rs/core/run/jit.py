@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
@@ -178,6 +179,8 @@ class ThunderFunction:
             params = self._module_tensors()
             binding = self._binding
             state = (module.training, binding.metadata(params))
+            if _forward_ad._current_level >= 0:  # (which of its tensors are duals there: ``forward_ad_duals``)
+                state = (*state, forward_ad_duals(params)[1])
         try:
             key = fast_key_fn(len(args))(args, None if module is None else state)
         except (AttributeError, RuntimeError) as e:  # a sparse tensor has no strides: the general path says why
@@ -381,6 +384,8 @@ class ThunderFunction:
         # through ``_inputs``, which it takes for entries with a tail.)
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else no_tail
         entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
+        if _forward_ad._current_level >= 0 and entry.tail is not None and entry.tail is not no_tail:
+            entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
         if acquired.inference_outputs:
@@ -419,8 +424,7 @@ class ThunderFunction:
         inputs. Raises where a count traced at 2 fails a guard at its value (``value_sizes.above_values``)."""
         start = time.perf_counter()
         executors = default_executors() if self._executors is None else self._executors
-        if torch.autograd.forward_ad._current_level >= 0 and forward_ad_duals(flat)[1]:
-            # (a dual input's tangent is carried by the per-op executors' torch calls, not a fusion's kernel)
+        if _forward_ad._current_level >= 0 and self._dual_inputs(flat):
             executors = [e for e in executors if not e.fusion]
         binding = self._binding if self._module is not None else None
         names: tuple = (input_names(self._fn, flat, spec), ())
@@ -441,11 +445,27 @@ class ThunderFunction:
         name = callable_name(self._fn)
         if self._module is not None and self._binding is not None:
             names = (names[0], self._binding.qualified)
+        if _forward_ad._current_level >= 0 and self._dual_held(acquired, flat):
+            executors = [e for e in executors if not e.fusion]
         made = generated(acquired, name, modes, self._passes, executors, names)
         traces, backward_traces = made[4], made[5]
         guards = trace_guards(traces, backward_traces)
         above_values(acquired.reads, guards)
         return acquired, guards, (acquiring, made), reads, names
+
+    def _dual_inputs(self, flat) -> bool:
+        """Whether a tensor argument or one of the module's is a dual of the caller's forward-AD
+        level: its tangent is carried by the per-op executors' torch calls, not a fusion's kernel
+        (an Inductor region drops it, or raises torch's error for an ``out=`` kernel)."""
+        module_tensors = self._module_tensors() if self._module is not None else []
+        return bool(forward_ad_duals(flat)[1] or forward_ad_duals(module_tensors)[1])
+
+    @staticmethod
+    def _dual_held(acquired, flat) -> bool:
+        """Whether a tensor the trace captured (a global's, one an argument object or a module
+        attribute holds, read per call by ``tail``) is a dual of the caller's level (as ``_dual_inputs``)."""
+        held = [*acquired.captured, *(acquired.tail(flat) if acquired.tail is not None else ())]
+        return bool(forward_ad_duals(held)[1])
 
     def _why_not_symbolic(self, key, flat, spec) -> str | None:
         """Why the last entry with symbolic sizes does not serve this call, for the miss reason."""
