@@ -131,3 +131,20 @@ def test_a_view_returned_with_another_output_has_eagers_grad_fn(name):
         a, b = fn(x)
         sides.append(_facts(b, x))
     assert sides[1] == sides[0]
+
+
+def test_a_view_taken_again_uses_the_arguments_as_they_were_when_the_program_took_it():
+    """The torch op takes the view again with the arguments the program gave it then: a list of
+    dims the program changes afterwards is not read again."""
+
+    def program(x):
+        dims = [1, 0]
+        y = x.permute(dims)
+        dims.reverse()
+        return y
+
+    sides = []
+    for fn in (program, thunder_rs.jit(program)):
+        x = _argument("leaf")
+        sides.append([_facts(fn(x), x) for _ in range(2)])
+    assert sides[1] == sides[0]

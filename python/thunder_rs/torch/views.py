@@ -21,6 +21,7 @@ Programs that take views but never write pay, per view op while tracing, for cap
 prims it records and one weak reference; strides are worked out only where a decision needs them.
 """
 
+import copy
 import math
 import weakref
 from dataclasses import dataclass
@@ -317,7 +318,8 @@ def tracked(symbol, returns_self: bool = False, replay=None):
         several = type(out) is not TensorProxy
         group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs)) else None
         call = None if several or replay is None else replay(args, kwargs)
-        call = None if call is None or _symbolic(call[1:]) else call
+        # (the arguments as they are now: a list the program changes later is not the one replayed)
+        call = None if call is None or _symbolic(call[1:]) else (call[0], *copy.deepcopy(call[1:]))
         copied = _link(((a, o) for o in ((out,) if not several else out)), log, group, call)
         if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
