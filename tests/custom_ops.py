@@ -59,3 +59,26 @@ def pool_long_rows(x: torch.Tensor) -> torch.Tensor:
 @pool_long_rows.register_fake
 def _pool_long_rows_fake(x):
     return x.new_empty(x.shape[0], x.shape[1] // 2) if x.shape[1] > 8 else torch.empty_like(x)
+
+
+@torch.library.custom_op("thunder_rs_tests::scaled_pair", mutates_args=())
+def scaled_pair(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(2 x, 3 y)``: each output reads one input."""
+    return x * 2, y * 3
+
+
+@scaled_pair.register_fake
+def _scaled_pair_fake(x, y):
+    return torch.empty_like(x), torch.empty_like(y)
+
+
+def _scaled_pair_unmaterialized(ctx, inputs, output):
+    ctx.set_materialize_grads(False)  # (an output the loss does not read gets None, not zeros)
+
+
+def _scaled_pair_backward(ctx, gx, gy):
+    """No gradient (None) for the input of an output that got none, as torch's own ops give."""
+    return (None if gx is None else gx * 2), (None if gy is None else gy * 3)
+
+
+scaled_pair.register_autograd(_scaled_pair_backward, setup_context=_scaled_pair_unmaterialized)

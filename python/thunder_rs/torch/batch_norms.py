@@ -38,7 +38,9 @@ __all__ = ["batch_norm", "native_batch_norm", "native_batch_norm_no_stats", "nat
 
 
 def check_batch_norm(op: str, input, running_mean, running_var, weight, bias, training: bool) -> None:
-    """eager's checks of batch norm's arguments: a floating (N, C, ...) input, (C,) statistics and parameters."""
+    """eager's checks of batch norm's arguments: running statistics that do not require grad
+    (with grad on), a floating (N, C, ...) input, (C,) statistics and parameters."""
+    check_stats_not_differentiable(op, running_mean, running_var)
     require_float(op, input)
     check(
         input.ndim >= 2, op, f"Expected 2D or more input, got {input.ndim}D input (argument input)", ThunderValueError
@@ -60,6 +62,21 @@ def check_batch_norm(op: str, input, running_mean, running_var, weight, bias, tr
             ThunderRuntimeError,
         )
     check_per_channel(op, channels, running_mean, running_var, weight, bias)
+
+
+def check_stats_not_differentiable(op: str, running_mean, running_var) -> None:
+    """eager's autograd refuses running statistics that require grad (``native_batch_norm`` is not
+    differentiable in them) before the kernel runs: the call raises, with or without training."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+        check(
+            t is None or not t.requires_grad,
+            op,
+            f"The function 'native_batch_norm' is not differentiable with respect to argument '{name}'. This input "
+            f"cannot have requires_grad True. (argument {name})",
+            ThunderRuntimeError,
+        )
 
 
 def check_per_channel(op: str, channels: int, running_mean, running_var, weight, bias) -> None:

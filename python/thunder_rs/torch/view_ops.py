@@ -4,6 +4,8 @@ properties that alias (``T``, ``mT``, ``real``, ``data``), and the eager view op
 through whose outputs a write is refused. Registered at import, after ``views``.
 """
 
+import operator
+
 import torch
 
 from thunder_rs import prims
@@ -312,6 +314,25 @@ def _checked_view(view_op):
     return view
 
 
+def _shaped_as(op):
+    """The replay of ``x.expand_as(other)`` and the like: ``op`` (``Tensor.expand``) given the
+    other tensor's shape, which eager's op passes it (its node is that op's: ExpandBackward0)."""
+
+    def replay(args, kwargs):
+        other = args[0] if args else kwargs["other"]
+        return op, (tuple(other.shape),), {}
+
+    return replay
+
+
+#: View ops given a tensor for its shape, taken again by the op they call with that shape.
+_AS_REPLAYS = {
+    "expand_as": _shaped_as(torch.Tensor.expand),
+    "view_as": _shaped_as(torch.Tensor.view),
+    "reshape_as": _shaped_as(torch.Tensor.reshape),
+}
+
+
 def _symbol(name: str):
     return getattr(_shape, name, None) or getattr(_joins, name, None) or getattr(_indexing, name)
 
@@ -319,7 +340,7 @@ def _symbol(name: str):
 def _register() -> None:
     rewrap = _Rewrap(TORCH_TO_LTORCH)
     for name in _PRIM_VIEWS:
-        rewrap(_symbol(name), tracked(_symbol(name), returns_self=name in _RETURN_SELF))
+        rewrap(_symbol(name), tracked(_symbol(name), returns_self=name in _RETURN_SELF, replay=_AS_REPLAYS.get(name)))
     for name in _EACH_VIEWS:
         rewrap(_symbol(name), tracked_each(_symbol(name)))
     TORCH_TO_LTORCH[torch.Tensor.view] = _checked_view(TORCH_TO_LTORCH[torch.Tensor.view])
@@ -327,8 +348,9 @@ def _register() -> None:
         TORCH_TO_LTORCH[torch.Tensor.__getitem__],
         _bool_key_copies(TORCH_TO_LTORCH[torch.Tensor.__getitem__]),
     )
-    for name in ("T", "mT"):
-        PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name])
+    for name in ("T", "mT"):  # (taken again by the property: ``mT``'s node is a TransposeBackward0)
+        replay = lambda args, kwargs, get=operator.attrgetter(name): (get, args, kwargs)  # noqa: E731
+        PROPERTY_TO_LTORCH[name] = tracked(PROPERTY_TO_LTORCH[name], replay=replay)
     # Of a real tensor, eager's ``real`` is the tensor itself and ``mH``/``H`` are ``mT``/``T``:
     # aliases, which writes go through.
     PROPERTY_TO_LTORCH["real"] = _of_real("real", lambda a: a, 0)

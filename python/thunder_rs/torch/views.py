@@ -21,6 +21,7 @@ Programs that take views but never write pay, per view op while tracing, for cap
 prims it records and one weak reference; strides are worked out only where a decision needs them.
 """
 
+import copy
 import math
 import weakref
 from dataclasses import dataclass
@@ -62,11 +63,15 @@ class PrimStep(NamedTuple):
     """One shape prim of a view op (its parameters after the tensor, as the op passed them).
     ``group``, on the last prim of an op that returns several views (``split``, ``unbind``):
     ``(torch op, args, kwargs, output index, how many prims the op recorded)``, the op that takes
-    the view again of a real tensor, as eager's multi-output view (refused writes in place)."""
+    the view again of a real tensor, as eager's multi-output view (refused writes in place).
+    ``call``, on the last prim of an op that returns one view: ``(torch op, args, kwargs, how
+    many prims the op recorded)``, the op that takes it again, so that the view's autograd node
+    is eager's (``x[:]`` a SliceBackward0, ``x.t()`` a TBackward0, not the prims' nodes)."""
 
     name: str
     params: tuple
     group: tuple | None = None
+    call: tuple | None = None
 
     @property
     def is_prim(self) -> bool:
@@ -277,11 +282,27 @@ def _chain(parent, view, log):
     return tuple(reversed(steps))
 
 
-def tracked(symbol, returns_self: bool = False):
+def _torch_op(symbol):
+    """The first of ``symbol``'s torch functions that is torch's (not a thunder_rs wrapper)."""
+    for fn in getattr(symbol, "torch_fns", ()):
+        if not (getattr(fn, "__module__", None) or "").startswith("thunder_rs"):
+            return fn
+    return None
+
+
+def _same_call(op):
+    """The replay of a view op that calls ``op`` with the arguments it was given."""
+    return None if op is None else lambda args, kwargs: (op, args, kwargs)
+
+
+def tracked(symbol, returns_self: bool = False, replay=None):
     """The view op ``symbol``, linking each output it computed from its input by shape prims.
     An output that is the input itself (``x.view(x.shape)``, ``x[:]``) is eager's new view of it
     (an alias: its own tensor, whose ``_base`` is the input), unless eager's op ``returns_self``
-    when it has nothing to do (``flatten(1, 1)``, ``atleast_2d`` of a matrix)."""
+    when it has nothing to do (``flatten(1, 1)``, ``atleast_2d`` of a matrix). ``replay(args,
+    kwargs)``: ``(torch op, args, kwargs)`` taking a single view again of a real tensor
+    (``PrimStep.call``); by default the symbol's torch function with the arguments given."""
+    replay = replay or _same_call(_torch_op(symbol))
 
     def view_op(a, *args, **kwargs):
         if type(a) is not TensorProxy:
@@ -296,7 +317,10 @@ def tracked(symbol, returns_self: bool = False):
             stop_prim_log()
         several = type(out) is not TensorProxy
         group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs)) else None
-        copied = _link(((a, o) for o in ((out,) if not several else out)), log, group)
+        call = None if several or replay is None else replay(args, kwargs)
+        # (the arguments as they are now: a list the program changes later is not the one replayed)
+        call = None if call is None or _symbolic(call[1:]) else (call[0], *copy.deepcopy(call[1:]))
+        copied = _link(((a, o) for o in ((out,) if not several else out)), log, group, call)
         if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
             # too, so that no later view folds the reshapes around the copy away (``x.t()
@@ -317,10 +341,11 @@ def _new_views(a, out):
     return out
 
 
-def _link(pairs, log: list, group: tuple | None = None) -> bool:
+def _link(pairs, log: list, group: tuple | None = None, call: tuple | None = None) -> bool:
     """Links each output of ``pairs`` (input, output) to its input by the shape prims in ``log``;
     whether eager's op copied any of them. ``group``: ``(torch op, args, kwargs)`` of an op
-    returning several views, marked on the last prim of each (``PrimStep.group``)."""
+    returning several views, marked on the last prim of each (``PrimStep.group``); ``call``, that
+    of an op returning one (``PrimStep.call``)."""
     copied = False
     for i, (a, o) in enumerate(pairs):
         if type(a) is TensorProxy and type(o) is TensorProxy and o is not a:
@@ -328,6 +353,8 @@ def _link(pairs, log: list, group: tuple | None = None) -> bool:
             if steps is not None:
                 if group is not None and steps:
                     steps = (*steps[:-1], steps[-1]._replace(group=(*group, i, len(steps))))
+                elif call is not None and steps:
+                    steps = (*steps[:-1], steps[-1]._replace(call=(*call, len(steps))))
                 copied |= not attach(a, o, steps)
     return copied
 

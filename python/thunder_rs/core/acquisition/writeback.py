@@ -188,7 +188,8 @@ def view_taker(steps, sizes: tuple = ()):
 def eager_calls(steps) -> list:
     """``(torch call, params after the tensor)`` taking the view ``steps`` take: a shape prim's
     torch implementation, a view op's eager replay, and for the prims of an op returning several
-    views (``step.group``), that op, so that the view is one of eager's multi-output views."""
+    views (``step.group``), that op, so that the view is one of eager's multi-output views; for
+    those of one returning one (``step.call``), that op, so that its autograd node is eager's."""
     registry = torch_executor().registry
     calls: list = []
     for step in steps:
@@ -200,6 +201,10 @@ def eager_calls(steps) -> list:
             op, args, kwargs, index, count = step.group
             del calls[len(calls) - count :]
             calls.append((lambda t, *_, op=op, a=args, k=kwargs, i=index: op(t, *a, **k)[i], ()))
+        elif step.call is not None:
+            op, args, kwargs, count = step.call
+            del calls[len(calls) - count :]
+            calls.append((lambda t, *_, op=op, a=args, k=kwargs: op(t, *a, **k), ()))
     return calls
 
 

@@ -11,6 +11,7 @@ draws again from the generator state the forward started from.
 import functools
 import re
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,7 +28,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
-from thunder_rs.core.lang.recorder import note_gradient_through, refuse_gradient_in_inference_mode
+from thunder_rs.core.lang.recorder import note_gradient_through, paused_recording, refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.base.userframe import user_location
@@ -206,6 +207,36 @@ def _under_autocast(func, recorded: AutocastState):
     return run
 
 
+#: Zeros that a backward of an opaque symbol gives an input its op gave no gradient (eager's
+#: None: a custom op's backward returning None, a loss of outputs that do not read the input),
+#: by id: the trace's values are tensors, so the compiled backward computes with zeros, and
+#: ``absent_as_none`` gives None where it returns them as an input's gradient.
+_ABSENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def no_gradient(w: torch.Tensor) -> torch.Tensor:
+    """Zeros like ``w``, standing for eager's None (``_ABSENT``)."""
+    zeros = torch.zeros_like(w)
+    _ABSENT[id(zeros)] = zeros
+    return zeros
+
+
+def absent_as_none(backward):
+    """``backward`` (a compiled backward with opaque symbols' backwards) giving None, as eager's
+    autograd does, for the inputs whose gradient is zeros ``no_gradient`` made: ``x.grad`` stays
+    None, ``autograd.grad(..., allow_unused=True)`` gives None. (Zeros that flowed through other
+    operations of the backward first are left as they are.)"""
+
+    @functools.wraps(backward)
+    def run(*args):
+        grads = backward(*args)
+        if not _ABSENT:
+            return grads
+        return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
+
+    return run
+
+
 def _vjp_of(func):
     """The backward of a fallback: runs ``func`` again under torch.autograd on the saved inputs
     and returns the gradients of ``wanted`` (inputs that require grad in the trace)."""
@@ -228,7 +259,8 @@ def _vjp_of(func):
         # (it was given to each, and the program's backward added them up again: twice eager's).
         first = {id(w): i for i, w in reversed(list(enumerate(wanted)))}
         grads = tuple(
-            torch.zeros_like(w) if g is None or first[id(w)] != i else g for i, (w, g) in enumerate(zip(wanted, grads))
+            no_gradient(w) if g is None else torch.zeros_like(w) if first[id(w)] != i else g
+            for i, (w, g) in enumerate(zip(wanted, grads))
         )
         return grads[0] if len(grads) == 1 else grads
 
@@ -242,10 +274,16 @@ def _concrete(shape):
     return tuple(map(int, shape))
 
 
+def _differentiable(x) -> bool:
+    """Whether the stand-in of the proxy ``x`` requires grad: where it does, the call's outputs
+    say which of them eager's autograd differentiates (``native_batch_norm``'s saved mean is none)."""
+    return x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
 def _to_meta(x):
     if isinstance(x, TensorProxy):
         shape = _concrete(x.shape) if x._symbolic else x.shape
-        return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=False)
+        return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=_differentiable(x))
     return int(x) if type(x) is SymInt else x
 
 
@@ -253,7 +291,8 @@ def _to_fake(x):
     """A fake tensor on the proxy's device (fake CUDA tensors need no GPU), which torch's
     autocast treats as it treats real ones."""
     if isinstance(x, TensorProxy):
-        return torch.empty(_concrete(x.shape) if x._symbolic else x.shape, dtype=x.dtype, device=x.device)
+        shape = _concrete(x.shape) if x._symbolic else x.shape
+        return torch.empty(shape, dtype=x.dtype, device=x.device, requires_grad=_differentiable(x))
     return int(x) if type(x) is SymInt else x
 
 
@@ -302,7 +341,8 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
     generator does not change what a call returns, so the call goes without it. Raises
     ``_NeedsValues`` where only the real values tell."""
     kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
-    with torch._C.DisableTorchFunctionSubclass():
+    # (recording paused: a custom op's autograd.Function runs on its stand-ins as eager's does)
+    with torch._C.DisableTorchFunctionSubclass(), paused_recording():
         try:
             if autocast_state is not None:
                 with FakeTensorMode():
@@ -349,7 +389,7 @@ def _metadata(func, name: str, args, kwargs, autocast_state, factory: bool, symb
     if symbolic:
         kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
         sizes = _SIZES.load()
-        found = sizes.symbolic_metadata(func, args, kwargs, factory)
+        found = sizes.symbolic_metadata(func, args, kwargs, factory, requires_grad=_differentiable)
         if found is not None and found is not sizes.FROM_VALUES:
             return found[0], found[1], None
     try:
@@ -524,6 +564,8 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     device = _device(in_leaves, kwargs)
     if requires_grad is None:
         flags = [torch.is_grad_enabled() and any(x.requires_grad for x in in_leaves)] * len(leaves)
+        if checked is None and func not in META_RULES:  # (stand-ins requiring grad: eager's autograd tells)
+            flags = [flag and t.requires_grad for flag, t in zip(flags, leaves)]
     else:
         flags = list(requires_grad) if isinstance(requires_grad, (tuple, list)) else [requires_grad] * len(leaves)
     if any(flags) and torch.is_inference_mode_enabled():

@@ -32,7 +32,7 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current
+from thunder_rs.core.lang.recorder import current, paused_recording
 from thunder_rs.core.lang.symint import SymInt, wrap
 
 #: A symbol's source (``ConstantSource``); a ShapeEnv imports torch._dynamo when made anyway.
@@ -189,7 +189,8 @@ def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
                 fake_args, fake_kwargs = tree_map(fake, (args, kwargs))
                 if factory:
                     fake_kwargs["device"] = "meta"
-                out = func(*fake_args, **fake_kwargs)
+                with paused_recording():  # (a custom op's autograd.Function runs on them as eager's does)
+                    out = func(*fake_args, **fake_kwargs)
             shapes = {
                 id(t): tuple(sizes.from_torch(d) for d in t.shape)
                 for t in tree_flatten(out)[0]
