@@ -208,12 +208,15 @@ def _recurrent_outputs(func):
     arguments over a padded batch: torch's decomposition steps through the sequence in Python,
     which took a guard on its length (a compile per length). Its kernel's layout: the output is
     computed time-major, a transposed view where ``batch_first``; the last hidden state is
-    ``hx``'s shape. A packed sequence (``batch_sizes`` second) runs the decomposition."""
+    ``hx``'s shape. A packed sequence (``batch_sizes`` second) or a hidden state of another shape
+    than the input's (torch's error) runs the decomposition."""
 
     def outputs(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first=False):
-        if not isinstance(params, (list, tuple)):
+        directions = 2 if bidirectional else 1
+        batch = (input.shape[0 if batch_first else 1],) if input.dim() == 3 else ()
+        if not isinstance(params, (list, tuple)) or tuple(hx.shape[:-1]) != (num_layers * directions, *batch):
             return func(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        features = hx.shape[-1] * (2 if bidirectional else 1)
+        features = hx.shape[-1] * directions
         if input.dim() == 3 and batch_first:
             steps = input.new_empty((input.shape[1], input.shape[0], features)).transpose(0, 1)
         else:
