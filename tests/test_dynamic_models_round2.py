@@ -33,6 +33,7 @@ torchvision = pytest.importorskip("torchvision")
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
     pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled"),
+    pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning"),
 ]
 T = transformers
 EXACT = dict(rtol=0, atol=0)
@@ -131,7 +132,6 @@ def test_whisper_at_another_frame_count_raises_eagers_error():
         jmodel(**speech(2, 4, 1, frames=20))
 
 
-@pytest.mark.slow
 def test_vit_interpolates_its_position_encoding_at_sizes_that_are_not_whole_patches():
     config = T.ViTConfig(
         image_size=32, patch_size=8, num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64
@@ -147,7 +147,6 @@ def test_vit_interpolates_its_position_encoding_at_sizes_that_are_not_whole_patc
     assert misses(jmodel) == 2, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
-@pytest.mark.slow
 def test_t5_trains_over_batches_with_source_and_target_lengths_changing_together():
     config = T.T5Config(
         vocab_size=VOCAB,
@@ -176,7 +175,6 @@ def test_t5_trains_over_batches_with_source_and_target_lengths_changing_together
     assert misses(jmodel) == 3, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_qwen2_with_gradient_checkpointing_trains_over_batches_and_lengths(reentrant):
     torch.manual_seed(0)
@@ -186,7 +184,6 @@ def test_qwen2_with_gradient_checkpointing_trains_over_batches_and_lengths(reent
     assert misses(jmodel) == 2, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mobilenet_v3_small", "resnet18"])
 def test_channels_last_features_at_odd_image_sizes_have_eagers_values_and_strides(arch):
     torch.manual_seed(0)
