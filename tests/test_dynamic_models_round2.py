@@ -7,7 +7,9 @@ with the changed sizes symbolic, and one more for a batch of 1 (0 and 1 stay spe
 torch.compile). What the families cannot run at some size (Whisper's encoder at another frame
 count) fails as eager fails.
 
-The sweep found no silent difference. It found one compile per sequence length: ``nn.GRU`` and
+The sweep found no silent difference of shapes that change (``nn.LSTM`` on the CPU under grad is
+a rounding off eager's at any shape: oneDNN's kernel differs with grad mode, and a fallback's
+compiled forward runs without grad; not fixed here). It found one compile per sequence length: ``nn.GRU`` and
 ``nn.RNN`` run torch's ``gru``/``rnn_tanh``/``rnn_relu`` as fallbacks, whose symbolic output sizes
 came from torch's decomposition on fake tensors, which steps through the sequence in Python and
 so guarded its length (``nn.LSTM`` takes a oneDNN kernel there and did not); a rule gives their
