@@ -123,8 +123,8 @@ def variable_lengths(model, step):
 @pytest.mark.parametrize("cell", [nn.RNN, nn.GRU, nn.LSTM], ids=["rnn", "gru", "lstm"])
 def test_recurrent_layers_over_padded_batches_of_variable_lengths_train_as_eager(cell):
     """Bidirectional, two layers, dropout between them; lengths 7, 5, 6: the second compiles
-    symbolic lengths, which serve the third (the RNN and GRU compile a third time)."""
-    trains_as_eager(lambda: RecurrentClassifier(cell), variable_lengths, compiles=2 if cell is nn.LSTM else 3)
+    symbolic lengths, which serve the third."""
+    trains_as_eager(lambda: RecurrentClassifier(cell), variable_lengths, compiles=2)
 
 
 def scheduled(model, step):

@@ -190,7 +190,7 @@ def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
                 if factory:
                     fake_kwargs["device"] = "meta"
                 with paused_recording():  # (a custom op's autograd.Function runs on them as eager's does)
-                    out = func(*fake_args, **fake_kwargs)
+                    out = _RULES.get(func, func)(*fake_args, **fake_kwargs)
             shapes = {
                 id(t): tuple(sizes.from_torch(d) for d in t.shape)
                 for t in tree_flatten(out)[0]
@@ -202,6 +202,33 @@ def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
         except Exception:  # noqa: BLE001 (unfollowed, or the op's own error: the static way raises it)
             return None
     return out, lambda t: shapes[id(t)]
+
+
+def _recurrent_outputs(func):
+    """``func`` (``torch.gru``, ``rnn_tanh``, ``rnn_relu``) with its outputs' metadata given by its
+    arguments over a padded batch: torch's decomposition steps through the sequence in Python,
+    which took a guard on its length (a compile per length). Its kernel's layout: the output is
+    computed time-major, a transposed view where ``batch_first``; the last hidden state is
+    ``hx``'s shape. A packed sequence (``batch_sizes`` second) or a hidden state of another shape
+    than the input's (torch's error) runs the decomposition."""
+
+    def outputs(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first=False):
+        directions = 2 if bidirectional else 1
+        batch = (input.shape[0 if batch_first else 1],) if input.dim() == 3 else ()
+        if not isinstance(params, (list, tuple)) or tuple(hx.shape[:-1]) != (num_layers * directions, *batch):
+            return func(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        features = hx.shape[-1] * directions
+        if input.dim() == 3 and batch_first:
+            steps = input.new_empty((input.shape[1], input.shape[0], features)).transpose(0, 1)
+        else:
+            steps = input.new_empty((*input.shape[:-1], features))
+        return steps, hx.new_empty(hx.shape)
+
+    return outputs
+
+
+#: Calls whose outputs' symbolic metadata a rule gives instead of torch's fake kernel.
+_RULES = {func: _recurrent_outputs(func) for func in (torch.gru, torch.rnn_tanh, torch.rnn_relu)}
 
 
 class _DataSized(Exception):
