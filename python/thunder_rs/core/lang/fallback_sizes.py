@@ -205,30 +205,35 @@ def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
 
 
 def _recurrent_outputs(func):
-    """``func`` (``torch.gru``, ``rnn_tanh``, ``rnn_relu``) with its outputs' metadata given by its
-    arguments over a padded batch: torch's decomposition steps through the sequence in Python,
-    which took a guard on its length (a compile per length). Its kernel's layout: the output is
-    computed time-major, a transposed view where ``batch_first``; the last hidden state is
-    ``hx``'s shape. A packed sequence (``batch_sizes`` second) or a hidden state of another shape
-    than the input's (torch's error) runs the decomposition."""
+    """``func`` (``torch.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) with its outputs' metadata
+    given by its arguments over a padded batch: torch's decomposition steps through the sequence
+    in Python, which took a guard on its length (a compile per length). Its kernel's layout: the
+    output is computed time-major, a transposed view where ``batch_first``; the last hidden states
+    are ``hx``'s shapes (``(h, c)`` for an LSTM). A packed sequence (``batch_sizes`` second) or a
+    hidden state of another shape than the input's (torch's error) runs the decomposition."""
 
     def outputs(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first=False):
         directions = 2 if bidirectional else 1
         batch = (input.shape[0 if batch_first else 1],) if input.dim() == 3 else ()
-        if not isinstance(params, (list, tuple)) or tuple(hx.shape[:-1]) != (num_layers * directions, *batch):
+        states = tuple(hx) if isinstance(hx, (list, tuple)) else (hx,)
+        if not isinstance(params, (list, tuple)) or any(
+            not isinstance(h, torch.Tensor) or tuple(h.shape[:-1]) != (num_layers * directions, *batch) for h in states
+        ):
             return func(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        features = hx.shape[-1] * directions
+        features = states[0].shape[-1] * directions
+        # (differentiable where the kernel's outputs are: the caller reads which outputs autograd tracks)
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *states, *params))
         if input.dim() == 3 and batch_first:
-            steps = input.new_empty((input.shape[1], input.shape[0], features)).transpose(0, 1)
+            steps = input.new_empty((input.shape[1], input.shape[0], features)).requires_grad_(grads).transpose(0, 1)
         else:
-            steps = input.new_empty((*input.shape[:-1], features))
-        return steps, hx.new_empty(hx.shape)
+            steps = input.new_empty((*input.shape[:-1], features)).requires_grad_(grads)
+        return (steps, *(h.new_empty(h.shape).requires_grad_(grads) for h in states))
 
     return outputs
 
 
 #: Calls whose outputs' symbolic metadata a rule gives instead of torch's fake kernel.
-_RULES = {func: _recurrent_outputs(func) for func in (torch.gru, torch.rnn_tanh, torch.rnn_relu)}
+_RULES = {func: _recurrent_outputs(func) for func in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)}
 
 
 class _DataSized(Exception):
