@@ -159,15 +159,32 @@ def test_a_program_waiting_on_the_device_queue_launches_its_kernels_one_by_one(f
         assert not thunder_rs.last_traces(jf)[-1].regions()
 
 
+def _pushes_a_range(x):
+    torch.cuda.nvtx.range_push("a")
+    return (x.sin() * 2).cos()
+
+
 def test_nvtx_ranges_keep_the_fusion_executors(fake_cuda):
     """A range or mark does not order kernels: a program with only those still fuses, and every
     call pushes and pops (the ranges were pushed once, while traced)."""
-    jf = thunder_rs.jit(lambda x: torch.cuda.nvtx.range_push("a") or (x.sin() * 2).cos(), executors=[_Fuser()])
+    jf = thunder_rs.jit(_pushes_a_range, executors=[_Fuser()])
     for _ in range(2):
         fake_cuda.log = []
         jf(torch.randn(2))
         assert fake_cuda.log == [("range_push", "a")]
     assert thunder_rs.last_traces(jf)[-1].regions()
+
+
+def _returns_the_nvtx_depth(x):
+    depth = torch.cuda.nvtx.range_push("a")
+    torch.cuda.nvtx.range_pop()
+    return x * 2, depth
+
+
+def _keeps_the_nvtx_depth(x):
+    torch.cuda.nvtx.range_push("a")
+    HOLDER.depth = torch.cuda.nvtx.range_pop()
+    return x * 2
 
 
 def _returns_its_event(x):
@@ -178,6 +195,7 @@ def _returns_its_event(x):
 
 class _Holder:
     event = None
+    depth = None
 
 
 HOLDER = _Holder()
@@ -223,6 +241,19 @@ REFUSED = {
         "torch.cuda.nvtx.range_push",
         "lambda x: torch.cuda.nvtx.range_push",
     ),
+    "nvtx_depth_used": (
+        lambda x: torch.cuda.nvtx.range_push("a") or x * 2,
+        (),
+        "torch.cuda.nvtx.range_push",
+        'lambda x: torch.cuda.nvtx.range_push("a") or x * 2',
+    ),
+    "nvtx_depth_returned": (
+        _returns_the_nvtx_depth,
+        (),
+        "torch.cuda.nvtx.range_push",
+        'depth = torch.cuda.nvtx.range_push("a")',
+    ),
+    "nvtx_depth_kept": (_keeps_the_nvtx_depth, (), "torch.cuda.nvtx.range_pop", "HOLDER.depth = torch.cuda.nvtx"),
     "nvtx_range_start": (
         lambda x: torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start("a")) or x * 2,
         (),
@@ -236,10 +267,11 @@ REFUSED = {
 def test_device_queue_work_no_compiled_call_can_make_as_eager_is_refused_naming_the_line(fake_cuda, name):
     """An event the program makes and returns or keeps (eager's is new on every call; a compiled
     call would hand back tracing's), a stream passed in (the entry is not keyed on it), nvtx text of
-    a tensor, a range handle (a value of the call's run), and an input written inside a stream
-    context (the compiled call copies it back after running, on the stream current then). (The
-    event was returned as tracing's; the stream's wait was refused as a mark among kernels; the
-    ranges were pushed once; the stream context was refused.)"""
+    a tensor, a range handle and the depth ``range_push``/``range_pop`` return, used, returned or
+    kept (values of the call's run), and an input written inside a stream context (the compiled
+    call copies it back after running, on the stream current then). (The event was returned as
+    tracing's; the stream's wait was refused as a mark among kernels; the ranges were pushed once;
+    the depth was None, where eager's is an int; the stream context was refused.)"""
     fn, args, construct, text = REFUSED[name]
     with pytest.raises(
         ThunderNotImplementedError, match=rf"^{re.escape(construct)}: .* at .*test_cuda_queue.py:\d+"

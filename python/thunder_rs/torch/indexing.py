@@ -479,15 +479,21 @@ def slice_backward(grad_output, input_sizes, dim, start, end, step):
     return prims.pad(grad_output, clang.maybe_convert(0, grad_output.dtype), tuple(config))
 
 
-def put_slice_gradient(a, out, d: int, start, stop, step: int = 1) -> None:
+def put_slice_gradient(a, out, d: int, start, stop, step: int = 1):
     """Puts eager's gradient of ``out``, ``a``'s slice ``start:stop:step`` of ``d`` (``SliceBackward0``;
-    ``SelectBackward0`` of an int's slice of one): a new row-major tensor. The decomposition's VJP
-    stays where the sizes or bounds are symbolic, or the slice is ``a`` itself."""
-    if out is a or not a.requires_grad or not all(type(n) is int for n in (*a.shape, start, stop)):
-        return
+    ``SelectBackward0`` of an int's slice of one): a new row-major tensor, also where the slice is
+    all of ``a`` (``narrow(d, 0, size)``, whose cotangent kept its layout through ``a`` itself).
+    Returns the rule's output: ``out``, or an alias of ``a`` where ``out`` is ``a`` (as ``views``
+    makes one; a rule's output is a new value). The decomposition's VJP stays where the sizes or
+    bounds are symbolic."""
+    if not a.requires_grad or not all(type(n) is int for n in (*a.shape, start, stop)):
+        return out
+    if out is a:
+        out = prims.reshape(a, tuple(a.shape))
     shape = list(a.shape)
     shape[d] = (max(stop, start) - start + step - 1) // step
     put_grad(a, slice_backward(reshape_to(get_grad(out), tuple(shape)), tuple(a.shape), d, start, stop, step))
+    return out
 
 
 def _slices(a, key) -> list | None:
@@ -619,8 +625,7 @@ def select_grad(a, dim, index):
     out = select(a, dim, index)
     d = clang.canonicalize_dim(a.ndim, dim, "ltorch.select")
     start = index + a.shape[d] if index < 0 else index
-    put_slice_gradient(a, out, d, start, start + 1)
-    return out
+    return put_slice_gradient(a, out, d, start, start + 1)
 
 
 @register_grad(slice_tensor)
@@ -628,8 +633,7 @@ def slice_grad(a, dim=0, start=None, end=None, step=1):
     out = slice_tensor(a, dim, start, end, step)
     d = clang.canonicalize_dim(a.ndim, dim, "ltorch.slice")
     begin, stop, _ = slice_indices(slice(start, end, step), a.shape[d])
-    put_slice_gradient(a, out, d, begin, stop, step)
-    return out
+    return put_slice_gradient(a, out, d, begin, stop, step)
 
 
 @torchsymbol(torch.unbind, Tensor.unbind, sequence=True)
@@ -638,6 +642,17 @@ def unbind(a, dim=0):
     check(a.ndim > 0, op, "Dimension specified as 0 but tensor has no dimensions (argument a)", ThunderIndexError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     return tuple(prims.squeeze(slice_in_dim(a, d, i, i + 1), (d,)) for i in range(a.shape[d]))
+
+
+@register_grad(unbind)
+def unbind_grad(a, dim=0):
+    """Eager's ``UnbindBackward0``: the pieces' cotangents stacked (row-major zeros for a piece
+    that got none), one ``stack`` where the slices' VJPs padded each piece and summed them (which
+    lost a channels_last cotangent's layout, kept by eager's stack)."""
+    pieces = unbind(a, dim)
+    if pieces:  # (none of a dim of size 0)
+        put_grad(a, ltorch.stack([get_grad(p) for p in pieces], clang.canonicalize_dim(a.ndim, dim, "ltorch.unbind")))
+    return pieces
 
 
 def _check_index(op: str, index, like, dtypes=_INDEX_DTYPES, what="int32 or int64"):

@@ -396,7 +396,7 @@ def narrow_grad(a, dim, start, length):
     if type(start) is int and type(length) is int:
         d = clang.canonicalize_dim(a.ndim, dim, "ltorch.narrow")
         begin = start + a.shape[d] if start < 0 else start
-        put_slice_gradient(a, out, d, begin, begin + length)
+        return put_slice_gradient(a, out, d, begin, begin + length)
     return out
 
 
@@ -501,12 +501,17 @@ TORCH_TO_LTORCH[torch.nn.functional.pad] = _pad_or_fallback
 
 
 def _tiles_grad(a, pieces, dim: int):
-    """Puts the gradient of ``a`` from those of ``pieces``, which tile it along ``dim``: one cat
-    instead of a pad per piece. Pieces that are ``a`` itself (one whole piece) take no rule."""
-    if any(p is a for p in pieces):
-        return pieces
+    """Puts the gradient of ``a`` from those of ``pieces``, which tile it along ``dim``: eager's
+    ``SplitBackward0``, one cat (a new tensor also for one whole piece, then an alias of ``a``:
+    eager's cat of a transposed cotangent is row-major)."""
+    pieces = _aliased(a, pieces)
     put_grad(a, ltorch.cat([get_grad(p) for p in pieces], dim))
     return pieces
+
+
+def _aliased(a, pieces):
+    """``pieces`` with ``a`` itself, a whole piece, an alias of it (a rule's outputs are new values)."""
+    return type(pieces)(prims.reshape(a, tuple(a.shape)) if p is a else p for p in pieces)
 
 
 @register_grad(ltorch.split)
@@ -521,10 +526,19 @@ def chunk_grad(a, chunks, dim=0):
 
 @register_grad(ltorch.tensor_split)
 def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
+    """Eager's gradient of ``tensor_split``, a slice per piece (``SliceBackward0`` each, summed):
+    a new row-major tensor, here the cat of the pieces' cotangents copied by one ``slice_backward``
+    of all of ``a`` (a channels_last cotangent's cat is channels_last)."""
     pieces = ltorch.tensor_split(
         a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections
     )
-    return _tiles_grad(a, pieces, dim)
+    d = clang.canonicalize_dim(a.ndim, dim, "ltorch.tensor_split")
+    if not all(type(n) is int for n in a.shape):
+        return _tiles_grad(a, pieces, d)
+    pieces = _aliased(a, pieces)
+    joined = ltorch.cat([get_grad(p) for p in pieces], d)
+    put_grad(a, ltorch.slice_backward(joined, tuple(a.shape), d, 0, a.shape[d], 1))
+    return pieces
 
 
 @register_grad(stack)

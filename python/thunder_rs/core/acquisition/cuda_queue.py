@@ -279,11 +279,17 @@ def _synchronize(real):
 
 
 def refuse_escaped_events(out, stored: list) -> None:
-    """Refuses an event or stream the program made that it returns or stores where it outlives the
-    call (``stored``: the values it writes into its state), naming the line that made it."""
-    if not _made:
+    """Refuses an event or stream the program made, or an nvtx depth (``_Depth``), that it returns or
+    stores where it outlives the call (``stored``: the values it writes into its state), naming the
+    line that made it."""
+    if not (_made or _Depth.made):
         return
     for leaf in pytree.tree_leaves((out, stored)):
+        if type(leaf) is _Depth:
+            raise ThunderNotImplementedError(
+                f"{leaf.label}: the program returns or keeps the depth it returns at {leaf.where}; a compiled "
+                "call would hand back tracing's, where eager's is the depth of each call's run. Call it as a statement"
+            )
         made = _made.get(id(leaf))
         if made is not None and made[0] is leaf:
             kind = made[1].kind.__name__
@@ -373,11 +379,46 @@ def _nvtx_call(label: str):
                 return real(*args)
             _plain_text(label, args, program)
             record_effect(_effect(label, real, queued=False), args, {}, [])
-            return None
+            return None if label.endswith(".mark") else _Depth(label, _site(program))
 
         return stand_in
 
     return make
+
+
+class _Depth:
+    """What ``range_push`` and ``range_pop`` return in a traced program: the depth of the nvtx
+    ranges in a call's run, which a compiled call cannot hand on (it would reuse tracing's); a
+    use of it is refused, naming the call's line, and so is returning or keeping it
+    (``refuse_escaped_events``). A program that calls them as statements never sees it."""
+
+    __slots__ = ("label", "where")
+    made = False  # (whether any was: the escape check walks the results only then)
+
+    def __init__(self, label: str, where: str):
+        self.label, self.where = label, where
+        _Depth.made = True
+
+    def refuse(self, *args, **kwargs):
+        raise ThunderNotImplementedError(
+            f"{self.label}: the program uses the depth it returns at {self.where}; a compiled call would give "
+            "tracing's, where eager's is the depth of each call's run. Call it as a statement"
+        )
+
+    def __repr__(self) -> str:
+        return f"<the depth {self.label} returns at {self.where}>"
+
+
+for _name in (
+    *("bool", "int", "index", "float", "complex", "hash", "str", "format", "neg", "pos", "abs", "invert"),
+    *("eq", "ne", "lt", "le", "gt", "ge"),
+    *(
+        f"{r}{op}"
+        for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
+        for r in ("", "r")
+    ),
+):
+    setattr(_Depth, f"__{_name}__", _Depth.refuse)
 
 
 class _TracedRange:
