@@ -433,7 +433,7 @@ def _observed_guards(observer, captures: Captures, reached: ArgumentObjects, sto
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
     guards = observer.guards()
-    return guards + alias_guards(reached, observer.state.written_ids, guards)
+    return guards + alias_guards(reached, observer.state.written_ids, guards) + reached.item_guards()
 
 
 def _kept_tensors(captures: Captures, inputs) -> dict:

@@ -1,0 +1,76 @@
+"""Programs as users write them, round 5, each next to eager over several calls.
+
+What differed: a ``collections.Counter`` passed as an argument (no pytree flattens it) was read
+once: a count changed between calls kept the first call's (``x * c["scale"]``: 2 where eager
+gave 3), and one the program counted in was refused. So was an ``OrderedDict`` (or ``Counter``)
+that an argument object holds; a ``Counter``, ``defaultdict`` or ``OrderedDict`` it held and the
+program set items of was refused. They are now read and written as a dict reached from the
+arguments is, and a list or dict held in another (``stats["seen"].append(1)``), whose items no
+read the observer sees guards, is guarded on its items: the compiled calls kept the items the
+first call appended (``reached.ArgumentObjects.item_guards``)."""
+
+import collections
+import types
+
+import pytest
+
+import torch
+
+import thunder_rs
+
+
+def _counts(x, c):
+    c["calls"] += 1
+    return x * c["scale"] + c["calls"]
+
+
+def _check_against_eager(program, make, change) -> tuple:
+    """Calls ``program`` jitted and eagerly on equal state three times, ``change`` between calls."""
+    jf, state, eager = thunder_rs.jit(program), make(), make()
+    for i in range(3):
+        x = torch.randn(2)
+        torch.testing.assert_close(jf(x, state), program(x, eager), rtol=0, atol=0)
+        change(state, i)
+        change(eager, i)
+    return jf, state, eager
+
+
+def test_a_counter_argument_is_read_and_counted_in_as_eager():
+    def make():
+        return collections.Counter(scale=2)
+
+    def change(c, i):
+        c["scale"] = 3 + i
+
+    _, state, eager = _check_against_eager(_counts, make, change)
+    assert state == eager and state["calls"] == 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [collections.Counter, lambda **kw: collections.defaultdict(int, kw), collections.OrderedDict],
+    ids=["Counter", "defaultdict", "OrderedDict"],
+)
+def test_a_dict_subclass_an_argument_object_holds_is_read_and_counted_in_as_eager(make):
+    def program(x, box):
+        return _counts(x, box.counts)
+
+    def change(box, i):
+        box.counts["scale"] = 3 + i
+
+    _, state, eager = _check_against_eager(
+        program, lambda: types.SimpleNamespace(counts=make(scale=2, calls=0)), change
+    )
+    assert type(state.counts) is type(eager.counts) and dict(state.counts) == dict(eager.counts)
+
+
+def test_a_list_held_in_a_dict_of_an_argument_object_grows_on_every_call_as_eager():
+    def program(x, box):
+        box.stats["seen"].append(1)
+        return x * len(box.stats["seen"])
+
+    def make():
+        return types.SimpleNamespace(stats={"seen": []})
+
+    _, state, eager = _check_against_eager(program, make, lambda box, i: None)
+    assert state.stats == eager.stats == {"seen": [1, 1, 1]}
