@@ -7,9 +7,12 @@ that an argument object holds; a ``Counter``, ``defaultdict`` or ``OrderedDict``
 program set items of was refused. They are now read and written as a dict reached from the
 arguments is, and a list or dict held in another (``stats["seen"].append(1)``), whose items no
 read the observer sees guards, is guarded on its items: the compiled calls kept the items the
-first call appended (``reached.ArgumentObjects.item_guards``)."""
+first call appended (``reached.ArgumentObjects.item_guards``). A refusal of state the program
+changed after reading it ("changed Python state it read") named the function's ``def`` line, where
+the read was found in its code, rather than the line that read it (``userframe.read_site``)."""
 
 import collections
+import inspect
 import types
 
 import pytest
@@ -17,6 +20,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 def _counts(x, c):
@@ -74,3 +78,52 @@ def test_a_list_held_in_a_dict_of_an_argument_object_grows_on_every_call_as_eage
 
     _, state, eager = _check_against_eager(program, make, lambda box, i: None)
     assert state.stats == eager.stats == {"seen": [1, 1, 1]}
+
+
+SEEN: set = set()
+
+
+class _Tags(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seen: set = set()
+
+    def forward(self, x):
+        y = x + 1
+        self.seen.add(len(self.seen))  # reads self.seen
+        return y
+
+
+def _tags_globally(x):
+    y = x + 1
+    SEEN.add(len(SEEN))  # reads SEEN
+    return y
+
+
+def _tags_in_a_closure():
+    seen: set = set()
+
+    def program(x):
+        y = x + 1
+        seen.add(len(seen))  # reads seen
+        return y
+
+    return program
+
+
+def _line_of(fn, marker: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if marker in line)
+
+
+@pytest.mark.parametrize(
+    "program, code",
+    [(_Tags(), _Tags.forward), (_tags_globally, _tags_globally), (_tags_in_a_closure(), _tags_in_a_closure)],
+    ids=["module_attribute", "global", "closure"],
+)
+def test_a_refusal_of_changed_state_names_the_line_that_read_it(program, code):
+    # Named the function's first line (its def), which reads nothing.
+    line = _line_of(code, "# reads")
+    with pytest.raises(ThunderNotImplementedError, match=rf"changed Python state it read: .*round5\.py:{line}\)"):
+        thunder_rs.jit(program)(torch.ones(2))
+    SEEN.clear()

@@ -24,7 +24,8 @@ from thunder_rs.core.acquisition.dynamic import leaf_paths
 from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import ModuleSource
+from thunder_rs.core.base.userframe import read_site
+from thunder_rs.core.state.guards import CellSource, ModuleSource
 from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
@@ -337,6 +338,13 @@ def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
         )
 
 
+def _reading_line(guard) -> str:
+    """Where the program read what ``guard`` guards: a read found in a function's code (its
+    ``origin`` the function's first line) is named at its own line."""
+    source, name = getattr(guard, "source", None), getattr(guard, "name", None)
+    return read_site(guard.origin, source.label if type(source) is CellSource else name)
+
+
 def _unreplayed(changed) -> str:
     """Why a change of ``changed`` cannot be made again, and what to do instead."""
     if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
@@ -362,6 +370,7 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
         if not guard.holds(flat_inputs):
             rechecked = checked_by_the_next_call(guard, interrupted)
             if rechecked is None:
+                guard.origin = _reading_line(guard)
                 raise ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
                     + _unreplayed(getattr(guard, "expected", None))

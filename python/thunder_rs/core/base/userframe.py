@@ -62,6 +62,30 @@ def store_site(origin: str, name) -> str:
     return f"{path}:{min(lines)}" if lines else origin
 
 
+def read_site(origin: str, name) -> str:
+    """``file:line`` of the first place, in the function defined at ``origin`` (``file:line``, its
+    first line), that reads ``name`` (``self.seen``, a global ``seen``, ``cfg["seen"]``);
+    ``origin`` when there is none, or when no function starts there (a read seen as it ran
+    already names its line). For error messages only: it parses the function's file."""
+    path, _, first = origin.rpartition(":")
+    if not isinstance(name, str) or not linecache.getlines(path):
+        return origin
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return origin
+    lines = [
+        node.lineno
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and str(_first_line(fn)) == first
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript))
+        and isinstance(node.ctx, ast.Load)
+        and _named(node, name)
+    ]
+    return f"{path}:{min(lines)}" if lines else origin
+
+
 def _first_line(fn) -> int:
     return min([fn.lineno, *(d.lineno for d in getattr(fn, "decorator_list", ()))])
 
