@@ -9,10 +9,15 @@ arguments is, and a list or dict held in another (``stats["seen"].append(1)``), 
 read the observer sees guards, is guarded on its items: the compiled calls kept the items the
 first call appended (``reached.ArgumentObjects.item_guards``). A refusal of state the program
 changed after reading it ("changed Python state it read") named the function's ``def`` line, where
-the read was found in its code, rather than the line that read it (``userframe.read_site``)."""
+the read was found in its code, rather than the line that read it (``userframe.read_site``). A
+program that raised its own error after ``sys.path.insert(0, p)`` or ``os.environ[k] = v`` left
+neither made, where eager leaves both (tracing undid them: ``setters.note_settings_made``)."""
 
 import collections
 import inspect
+import os
+import sys
+import time
 import types
 
 import pytest
@@ -127,3 +132,59 @@ def test_a_refusal_of_changed_state_names_the_line_that_read_it(program, code):
     with pytest.raises(ThunderNotImplementedError, match=rf"changed Python state it read: .*round5\.py:{line}\)"):
         thunder_rs.jit(program)(torch.ones(2))
     SEEN.clear()
+
+
+_ENTRY = "/nonexistent/thunder_rs_round5"
+
+
+def _extends_the_path_then_raises(x, limit=3):
+    sys.path.insert(0, _ENTRY)
+    os.environ["THUNDER_RS_ROUND5"] = str(x.shape[0])
+    if x.shape[0] >= limit:
+        raise ValueError("too long")
+    return x + 1
+
+
+def _settings() -> tuple:
+    return sys.path.count(_ENTRY), sys.path[0], os.environ.get("THUNDER_RS_ROUND5")
+
+
+@pytest.mark.parametrize("keyword", [False, True], ids=["positional", "keyword"])
+def test_settings_a_program_made_before_its_own_error_stay_made_as_eager(keyword):
+    # Tracing undid them: eager's sys.path kept the entry the program inserted before raising.
+    path, seen = list(sys.path), {}
+    try:
+        for name, fn in (
+            ("eager", _extends_the_path_then_raises),
+            ("jit", thunder_rs.jit(_extends_the_path_then_raises)),
+        ):
+            sys.path[:] = path
+            os.environ.pop("THUNDER_RS_ROUND5", None)
+            seen[name] = []
+            for n in (2, 4, 5):  # (the second call compiles with symbolic sizes first, then static)
+                try:
+                    fn(torch.ones(n), limit=3) if keyword else fn(torch.ones(n))
+                    seen[name].append(("returned", *_settings()))
+                except ValueError as e:
+                    seen[name].append((str(e), *_settings()))
+        assert seen["jit"] == seen["eager"]
+        assert seen["eager"][-1] == ("too long", 3, _ENTRY, "5")
+    finally:
+        sys.path[:] = path
+        os.environ.pop("THUNDER_RS_ROUND5", None)
+
+
+def _extends_the_path_then_is_refused(x):
+    sys.path.insert(0, _ENTRY)
+    return x * time.perf_counter()  # (a clock read while traced: refused)
+
+
+def test_settings_of_a_call_thunder_rs_refuses_are_undone():
+    # A refusal is thunder_rs's, not the program's: the call was not made, and leaves no setting.
+    path = list(sys.path)
+    try:
+        with pytest.raises(ThunderNotImplementedError):
+            thunder_rs.jit(_extends_the_path_then_is_refused)(torch.ones(2))
+        assert sys.path == path
+    finally:
+        sys.path[:] = path

@@ -24,6 +24,7 @@ from thunder_rs.core.acquisition.dynamic import leaf_paths
 from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
+from thunder_rs.core.acquisition.setters import note_settings_made
 from thunder_rs.core.base.userframe import read_site
 from thunder_rs.core.state.guards import CellSource, ModuleSource
 from thunder_rs.core.state.items import DICTS, MUTABLE
@@ -206,6 +207,9 @@ def _trace_program(
             ]
             stored = [w[2] for w in writes] + [i[2] for i in items]
             through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
+    except BaseException as e:
+        note_settings_made(e, prints)
+        raise
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
