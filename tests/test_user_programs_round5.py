@@ -11,15 +11,24 @@ first call appended (``reached.ArgumentObjects.item_guards``). A refusal of stat
 changed after reading it ("changed Python state it read") named the function's ``def`` line, where
 the read was found in its code, rather than the line that read it (``userframe.read_site``). A
 program that raised its own error after ``sys.path.insert(0, p)`` or ``os.environ[k] = v`` left
-neither made, where eager leaves both (tracing undid them: ``setters.note_settings_made``)."""
+neither made, where eager leaves both (tracing undid them: ``setters.note_settings_made``). A
+random generator held as a default argument (``def f(x, rng=np.random.default_rng(0))``) drew
+once, while traced: every compiled call reused that number; it is refused naming the line that
+draws, as one in a global or closure is (``generator_states``). A ``WeakKeyDictionary``,
+``WeakValueDictionary`` or ``WeakSet`` (a cache keyed by a module) was guarded by identity, so
+entries added between calls were not seen; their contents are guarded through the weak references
+they hold (``items.members``), and a program writing one is refused naming the line."""
 
 import collections
 import inspect
 import os
+import random
 import sys
 import time
 import types
+import weakref
 
+import numpy
 import pytest
 
 import torch
@@ -188,3 +197,82 @@ def test_settings_of_a_call_thunder_rs_refuses_are_undone():
         assert sys.path == path
     finally:
         sys.path[:] = path
+
+
+def _draws_from_a_default_generator(kind: str):
+    make = {
+        "numpy_generator": lambda: numpy.random.default_rng(0),
+        "numpy_random_state": lambda: numpy.random.RandomState(0),
+        "random_Random": lambda: random.Random(0),
+    }[kind]
+
+    def program(x, rng=make()):
+        return x * float(rng.random())  # draws
+
+    return program
+
+
+@pytest.mark.parametrize("kind", ["numpy_generator", "numpy_random_state", "random_Random"])
+def test_a_generator_held_as_a_default_argument_is_refused_naming_the_line(kind):
+    # Tracing drew once and every compiled call reused that number (eager draws anew each call).
+    program, rng = _draws_from_a_default_generator(kind), _draws_from_a_default_generator(kind).__defaults__[0]
+    first = float(rng.random())  # (what a generator seeded as the program's draws first)
+    rng = program.__defaults__[0]
+    line = _line_of(_draws_from_a_default_generator, "# draws")
+    with pytest.raises(ThunderNotImplementedError, match=rf"default argument 'rng' of .* read at .*round5\.py:{line},"):
+        thunder_rs.jit(program)(torch.ones(2))
+    assert float(rng.random()) == first  # (set back as it was)
+
+
+class _Owner:
+    pass
+
+
+OWNER = _Owner()
+SCALES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MEMBERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _reads_weak_containers(x):
+    return x * SCALES.get(OWNER, 1) + len(MEMBERS)
+
+
+class _Memo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.memo: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.kept = _Owner()
+
+    def forward(self, x):
+        return x * (2 if self.memo.get("kept") is not None else 1)
+
+
+def test_weak_containers_changed_between_calls_are_read_as_eager():
+    # Guarded by identity: every call computed with what the first call found in them.
+    jf, memo = thunder_rs.jit(_reads_weak_containers), _Memo()
+    jmemo = thunder_rs.jit(memo)
+    try:
+        for i in range(3):
+            x = torch.randn(2)
+            torch.testing.assert_close(jf(x), _reads_weak_containers(x), rtol=0, atol=0)
+            torch.testing.assert_close(jmemo(x), memo(x), rtol=0, atol=0)
+            SCALES[OWNER] = i + 2
+            MEMBERS.add(OWNER) if i == 0 else MEMBERS.discard(OWNER)
+            memo.memo["kept"] = memo.kept
+    finally:
+        SCALES.clear()
+        MEMBERS.clear()
+
+
+def _counts_in_a_weak_dict(x):
+    SCALES[OWNER] = SCALES.get(OWNER, 0) + 1  # writes
+    return x * SCALES[OWNER]
+
+
+def test_a_weak_dict_the_program_writes_is_refused_naming_the_line():
+    line = _line_of(_counts_in_a_weak_dict, "# writes")
+    try:
+        with pytest.raises(ThunderNotImplementedError, match=rf"contents of global 'SCALES'.*round5\.py:{line}\)"):
+            thunder_rs.jit(_counts_in_a_weak_dict)(torch.ones(2))
+    finally:
+        SCALES.clear()
