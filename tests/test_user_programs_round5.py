@@ -17,7 +17,9 @@ once, while traced: every compiled call reused that number; it is refused naming
 draws, as one in a global or closure is (``generator_states``). A ``WeakKeyDictionary``,
 ``WeakValueDictionary`` or ``WeakSet`` (a cache keyed by a module) was guarded by identity, so
 entries added between calls were not seen; their contents are guarded through the weak references
-they hold (``items.members``), and a program writing one is refused naming the line."""
+they hold (``items.members``), and a program writing one is refused naming the line. A list or
+dict argument the program changes (``metrics["aux"] = loss``, a ``defaultdict(list)`` of stats
+appended to) is refused as before, now naming the argument and the line."""
 
 import collections
 import inspect
@@ -276,3 +278,41 @@ def test_a_weak_dict_the_program_writes_is_refused_naming_the_line():
             thunder_rs.jit(_counts_in_a_weak_dict)(torch.ones(2))
     finally:
         SCALES.clear()
+
+
+def _logs_into_metrics(x, metrics):
+    y = x * 2
+    metrics["aux"] = y.sum()  # changes
+    return y
+
+
+def _appends_to_stats(x, *, stats):
+    stats["seen"].append(1)  # changes
+    return x * len(stats["seen"])
+
+
+class _Caches(torch.nn.Module):
+    def forward(self, x, cache):
+        cache.append(x * 2)  # changes
+        return x
+
+
+@pytest.mark.parametrize(
+    "program, code, call, what",
+    [
+        (_logs_into_metrics, _logs_into_metrics, lambda f, x: f(x, {}), "dict metrics"),
+        (
+            _appends_to_stats,
+            _appends_to_stats,
+            lambda f, x: f(x, stats=collections.defaultdict(list)),
+            "defaultdict stats",
+        ),
+        (_Caches(), _Caches.forward, lambda f, x: f(x, []), "list cache"),
+    ],
+    ids=["dict_item_set", "defaultdict_item_appended_to", "module_list_argument"],
+)
+def test_a_container_argument_the_program_changes_is_refused_naming_it_and_the_line(program, code, call, what):
+    # Named neither the argument nor a line.
+    line = _line_of(code, "# changes")
+    with pytest.raises(ThunderNotImplementedError, match=rf"given as an argument, the {what} at .*round5\.py:{line} "):
+        call(thunder_rs.jit(program), torch.ones(2))
