@@ -19,7 +19,9 @@ draws, as one in a global or closure is (``generator_states``). A ``WeakKeyDicti
 entries added between calls were not seen; their contents are guarded through the weak references
 they hold (``items.members``), and a program writing one is refused naming the line. A list or
 dict argument the program changes (``metrics["aux"] = loss``, a ``defaultdict(list)`` of stats
-appended to) is refused as before, now naming the argument and the line."""
+appended to) is refused as before, now naming the argument and the line. ``numpy.random.seed(k)``
+in a program was always refused ("global 'seed' of numpy.random changed"): the guard on it expected
+NumPy's function back, where thunder_rs's wrapper stays (``pydraws._install``)."""
 
 import collections
 import inspect
@@ -316,3 +318,20 @@ def test_a_container_argument_the_program_changes_is_refused_naming_it_and_the_l
     line = _line_of(code, "# changes")
     with pytest.raises(ThunderNotImplementedError, match=rf"given as an argument, the {what} at .*round5\.py:{line} "):
         call(thunder_rs.jit(program), torch.ones(2))
+
+
+def _seeds_numpy(x, seed):
+    numpy.random.seed(seed)  # (looked up on numpy.random on each call)
+    return x * 2
+
+
+def test_numpy_seeded_inside_a_program_by_module_lookup_is_seeded_by_every_call_as_eager():
+    # Refused: the guard on numpy.random.seed expected NumPy's own function back, where thunder_rs's
+    # wrapper stays ("global 'seed' of numpy.random changed from <cython_function_or_method ...>").
+    seen = {}
+    for name, fn in (("eager", _seeds_numpy), ("jit", thunder_rs.jit(_seeds_numpy))):
+        seen[name] = []
+        for seed in (1, 2, 1):
+            torch.testing.assert_close(fn(torch.ones(2), seed), torch.full((2,), 2.0), rtol=0, atol=0)
+            seen[name].append(numpy.random.random())
+    assert seen["jit"] == seen["eager"]
