@@ -139,7 +139,7 @@ class ArgumentObjects:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
                 if under or not path:
                     self.unseen.add(id(x))
-            if not is_simple(x):
+            if not is_simple(x) or any(type(y) is list for y in x):  # (``[[]]`` is simple: a list in it changes)
                 items = InputItemsSource(position, path, label)
                 for key, y in x.items() if type(x) in DICTS else enumerate(x):
                     step = Item(key) if type(key) in (int, str) else None
