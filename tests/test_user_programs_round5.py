@@ -21,7 +21,10 @@ they hold (``items.members``), and a program writing one is refused naming the l
 dict argument the program changes (``metrics["aux"] = loss``, a ``defaultdict(list)`` of stats
 appended to) is refused as before, now naming the argument and the line. ``numpy.random.seed(k)``
 in a program was always refused ("global 'seed' of numpy.random changed"): the guard on it expected
-NumPy's function back, where thunder_rs's wrapper stays (``pydraws._install``)."""
+NumPy's function back, where thunder_rs's wrapper stays (``pydraws._install``). Of the dicts an
+argument object holds, keys the program moved (``move_to_end``) kept their old order, and the list a
+``defaultdict(list)`` made for a new key (``stats["loss"].append(t)``) was refused as an object no
+call would put there again (``reached._changes``)."""
 
 import collections
 import copy
@@ -104,6 +107,34 @@ def test_a_list_held_in_a_container_of_an_argument_object_grows_on_every_call_as
 
     _, state, eager = _check_against_eager(program, make, lambda box, i: None)
     assert state.stats == eager.stats and len(eager.stats[key]) == 3
+
+
+def test_tensors_appended_to_a_defaultdict_of_lists_an_argument_object_holds_are_kept_as_eager():
+    # Refused: the list the defaultdict made for a new key was "an object" no call would put there again.
+    def program(x, box):
+        box.stats["loss"].append(x.sum().detach())
+        return x * len(box.stats["loss"])
+
+    jf = thunder_rs.jit(program)
+    state, eager = (types.SimpleNamespace(stats=collections.defaultdict(list)) for _ in range(2))
+    for i in range(3):
+        x = torch.arange(3.0) + i
+        torch.testing.assert_close(jf(x, state), program(x, eager), rtol=0, atol=0)
+    assert state.stats.keys() == eager.stats.keys() and len(state.stats["loss"]) == 3
+    torch.testing.assert_close(state.stats["loss"], eager.stats["loss"], rtol=0, atol=0)
+
+
+def test_keys_moved_in_an_ordered_dict_an_argument_object_holds_keep_eagers_order():
+    # The compiled calls set the items alone, keeping the dict's old order (a most-recently-used order).
+    def program(x, box):
+        box.order[f"k{len(box.order)}"] = 1
+        box.order.move_to_end(next(iter(box.order)))
+        return x * len(box.order)
+
+    _, state, eager = _check_against_eager(
+        program, lambda: types.SimpleNamespace(order=collections.OrderedDict()), lambda box, i: None
+    )
+    assert list(state.order) == list(eager.order) == ["k0", "k2", "k1"]
 
 
 SEEN: set = set()

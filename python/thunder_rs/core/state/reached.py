@@ -34,6 +34,7 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple
 from thunder_rs.core.state.items import ANY_TENSOR, DICTS, SameType, same_held_items
@@ -359,15 +360,37 @@ def _repeatable(value) -> bool:
     return is_simple(value) or isinstance(value, torch.Tensor)
 
 
+def _made_again(value) -> bool:
+    """New values a compiled call can set in a dict again: ``_repeatable`` ones, and lists, tuples
+    and dicts of them (``stats["loss"].append(t)`` in a ``defaultdict(list)``), made anew by each call."""
+    return all(map(_repeatable, pytree.tree_leaves(value)))
+
+
 def _changes(container, before: tuple, source: InputSource) -> list | None:
     """The writes that make ``container`` (reached at ``source``) what the program left; None
-    when one puts a value no call can set again."""
+    when one puts a value no call can set again. Keys it moved (``move_to_end``, a key popped
+    and set again) are set again in order, all of them."""
     if type(container) is list:
         return [(source, slice(None), list(container))] if all(map(_repeatable, container)) else None
     old = dict(before)
     writes = [(source, k, v) for k, v in container.items() if old.get(k, MISSING) is not v]
     writes += [(source, k, MISSING) for k in old if k not in container]
-    return writes if all(v is MISSING or _repeatable(v) for _, _, v in writes) else None
+    if not same_order(old, writes, container):
+        writes = [(source, k, MISSING) for k in old] + [(source, k, v) for k, v in container.items()]
+    # (a value it held before, set again in order, must be the same object: a plain value or a tensor)
+    kept = all(v is MISSING or (_repeatable(v) if old.get(k, MISSING) is v else _made_again(v)) for _, k, v in writes)
+    return writes if kept else None
+
+
+def same_order(old: dict, writes: list, container) -> bool:
+    """Whether making ``writes`` in a dict holding ``old`` leaves its keys in ``container``'s order."""
+    made = dict(old)
+    for _, key, value in writes:
+        if value is MISSING:
+            made.pop(key, None)
+        else:
+            made[key] = value
+    return list(made) == list(container)
 
 
 def _container_error(container, source: InputSource) -> ThunderNotImplementedError:
