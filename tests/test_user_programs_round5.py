@@ -307,6 +307,22 @@ def test_weak_containers_changed_between_calls_are_read_as_eager():
         MEMBERS.clear()
 
 
+def test_a_weak_dict_an_argument_object_holds_is_read_as_eager():
+    # Followed as an object of the arguments (its attributes), its contents were not guarded.
+    def program(x, box):
+        return x * box.scales.get(box, 1)
+
+    def change(box, i):
+        box.scales[box] = i + 2
+
+    def make():
+        box = _Owner()  # (a SimpleNamespace takes no weak reference)
+        box.scales = weakref.WeakKeyDictionary()
+        return box
+
+    _check_against_eager(program, make, change)
+
+
 def _counts_in_a_weak_dict(x):
     SCALES[OWNER] = SCALES.get(OWNER, 0) + 1  # writes
     return x * SCALES[OWNER]

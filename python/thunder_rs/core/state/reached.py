@@ -31,6 +31,7 @@ import array
 import collections
 import itertools
 import types
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,10 @@ _NOT_FOLLOWED = (
     types.FunctionType,
     types.MethodType,
     types.BuiltinFunctionType,
+    # Weak containers: read whole, by the guard on where the program found them (``items.members``).
+    weakref.WeakKeyDictionary,
+    weakref.WeakValueDictionary,
+    weakref.WeakSet,
 )
 #: Followed by item: the standard library's dicts too (a ``Counter`` of calls, a ``defaultdict``:
 #: ``items.DICTS``), whose item writes every call makes again as a dict's.
