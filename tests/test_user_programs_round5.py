@@ -24,7 +24,9 @@ in a program was always refused ("global 'seed' of numpy.random changed"): the g
 NumPy's function back, where thunder_rs's wrapper stays (``pydraws._install``). Of the dicts an
 argument object holds, keys the program moved (``move_to_end``) kept their old order, and the list a
 ``defaultdict(list)`` made for a new key (``stats["loss"].append(t)``) was refused as an object no
-call would put there again (``reached._changes``)."""
+call would put there again (``reached._changes``). A module looking itself up in a dict by a
+method (``CACHE.get(self, 1)``) got the traced copy's answer on every compiled call; it is refused
+naming the line, as ``self in CACHE`` is (``identity``)."""
 
 import collections
 import copy
@@ -390,3 +392,18 @@ def test_numpy_seeded_inside_a_program_by_module_lookup_is_seeded_by_every_call_
             torch.testing.assert_close(fn(torch.ones(2), seed), torch.full((2,), 2.0), rtol=0, atol=0)
             seen[name].append(numpy.random.random())
     assert seen["jit"] == seen["eager"]
+
+
+SCALES_BY_MODULE: dict = {}
+
+
+class _ScaledByItself(torch.nn.Module):
+    def forward(self, x):
+        return x * SCALES_BY_MODULE.get(self, 1)  # looks itself up
+
+
+def test_a_module_looking_itself_up_in_a_dict_by_a_method_is_refused_naming_the_line():
+    # The traced copy of the module looked itself up: 1 on every compiled call, eager 2 then 3.
+    line = _line_of(_ScaledByItself, "# looks itself up")
+    with pytest.raises(ThunderNotImplementedError, match=rf"SCALES_BY_MODULE.get\(self, ...\).*round5\.py:{line} "):
+        thunder_rs.jit(_ScaledByItself())(torch.ones(2))
