@@ -93,3 +93,17 @@ def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
     line = source.splitlines()[lineno - 1].split("  #")[0].strip()
     callee = line.split("=", 1)[-1].split("(", 1)[0].strip()
     return thunder_error_like(exc, f"{callee}: {exc} (execution trace line {lineno}: {line})")
+
+
+#: The attribute of the program's own error, raised while it was traced, that makes again the process
+#: settings it made before raising (``core.acquisition.setters.note_settings_made``).
+SETTINGS_MADE = "_thunder_rs_settings_made"
+
+
+def settings_made_again(error: BaseException) -> None:
+    """Makes again the process settings (``sys.path.insert(0, p)``, ``os.environ[k] = v``) that the
+    program made before raising ``error`` while traced, which tracing undid: eager, raising there,
+    leaves them made. Called where the error leaves the compile, after any compile tried again."""
+    again = getattr(error, "__dict__", {}).pop(SETTINGS_MADE, None)
+    if again is not None:
+        again()

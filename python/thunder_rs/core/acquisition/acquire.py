@@ -25,7 +25,9 @@ from thunder_rs.core.acquisition.dynamic import leaf_paths
 from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
-from thunder_rs.core.state.guards import ModuleSource
+from thunder_rs.core.acquisition.setters import note_settings_made
+from thunder_rs.core.base.userframe import read_site, store_site
+from thunder_rs.core.state.guards import CellSource, ModuleSource
 from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.modules import ModuleBinding
@@ -211,6 +213,9 @@ def _trace_program(
             kept = inputs.args + inputs.params + captures.proxies  # (what the call writes into them)
             refuse_returned_duals(rec, [*tree_flatten((out, stored))[0], *kept])
             through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
+    except BaseException as e:
+        note_settings_made(e, prints)
+        raise
     finally:
         stop_recording_prints(token)
     _reject_generators(fn, out)
@@ -272,7 +277,7 @@ def _fresh(value, captures: Captures):
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
     """Runs the program on proxies (while recording); returns its output, the observer of its
     reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
-    leaves = list(flat_inputs)
+    program, leaves = fn, list(flat_inputs)
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
         dims = symbolic.get(i, {})
@@ -317,7 +322,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
-        _check_arguments_unchanged(args, kwargs, leaves)
+        _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
         reached.refuse_changed_in_place()
     except BaseException:
         put_back(placed, failed=True)
@@ -331,17 +336,46 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     return out, observer, pairs, inputs
 
 
-def _check_arguments_unchanged(args, kwargs, leaves: list) -> None:
+def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> None:
     """Refuses a program that changed a list or dict it was given (``metrics["aux"] = loss``,
     ``cache.append(k)``): tracing ran it on copies of the caller's containers, and no compiled
-    call would change them again."""
+    call would change them again. The error names the argument and the line that changed it."""
     now = tree_flatten((args, kwargs))[0]  # (not the spec: torch's pytree rebuilds a torch.Size as a tuple)
     if len(now) != len(leaves) or any(a is not b for a, b in zip(now, leaves)):
         raise ThunderNotImplementedError(
-            "thunder_rs.jit: the traced program changed a list or dict it was given as an argument (set, added or "
-            "removed an item: metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. "
-            "Return the values instead"
+            f"thunder_rs.jit: the traced program changed a list or dict it was given as an argument"
+            f"{_changed_argument(program, args, kwargs, leaves, in_spec)} (set, added or removed an item: "
+            "metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. Return the values "
+            "instead"
         )
+
+
+def _changed_argument(program, args, kwargs, leaves: list, in_spec) -> str:
+    """``, the <type> <name> at <file:line>`` for the first argument of ``program`` whose leaves
+    changed (``leaves``, flattened by ``in_spec``: the call's), the line found in its code."""
+    target = program.forward if isinstance(program, torch.nn.Module) else program
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    arg_specs, kwarg_spec = in_spec.children()
+    names = list(code.co_varnames[int(hasattr(target, "__self__")) : code.co_argcount]) if code is not None else []
+    places = [(names[i] if i < len(names) else None, a, s) for i, (a, s) in enumerate(zip(args, arg_specs.children()))]
+    places += [(k, kwargs.get(k), s) for k, s in zip(kwarg_spec.context, kwarg_spec.children())]
+    start = 0
+    for name, value, spec in places:
+        found, before = tree_flatten(value)[0], leaves[start : start + spec.num_leaves]
+        start += spec.num_leaves
+        if len(found) != len(before) or any(a is not b for a, b in zip(found, before)):
+            if name is None or code is None:
+                return ""
+            site = store_site(f"{code.co_filename}:{code.co_firstlineno}", name, held=True)
+            return f", the {type(value).__name__} {name} at {site}"
+    return ""
+
+
+def _reading_line(guard) -> str:
+    """Where the program read what ``guard`` guards: a read found in a function's code (its
+    ``origin`` the function's first line) is named at its own line."""
+    source, name = getattr(guard, "source", None), getattr(guard, "name", None)
+    return read_site(guard.origin, source.label if type(source) is CellSource else name)
 
 
 def _unreplayed(changed) -> str:
@@ -369,6 +403,7 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
         if not guard.holds(flat_inputs):
             rechecked = checked_by_the_next_call(guard, interrupted)
             if rechecked is None:
+                guard.origin = _reading_line(guard)
                 raise ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
                     + _unreplayed(getattr(guard, "expected", None))
@@ -442,7 +477,7 @@ def _observed_guards(observer, captures: Captures, reached: ArgumentObjects, sto
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)
     guards = observer.guards()
-    return guards + alias_guards(reached, observer.state.written_ids, guards)
+    return guards + alias_guards(reached, observer.state.written_ids, guards) + reached.item_guards()
 
 
 def _kept_tensors(captures: Captures, inputs) -> dict:

@@ -9,9 +9,12 @@ call makes them again, the first one too, in order with its prints and logging, 
 changed between calls is set again as eager sets it (as the attributes it sets are). Their
 arguments must be plain values (a setting computed from a traced tensor is refused, naming the
 line). The stand-ins are in place only while some program is traced (``stdlib_state``'s
-``consuming_iterators``), and call through for other code.
+``consuming_iterators``), and call through for other code. A program that raises its own error
+while traced leaves the settings it made before made, as eager does (``note_settings_made``); a
+call thunder_rs refuses leaves none.
 """
 
+import functools
 import os
 import sys
 
@@ -20,7 +23,7 @@ import torch
 from thunder_rs.core.acquisition.effects import recorded_effects
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.handed_effects import program_calling
-from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.errors import SETTINGS_MADE, ThunderError, ThunderNotImplementedError
 
 
 class SetterCall:
@@ -77,6 +80,22 @@ def record_setting(label: str, function, args: tuple, frame, undo, kwargs=None, 
     recorded = recorded_effects()
     if recorded is not None:
         recorded.append(SetterCall(function, args, kwargs))
+
+
+def note_settings_made(error: BaseException, effects: list) -> None:
+    """Notes on ``error``, raised by the program while traced (not a refusal of thunder_rs's), the
+    settings it made before (``effects``: what the trace recorded), which tracing undoes: where
+    the error leaves the jit, ``errors.settings_made_again`` makes them again, as eager leaves them
+    (``sys.path.insert(0, p)`` before the program's ``raise``). A refusal leaves none: the call
+    was not made."""
+    made = [e for e in effects if type(e) is SetterCall]
+    if made and not isinstance(error, ThunderError) and isinstance(getattr(error, "__dict__", None), dict):
+        error.__dict__[SETTINGS_MADE] = functools.partial(_make_again, made)
+
+
+def _make_again(made: list) -> None:
+    for call in made:
+        call.apply(None, None)
 
 
 def _setter(label: str, real, before):

@@ -42,12 +42,38 @@ _MUTATORS = frozenset(
 )
 
 
-def store_site(origin: str, name) -> str:
+def store_site(origin: str, name, held: bool = False) -> str:
     """``file:line`` of the first statement, in the function defined at ``origin`` (``file:line``,
     its first line), that changes a list or dict it knows as ``name`` (``self.cache[k] = v``,
-    ``cache.append(v)``, ``cfg["cache"][k] = v``); ``origin`` when there is none. For error
+    ``cache.append(v)``, ``cfg["cache"][k] = v``); ``origin`` when there is none. ``held``: else,
+    of the first that changes a container ``name`` holds (``stats["seen"].append(v)``). For error
     messages only: it parses the function's file."""
     path, _, first = origin.rpartition(":")
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return origin
+    nodes = [
+        node
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and str(_first_line(fn)) == first
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.stmt, ast.expr))
+    ]
+    lines = [node.lineno for node in nodes if _changes(node, name)]
+    if held and not lines:
+        lines = [node.lineno for node in nodes if _changes(node, name, _rooted)]
+    return f"{path}:{min(lines)}" if lines else origin
+
+
+def read_site(origin: str, name) -> str:
+    """``file:line`` of the first place, in the function defined at ``origin`` (``file:line``, its
+    first line), that reads ``name`` (``self.seen``, a global ``seen``, ``cfg["seen"]``);
+    ``origin`` when there is none, or when no function starts there (a read seen as it ran
+    already names its line). For error messages only: it parses the function's file."""
+    path, _, first = origin.rpartition(":")
+    if not isinstance(name, str) or not linecache.getlines(path):
+        return origin
     try:
         tree = ast.parse("".join(linecache.getlines(path)))
     except (SyntaxError, ValueError):
@@ -57,7 +83,9 @@ def store_site(origin: str, name) -> str:
         for fn in ast.walk(tree)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and str(_first_line(fn)) == first
         for node in ast.walk(fn)
-        if isinstance(node, (ast.stmt, ast.expr)) and _changes(node, name)
+        if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript))
+        and isinstance(node.ctx, ast.Load)
+        and _named(node, name)
     ]
     return f"{path}:{min(lines)}" if lines else origin
 
@@ -66,17 +94,26 @@ def _first_line(fn) -> int:
     return min([fn.lineno, *(d.lineno for d in getattr(fn, "decorator_list", ()))])
 
 
-def _changes(node, name) -> bool:
-    """Whether the statement or call ``node`` changes a container named ``name``."""
+def _changes(node, name, named=None) -> bool:
+    """Whether the statement or call ``node`` changes a container named ``name`` (``named``: how
+    the container's expression is matched with it, by default ``_named``)."""
+    named = named or _named
     if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
         targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-        return any(isinstance(t, ast.Subscript) and _named(t.value, name) for t in targets)
+        return any(isinstance(t, ast.Subscript) and named(t.value, name) for t in targets)
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in _MUTATORS
-        and _named(node.func.value, name)
+        and named(node.func.value, name)
     )
+
+
+def _rooted(expr, name) -> bool:
+    """Whether ``expr`` is reached from the variable ``name`` by items and attributes (``stats["seen"]``)."""
+    while isinstance(expr, (ast.Subscript, ast.Attribute)):
+        expr = expr.value
+    return isinstance(expr, ast.Name) and expr.id == name
 
 
 def _named(expr, name) -> bool:

@@ -60,6 +60,7 @@ from thunder_rs.core.run.wrapped_module import (
 from thunder_rs.errors import (
     ThunderValueError,
     runtime_error,
+    settings_made_again,
 )
 from thunder_rs.core.lang.executor_api import (
     default_executors,
@@ -255,7 +256,16 @@ class ThunderFunction:
     # -- misses ----------------------------------------------------------------------------------
 
     def _miss(self, flat, spec, key) -> Entry:
-        """Finds an entry of ``key`` whose guards hold, or compiles one (one thread at a time)."""
+        """Finds an entry of ``key`` whose guards hold, or compiles one (one thread at a time). Where
+        the program's own error ends the compile, the settings it made before raising are made
+        again, as eager leaves them (``errors.settings_made_again``)."""
+        try:
+            return self._found_or_compiled(flat, spec, key)
+        except BaseException as e:
+            settings_made_again(e)
+            raise
+
+    def _found_or_compiled(self, flat, spec, key) -> Entry:
         with self._lock:
             for entry in self._variants.get(key, ()):
                 if entry.check is None or entry.check(flat):

@@ -11,7 +11,7 @@ from thunder_rs.core.base.userframe import callable_name, warn_at_user_frame
 from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import other_side, widened
 from thunder_rs.core.lang.values import ValueTree
-from thunder_rs.errors import ThunderRuntimeError, runtime_error
+from thunder_rs.errors import ThunderRuntimeError, runtime_error, settings_made_again
 
 if TYPE_CHECKING:
     from thunder_rs.core.run.entry import Entry
@@ -129,11 +129,15 @@ def _symbolic_answer(jfn, read: Read, value, tree: ValueTree | None, prefix: tup
 def _variant_compile(jfn, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
     """Compiles the variant of ``entry`` for the reads ``forced`` (the call's)."""
     static = functools.partial(jfn._compile, flat, spec(), key, str(diverged), forced, entry)
-    if entry.symbolic is not None and jfn._dynamic_off is None:
-        # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
-        sizes, held = entry.symbolic_args
-        return jfn._symbolic_first(static, sizes, held, entry.tree)
-    return static()
+    try:
+        if entry.symbolic is not None and jfn._dynamic_off is None:
+            # A variant of a symbolic entry is symbolic too: it serves the sizes the entry does.
+            sizes, held = entry.symbolic_args
+            return jfn._symbolic_first(static, sizes, held, entry.tree)
+        return static()
+    except BaseException as e:
+        settings_made_again(e)  # (the program's own error: as ``JitFunction._miss``)
+        raise
 
 
 def _run_eagerly(jfn, diverged: Diverged, eager):

@@ -19,7 +19,8 @@ from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
 from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
 from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, library_module
-from thunder_rs.core.state.generator_states import note_generator
+from thunder_rs.core.base.userframe import read_site
+from thunder_rs.core.state.generator_states import is_random_generator, note_generator
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
@@ -77,6 +78,17 @@ def is_a(state: ProgramState, obj, classes, check=None) -> bool:
         if cls is not None:
             return cls is not t and issubclass(cls, classes)
     return isinstance(obj, classes) if check is None else check(obj)
+
+
+def _default_generator(fn, key, value, origin: str) -> tuple:
+    """``(value, how the program reaches it, where)`` for ``fn``'s default at ``key`` (an index into
+    its ``__defaults__`` or a keyword's name; ``fn`` defined at ``origin``), as ``note_generator``
+    takes them: a random generator held there (``def f(x, rng=np.random.default_rng(0))``) draws
+    on from call to call. Where is the line that uses it, for a generator only (it parses the file)."""
+    code = fn.__code__
+    name = key if isinstance(key, str) else code.co_varnames[code.co_argcount - len(fn.__defaults__) + key]
+    where = read_site(origin, name) if is_random_generator(value) else origin
+    return value, f"default argument {name!r} of {fn.__qualname__}", where
 
 
 class AttributeReads:
@@ -138,6 +150,7 @@ class AttributeReads:
             source = ItemSource(holder, f"{fn.__qualname__}.{name}")
             items: list[tuple[Any, Any]] = list(holder.items() if isinstance(holder, dict) else enumerate(holder or ()))
             for key, value in items:  # an index or a keyword's name, as ItemSource reads it
+                note_generator(self._generators, *_default_generator(fn, key, value, origin))
                 if hasattr(type(value), "__next__") and not isinstance(value, torch.Tensor):
                     found = (value, source.describe(key), origin, iterator_position(value))
                     self._iterators.setdefault(id(value), found)

@@ -44,7 +44,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.items import DICTS
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
-from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore
+from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore, same_order
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Sources whose lists and dicts are the program's lasting state: module and object attributes,
@@ -309,7 +309,7 @@ def _changes(place: _Place) -> list | str:
     writes = [(at, k, v) for k, v in container.items() if _sized(k) or old.get(k, MISSING) is not v]
     now = {k for k in container if not _sized(k)}
     writes += [(at, k, MISSING) for k in old if k not in now]
-    if not any(map(_sized, container)) and not _same_order(old, writes, container):
+    if not any(map(_sized, container)) and not same_order(old, writes, container):
         # Keys moved (``move_to_end``, a key removed then set again): every item again, in order.
         writes = [(at, k, MISSING) for k in old] + [(at, k, v) for k, v in container.items()]
     for _, key, value in writes:
@@ -318,17 +318,6 @@ def _changes(place: _Place) -> list | str:
         if value is not MISSING and not _repeatable(value):
             return f"an object of type {type(value).__name__} under the key {key!r}"
     return writes
-
-
-def _same_order(old: dict, writes: list, container) -> bool:
-    """Whether making ``writes`` in a dict holding ``old`` leaves its keys in ``container``'s order."""
-    made = dict(old)
-    for _, key, value in writes:
-        if value is MISSING:
-            made.pop(key, None)
-        else:
-            made[key] = value
-    return list(made) == list(container)
 
 
 def _sized(key) -> bool:

@@ -62,6 +62,11 @@ def _accessors(value):
     return None
 
 
+def is_random_generator(value) -> bool:
+    """Whether ``value`` is a random generator whose draws ``note_generator`` would see."""
+    return _accessors(value) is not None
+
+
 def note_generator(states: dict, value, name: str, origin: str) -> None:
     """Notes in ``states`` (id -> ``GeneratorState``) the state of ``value``, read as ``name`` at
     ``origin``, if it is a random generator not noted yet."""

@@ -44,6 +44,8 @@ _LOAD_LOCAL_PAIR = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST
 #: Loads of constants (3.14's small ints and immortal constants among them).
 _LOAD_CONST = frozenset({"LOAD_CONST", "LOAD_SMALL_INT", "LOAD_CONST_IMMORTAL", "LOAD_CONST_MORTAL"})
 _LOAD_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+#: Methods of dicts and sets that look their first argument up by its hash and ``==``.
+_LOOKUPS = frozenset({"get", "pop", "setdefault", "__contains__", "__getitem__", "discard", "remove", "add"})
 _CALLS = ("PRECALL", "CALL")
 #: Where the operand just before is a key (3.14 subscripts with ``BINARY_OP`` ``[]``).
 _SUBSCRIPTS = ("BINARY_SUBSCR", "STORE_SUBSCR", "DELETE_SUBSCR")
@@ -201,6 +203,14 @@ def _chain_before(ops, end: int) -> tuple:
     return ()
 
 
+def _call_after_constants(ops, k: int) -> bool:
+    """Whether the instructions from ``k`` load constants and then call (the arguments after a
+    first one: ``CACHE.get(self, 1)``)."""
+    while k < len(ops) and ops[k].opname in _LOAD_CONST:
+        k += 1
+    return k < len(ops) and ops[k].opname in _CALLS
+
+
 def _operand_start(ops, end: int) -> int | None:
     """Where the operand ending just before ``end`` starts, when it is a load and its attribute
     reads; else None (an operand computed otherwise has no start the scan can tell)."""
@@ -308,6 +318,10 @@ def uses_in(instructions, name: str, first_line: int = 0) -> list:
                 chain = _chain_before(ops, i)
                 if chain:
                     found.append(("call", chain, op.line))
+            elif (
+                len(chain := _chain_before(ops, i)) > 1 and chain[-1] in _LOOKUPS and _call_after_constants(ops, i + 1)
+            ):
+                found.append(("lookup", chain, op.line))  # (``CACHE.get(self, 1)``: its first argument)
             elif after.opname in _LOAD_ATTR:
                 found.append(("method", after.argval, op.line))
             elif after.opname in _SUBSCRIPTS:
@@ -337,6 +351,15 @@ def _construct(kind: str, detail, name: str, receiver, globals_: dict) -> str | 
         # (as found on the class: a cached staticmethod or classmethod is keyed by its arguments alone)
         cached = isinstance(_on_class(type(receiver), detail), functools._lru_cache_wrapper)
         return f"{name}.{detail}(), a method cached by functools (keyed by {name})" if cached else None
+    if kind == "lookup":
+        # A dict's or set's method looking the module up (``CACHE.get(self, 1)``): by its hash or ``==``.
+        found = _resolve(detail, globals_)
+        holder = getattr(found, "__self__", None)
+        cls = type(receiver)
+        by_identity = cls.__hash__ is object.__hash__ or cls.__eq__ is object.__eq__
+        if isinstance(holder, (dict, set, frozenset)) and found.__name__ in _LOOKUPS and by_identity:
+            return f"{'.'.join(detail)}({name}, ...), a lookup keyed by {name}"
+        return None
     if kind == "key":
         cls = type(receiver)
         return detail if cls.__hash__ is object.__hash__ or cls.__eq__ is object.__eq__ else None

@@ -6,6 +6,7 @@ import array
 import collections
 import copy
 import operator
+import weakref
 from itertools import chain
 
 import torch
@@ -13,7 +14,10 @@ import torch
 #: Containers that change in place, which no write counter sees: their guards check every call.
 #: Their subclasses too (``Counter``, ``defaultdict``, ``OrderedDict``, ``deque``): ``isinstance``.
 #: Buffers of numbers too (``bytearray``, ``array.array``: a global one appended to between calls).
-MUTABLE = (list, dict, set, collections.deque, bytearray, array.array)
+#: The weak containers too (a ``WeakKeyDictionary`` cache keyed by a module), compared through the
+#: weak references they hold (``members``), which keep nothing alive.
+_WEAK = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)
+MUTABLE = (list, dict, set, collections.deque, bytearray, array.array, *_WEAK)
 #: The dicts whose items a program's writes are replayed in (``containers``), read by key as a dict
 #: is: ``dict`` and the standard library's subclasses (a ``Counter`` of calls, a ``defaultdict``),
 #: whose ``__setitem__`` and ``__delitem__`` are dict's. Other subclasses may define their own.
@@ -22,9 +26,13 @@ DICTS = (dict, collections.Counter, collections.OrderedDict, collections.default
 
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order); a buffer's bytes (and an
-    array's typecode), as numbers below 256, which are the same objects each time they are read."""
+    array's typecode), as numbers below 256, which are the same objects each time they are read; a
+    weak container's weak references (and values)."""
     if isinstance(container, dict):
         return tuple(chain.from_iterable(container.items()))
+    if isinstance(container, _WEAK):
+        data = vars(container)["data"]  # (its store: the stubs do not declare it)
+        return tuple(chain.from_iterable(data.items())) if isinstance(data, dict) else tuple(data)
     if isinstance(container, array.array):
         return (container.typecode, *memoryview(container).cast("B"))
     return tuple(container)

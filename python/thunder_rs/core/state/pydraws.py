@@ -420,8 +420,10 @@ def _install(generators) -> None:
                 for name, original in generator.functions.items():
                     setattr(generator.module, name, _wrap(generator, name, original))
                 generator.module.seed = _seeding(generator, generator.seed)
-                # (also where the program bound it before: ``from random import seed``)
-                register_stand_in(generator.seed, generator.module.seed)
+                # Also where the program bound it before (``from random import seed``), while traced:
+                # another wrapper, as the stand-in of the original there, which the guards on that
+                # place expect back. (The module's stays, and is what the guards on it expect.)
+                register_stand_in(generator.seed, _seeding(generator, generator.seed))
 
 
 @contextlib.contextmanager

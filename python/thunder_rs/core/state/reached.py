@@ -16,24 +16,29 @@ is not captured by identity: every call passes the tensor found at its path then
 other tensors read from outside the inputs are.
 
 Items the program sets in a list or dict reached this way (``cache.is_updated[i] = True``) are
-set again by every call, when they are plain values or tensors. Changes no compiled call would
-repeat are refused after tracing (and undone): objects the program made put into such a container
-(a cache making its layers in the call), and writes to objects reached under a key that is no path
-(a dict keyed by a tuple), and changes to the other containers reached from the arguments (a set,
-a ``Counter``, a ``bytearray``, an ``array.array``, a subclass of list or dict: ``seen.add(k)``),
-which no compiled call would make again.
+set again by every call, when they are plain values or tensors (a ``Counter``, ``defaultdict`` or
+``OrderedDict`` is such a dict). Changes no compiled call would repeat are refused after tracing
+(and undone): objects the program made put into such a container (a cache making its layers in the
+call), and writes to objects reached under a key that is no path (a dict keyed by a tuple), and
+changes to the other containers reached from the arguments (a set, a ``bytearray``, an
+``array.array``, a subclass of list or dict: ``seen.add(k)``), which no compiled call would make
+again. The items of a list or dict that no read the observer sees guards (an argument itself, one
+held in another list or dict: ``[]`` runs no Python code), or that the program changed, are
+guarded as found (``ItemsGuard``).
 """
 
 import array
 import collections
 import itertools
 import types
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils import _pytree as pytree
 
 from thunder_rs.core.state.guards import MISSING, InputItemsSource, InputSource, Item, Source, is_simple
-from thunder_rs.core.state.items import DICTS
+from thunder_rs.core.state.items import ANY_TENSOR, DICTS, SameType, same_held_items
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import ThunderNotImplementedError
@@ -49,8 +54,14 @@ _NOT_FOLLOWED = (
     types.FunctionType,
     types.MethodType,
     types.BuiltinFunctionType,
+    # Weak containers: read whole, by the guard on where the program found them (``items.members``).
+    weakref.WeakKeyDictionary,
+    weakref.WeakValueDictionary,
+    weakref.WeakSet,
 )
-_CONTAINERS = (list, tuple, dict)
+#: Followed by item: the standard library's dicts too (a ``Counter`` of calls, a ``defaultdict``:
+#: ``items.DICTS``), whose item writes every call makes again as a dict's.
+_CONTAINERS = (list, tuple, *DICTS)
 #: Containers changed in place whose changes no compiled call makes again (those of the exact
 #: ``_CONTAINERS`` are set again by every call): refused (``refuse_changed_in_place``).
 _IN_PLACE = (list, dict, set, collections.deque, bytearray, array.array)
@@ -106,6 +117,10 @@ class ArgumentObjects:
         self.aliases: list = []
         #: ids of the lists and dicts whose items the program set (``item_writes``)
         self.written: set = set()
+        #: ids of the lists and dicts whose items no read the observer sees guards: an argument
+        #: itself (a ``Counter``, which no pytree flattens) and those held in another list or dict
+        #: (read by ``[]``, which runs no Python code): ``item_guards``
+        self.unseen: set = set()
         for i, x in enumerate(flat_inputs):
             if not isinstance(x, torch.Tensor):
                 self._visit(x, i, (), names[i], 0, False)
@@ -128,9 +143,11 @@ class ArgumentObjects:
                 self._first[id(x)] = InputSource(position, path, label)
             if type(x) is not tuple:
                 self.containers.append((x, _items(x), InputSource(position, path, label)))
-            if not is_simple(x):
+                if under or not path:
+                    self.unseen.add(id(x))
+            if not is_simple(x) or any(type(y) is list for y in x):  # (``[[]]`` is simple: a list in it changes)
                 items = InputItemsSource(position, path, label)
-                for key, y in x.items() if type(x) is dict else enumerate(x):
+                for key, y in x.items() if type(x) in DICTS else enumerate(x):
                     step = Item(key) if type(key) in (int, str) else None
                     if step is None:
                         self._unsourced(y)
@@ -196,6 +213,27 @@ class ArgumentObjects:
             raise refused
         return writes
 
+    def item_guards(self) -> list:
+        """Guards on the items of the lists and dicts reached from the arguments that no guarded read
+        covers (``unseen``), and of those the program changed (``written``: a list it appended to
+        grows again from what the next call finds), as found before the program ran (their
+        items are back as they were: ``item_writes`` put them back)."""
+        return [
+            ItemsGuard(source, type(x), self._members(x), f"{source.label}, reached from the arguments")
+            for x, _, source in self.containers
+            if id(x) in self.unseen or id(x) in self.written
+        ]
+
+    def _members(self, container) -> tuple:
+        """What an ``ItemsGuard`` compares of ``container`` (``items.members``): a tensor matches any
+        tensor (read per call), an object guarded whole through its path or a list or dict with
+        an ``ItemsGuard`` of its own any of its type."""
+        own = {id(x) for x, _, whole in self.objects if whole} | self.unseen | self.written
+        flat = itertools.chain.from_iterable(container.items()) if type(container) in DICTS else container
+        return tuple(
+            ANY_TENSOR if isinstance(x, torch.Tensor) else SameType(type(x)) if id(x) in own else x for x in flat
+        )
+
     def refuse_changed_in_place(self) -> None:
         """Refuses a program that changed a container reached from its arguments that no compiled
         call would change again (``_IN_PLACE``: ``seen.add(k)`` on a set it was given), after
@@ -223,6 +261,32 @@ class ArgumentObjects:
         for obj, before in self.unsourced:
             obj.__dict__.clear()
             obj.__dict__.update(before)
+
+
+class ItemsGuard:
+    """The items of a list or dict at ``source`` in each call's arguments (``ArgumentObjects.unseen``):
+    holds while it has its type and the members it had (``items.same_held_items``)."""
+
+    per_call = True
+    #: (read through ``place``: the guard compares the object there, not its attributes)
+    source = None
+
+    def __init__(self, place: InputSource, expected_type: type, members: tuple, origin: str):
+        self.place, self.expected_type, self.members, self.origin = place, expected_type, members, origin
+
+    def holds(self, flat) -> bool:
+        try:
+            now = self.place.object(flat)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            return False
+        return type(now) is self.expected_type and same_held_items(now, self.members)
+
+    def describe(self, flat) -> str:
+        return f"the items of {self.place.label} changed (read at {self.origin})"
+
+    def term(self, index: int, scope: dict) -> str:
+        scope[f"e{index}"], scope[f"i{index}"], scope[f"f{index}"] = self.expected_type, self.members, same_held_items
+        return f"(type(v := {self.place.object_code(scope)}) is e{index} and f{index}(v, i{index}))"
 
 
 def _place(source: InputSource, name: str | int) -> InputSource:
@@ -301,15 +365,37 @@ def _repeatable(value) -> bool:
     return is_simple(value) or isinstance(value, torch.Tensor)
 
 
+def _made_again(value) -> bool:
+    """New values a compiled call can set in a dict again: ``_repeatable`` ones, and lists, tuples
+    and dicts of them (``stats["loss"].append(t)`` in a ``defaultdict(list)``), made anew by each call."""
+    return all(map(_repeatable, pytree.tree_leaves(value)))
+
+
 def _changes(container, before: tuple, source: InputSource) -> list | None:
     """The writes that make ``container`` (reached at ``source``) what the program left; None
-    when one puts a value no call can set again."""
+    when one puts a value no call can set again. Keys it moved (``move_to_end``, a key popped
+    and set again) are set again in order, all of them."""
     if type(container) is list:
         return [(source, slice(None), list(container))] if all(map(_repeatable, container)) else None
     old = dict(before)
     writes = [(source, k, v) for k, v in container.items() if old.get(k, MISSING) is not v]
     writes += [(source, k, MISSING) for k in old if k not in container]
-    return writes if all(v is MISSING or _repeatable(v) for _, _, v in writes) else None
+    if not same_order(old, writes, container):
+        writes = [(source, k, MISSING) for k in old] + [(source, k, v) for k, v in container.items()]
+    # (a value it held before, set again in order, must be the same object: a plain value or a tensor)
+    kept = all(v is MISSING or (_repeatable(v) if old.get(k, MISSING) is v else _made_again(v)) for _, k, v in writes)
+    return writes if kept else None
+
+
+def same_order(old: dict, writes: list, container) -> bool:
+    """Whether making ``writes`` in a dict holding ``old`` leaves its keys in ``container``'s order."""
+    made = dict(old)
+    for _, key, value in writes:
+        if value is MISSING:
+            made.pop(key, None)
+        else:
+            made[key] = value
+    return list(made) == list(container)
 
 
 def _container_error(container, source: InputSource) -> ThunderNotImplementedError:
