@@ -112,6 +112,9 @@ class AttributeReads:
     _kept: dict
     #: ``(id(obj), name)`` -> ``(type, what the class gives)`` of the methods read (``_class_attribute``)
     _methods: dict
+    #: id -> ``(object, its type, instance dict, whether a module, source)`` of the objects whose
+    #: attributes were read (``_instance_read``)
+    _objects_read: dict
     _cached_results: CachedCalls
 
     def guard_state(self, guard) -> None:
@@ -192,6 +195,14 @@ class AttributeReads:
             if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
             return MISSING
+        known = self._objects_read.get(id(obj))
+        if (
+            known is not None
+            and known[0] is obj
+            and type(obj) is known[1]
+            and getattr(obj, "__dict__", None) is known[2]
+        ):
+            return self._instance_read(obj, known[2], known[3], known[4], attr, origin)
         if is_a(self.state, obj, torch.Generator, _is_generator):
             if attr in _GENERATOR_WRITES:
                 raise ThunderNotImplementedError(
@@ -211,14 +222,29 @@ class AttributeReads:
         mapping = attributes_of(obj)
         if mapping is None:
             return MISSING
-        if module := is_a(self.state, obj, torch.nn.Module):
+        module = is_a(self.state, obj, torch.nn.Module)
+        if module and (attr in _MODULE_INTERNALS or any(attr in mapping.get(store, ()) for store in _MODULE_STORES)):
+            return self._instance_read(obj, mapping, module, None, attr, origin)
+        source = self._attr_source(obj, module)
+        if source is None:
+            return MISSING
+        if type(mapping) is dict and type(type(obj).__getattribute__) is not types.FunctionType:
+            self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
+        return self._instance_read(obj, mapping, module, source, attr, origin)
+
+    def _instance_read(self, obj, mapping, module: bool, source, attr: str, origin: str):
+        """``obj.attr`` for an object with instance attributes (``mapping``) whose guards apply at
+        ``source`` (a ``torch.nn.Module`` when ``module``), once ``_step`` found what ``obj`` is.
+
+        What it found depends on the object's type alone, but for its instance dict and source,
+        which do not change while it keeps them: for an object whose type reads attributes in C,
+        it is found once per acquisition (``_objects_read``; most reads repeat one made before:
+        a config attribute read by every layer, the next layer's call of the same method)."""
+        if module:
             if attr in _MODULE_INTERNALS:
                 return MISSING
             if any(attr in mapping.get(store, ()) for store in _MODULE_STORES):
                 return self._module_store_read(obj, mapping, attr, origin)
-        source = self._attr_source(obj, module)
-        if source is None:
-            return MISSING
         value = mapping.get(attr, MISSING)
         if value is MISSING:
             return self._class_attribute(obj, source, attr, origin)

@@ -98,6 +98,11 @@ def library_module(module) -> bool:
     return known
 
 
+#: absolute path -> whether code there is ``interesting``: the hook's frame filters ask again for
+#: the frames of every watched builtin call (``hook.program_frame``), where ``abspath`` cost most
+_interesting_paths: dict = {}
+
+
 def interesting(code) -> bool:
     """Whether the reads of ``code`` are the program's (user code, other libraries, torch.nn modules).
     Module and class bodies (code without fast locals) run at import, not as the program."""
@@ -106,7 +111,12 @@ def interesting(code) -> bool:
     path = code.co_filename
     if path.startswith("<"):
         return not path.startswith(("<thunder_rs", "<frozen"))
-    return not _in_library(os.path.abspath(path))
+    known = _interesting_paths.get(path)
+    if known is None:
+        known = not _in_library(os.path.abspath(path))
+        if os.path.isabs(path):  # (a relative one's answer follows the working directory)
+            _interesting_paths[path] = known
+    return known
 
 
 #: ``classify``'s flags (``_core.CallObserver``): calls of the code are the program's; its returns
@@ -372,7 +382,7 @@ def _reads_after_calls(code) -> dict:
 _storing_calls: dict = {}
 
 
-def _storing_methods(code, reads: CodeReads, cls: type) -> dict:
+def storing_methods(code, reads: CodeReads, cls: type) -> dict:
     """``{attr: methods}``: the attributes that methods of ``cls`` which ``code`` calls on its
     first argument store on it on every path. Found again when one of them was rebound."""
     known = _storing_calls.get((id(code), cls))
@@ -386,15 +396,18 @@ def _storing_methods(code, reads: CodeReads, cls: type) -> dict:
     return known[1]
 
 
-def stored_by_calls(code, reads: CodeReads, attrs: tuple, value) -> bool:
+def stored_by_calls(code, reads: CodeReads, attrs: tuple, value, storing: dict | None = None) -> bool:
     """Whether every read of ``self.attr`` (``attrs[0]``; ``value`` is ``code``'s first argument)
     comes after a call of one of its methods that stored that attribute on every path
     (``self.reset()`` setting ``self.items = []``, then ``self.items``): the chain reads what the
     call stored, not what the state held when the call began (guarding that recompiled on every
-    call). Methods set on the instance are not followed."""
-    stores = _storing_methods(code, reads, type(value)).get(attrs[0])
+    call). Methods set on the instance are not followed. ``storing``: ``storing_methods(code,
+    reads, type(value))`` when the caller found it (once per call, for each chain on ``self``)."""
+    stores = (storing if storing is not None else storing_methods(code, reads, type(value))).get(attrs[0])
+    if not stores:
+        return False
     own = attributes_of(value)
-    if not stores or (own is not None and any(m in own for m in stores)):
+    if own is not None and any(m in own for m in stores):
         return False
     reads_of = _reads_after_calls(code)
     if None in reads_of:

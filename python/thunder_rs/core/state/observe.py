@@ -52,7 +52,7 @@ from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
 from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
 from thunder_rs.core.state.clocks import refuse_handed_clocks
-from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls
+from thunder_rs.core.state.code_reads import code_reads, library_module, stored_by_calls, storing_methods
 from thunder_rs.core.state.identity import cached_call, refuse_identity_uses
 from thunder_rs.core.state.reached import ArgumentTensor
 from thunder_rs.core.state.state import IntGuard, ProgramState, stands_in
@@ -160,6 +160,7 @@ class Observer(AttributeReads):
         #: dict, what _keep answered)`` of the reads kept (``_keep``)
         self._kept: dict = {}
         self._methods: dict = {}  # (the methods read: ``_class_attribute``)
+        self._objects_read: dict = {}  # (what each object read from is: ``_instance_read``)
         #: the code of functions cached by functools read as state, with the cached function
         self._cached: dict = {}
         #: id -> ``(globals dict, a copy)`` of the modules whose code the program ran, taken before
@@ -456,10 +457,18 @@ class Observer(AttributeReads):
                     if id(original) not in self.modules_called:
                         self._add_hooks(original)
                     self.modules_called[id(original)] = original
+            storing = None  # (the methods of the receiver's class that store its attributes: once per call)
             for name, attrs in reads.args:
                 value = local.get(name, MISSING)
                 if value is not MISSING and self._is_state(value):
-                    if not (name == reads.receiver and live and attrs and stored_by_calls(code, reads, attrs, value)):
+                    if name == reads.receiver and live and attrs and storing is None:
+                        storing = storing_methods(code, reads, type(value))
+                    if not (
+                        name == reads.receiver
+                        and live
+                        and attrs
+                        and stored_by_calls(code, reads, attrs, value, storing)
+                    ):
                         self._follow(value, attrs, origin)
                     elif value in self.state:  # (a global object's: its whole guard lets it be)
                         self.state.stored_first.add((id(value), attrs[0]))
