@@ -274,3 +274,28 @@ def test_a_write_through_a_complex_view_with_gradients_is_refused_naming_the_lin
 
     with pytest.raises(NotImplementedError, match=r"complex view of a real tensor.*test_complex_values\.py:\d+"):
         thunder_rs.jit(f)(torch.randn(3, 2, requires_grad=True))
+
+
+@pytest.mark.parametrize("method", ["cfloat", "cdouble"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128, torch.int64], ids=str
+)
+def test_complex_conversions_are_native_with_eagers_gradients(method: str, dtype: torch.dtype):
+    """``Tensor.cfloat``/``cdouble``: a conversion (or the input itself, as eager aliases it),
+    the gradient of a real input the real part of the complex one (``_to_copy_backward``)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64).mT.to(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        x.requires_grad_()
+
+    def fn(a):
+        return getattr(a, method)()
+
+    assert thunder_rs.examine(fn, x).fallbacks == {}
+    expected, actual = fn(x), thunder_rs.jit(fn)(x)
+    assert torch.equal(actual, expected) and actual.dtype == expected.dtype
+    assert actual.stride() == expected.stride() and (actual is x) == (expected is x)
+    if x.requires_grad:
+        cotangent = torch.randn_like(expected)
+        grads = [torch.autograd.grad(out, x, cotangent)[0] for out in (expected, actual)]
+        assert torch.equal(grads[1], grads[0]) and grads[1].dtype == grads[0].dtype

@@ -272,10 +272,36 @@ def test_gradient_of_integers_and_coordinates() -> None:
     x = torch.arange(12).reshape(3, 4)
     for expected, actual in zip(torch.gradient(x, edge_order=2), thunder_rs.jit(torch.gradient)(x, edge_order=2)):
         assert torch.equal(expected, actual) and expected.dtype == actual.dtype
-    coordinates, y = [torch.arange(5.0) ** 2], torch.randn(5)  # (coordinate tensors: eager's call)
+    coordinates, y = [torch.arange(5.0) ** 2], torch.randn(5)
     assert torch.equal(
         thunder_rs.jit(torch.gradient)(y, spacing=coordinates)[0], torch.gradient(y, spacing=coordinates)[0]
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("edge_order", [1, 2])
+@pytest.mark.parametrize("dims", [(0,), (1, 0), (-1,)])
+def test_gradient_at_coordinate_tensors_is_traced_without_gradients(dtype, edge_order: int, dims) -> None:
+    """``gradient_helper``'s weighted differences (float, integer and other-dtype coordinates),
+    bit for bit; with gradients, eager's call (whose backward adds in an order the decomposition's
+    VJP does not keep)."""
+    torch.manual_seed(0)
+    x = _randn((5, 6), dtype, transposed=True)
+    points = {5: torch.tensor([0.0, 1.0, 3.0, 3.5, 7.0], dtype=dtype), 6: torch.tensor([0, 1, 3, 4, 7, 9])}
+    coordinates = [points[x.shape[d]] for d in dims]
+
+    def fn(a, *c):
+        return torch.gradient(a, spacing=list(c), dim=list(dims), edge_order=edge_order)
+
+    check_bit_equal(fn, x, *coordinates)
+    x.requires_grad_()
+    assert thunder_rs.examine(fn, x, *coordinates).fallbacks == {"torch.gradient": 1}
+    for expected, actual in zip(fn(x, *coordinates), thunder_rs.jit(fn)(x, *coordinates)):
+        assert torch.equal(expected, actual)
+    x.requires_grad_(False)
+    check_bit_equal(fn, x, *[c[:3] for c in coordinates])  # (one weight each, broadcast as in eager)
+    check_same_error(fn, x, *[c[:4] for c in coordinates])
+    check_same_error(fn, x, *[c.reshape(1, -1) for c in coordinates])
 
 
 @pytest.mark.parametrize(

@@ -198,6 +198,10 @@ def _to_narrow_by_methods(a):
     return a.half(), a.bfloat16(), a.char(), a.short()
 
 
+def _to_complex_by_methods(a):
+    return a.cfloat(), a.cdouble()
+
+
 def _to_byte(a):
     return a.byte()
 
@@ -279,6 +283,7 @@ OPS = [
     OpInfo("to", _to_narrow_by_methods, FINITE, dtypes=ALL, variant="narrow_methods"),
     # Negative floats have no uint8 value (C leaves the conversion undefined).
     OpInfo("to", _to_byte, partial(FINITE, low=0), dtypes=ALL, variant="byte"),
+    OpInfo("to", _to_complex_by_methods, FINITE, dtypes=ALL, variant="complex_methods"),
     OpInfo("type", torch.Tensor.type, type_samples, type_errors, ALL),
     OpInfo("type_as", torch.Tensor.type_as, type_as_samples, dtypes=ALL),
     OpInfo("cpu", torch.Tensor.cpu, cpu_samples, dtypes=ALL),

@@ -331,6 +331,13 @@ def gradient_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(tensor((3, 4, 5), dtype, device), dim=[0, -1])
 
 
+def gradient_coordinate_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """Coordinate tensors as spacing: one dim, and every dim at the second edge order."""
+    points = {n: torch.tensor([0.0, 1.0, 3.0, 3.5, 7.0, 9.0][:n], dtype=dtype, device=device) for n in (4, 5, 6)}
+    yield SampleInput(tensor((5, 4), dtype, device), spacing=[points[5]], dim=0)
+    yield SampleInput(tensor(Transposed((4, 6)), dtype, device), spacing=[points[4], points[6]], edge_order=2)
+
+
 def gradient_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((5,)), edge_order=3), RuntimeError)
     yield ErrorInput(SampleInput(cpu((2,)), edge_order=2), RuntimeError)
@@ -571,6 +578,7 @@ OPS = [
     OpInfo("stack", torch.stack, stack_samples, stack_errors, ALL),
     OpInfo("chunk_cat", torch._chunk_cat, chunk_cat_samples, chunk_cat_errors, ALL, supports_grad=False),
     OpInfo("gradient", _gradient, gradient_samples, gradient_errors),
+    OpInfo("gradient", _gradient, gradient_coordinate_samples, variant="coordinates"),
     OpInfo("combinations", torch.combinations, combinations_samples, combinations_errors, ALL),
     OpInfo("hstack", torch.hstack, hstack_samples, stack_like_errors, ALL),
     OpInfo("vstack", torch.vstack, vstack_samples, stack_like_errors, ALL),

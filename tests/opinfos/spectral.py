@@ -1,13 +1,15 @@
-"""Short-time Fourier transforms, run whole by torch: ``stft`` over 1-D and batched signals with
-each of its options, and ``istft`` of such spectrograms."""
+"""Fourier transforms: ``torch.fft``'s (real and complex inputs, ``n``/``s`` trimming and padding,
+each norm, chosen dims, empty batches, integer inputs promoted), and the short-time ones, run
+whole by torch: ``stft`` over 1-D and batched signals with each of its options, and ``istft`` of
+such spectrograms."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from .core import ALL, ErrorInput, OpInfo, SampleInput, Transposed, cpu, make, tensor
+from .core import ALL, NUMERIC, ErrorInput, OpInfo, SampleInput, Transposed, cpu, make, tensor
 
 
 def stft(input, n_fft, **kwargs):
@@ -95,9 +97,117 @@ def shift_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((3,)), dim=1.5), TypeError, match="dim")
 
 
+def complex_of(shape, dtype, device) -> torch.Tensor:
+    """A complex tensor whose parts are random ``dtype`` values (integers promoted as eager does)."""
+    parts = [make(shape, dtype, device).to(torch.promote_types(dtype, torch.float32)) for _ in range(2)]
+    return torch.complex(*parts)
+
+
+def fft_samples(dtype, device) -> Iterable[SampleInput]:
+    """One dim: real and complex inputs, trimmed and padded, each norm, a middle dim of a
+    transposed input, an empty batch."""
+    yield SampleInput(make((3, 8), dtype, device))
+    yield SampleInput(complex_of((3, 8), dtype, device), n=5, dim=0, norm="ortho")
+    yield SampleInput(make((2, 7), dtype, device), n=10, norm="forward")
+    yield SampleInput(tensor(Transposed((4, 6)), dtype, device), dim=0, norm="backward")
+    yield SampleInput(make((0, 4), dtype, device))
+
+
+def hermitian_samples(dtype, device) -> Iterable[SampleInput]:
+    """To a real signal (``irfft``, ``hfft``): its default length, odd and even ``n``."""
+    yield SampleInput(complex_of((3, 5), dtype, device))
+    yield SampleInput(complex_of((3, 5), dtype, device), n=7, dim=0, norm="ortho")
+    yield SampleInput(make((2, 6), dtype, device), n=4, norm="forward")
+    yield SampleInput(complex_of((0, 4), dtype, device))
+
+
+def fftn_samples(dtype, device) -> Iterable[SampleInput]:
+    """Several dims: every dim, ``s`` of the last dims, chosen dims out of order, -1 in ``s``."""
+    yield SampleInput(make((2, 3, 4), dtype, device))
+    yield SampleInput(complex_of((2, 3, 4), dtype, device), s=(5, 2), norm="ortho")
+    yield SampleInput(make((2, 3, 4), dtype, device), s=(3, -1), dim=(2, 0), norm="forward")
+    yield SampleInput(tensor(Transposed((4, 6)), dtype, device), dim=(0, 1))
+    yield SampleInput(make((0, 3, 4), dtype, device), dim=(1, 2))
+
+
+def fft2_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(make((2, 3, 4), dtype, device))
+    yield SampleInput(complex_of((3, 4), dtype, device), s=(2, 7), norm="ortho")
+    yield SampleInput(make((3, 4, 5), dtype, device), dim=(0, 2), norm="forward")
+
+
+def hermitian_nd_samples(dtype, device) -> Iterable[SampleInput]:
+    yield SampleInput(complex_of((2, 3, 4), dtype, device))
+    yield SampleInput(complex_of((3, 4), dtype, device), s=(2, 7), norm="ortho")
+    yield SampleInput(make((3, 4, 5), dtype, device), dim=(2, 0), norm="forward")
+
+
+def _fft_errors(fn, real_only: bool) -> Callable[[], Iterable[ErrorInput]]:
+    several = fn.__name__.endswith(("n", "2"))
+
+    def errors() -> Iterable[ErrorInput]:
+        yield ErrorInput(SampleInput(cpu((3, 4)), norm="bad"), RuntimeError, match="normalization mode")
+        yield ErrorInput(SampleInput(cpu((3, 4)).half()), NotImplementedError, match="Half")
+        if real_only:
+            yield ErrorInput(SampleInput(complex_of((3, 4), torch.float32, "cpu")), TypeError)
+        if several:
+            yield ErrorInput(SampleInput(cpu((3, 4)), dim=(0, 0)), RuntimeError, match="unique")
+            yield ErrorInput(SampleInput(cpu((3, 4)), s=(2, 2, 2)), RuntimeError, match="shape")
+            yield ErrorInput(SampleInput(cpu((3, 4)), s=(0, 2)), RuntimeError, match="data points")
+        else:
+            yield ErrorInput(SampleInput(cpu(())), IndexError, match="no dimensions")
+            yield ErrorInput(SampleInput(cpu((3, 4)), dim=2), IndexError, match="out of range")
+            yield ErrorInput(SampleInput(cpu((3, 4)), n=-1), RuntimeError, match="data points")
+
+    errors.__name__ = f"{fn.__name__}_errors"
+    return errors
+
+
+F = torch.fft
+_FFT_OPS = (
+    (F.fft, fft_samples, False),
+    (F.ifft, fft_samples, False),
+    (F.rfft, fft_samples, True),
+    (F.ihfft, fft_samples, True),
+    (F.irfft, hermitian_samples, False),
+    (F.hfft, hermitian_samples, False),
+    (F.fftn, fftn_samples, False),
+    (F.ifftn, fftn_samples, False),
+    (F.rfftn, fftn_samples, True),
+    (F.ihfftn, fftn_samples, True),
+    (F.irfftn, hermitian_nd_samples, False),
+    (F.hfftn, hermitian_nd_samples, False),
+    (F.fft2, fft2_samples, False),
+    (F.ifft2, fft2_samples, False),
+    (F.rfft2, fft2_samples, True),
+    (F.ihfft2, fft2_samples, True),
+    (F.irfft2, hermitian_nd_samples, False),
+    (F.hfft2, hermitian_nd_samples, False),
+)
+
+
+def _real_only(samples):
+    """``samples`` without the complex inputs, which ``rfft`` and ``ihfft`` refuse."""
+
+    def generate(dtype, device) -> Iterable[SampleInput]:
+        return (s for s in samples(dtype, device) if not s.args[0].is_complex())
+
+    return generate
+
+
 OPS = [
     OpInfo("stft", stft, stft_samples, stft_errors),
     OpInfo("istft", istft, istft_samples, istft_errors),
     OpInfo("fft_fftshift", torch.fft.fftshift, shift_samples, shift_errors, ALL),
     OpInfo("fft_ifftshift", torch.fft.ifftshift, shift_samples, shift_errors, ALL),
+    *(
+        OpInfo(
+            f"fft_{fn.__name__.removeprefix('fft_')}",
+            fn,
+            _real_only(samples) if real_only else samples,
+            _fft_errors(fn, real_only),
+            NUMERIC,
+        )
+        for fn, samples, real_only in _FFT_OPS
+    ),
 ]

@@ -156,6 +156,9 @@ def _complex_prims() -> dict[str, Any]:
         "polar": torch.polar,
         "view_as_complex": _view_as_complex,
         "view_as_real": lambda a, contiguous: torch.view_as_real(a.contiguous() if contiguous else a),
+        "fft_r2c": _aten._fft_r2c.default,
+        "fft_c2r": _aten._fft_c2r.default,
+        "fft_c2c": _aten._fft_c2c.default,
     }
 
 

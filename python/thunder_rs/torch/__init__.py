@@ -95,6 +95,7 @@ from thunder_rs.torch.layers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.sampling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.grid_samplers import *  # noqa: E402,F401,F403
 from thunder_rs.torch.fft_shifts import *  # noqa: E402,F401,F403
+from thunder_rs.torch.fourier import *  # noqa: E402,F401,F403
 from thunder_rs.torch.segment_reductions import *  # noqa: E402,F401,F403
 from thunder_rs.torch.fractional_pooling import *  # noqa: E402,F401,F403
 from thunder_rs.torch.histograms import *  # noqa: E402,F401,F403

@@ -174,5 +174,10 @@ CONVERSIONS = {
         "char": torch.int8,
         "byte": torch.uint8,
         "bool": torch.bool,
+        "cfloat": torch.complex64,
+        "cdouble": torch.complex128,
     }.items()
 }
+# A conversion's VJP rule (``convert_element_type``'s: the gradient converted back, a complex one
+# of a real input its real part, as eager's ``_to_copy_backward``) holds for complex values.
+CONVERSIONS["cfloat"].complex_grads = CONVERSIONS["cdouble"].complex_grads = True

@@ -1,8 +1,11 @@
 """``torch.gradient`` with scalar spacings: ATen's composite (``gradient_helper_float``), its
 central differences inside and one-sided ones of ``edge_order`` at the ends, written with the
 same ops in the same order, so that its values are eager's; its grad rule adds the slices'
-cotangents in the order eager's autograd engine does. Spacings given as coordinate tensors stay
-eager's call.
+cotangents in the order eager's autograd engine does. Spacings given as coordinate tensors
+(``gradient_helper``: second-order differences weighted by the coordinates' steps) are traced
+with eager's ops too where no gradient flows; with gradients they stay eager's call, whose
+backward adds the slices' contributions in an order the decomposition's VJP does not keep (the
+last bits differ).
 """
 
 import torch
@@ -16,7 +19,7 @@ from thunder_rs.torch.common import is_number
 from thunder_rs.torch.shape import slice_in_dim
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
-__all__ = ["gradient"]
+__all__ = ["gradient", "gradient_at_coordinates"]
 
 
 def _sliced(a, d: int, start: int, stop: int | None = None):
@@ -138,11 +141,73 @@ def _checked(op: str, input, spacing, dim, edge_order) -> tuple[tuple, tuple]:
     return spacing, dims
 
 
+def _weights(steps, first: int, second: int, outer: bool):
+    """The one-sided second-order stencil at an end, from the steps ``first`` (at the end) and
+    ``second`` next to it: ``gradient_helper``'s ``a``, ``b``, ``c``, in its order of operations."""
+    h1, h2 = (ltorch.reshape(_sliced(steps, 0, i, i + 1 or None), ()) for i in (first, second))
+    if not outer:  # the first end: weights of the points 0, 1, 2
+        a = ltorch.div(ltorch.neg(ltorch.add(ltorch.mul(h1, 2.0), h2)), ltorch.mul(h1, ltorch.add(h1, h2)))
+        b = ltorch.div(ltorch.add(h1, h2), ltorch.mul(h1, h2))
+        c = ltorch.div(ltorch.neg(h1), ltorch.mul(h2, ltorch.add(h1, h2)))
+        return a, b, c
+    # the last end (``first`` is the last step): weights of the points -3, -2, -1
+    a = ltorch.div(h1, ltorch.mul(h2, ltorch.add(h1, h2)))
+    b = ltorch.div(ltorch.neg(ltorch.add(h1, h2)), ltorch.mul(h1, h2))
+    c = ltorch.div(ltorch.add(ltorch.mul(h1, 2), h2), ltorch.mul(h1, ltorch.add(h1, h2)))
+    return a, b, c
+
+
+def _weighted(a, d: int, weights, starts) -> object:
+    """``w0 * a[s0] + w1 * a[s1] + w2 * a[s2]`` along ``d``, left to right."""
+    terms = [ltorch.mul(w, _sliced(a, d, s, e)) for w, (s, e) in zip(weights, starts)]
+    return ltorch.add(ltorch.add(terms[0], terms[1]), terms[2])
+
+
+@torchsymbol(name="gradient_at_coordinates", sequence=True)
+def gradient_at_coordinates(input, coordinates, dim, edge_order):
+    """``gradient_helper``: the gradients of ``input`` along each of ``dim`` (canonical, distinct)
+    at the points ``coordinates`` (1-D tensors) give."""
+    out = []
+    for x, d in zip(coordinates, dim):
+        shape = tuple(-1 if i == d else 1 for i in range(input.ndim))
+        steps = ltorch.sub(_sliced(x, 0, 1), _sliced(x, 0, 0, -1))
+        h1, h2 = _sliced(steps, 0, 0, -1), _sliced(steps, 0, 1)
+        a = ltorch.div(ltorch.neg(h2), ltorch.mul(h1, ltorch.add(h1, h2)))
+        b = ltorch.div(ltorch.sub(h2, h1), ltorch.mul(h1, h2))
+        c = ltorch.div(h1, ltorch.mul(h2, ltorch.add(h1, h2)))
+        center = _weighted(input, d, [ltorch.reshape(w, shape) for w in (a, b, c)], ((0, -2), (1, -1), (2, None)))
+        if edge_order == 1:
+            first, last = (ltorch.reshape(_sliced(steps, 0, i, i + 1 or None), ()) for i in (0, -1))
+            prepend = ltorch.div(ltorch.sub(_sliced(input, d, 1, 2), _sliced(input, d, 0, 1)), first)
+            append = ltorch.div(ltorch.sub(_sliced(input, d, -1), _sliced(input, d, -2, -1)), last)
+        else:
+            prepend = _weighted(input, d, _weights(steps, 0, 1, False), ((0, 1), (1, 2), (2, 3)))
+            append = _weighted(input, d, _weights(steps, -1, -2, True), ((-3, -2), (-2, -1), (-1, None)))
+        out.append(ltorch.cat([prepend, center, append], d))
+    return tuple(out)
+
+
+def _coordinates(op: str, spacing, dims) -> None:
+    for x in spacing:
+        check(
+            isinstance(x, torch.Tensor) and x.ndim == 1,
+            op,
+            lambda: (
+                "torch.gradient expected each element of spacing to have one dimension, but got an element with "
+                f"{getattr(x, 'ndim', 0)} dimensions! (argument spacing)"
+            ),
+            ThunderRuntimeError,
+        )
+
+
 def _gradient_call(input, *, spacing=None, dim=None, edge_order=1):
-    """``torch.gradient``: coordinate tensors as spacing are eager's call; numbers are traced."""
-    if isinstance(spacing, (list, tuple)) and any(isinstance(s, torch.Tensor) for s in spacing):
-        return fallback(torch.gradient, (input,), {"spacing": spacing, "dim": dim, "edge_order": edge_order})
+    """``torch.gradient``: spacings as numbers or as coordinate tensors."""
     spacing, dims = _checked("ltorch.gradient", input, spacing, dim, edge_order)
+    if any(isinstance(s, torch.Tensor) for s in spacing):
+        _coordinates("ltorch.gradient", spacing, dims)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *spacing)):
+            return fallback(torch.gradient, (input,), {"spacing": spacing, "dim": dim, "edge_order": edge_order})
+        return gradient_at_coordinates(input, spacing, dims, edge_order)
     return gradient(input, spacing, dims, edge_order)
 
 

@@ -14,6 +14,7 @@ mod conv;
 mod creation;
 pub(crate) mod declare;
 mod elementwise;
+mod fft;
 mod indexing;
 mod linalg;
 mod reduce;
@@ -35,6 +36,7 @@ pub use conv::Conv;
 pub use creation::Creation;
 pub use declare::Operands;
 pub use elementwise::{Accepts, Binary, Elementwise, Output, Promotion, Unary};
+pub use fft::Fft;
 pub use indexing::Index;
 pub use linalg::Linalg;
 pub use reduce::Reduce;
@@ -215,7 +217,7 @@ macro_rules! families {
     };
 }
 
-families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Conv, Index, Complex);
+families!(Unary, Binary, Elementwise, Shape, Creation, Reduce, Scan, Linalg, Conv, Index, Complex, Fft);
 
 impl Prim {
     /// `prims.add`: the name that errors and traces use.
@@ -296,11 +298,12 @@ impl Prim {
 
     /// Whether the VJP rule holds for complex values in torch's convention (see the `complex`
     /// family): the complex prims, the linear ones whose rule involves no conjugation (moving
-    /// elements, sums, `where`, conversions), and `mul`, whose rule conjugates. Others refuse
+    /// elements, sums, `where`, conversions, the Fourier transforms), and `mul`, whose rule
+    /// conjugates. Others refuse
     /// complex inputs that require grad: eager's op runs them (`core.lang.complex_calls`).
     pub fn differentiates_complex(&self) -> bool {
         match self {
-            Prim::Complex(_) | Prim::Shape(_) => true,
+            Prim::Complex(_) | Prim::Shape(_) | Prim::Fft(_) => true,
             Prim::Unary(p) => matches!(p, Unary::Neg),
             Prim::Binary(p) => matches!(p, Binary::Add | Binary::Sub | Binary::Mul),
             Prim::Elementwise(p) => matches!(p, Elementwise::Where {} | Elementwise::ConvertElementType { .. }),

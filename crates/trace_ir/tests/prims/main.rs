@@ -24,6 +24,7 @@ mod complex;
 mod conv;
 mod creation;
 mod elementwise;
+mod fft;
 mod indexing;
 mod linalg;
 mod reduce;
@@ -120,6 +121,7 @@ fn every_prim_has_a_valid_case() {
         linalg::VALID.to_vec(),
         indexing::VALID.to_vec(),
         complex::VALID.to_vec(),
+        fft::VALID.to_vec(),
     ]
     .iter()
     .flatten()
