@@ -280,9 +280,9 @@ def qr_backward(args, kwargs, outputs, cotangents):
     mode = _arg(args, kwargs, 1, "mode", "reduced")
     Q, R = outputs
     gQ, gR = cotangents
-    m, n = Q.shape[-2], R.shape[-1]
-    if mode == "r" or (mode == "complete" and m > n):
+    if mode == "r" or (mode == "complete" and Q.shape[-2] > R.shape[-1]):  # (mode 'r': Q is empty, 1-D)
         return NotImplemented
+    m, n = Q.shape[-2], R.shape[-1]
     if gQ is None and gR is None:
         return (None,)
     if gQ is None:
@@ -511,6 +511,60 @@ def saved_vjp(name: str, func):
     return vjp
 
 
+def _zeros(shape, like):
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
+def _square_input(outputs):
+    return _zeros(outputs[0].shape, outputs[0])
+
+
+def _product_input(first, last):
+    """The input of a factorization ``first @ ... @ last`` (svd's ``U``, ``Vh``; lu's ``L``, ``U``)."""
+    return _zeros((*first.shape[:-1], last.shape[-1]), first)
+
+
+def _qr_input(outputs):
+    Q, R = outputs  # (mode 'r': no Q, and R's shape is the input's for the backward's error)
+    return _zeros(R.shape, R) if Q.numel() == 0 else _product_input(Q, R)
+
+
+#: ltorch name -> an input of its outputs' shapes, for the ops whose eager node saves no input
+#: (``derivatives.yaml``: cholesky's L, inv's result, eigh's eigenpairs, svd's and qr's factors,
+#: lu's): their backward of a real input reads the outputs alone (``outputs_vjp``), so that the
+#: compiled forward does not save the input.
+OUTPUTS_ONLY = {
+    "linalg_eigh": lambda outputs: _square_input(outputs[1:]),
+    "linalg_svd": lambda outputs: _product_input(outputs[0], outputs[2]),
+    "linalg_qr": _qr_input,
+    "linalg_cholesky": _square_input,
+    "linalg_cholesky_ex": _square_input,
+    "linalg_inv": _square_input,
+    "inverse": _square_input,
+    "linalg_inv_ex": _square_input,
+    "linalg_lu_factor": _square_input,
+    "linalg_lu_factor_ex": _square_input,
+    "linalg_lu": lambda outputs: _product_input(outputs[1], outputs[2]),
+}
+
+
+def outputs_vjp(name: str, func):
+    """The ``outputs_vjp`` of the opaque symbol ``name``: its formula's gradient of its one real
+    input from the outputs alone; where the formula has none (a mode whose backward raises), the
+    generic backward of an input of the outputs' shapes, which raises eager's error."""
+    formula, input_of, generic = SAVED_BACKWARDS[name], OUTPUTS_ONLY[name], _vjp_of(func)
+
+    def vjp(args, outputs, cotangents, **kwargs):
+        grads = _without_tf32(formula, args, kwargs, outputs, cotangents)
+        if grads is NotImplemented:
+            a = input_of(outputs)
+            return generic((a, *args[1:]), cotangents, (a,), **kwargs)
+        return input_of(outputs) if grads[0] is None else grads[0]
+
+    vjp.__name__ = f"{name}_outputs_vjp"
+    return vjp
+
+
 def _solve_saving_factors(A, B, *, left=True):
     """``linalg.solve`` as eager runs it (``_linalg_solve_ex``, then its error check), returning
     the LU factors its node saves too."""
@@ -548,6 +602,8 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
     if name in SAVED_BACKWARDS:  # (the VJP pass calls it in place of the one above)
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.saved_vjp", fallback=True)] = saved_vjp(name, func)
+    if name in OUTPUTS_ONLY:  # (and this one, for a real input)
+        FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.outputs_vjp", fallback=True)] = outputs_vjp(name, func)
 
     def symbol(*args, **kwargs):
         if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
