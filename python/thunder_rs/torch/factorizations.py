@@ -569,7 +569,10 @@ def _solve_saving_factors(A, B, *, left=True):
     """``linalg.solve`` as eager runs it (``_linalg_solve_ex``, then its error check), returning
     the LU factors its node saves too."""
     X, LU, pivots, info = torch.ops.aten._linalg_solve_ex(A, B, left=left)
-    torch._linalg_check_errors(info, "torch.linalg.solve", is_matrix=A.dim() == 2)
+    try:
+        torch._linalg_check_errors(info, "torch.linalg.solve", is_matrix=A.dim() == 2)
+    except RuntimeError as e:  # (eager's message, which names torch.linalg.solve, not this stand-in)
+        raise thunder_error_like(e, str(e)) from e
     return X, LU, pivots
 
 
@@ -590,12 +593,20 @@ def _gradient_stopped(args: tuple) -> tuple:
     return tuple(ltorch.stop_gradient(a) if isinstance(a, TensorProxy) and a.requires_grad else a for a in args)
 
 
+#: Stand-ins the program never calls by name -> the ltorch symbol their errors name (eager's op).
+STANDS_FOR = {
+    "linalg_solve_saving_factors": "linalg_solve",
+    "_linalg_det": "linalg_det",
+    "_linalg_slogdet": "linalg_slogdet",
+}
+
+
 def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     """Registers ``ltorch.<name>`` for ``torch_fns``: an opaque symbol the torch executor runs as
     ``torch_fns[0]``, with ``meta`` (or torch's meta kernel) for its outputs, and a backward that
     runs torch's derivative of ``torch_fns[0]``. ``integers_rejected``: eager raises
     NotImplementedError for an integer input (else a RuntimeError, as its meta kernel does)."""
-    sym_name = f"ltorch.{name}"
+    sym_name, shown_name = f"ltorch.{name}", f"ltorch.{STANDS_FOR.get(name, name)}"
     sid = _core.register_symbol(sym_name, fallback=True)
     func = torch_fns[0]
     no_gradient = NO_GRADIENT.get(name)
@@ -615,7 +626,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
             return fallback(func, args, kwargs)
         if no_gradient is not None and torch.is_grad_enabled() and no_gradient(*args, **kwargs):
             args = _gradient_stopped(args)
-        return _record(sid, func, meta, sym_name, args, kwargs, integers_rejected)
+        return _record(sid, func, meta, shown_name, args, kwargs, integers_rejected)
 
     symbol.__name__ = symbol.__qualname__ = name
     symbol.__doc__ = f"Records {sym_name}, run whole as {getattr(func, '__name__', name)}."
