@@ -1,4 +1,4 @@
-"""The factorizations' backwards from their forward's outputs (``factorizations.SAVED_BACKWARDS``): eager's
+"""The factorizations' backwards from their forward's outputs (``factorization_backwards``): eager's
 derivative formulas on the decomposition the forward computed, not the factorization again under
 torch.autograd. Gradients (and outputs) are compared with eager's bit for bit, for float32 and
 float64, batched and non-contiguous inputs, and inputs where eager's formula divides by zero."""
