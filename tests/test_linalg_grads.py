@@ -1,4 +1,4 @@
-"""The factorizations' backwards from their forward's outputs (``factorizations.SAVED_BACKWARDS``): eager's
+"""The factorizations' backwards from their forward's outputs (``factorization_backwards``): eager's
 derivative formulas on the decomposition the forward computed, not the factorization again under
 torch.autograd. Gradients (and outputs) are compared with eager's bit for bit, for float32 and
 float64, batched and non-contiguous inputs, and inputs where eager's formula divides by zero."""
@@ -225,3 +225,44 @@ def test_formulas_run_without_tf32_and_restore_the_flag():
     finally:
         matmul.allow_tf32 = before
     assert torch.equal(grad, jit_grad)
+
+
+#: Programs whose compiled forward saves for backward what eager's node saves (``derivatives.yaml``:
+#: the outputs alone where the formula needs no input).
+SAVING = ["eigh", "eigvalsh", "svd", "svdvals", "qr", "qr, wide", "cholesky", "inv", "inverse", "det", "lu_factor"]
+SAVING += ["lu", "lu, tall U"]
+
+
+def _saved(fn, a) -> list:
+    """The shapes and dtypes of the tensors ``fn(a)`` saves for backward, sorted."""
+    packed = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(a)
+    return sorted(packed, key=str)
+
+
+@pytest.mark.parametrize("name", SAVING)
+def test_the_forward_saves_what_eagers_node_saves(name):
+    fn, make = OPS[name]
+    a = _input(make, (2, 5, 5), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(fn)
+    jfn(a)
+    assert _saved(jfn, a) == _saved(fn, a)
+
+
+@pytest.mark.parametrize("mode, shape", [("r", (2, 3, 3)), ("complete", (4, 3))], ids=["r", "complete, tall"])
+def test_qr_modes_eager_cannot_differentiate_raise_its_error(mode, shape):
+    def fn(a):
+        return torch.linalg.qr(a, mode=mode)[1]
+
+    a = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError) as eager:
+        torch.autograd.grad(fn(a).sum(), a)
+    with pytest.raises(RuntimeError) as compiled:
+        torch.autograd.grad(thunder_rs.jit(fn)(a).sum(), a)
+    assert str(eager.value) in str(compiled.value)

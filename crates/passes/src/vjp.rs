@@ -461,6 +461,11 @@ fn fallback_vjp(
         return Ok(());
     }
     let name = SymbolTable::name(id);
+    if let Some(vjp_id) = SymbolTable::lookup(&format!("{name}.outputs_vjp")) {
+        if let Some(&[a]) = reads_one_real_first_argument(e, bsym).as_deref() {
+            return outputs_vjp(e, cots, bsym, vjp_id, a, out_cots);
+        }
+    }
     // A backward from the forward's outputs (eager's derivative formula on what its node saved,
     // a factorisation's) where one is registered; else torch.autograd on the saved inputs.
     let saved = SymbolTable::lookup(&format!("{name}.saved_vjp"));
@@ -495,6 +500,39 @@ fn fallback_vjp(
         cots.accumulate(e, w, g)?;
     }
     Ok(())
+}
+
+/// The call's one tensor input, where it is its first argument, read once, and real (the
+/// inputs a backward from the outputs alone covers), else None.
+fn reads_one_real_first_argument(e: &Emitter, bsym: &BoundSymbol) -> Option<Vec<ValueId>> {
+    let mut read = Vec::new();
+    bsym.for_each_input(|v| read.push(v));
+    let real = |v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.dtype.is_float());
+    (read.len() == 1 && bsym.args.first() == Some(&Arg::Value(read[0])) && real(read[0])).then_some(read)
+}
+
+/// A factorization's backward from its outputs alone, as eager's node that saves no input
+/// (cholesky's L, inv's result, eigh's eigenpairs):
+/// `<name>.outputs_vjp((args, the tensor None), (outputs), (cotangents), **kwargs)`, the
+/// gradient of the input `a`. The backward does not read `a`, so the forward does not save it.
+fn outputs_vjp(
+    e: &mut Emitter,
+    cots: &mut Cotangents,
+    bsym: &BoundSymbol,
+    vjp_id: SymbolId,
+    a: ValueId,
+    out_cots: &[Option<ValueId>],
+) -> Result<()> {
+    let meta = trace_ir::TensorMeta { requires_grad: false, ..e.meta(a) };
+    let grad = e.builder.add_value(ValueKind::Tensor(meta));
+    let args = bsym.args.iter().map(|x| if matches!(x, Arg::Value(_)) { Arg::None } else { x.clone() });
+    let outputs = bsym.outputs.iter().map(|&o| Arg::Value(o)).collect();
+    let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
+    let args = vec![Arg::Tuple(args.collect()), Arg::Tuple(outputs), Arg::Tuple(cot_args)];
+    let mut call = BoundSymbol::new(Symbol::Fallback(vjp_id), args, vec![grad]);
+    call.kwargs = bsym.kwargs.clone();
+    e.builder.push_bsym(call);
+    cots.accumulate(e, a, grad)
 }
 
 #[cfg(test)]
@@ -539,6 +577,31 @@ mod tests {
         assert_eq!(call.symbol.qualified_name(), "ltorch.test_saved_factor.saved_vjp");
         // (args), (outputs), (cotangents), (wanted)
         assert_eq!(call.args.len(), 4);
+        assert_eq!(call.args[1], Arg::Tuple(vec![Arg::Value(y)]));
+    }
+
+    #[test]
+    fn a_fallback_with_a_backward_from_its_outputs_alone_does_not_read_its_input() {
+        // y = f(x), f a fallback whose `outputs_vjp` computes the gradient from y alone (cholesky's).
+        let id = SymbolTable::register("ltorch.test_outputs_factor", SymbolKind::Fallback);
+        for name in ["vjp", "saved_vjp", "outputs_vjp"] {
+            SymbolTable::register(&format!("ltorch.test_outputs_factor.{name}"), SymbolKind::Fallback);
+        }
+        let mut b = TraceBuilder::new();
+        let x = input(&mut b);
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let args = vec![Arg::Value(x), Arg::Scalar(trace_ir::Scalar::Bool(true))];
+        let y = b.record_given(Symbol::Fallback(id), args, vec![], vec![meta])[0];
+        let trace = b.finish(Arg::Value(y)).unwrap();
+        let joint = joint(&trace).unwrap().expect("x requires grad");
+        let call = joint.trace.bsyms[joint.num_forward..]
+            .iter()
+            .find(|b| matches!(b.symbol, Symbol::Fallback(_)))
+            .expect("the backward calls the fallback's");
+        assert_eq!(call.symbol.qualified_name(), "ltorch.test_outputs_factor.outputs_vjp");
+        // (args without the input), (outputs), (cotangents)
+        assert_eq!(call.args.len(), 3);
+        assert_eq!(call.args[0], Arg::Tuple(vec![Arg::None, Arg::Scalar(trace_ir::Scalar::Bool(true))]));
         assert_eq!(call.args[1], Arg::Tuple(vec![Arg::Value(y)]));
     }
 
