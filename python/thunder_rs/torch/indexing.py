@@ -486,7 +486,7 @@ def put_slice_gradient(a, out, d: int, start, stop, step: int = 1):
     Returns the rule's output: ``out``, or an alias of ``a`` where ``out`` is ``a`` (as ``views``
     makes one; a rule's output is a new value). The decomposition's VJP stays where the sizes or
     bounds are symbolic."""
-    if not a.requires_grad or not all(type(n) is int for n in (*a.shape, start, stop)):
+    if not a.requires_grad or a.dtype.is_complex or not all(type(n) is int for n in (*a.shape, start, stop)):
         return out
     if out is a:
         out = prims.reshape(a, tuple(a.shape))
@@ -531,7 +531,7 @@ def getitem_grad(a, key):
     """Eager's gradients of indexing: of ints and slices (``_slices_gradient``) and, in half
     precision, of advanced indexing (``_index_put_gradient``); the decomposition's VJP for the rest."""
     out = ltorch.getitem(a, key)
-    if not a.requires_grad:
+    if not a.requires_grad or a.dtype.is_complex:  # (complex: the decomposition's VJP)
         return out
     advanced = _plain_advanced(a, key) if a.dtype in LOW_PRECISION else None
     if advanced is not None:
@@ -650,7 +650,7 @@ def unbind_grad(a, dim=0):
     that got none), one ``stack`` where the slices' VJPs padded each piece and summed them (which
     lost a channels_last cotangent's layout, kept by eager's stack)."""
     pieces = unbind(a, dim)
-    if pieces:  # (none of a dim of size 0)
+    if pieces and not a.dtype.is_complex:  # (none of a dim of size 0; complex: the slices' VJPs)
         put_grad(a, ltorch.stack([get_grad(p) for p in pieces], clang.canonicalize_dim(a.ndim, dim, "ltorch.unbind")))
     return pieces
 

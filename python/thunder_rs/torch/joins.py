@@ -505,7 +505,8 @@ def _tiles_grad(a, pieces, dim: int):
     ``SplitBackward0``, one cat (a new tensor also for one whole piece, then an alias of ``a``:
     eager's cat of a transposed cotangent is row-major)."""
     pieces = _aliased(a, pieces)
-    put_grad(a, ltorch.cat([get_grad(p) for p in pieces], dim))
+    if not a.dtype.is_complex:  # (complex: the slices' VJPs)
+        put_grad(a, ltorch.cat([get_grad(p) for p in pieces], dim))
     return pieces
 
 
@@ -533,6 +534,8 @@ def tensor_split_grad(a, sections=None, dim=0, *, indices=None, tensor_indices_o
         a, sections, dim, indices=indices, tensor_indices_or_sections=tensor_indices_or_sections
     )
     d = clang.canonicalize_dim(a.ndim, dim, "ltorch.tensor_split")
+    if a.dtype.is_complex:
+        return pieces  # (the slices' VJPs)
     if not all(type(n) is int for n in a.shape):
         return _tiles_grad(a, pieces, d)
     pieces = _aliased(a, pieces)

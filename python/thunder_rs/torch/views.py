@@ -429,11 +429,13 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
 def _symbolic(value) -> bool:
     """Whether ``value`` (or a tuple, list or dict of them) holds what a call computes: a
     symbolic size, or a traced tensor (a view op's arguments, which its eager replay would keep)."""
-    if type(value) in (tuple, list):
+    if isinstance(value, (tuple, list)):  # (a shape: ``x.shape[:-1] + (n,)``)
         return any(map(_symbolic, value))
-    if type(value) is dict:
+    if isinstance(value, dict):
         return any(map(_symbolic, value.values()))
-    return type(value) in (SymInt, SymFloat) or isinstance(value, TensorProxy)
+    if isinstance(value, slice):  # (an index: ``x[n // 2 :]``)
+        return any(map(_symbolic, (value.start, value.stop, value.step)))
+    return isinstance(value, (SymInt, SymFloat, TensorProxy))
 
 
 def copy_of(a) -> TensorProxy:

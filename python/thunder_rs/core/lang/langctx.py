@@ -32,6 +32,7 @@ from thunder_rs.core.lang import dual_tensors, inference, inner_leaves, tensor_h
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
+    active_recorder,
     dual_levels,
     grad_mode_cuts,
     lift_captured,
@@ -580,6 +581,8 @@ class LanguageMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if active_recorder() is None:  # (recording paused: thunder_rs's stand-ins computed as eager does)
+            return func(*args, **kwargs)
         if func in _GRAD_ACCESS and thread_state.inside == 0:
             raise grad_error("reads" if func == _GRAD_GET else "sets")
         if func in _AUTOGRAD_CALLS and thread_state.inside == 0:
