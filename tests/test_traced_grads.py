@@ -218,6 +218,11 @@ def _jitted_once(program, *args):
     return jitted
 
 
+@pytest.mark.xfail(
+    torch.backends.cpu.get_cpu_capability() == "AVX512",
+    reason="the vmapped vjp recomputes x @ w batched (a bmm over the basis) where eager reuses the forward's mm: "
+    "1 ulp apart with AVX-512 kernels, bit-equal with AVX2's",
+)
 def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
     jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
