@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple
 import contextlib
 
 import torch
+from torch.utils._pytree import tree_map
 
 from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
@@ -294,15 +295,9 @@ def _same_call(op):
     return None if op is None else lambda args, kwargs: (op, args, kwargs)
 
 
-def _containers_copied(value):
-    """``value`` with its lists, tuples and dicts copied, their leaves (proxies, numbers) the same
-    objects (a deep copy of a proxy would make another value of the trace)."""
-    if isinstance(value, (list, tuple)):
-        items = [_containers_copied(v) for v in value]
-        return type(value)(items) if type(value) in (list, tuple) else value
-    if type(value) is dict:
-        return {k: _containers_copied(v) for k, v in value.items()}
-    return value
+def _same(leaf):
+    """A leaf as it is (``tree_map(_same, v)``: ``v`` with its containers copied)."""
+    return leaf
 
 
 def tracked(symbol, returns_self: bool = False, replay=None):
@@ -329,7 +324,7 @@ def tracked(symbol, returns_self: bool = False, replay=None):
         group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs)) else None
         call = None if several or replay is None else replay(args, kwargs)
         # (the arguments as they are now: a list the program changes later is not the one replayed)
-        call = None if call is None or _symbolic(call[1:]) else (call[0], *_containers_copied(call[1:]))
+        call = None if call is None or _symbolic(call[1:]) else (call[0], *tree_map(_same, call[1:]))
         copied = _link(((a, o) for o in ((out,) if not several else out)), log, group, call)
         if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
