@@ -45,7 +45,14 @@ def test_double_backwards_of_a_loss_reading_the_output_twice_are_eagers(name):
             assert torch.equal(gg, eager_gg)
 
 
-@pytest.mark.xfail(strict=True, reason="the first double backward sums A * e + B * e where eager sums (A + B) * e")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the first double backward sums A * e + B * e where eager sums (A + B) * e: the loss's path (A, through "
+    "the cotangent 2 * y) reaches x through the compiled call's own backward (its autograd.Function node, which "
+    "y hangs from, made before the recomputation), the gradient's path (B) through the program computed again, "
+    "whose e is another node: the two meet only at x. One node for both needs the call's forward recorded under "
+    "autograd, which the entry does from its first double backward on",
+)
 def test_the_first_double_backward_through_a_call_is_eagers_bit_for_bit():
     program = PROGRAMS["exp"]()
     assert torch.equal(_second_gradients(thunder_rs.jit(program), 0)[1], _second_gradients(program, 0)[1])

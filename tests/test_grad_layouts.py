@@ -438,3 +438,32 @@ def test_grid_sample_of_a_permuted_grid_has_eagers_grid_gradient_strides(mode: s
     for grad, eager in zip(actual, expected, strict=True):
         torch.testing.assert_close(grad, eager)
         assert grad.stride() == eager.stride()
+
+
+@pytest.mark.parametrize("op", [torch.linalg.householder_product, torch.orgqr])
+def test_a_householder_product_is_column_major_and_a_product_with_it_differentiates_as_eager(op):
+    """LAPACK's orgqr writes Q column-major; mm_mat2_backward then computes ``base @ Q``'s gradient
+    of Q as ``(g.t() @ base).t()`` (another GEMM than ``base.t() @ g``, which rounds otherwise on
+    AVX-512: the orthogonal parametrization's gradient)."""
+
+    def program(seen):
+        def f(a, tau, base):
+            q = op(a, tau)
+            q.register_hook(lambda g: seen.append(g))
+            return base @ q, q.stride()
+
+        return f
+
+    torch.manual_seed(0)
+    a, tau = torch.randn(6, 4).tril(-1).requires_grad_(), torch.rand(4).requires_grad_()
+    base, cotangent = torch.randn(6, 6), torch.randn(6, 4)
+    eager_seen, seen = [], []
+    runs = []
+    for fn in (program(eager_seen), thunder_rs.jit(program(seen))):
+        out, strides = fn(a, tau, base)
+        runs.append((strides, torch.autograd.grad(out, (a, tau), cotangent)))
+    (eager_strides, eager_grads), (strides, actual) = runs
+    assert strides == eager_strides == (1, 6)
+    assert seen[0].stride() == eager_seen[0].stride() and torch.equal(seen[0], eager_seen[0])
+    for grad, eager in zip(actual, eager_grads, strict=True):
+        assert torch.equal(grad, eager)

@@ -43,17 +43,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ----------------------------------------------------------------------------- parametrizations
 
 
-#: On CPUs where torch runs its AVX-512 kernels, the householder map's parameter gradient is 1 ulp
-#: off eager in a few elements (seen in stop 55; bit-equal on the AVX2 machines of earlier stops).
-_AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
-_ORTHOGONAL_ULP = pytest.mark.xfail(
-    _AVX512, reason="the householder map's gradient rounds 1 ulp off eager's with AVX-512 kernels"
-)
-
-
 @pytest.mark.parametrize(
     "make, features",
-    [(lora_mlp, 8), (chained_parametrizations, 6), pytest.param(orthogonal_mlp, 6, marks=_ORTHOGONAL_ULP)],
+    [(lora_mlp, 8), (chained_parametrizations, 6), (orthogonal_mlp, 6)],
     ids=["lora", "chained", "orthogonal"],
 )
 def test_parametrized_layers_train_as_eager(make, features):

@@ -73,6 +73,7 @@ _COLUMN_MAJOR = {
     *("triangular_solve", "linalg_cholesky", "linalg_cholesky_ex", "cholesky_solve", "cholesky_inverse"),
     *("linalg_qr", "geqrf", "ormqr", "linalg_svd", "linalg_eigh", "linalg_lu_factor", "linalg_lu_factor_ex"),
     *("lu", "lu_solve", "linalg_ldl_factor", "linalg_ldl_factor_ex", "linalg_ldl_solve"),
+    *("linalg_householder_product", "orgqr"),  # (LAPACK's orgqr writes Q over a column-major copy)
 }
 
 # -- rules chosen by the call's arguments (``core.lang.eager_layouts``: a rule function) -------------
