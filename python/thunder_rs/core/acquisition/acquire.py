@@ -11,6 +11,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs.core.acquisition.argument_containers import TracedContainers
 from thunder_rs.core.acquisition.cache import input_names
 from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
 from thunder_rs.core.acquisition.effects import (
@@ -205,7 +206,7 @@ def _trace_program(
             ]
             items = [
                 (source, key, _fresh(_held(value, reached, captures), captures))
-                for source, key, value in _item_writes(reached, observer)
+                for source, key, value in _item_writes(reached, observer) + inputs.argument_writes
             ]
             stored = [w[2] for w in writes] + [i[2] for i in items]
             refuse_escaped_events(out, stored)
@@ -310,6 +311,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         ]
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
+    containers = TracedContainers(args, kwargs)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
@@ -322,6 +324,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
+        inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
         _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
         reached.refuse_changed_in_place()
     except BaseException:
@@ -348,6 +351,25 @@ def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> 
             "metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. Return the values "
             "instead"
         )
+
+
+def _refuse_argument_write(program, container, path: tuple, why: str) -> None:
+    """Refuses a change of ``container``, at ``path`` of the arguments, that no compiled call can
+    make again (``argument_containers``): ``why``, naming the argument and the line."""
+    target = program.forward if isinstance(program, torch.nn.Module) else program
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    names = list(code.co_varnames[int(hasattr(target, "__self__")) : code.co_argcount]) if code is not None else []
+    name = path[1] if path[0] == 1 else names[path[1]] if path[1] < len(names) else None
+    where = ""
+    if name is not None:
+        steps = "".join(f"[{step!r}]" for step in path[2:])
+        site = f" at {store_site(f'{code.co_filename}:{code.co_firstlineno}', name, held=True)}" if code else ""
+        where = f", the {type(container).__name__} {name}{steps}{site}"
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: the traced program changed a list or dict it was given as an argument{where}: {why}; "
+        "a compiled call cannot make that change again. Store plain values or tensors there, or return the values "
+        "instead"
+    )
 
 
 def _changed_argument(program, args, kwargs, leaves: list, in_spec) -> str:

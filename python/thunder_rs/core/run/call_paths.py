@@ -9,6 +9,7 @@ miss compiles. Both key a call alike, so an entry compiled by one serves the oth
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
+from thunder_rs.core.acquisition.argument_containers import hold_call, release_call
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
@@ -88,7 +89,18 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
         out = entry.fn(*inputs)
     except Exception as e:
         return _failed(e, jfn, entry, key, flat, args, kwargs)
-    return out if entry.post is None else entry.post(out, flat)
+    return out if entry.post is None else _posted(entry, out, flat, args, kwargs)
+
+
+def _posted(entry, out, flat, args, kwargs):
+    """``entry.post(out, flat)``, with the call's arguments noted where it changes their containers."""
+    if not entry.call_args:
+        return entry.post(out, flat)
+    hold_call(args, kwargs)
+    try:
+        return entry.post(out, flat)
+    finally:
+        release_call()
 
 
 def no_tail(flat) -> tuple:
@@ -109,4 +121,4 @@ def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):
     run = lambda variant: variant.fn(*jfn._inputs(variant, flat))  # noqa: E731
     eager = lambda: jfn._fn(*args, **kwargs)  # noqa: E731
     variant, out = jfn._other_path(e, entry, key, flat, lambda: torch_spec, run, eager)
-    return out if variant is None or variant.post is None else variant.post(out, flat)
+    return out if variant is None or variant.post is None else _posted(variant, out, flat, args, kwargs)
