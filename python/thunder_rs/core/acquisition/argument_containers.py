@@ -32,6 +32,9 @@ WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict)
 _OPENED = (tuple, *WRITTEN)
 
 _call = threading.local()
+#: Where a program's own error carries what makes its changes of argument containers again
+#: (``failed_state``), a callable of the call's ``(args, kwargs)``.
+ARGUMENTS_MADE = "_thunder_rs_arguments_made"
 
 
 def hold_call(args, kwargs) -> None:
@@ -71,7 +74,9 @@ class TracedContainers:
     """The lists and dicts of a traced call's ``(args, kwargs)`` (the copies tracing made), each
     with its path and its items then."""
 
-    def __init__(self, args, kwargs):
+    def __init__(self, args, kwargs, names: list):
+        #: the names of the positional parameters, for messages
+        self.names = names
         self.found: list = []
         for i, value in enumerate(args):
             self._visit(value, (0, i))
@@ -86,6 +91,11 @@ class TracedContainers:
         for key, value in enumerate(x) if isinstance(x, (tuple, list)) else x.items():
             self._visit(value, (*path, key))
 
+    def label(self, container, path: tuple) -> str:
+        """``the <type> <name>[<key>]`` of the container at ``path``."""
+        name = path[1] if path[0] == 1 or path[1] >= len(self.names) else self.names[path[1]]
+        return f"the {type(container).__name__} {name}" + "".join(f"[{step!r}]" for step in path[2:])
+
     def changes(self, refuse) -> list:
         """``(ArgumentContainer, None, new contents)`` for each container the program changed,
         the deepest first; every copy is then put back as it was. ``refuse(container, path, why)``
@@ -99,7 +109,7 @@ class TracedContainers:
             why = _unrepeatable(contents, ids)
             if why is not None:
                 refuse(container, path, why)
-            writes.append((ArgumentContainer(path, _label(path)), None, contents))
+            writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
         for container, _, before in self.found:
             if _changed(container, before):
                 _restore(container, before)
@@ -149,19 +159,32 @@ def _contents(container, before: tuple):
     return contents
 
 
-def _label(path: tuple) -> str:
-    return f"argument {path[1]!r}" + "".join(f"[{step!r}]" for step in path[2:])
-
-
 def replace_contents(container, contents) -> None:
     """Gives ``container`` the ``contents`` an ``ArgumentContainer`` write made (``Old`` items
     those it holds now)."""
     if type(container) is list:
-        before = list(container)
-        container[:] = [before[v.key] if type(v) is Old else v for v in contents]
+        items = list(container)
+        container[:] = [items[v.key] if type(v) is Old else v for v in contents]
         return
     before = dict(container)
     new = [(k, before[v.key] if type(v) is Old else v) for k, v in contents.items()]
     container.clear()
     for key, value in new:
         container[key] = value
+
+
+def write_arguments(writes: list, args, kwargs) -> None:
+    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents."""
+    for path, new in writes:
+        node = (args, kwargs)
+        for step in path:
+            node = node[step]
+        replace_contents(node, new)
+
+
+def arguments_made_again(error: BaseException, args, kwargs) -> None:
+    """Makes again, on the caller's lists and dicts passed as ``args`` and ``kwargs``, the changes
+    the program made to them before raising ``error`` (``note_made_before_error``)."""
+    again = getattr(error, "__dict__", {}).pop(ARGUMENTS_MADE, None)
+    if again is not None:
+        again(args, kwargs)

@@ -9,7 +9,7 @@ miss compiles. Both key a call alike, so an entry compiled by one serves the oth
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from thunder_rs.core.acquisition.argument_containers import hold_call, release_call
+from thunder_rs.core.acquisition.argument_containers import arguments_made_again, hold_call, release_call
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
@@ -67,7 +67,11 @@ def _flattened(jfn, args, kwargs, state, params, binding):
         torch_spec = compile_spec(args, kwargs, flat)
         if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
             return jfn._call_general(args, kwargs)
-        entry = jfn._miss(flat, torch_spec, key)
+        try:
+            entry = jfn._miss(flat, torch_spec, key)
+        except BaseException as e:  # the program's own error: its changes of argument containers made
+            arguments_made_again(e, args, kwargs)
+            raise
         if jfn._module is not None:
             params = jfn._module_tensors()
             if jfn._binding is not binding:  # (another thread changed the module's structure)
