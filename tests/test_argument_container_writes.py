@@ -202,3 +202,31 @@ def test_a_change_no_call_can_make_again_is_refused_naming_the_argument_and_line
     with pytest.raises(ThunderNotImplementedError, match=rf"the {what} at .*writes\.py:{line}: it stored"):
         thunder_rs.jit(program)(torch.ones(2), *containers)
     assert all(c == [] or c == {} for c in containers)
+
+
+def _fills_and_returns(x, d):
+    d["y"] = x * 2
+    d.pop("gone", None)
+    return d, d["y"] + 1
+
+
+def _returns_unchanged(x, options, names):
+    return x * options["scale"], options, [names]
+
+
+def test_a_list_or_dict_argument_returned_is_the_callers_as_eager():
+    # A copy: changing the returned dict (or the one passed, after the call) left the other as it was.
+    jf = thunder_rs.jit(_fills_and_returns)
+    for i in range(2):
+        x = torch.randn(2)
+        d, eager = {"gone": 1, "kept": "k"}, {"gone": 1, "kept": "k"}
+        (returned, y), (eager_returned, eager_y) = jf(x, d), _fills_and_returns(x, eager)
+        _assert_same(d, eager)
+        _assert_same(y, eager_y)
+        assert returned is d and eager_returned is eager
+    jf = thunder_rs.jit(_returns_unchanged)
+    for i in range(2):
+        options, names = {"scale": 2.0}, ["a"]
+        y, returned, (returned_names,) = jf(torch.ones(2), options, names)
+        _assert_same(y, _returns_unchanged(torch.ones(2), options, names)[0])
+        assert returned is options and returned_names is names

@@ -326,7 +326,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
         inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
-        _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
+        out = containers.returned(out)
+        with containers.as_before():  # (their changes made again by every call)
+            _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
         reached.refuse_changed_in_place()
     except BaseException as e:
         note_made_before_error(e, observer.state.containers.places(), reached, containers)

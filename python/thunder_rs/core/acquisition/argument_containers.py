@@ -19,7 +19,13 @@ store again (an object made in the call), keys that are no plain values.
 """
 
 import collections
+import contextlib
 import threading
+
+import torch
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.base.proxies import SymbolicSize
 
 from thunder_rs.core.state.containers import _repeatable
 from thunder_rs.core.state.guards import is_simple
@@ -96,10 +102,22 @@ class TracedContainers:
         name = path[1] if path[0] == 1 or path[1] >= len(self.names) else self.names[path[1]]
         return f"the {type(container).__name__} {name}" + "".join(f"[{step!r}]" for step in path[2:])
 
+    def returned(self, out):
+        """``out`` with each copy it holds (in tuples, lists and dicts) as the ``ArgumentContainer``
+        finding the caller's: a call returns that, as eager returns the container it was given."""
+        copies = {id(c): ArgumentContainer(path, self.label(c, path)) for c, path, _ in self.found}
+
+        def leaf(x) -> bool:  # (a torch.Size whole, as ``outputs.is_size``)
+            return id(x) in copies or type(x) is torch.Size or type(x) is SymbolicSize
+
+        if not copies or not any(id(x) in copies for x in pytree.tree_leaves(out, is_leaf=leaf)):
+            return out
+        return pytree.tree_map(lambda x: copies.get(id(x), x), out, is_leaf=leaf)
+
     def changes(self, refuse) -> list:
         """``(ArgumentContainer, None, new contents)`` for each container the program changed,
-        the deepest first; every copy is then put back as it was. ``refuse(container, path, why)``
-        raises for a change no call can make again."""
+        the deepest first (the copies keep their changes: the program may return them).
+        ``refuse(container, path, why)`` raises for a change no call can make again."""
         ids = {id(c) for c, _, _ in self.found}
         writes = []
         for container, path, before in sorted(self.found, key=lambda f: -len(f[1])):
@@ -110,10 +128,19 @@ class TracedContainers:
             if why is not None:
                 refuse(container, path, why)
             writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
-        for container, _, before in self.found:
-            if _changed(container, before):
-                _restore(container, before)
         return writes
+
+    @contextlib.contextmanager
+    def as_before(self):
+        """The copies as they were made, for the while of the block (then as the program left them)."""
+        changed = [(c, before, _items(c)) for c, _, before in self.found if _changed(c, before)]
+        for container, before, _ in changed:
+            _restore(container, before)
+        try:
+            yield
+        finally:
+            for container, _, now in changed:
+                _restore(container, now)
 
 
 def _unrepeatable(contents, ids: set) -> str | None:
