@@ -230,3 +230,20 @@ def test_a_list_or_dict_argument_returned_is_the_callers_as_eager():
         y, returned, (returned_names,) = jf(torch.ones(2), options, names)
         _assert_same(y, _returns_unchanged(torch.ones(2), options, names)[0])
         assert returned is options and returned_names is names
+
+
+def _writes_one_reads_other(x, a, b):
+    a["n"] = 2
+    return x * b.get("n", 1)
+
+
+def test_one_dict_passed_twice_to_a_program_changing_one_is_refused_before_running():
+    # Traced on two copies, the compiled call read 1 from b where eager reads the 2 written to a.
+    jf = thunder_rs.jit(_writes_one_reads_other)
+    a, b, eager_a, eager_b = {}, {}, {}, {}
+    _assert_same(jf(torch.ones(2), a, b), _writes_one_reads_other(torch.ones(2), eager_a, eager_b))
+    _assert_same((a, b), (eager_a, eager_b))
+    d = {}
+    with pytest.raises(ThunderNotImplementedError, match="dict at positional argument 2 is also passed at positional"):
+        jf(torch.ones(2), d, d)
+    assert d == {}

@@ -30,6 +30,7 @@ from thunder_rs.core.base.proxies import SymbolicSize
 from thunder_rs.core.state.containers import _repeatable
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: The containers whose copies tracing can change and a call can change again: exact types, as
 #: torch's pytree opens them (a subclass is a leaf, or a node of its own).
@@ -215,3 +216,25 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
     again = getattr(error, "__dict__", {}).pop(ARGUMENTS_MADE, None)
     if again is not None:
         again(args, kwargs)
+
+
+def refuse_aliased(args, kwargs) -> None:
+    """Refuses a call passing one list or dict in two places of its arguments to a program that
+    changes such containers: tracing changed a copy of each, as if they were two."""
+    seen: dict = {}
+    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(args))
+    stack.extend((value, f"argument {name}") for name, value in kwargs.items())
+    while stack:
+        x, label = stack.popleft()
+        if type(x) not in _OPENED and not isinstance(x, tuple):
+            continue
+        if type(x) in WRITTEN:
+            if id(x) in seen:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
+                    "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
+                    "distinct ones"
+                )
+            seen[id(x)] = label
+        items = enumerate(x) if isinstance(x, (tuple, list)) else x.items()
+        stack.extend((value, f"{label}[{key!r}]") for key, value in items)

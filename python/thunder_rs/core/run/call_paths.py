@@ -10,6 +10,7 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 from thunder_rs.core.acquisition.argument_containers import arguments_made_again, hold_call, release_call
+from thunder_rs.core.acquisition.argument_containers import refuse_aliased
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
@@ -89,6 +90,8 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
     tail = entry.tail
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
+    if entry.call_args:
+        refuse_aliased(args, kwargs)
     try:
         out = entry.fn(*inputs)
     except Exception as e:
