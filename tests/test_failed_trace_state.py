@@ -109,3 +109,30 @@ def test_a_change_holding_a_traced_tensor_before_the_programs_error_is_named_on_
         assert "the dict metrics before this error with values of the trace" in "".join(raised.value.__notes__)
     finally:
         CALLS.clear()
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.steps, self.history, self.config = 0, [], types.SimpleNamespace(seen=0)
+
+    def forward(self, x):
+        self.steps += 1
+        self.history.append(self.steps)
+        self.config.seen = self.steps
+        if x.shape[0] > 1:
+            raise ValueError("too long")
+        return x
+
+
+def test_attributes_a_module_set_before_its_own_error_stay_set_with_its_lists_as_eager():
+    # The list appended to was, the attributes set were not: steps 0 beside history [1].
+    found = {}
+    for name in ("jit", "eager"):
+        model = _Counting()
+        fn = thunder_rs.jit(model) if name == "jit" else model
+        for _ in range(2):
+            with pytest.raises(ValueError, match="too long"):
+                fn(torch.ones(2))
+        found[name] = (model.steps, model.history, model.config.seen)
+    assert found["jit"] == found["eager"] == (2, [1, 2], 2)

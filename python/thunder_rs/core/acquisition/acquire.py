@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from thunder_rs import _core
 from thunder_rs.core.acquisition.argument_containers import TracedContainers
 from thunder_rs.core.acquisition.cache import input_names
-from thunder_rs.core.acquisition.failed_state import note_made_before_error, put_back_refused
+from thunder_rs.core.acquisition.failed_state import note_attributes_made, note_made_before_error, put_back_refused
 from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
 from thunder_rs.core.acquisition.effects import (
     attribute_writes,
@@ -335,7 +335,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         put_back(placed, failed=True)
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
-        observer.state.writes()
+        note_attributes_made(e, observer.state.writes(), pairs, flat_inputs)
         observer.state.containers.undo()
         reached.undo()
         raise

@@ -7,11 +7,13 @@ dicts; a program refused after tracing because it changed in place state it read
 change made, which is put back (``put_back_refused``).
 
 The program's own error (``raise``, a ``KeyError``) ends eager where it is raised, with what it
-changed before made: ``CALLS.append(1)`` then ``raise`` leaves the item appended. Tracing undoes
+changed before made: ``CALLS.append(1)`` (or ``self.steps += 1``) then ``raise`` leaves the item
+appended (the attribute set). Tracing undoes
 those changes (a call compiled again must find the state as it was), so where the error leaves
 the jit they are made again (``errors.settings_made_again``): in lists and dicts of lasting state
 (globals, module attributes), of argument objects, and in lists and dicts passed as arguments
-(on the caller's, ``argument_containers.arguments_made_again``). A change holding a value of the trace (a tensor it
+(on the caller's, ``argument_containers.arguments_made_again``), and attributes of modules and
+state objects (``note_attributes_made``). A change holding a value of the trace (a tensor it
 computed, a symbolic size), which eager has but a failed trace does not, cannot be made: the
 error then says which containers were left as before the call.
 """
@@ -28,7 +30,9 @@ from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.guards import _thawed as thawed
+from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.state.items import MUTABLE
+from thunder_rs.core.state.modules import attribute_writes as module_writes
 from thunder_rs.core.state.reached import _Contents, _changed, _contents, _items, _put_contents, _restore
 from thunder_rs.errors import ThunderError, note_made_again
 
@@ -77,6 +81,40 @@ def note_made_before_error(error: BaseException, places, reached, arguments: Tra
             f"thunder_rs: the traced program changed {names} before this error with values of the trace (a tensor "
             "it computed); they were left as before the call, where eager leaves them changed"
         )
+
+
+def note_attributes_made(error: BaseException, writes: list, pairs: list, flat_inputs: list) -> None:
+    """Notes on ``error``, the program's own, the attributes it set before raising (as
+    ``note_made_before_error``): ``writes`` on state objects (``State.writes``, undone), and those
+    on the modules it ran (``pairs``: ``(clone, the user's)``, the clone's instance dict changed)."""
+    if isinstance(error, ThunderError) or not isinstance(getattr(error, "__dict__", None), dict):
+        return
+    try:
+        writes = module_writes(pairs) + writes
+    except Exception:  # (a change of a module's structure, refused had the program not raised: left undone)
+        pass
+    again: list = []
+    left: list = []
+    for holder, name, value in writes:
+        holder = holder.object(flat_inputs) if isinstance(holder, InputSource) else holder
+        (left if _traced(value) else again).append((holder, name, value))
+    if again:
+        note_made_again(error, functools.partial(_set_attributes, again))
+    if left:
+        names = ", ".join(sorted({name for _, name, _ in left}))
+        error.__dict__.setdefault("__notes__", []).append(
+            f"thunder_rs: the traced program set the attributes {names} before this error to values of the trace "
+            "(a tensor it computed); they were left as before the call, where eager leaves them set"
+        )
+
+
+def _set_attributes(writes: list) -> None:
+    for holder, name, value in writes:
+        if value is MISSING:
+            if hasattr(holder, name):
+                delattr(holder, name)
+        else:
+            setattr(holder, name, value)
 
 
 def _make(calls: list) -> None:
