@@ -11,11 +11,14 @@ from the call ``hold_call`` notes): items it held before are kept as those objec
 values are stored as the trace made them, tensors each call's (``effects.ContentsWrite``). A
 nested container is written before the one holding it, so each is found where the call had it.
 The items and keys are part of the cache key (the flatten's spec and leaves): a call finding the
-keys or the length the previous one left compiles again.
+keys or the length the previous one left compiles again (a list of losses grown by every call
+compiles on every call). A copy the program returns is returned as the caller's container
+(``returned``), as eager returns the one it was given.
 
 A change no call can make again is refused naming the argument and the line: a container of the
 arguments stored into another (a compiled call would store a copy), values no compiled call can
-store again (an object made in the call), keys that are no plain values.
+store again (an object made in the call), keys that are no plain values; so is a call passing one
+container in two places to such a program (``refuse_aliased``), traced as two.
 """
 
 import collections
