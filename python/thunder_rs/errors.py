@@ -100,6 +100,20 @@ def runtime_error(exc: Exception, filename: str, source: str) -> Exception:
 SETTINGS_MADE = "_thunder_rs_settings_made"
 
 
+def note_made_again(error: BaseException, again) -> None:
+    """Adds ``again`` (a callable) to what ``settings_made_again`` makes again for ``error``."""
+    before = error.__dict__.get(SETTINGS_MADE)
+    error.__dict__[SETTINGS_MADE] = again if before is None else _both(before, again)
+
+
+def _both(first, second):
+    def both() -> None:
+        first()
+        second()
+
+    return both
+
+
 def settings_made_again(error: BaseException) -> None:
     """Makes again the process settings (``sys.path.insert(0, p)``, ``os.environ[k] = v``) that the
     program made before raising ``error`` while traced, which tracing undid: eager, raising there,

@@ -11,7 +11,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
+from thunder_rs.core.acquisition.argument_containers import TracedContainers
 from thunder_rs.core.acquisition.cache import input_names
+from thunder_rs.core.acquisition.failed_state import note_attributes_made, note_made_before_error, put_back_refused
 from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
 from thunder_rs.core.acquisition.effects import (
     attribute_writes,
@@ -205,7 +207,7 @@ def _trace_program(
             ]
             items = [
                 (source, key, _fresh(_held(value, reached, captures), captures))
-                for source, key, value in _item_writes(reached, observer)
+                for source, key, value in _item_writes(reached, observer) + inputs.argument_writes
             ]
             stored = [w[2] for w in writes] + [i[2] for i in items]
             refuse_escaped_events(out, stored)
@@ -310,6 +312,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         ]
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
     args, kwargs = tree_unflatten(leaves, in_spec)
+    containers = TracedContainers(args, kwargs, _argument_names(program)[1])
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
@@ -322,13 +325,17 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             out = fn(*args, **kwargs)
-        _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
+        inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
+        out = containers.returned(out)
+        with containers.as_before():  # (their changes made again by every call)
+            _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
         reached.refuse_changed_in_place()
-    except BaseException:
+    except BaseException as e:
+        note_made_before_error(e, observer.state.containers.places(), reached, containers)
         put_back(placed, failed=True)
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
-        observer.state.writes()
+        note_attributes_made(e, observer.state.writes(), pairs, flat_inputs)
         observer.state.containers.undo()
         reached.undo()
         raise
@@ -348,6 +355,31 @@ def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> 
             "metrics['aux'] = loss, cache.append(k)); a compiled call would not change it again. Return the values "
             "instead"
         )
+
+
+def _argument_names(program) -> tuple:
+    """The code of ``program`` (a module's ``forward``), or None, and its positional parameters' names."""
+    target = program.forward if isinstance(program, torch.nn.Module) else program
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    names = list(code.co_varnames[int(hasattr(target, "__self__")) : code.co_argcount]) if code is not None else []
+    return code, names
+
+
+def _refuse_argument_write(program, container, path: tuple, why: str) -> None:
+    """Refuses a change of ``container``, at ``path`` of the arguments, that no compiled call can
+    make again (``argument_containers``): ``why``, naming the argument and the line."""
+    code, names = _argument_names(program)
+    name = path[1] if path[0] == 1 else names[path[1]] if path[1] < len(names) else None
+    where = ""
+    if name is not None:
+        steps = "".join(f"[{step!r}]" for step in path[2:])
+        site = f" at {store_site(f'{code.co_filename}:{code.co_firstlineno}', name, held=True)}" if code else ""
+        where = f", the {type(container).__name__} {name}{steps}{site}"
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: the traced program changed a list or dict it was given as an argument{where}: {why}; "
+        "a compiled call cannot make that change again. Store plain values or tensors there, or return the values "
+        "instead"
+    )
 
 
 def _changed_argument(program, args, kwargs, leaves: list, in_spec) -> str:
@@ -404,10 +436,12 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
             rechecked = checked_by_the_next_call(guard, interrupted)
             if rechecked is None:
                 guard.origin = _reading_line(guard)
-                raise ThunderNotImplementedError(
+                refused = ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
                     + _unreplayed(getattr(guard, "expected", None))
                 )
+                put_back_refused(guards, flat_inputs)
+                raise refused
             guard = rechecked
         kept.append(guard)
     return kept

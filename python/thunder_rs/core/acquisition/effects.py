@@ -19,6 +19,7 @@ import weakref
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_rs.core.acquisition.argument_containers import ArgumentContainer, replace_contents
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
@@ -187,11 +188,29 @@ class ItemWrite:
             container[key] = self.value.get(extras)
 
 
+class ContentsWrite:
+    """The new contents of a list or dict passed as an argument (``argument_containers``), given
+    after every call to that call's container; ``contents`` a ``TracedValue``."""
+
+    __slots__ = ("source", "contents")
+    #: (``Entry.call_args``)
+    changes_arguments = True
+
+    def __init__(self, source, contents):
+        self.source, self.contents = source, contents
+
+    def apply(self, extras, flat) -> None:
+        replace_contents(self.source.object(flat), self.contents.get(extras))
+
+
 def item_writes(writes, extras: list, kept: dict | None = None) -> list:
     """``ItemWrite`` for each ``(source, key, value)`` (MISSING: removed), as ``attribute_writes``;
-    a key that holds sizes is each call's (``keyed``: a cache by sequence length)."""
+    a key that holds sizes is each call's (``keyed``: a cache by sequence length). A container
+    passed as an argument (an ``ArgumentContainer``) gets its new contents (``ContentsWrite``)."""
     return [
-        ItemWrite(
+        ContentsWrite(source, TracedValue(value, extras, kept))
+        if type(source) is ArgumentContainer
+        else ItemWrite(
             source,
             TracedValue(key, extras) if _holds_size(key) else key,
             None if value is MISSING else TracedValue(value, extras, kept),

@@ -12,7 +12,9 @@ Only the objects and containers on a path to a traced tensor are rebuilt (``cls.
 instance dict, as ``copy`` does); everything else they reference (ints, classes, configs,
 parameters) is shared, as it is in eager. An object the program was given (an argument) is
 returned as each call's own argument; what the program set on it is set again by every call
-(``thunder_rs.core.state.state``).
+(``thunder_rs.core.state.state``). So is a list or dict passed as an argument (which the flatten
+of the call copied for tracing), which the output holds as the ``argument_containers.ArgumentContainer``
+that finds it in each call's arguments.
 """
 
 import copy
@@ -21,6 +23,7 @@ import types
 import torch
 from torch.utils._pytree import tree_flatten
 
+from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -82,6 +85,8 @@ class _Templater:
     def __init__(self, flat: list, inputs: dict):
         self.flat = flat
         self._inputs = inputs
+        #: whether the output holds a container of the call's arguments (an ``ArgumentContainer``)
+        self.takes_call = False
         self._memo: dict = {}
         self._open: set = set()  # objects being templated
         self._cyclic: set = set()  # of those, the ones referred to from inside themselves
@@ -95,6 +100,9 @@ class _Templater:
         if type(x) is SymbolicSize or (type(x) is torch.Size and any(type(s) is SymInt for s in x)):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
+            return x
+        if type(x) is ArgumentContainer:
+            self.takes_call = True
             return x
         key = id(x)
         if key in self._inputs:
@@ -159,6 +167,8 @@ def _build(node, outputs, inputs, built: dict):
         return outputs[node.index]
     if isinstance(node, _Input):
         return inputs[node.position]
+    if type(node) is ArgumentContainer:  # (the call's, noted by ``argument_containers.hold_call``)
+        return node.object(inputs)
     if isinstance(node, _Copied):
         return copy.copy(node.value)
     if not isinstance(node, _Rebuilt):
@@ -195,9 +205,11 @@ class RebuiltOutput:
     call's own input objects: ``unflatten(flat_outputs, inputs)`` gives what the program returned,
     with this call's tensors and objects."""
 
-    def __init__(self, spec, leaves: list):
+    def __init__(self, spec, leaves: list, takes_call: bool = False):
         self._spec = spec
         self._leaves = leaves
+        #: whether it returns containers of the call's arguments (``Entry.call_args``)
+        self.takes_call = takes_call
 
     def unflatten(self, flat, inputs):
         built: dict = {}
@@ -213,7 +225,7 @@ class RebuiltOutput:
                     walk(part[1] if node.kind in ("dict", "object") else part)
             elif isinstance(node, _Copied):
                 found.append(node.value)
-            elif not isinstance(node, (_Slot, _Input)):
+            elif not isinstance(node, (_Slot, _Input, ArgumentContainer)):
                 found.append(node)
 
         for leaf in self._leaves:
@@ -254,7 +266,7 @@ def flatten_output(out, inputs: list):
             flat.append(leaf)
         else:
             templates.append(template(leaf))
-    return tuple(flat), RebuiltOutput(spec, templates)
+    return tuple(flat), RebuiltOutput(spec, templates, template.takes_call)
 
 
 def is_plain(out) -> bool:

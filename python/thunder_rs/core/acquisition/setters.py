@@ -23,7 +23,7 @@ import torch
 from thunder_rs.core.acquisition.effects import recorded_effects
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.handed_effects import program_calling
-from thunder_rs.errors import SETTINGS_MADE, ThunderError, ThunderNotImplementedError
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, note_made_again
 
 
 class SetterCall:
@@ -90,7 +90,7 @@ def note_settings_made(error: BaseException, effects: list) -> None:
     was not made."""
     made = [e for e in effects if type(e) is SetterCall]
     if made and not isinstance(error, ThunderError) and isinstance(getattr(error, "__dict__", None), dict):
-        error.__dict__[SETTINGS_MADE] = functools.partial(_make_again, made)
+        note_made_again(error, functools.partial(_make_again, made))
 
 
 def _make_again(made: list) -> None:

@@ -25,6 +25,9 @@ class TracedInputs:
 
     def __init__(self, positions, args: list, params: list, slots: list):
         self.positions, self.args, self.params, self.slots = tuple(positions), args, params, slots
+        #: the new contents of the lists and dicts passed as arguments that the program changed
+        #: (``argument_containers``): ``(ArgumentContainer, None, contents)``
+        self.argument_writes: list = []
 
     def slot_values(self) -> list:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""

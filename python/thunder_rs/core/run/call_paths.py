@@ -9,6 +9,8 @@ miss compiles. Both key a call alike, so an entry compiled by one serves the oth
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
+from thunder_rs.core.acquisition.argument_containers import arguments_made_again, hold_call, release_call
+from thunder_rs.core.acquisition.argument_containers import refuse_aliased
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
@@ -66,7 +68,11 @@ def _flattened(jfn, args, kwargs, state, params, binding):
         torch_spec = compile_spec(args, kwargs, flat)
         if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
             return jfn._call_general(args, kwargs)
-        entry = jfn._miss(flat, torch_spec, key)
+        try:
+            entry = jfn._miss(flat, torch_spec, key)
+        except BaseException as e:  # the program's own error: its changes of argument containers made
+            arguments_made_again(e, args, kwargs)
+            raise
         if jfn._module is not None:
             params = jfn._module_tensors()
             if jfn._binding is not binding:  # (another thread changed the module's structure)
@@ -84,11 +90,24 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
     tail = entry.tail
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
+    if entry.call_args:
+        refuse_aliased(args, kwargs)
     try:
         out = entry.fn(*inputs)
     except Exception as e:
         return _failed(e, jfn, entry, key, flat, args, kwargs)
-    return out if entry.post is None else entry.post(out, flat)
+    return out if entry.post is None else _posted(entry, out, flat, args, kwargs)
+
+
+def _posted(entry, out, flat, args, kwargs):
+    """``entry.post(out, flat)``, with the call's arguments noted where it changes their containers."""
+    if not entry.call_args:
+        return entry.post(out, flat)
+    hold_call(args, kwargs)
+    try:
+        return entry.post(out, flat)
+    finally:
+        release_call()
 
 
 def no_tail(flat) -> tuple:
@@ -109,4 +128,4 @@ def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):
     run = lambda variant: variant.fn(*jfn._inputs(variant, flat))  # noqa: E731
     eager = lambda: jfn._fn(*args, **kwargs)  # noqa: E731
     variant, out = jfn._other_path(e, entry, key, flat, lambda: torch_spec, run, eager)
-    return out if variant is None or variant.post is None else variant.post(out, flat)
+    return out if variant is None or variant.post is None else _posted(variant, out, flat, args, kwargs)

@@ -39,6 +39,9 @@ class Entry:
     #: ``post(out, flat)`` turns the trace's outputs into the program's (rebuilding structures,
     #: repeating prints and attribute writes), or None when the trace returns them as they are
     post: object = None
+    #: whether ``post`` changes containers of the call's arguments (``argument_containers``),
+    #: found from the call ``hold_call`` notes
+    call_args: bool = False
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
     #: the write epoch at which module guards last held, and the hooks seen then

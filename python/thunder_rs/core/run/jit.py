@@ -398,6 +398,9 @@ class ThunderFunction:
             entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
+        entry.call_args = getattr(acquired.out_spec, "takes_call", False) or any(
+            getattr(e, "changes_arguments", False) for e in acquired.effects
+        )
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)

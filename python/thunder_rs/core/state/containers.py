@@ -261,6 +261,10 @@ class StateContainers:
         # A function cached by functools: the line that called it.
         return sites | {id(cached): (where, "") for cached, where, _ in self.cached_calls}
 
+    def places(self) -> list:
+        """The noted containers (``_Place``: the container, its items when first read, where)."""
+        return list(self._places.values())
+
     def undo(self) -> None:
         """Puts back the items every noted container had when first read (a failed trace)."""
         for place in self._places.values():

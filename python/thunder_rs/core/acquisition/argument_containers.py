@@ -1,0 +1,243 @@
+"""Lists and dicts passed as arguments that the program changes: a training loop's metrics.
+
+``metrics["loss"] = loss``, ``losses.append(loss)``, ``stats.setdefault(k, [])``, ``del d[k]`` or
+``lst[i] = t`` on a list, dict, ``defaultdict`` or ``OrderedDict`` passed as an argument (or
+nested in one: ``batch["log"].append(t)``) change the caller's container in eager. Tracing runs
+the program on the copies that torch's pytree makes of them (``tree_unflatten``), so the changes
+are found after tracing by comparing each copy's items with those it was made with, by identity
+(``TracedContainers``). Each changed container's new contents become an effect every call
+repeats on that call's container, found at the same place of its arguments (``ArgumentContainer``,
+from the call ``hold_call`` notes): items it held before are kept as those objects (``Old``), new
+values are stored as the trace made them, tensors each call's (``effects.ContentsWrite``). A
+nested container is written before the one holding it, so each is found where the call had it.
+The items and keys are part of the cache key (the flatten's spec and leaves): a call finding the
+keys or the length the previous one left compiles again (a list of losses grown by every call
+compiles on every call). A copy the program returns is returned as the caller's container
+(``returned``), as eager returns the one it was given.
+
+A change no call can make again is refused naming the argument and the line: a container of the
+arguments stored into another (a compiled call would store a copy), values no compiled call can
+store again (an object made in the call), keys that are no plain values; so is a call passing one
+container in two places to such a program (``refuse_aliased``), traced as two.
+"""
+
+import collections
+import contextlib
+import threading
+
+import torch
+from torch.utils import _pytree as pytree
+
+from thunder_rs.core.base.proxies import SymbolicSize
+
+from thunder_rs.core.state.containers import _repeatable
+from thunder_rs.core.state.guards import is_simple
+from thunder_rs.core.state.reached import _changed, _items, _restore
+from thunder_rs.errors import ThunderNotImplementedError
+
+#: The containers whose copies tracing can change and a call can change again: exact types, as
+#: torch's pytree opens them (a subclass is a leaf, or a node of its own).
+WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict)
+#: Containers followed into (tuples: a namedtuple too), as torch's pytree opens them.
+_OPENED = (tuple, *WRITTEN)
+
+_call = threading.local()
+#: Where a program's own error carries what makes its changes of argument containers again
+#: (``failed_state``), a callable of the call's ``(args, kwargs)``.
+ARGUMENTS_MADE = "_thunder_rs_arguments_made"
+
+
+def hold_call(args, kwargs) -> None:
+    """Notes the arguments of the call whose effects run next (``release_call`` after them)."""
+    _call.arguments = (args, kwargs)
+
+
+def release_call() -> None:
+    _call.arguments = None
+
+
+class ArgumentContainer:
+    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it."""
+
+    __slots__ = ("path", "label")
+
+    def __init__(self, path: tuple, label: str):
+        self.path, self.label = path, label
+
+    def object(self, flat):
+        node = _call.arguments
+        for step in self.path:
+            node = node[step]
+        return node
+
+
+class Old:
+    """The item a container held under ``key`` before the call, kept as that object."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+
+class TracedContainers:
+    """The lists and dicts of a traced call's ``(args, kwargs)`` (the copies tracing made), each
+    with its path and its items then."""
+
+    def __init__(self, args, kwargs, names: list):
+        #: the names of the positional parameters, for messages
+        self.names = names
+        self.found: list = []
+        for i, value in enumerate(args):
+            self._visit(value, (0, i))
+        for name, value in kwargs.items():
+            self._visit(value, (1, name))
+
+    def _visit(self, x, path: tuple) -> None:
+        if type(x) not in _OPENED and not isinstance(x, tuple):
+            return
+        if type(x) in WRITTEN:
+            self.found.append((x, path, _items(x)))
+        for key, value in enumerate(x) if isinstance(x, (tuple, list)) else x.items():
+            self._visit(value, (*path, key))
+
+    def label(self, container, path: tuple) -> str:
+        """``the <type> <name>[<key>]`` of the container at ``path``."""
+        name = path[1] if path[0] == 1 or path[1] >= len(self.names) else self.names[path[1]]
+        return f"the {type(container).__name__} {name}" + "".join(f"[{step!r}]" for step in path[2:])
+
+    def returned(self, out):
+        """``out`` with each copy it holds (in tuples, lists and dicts) as the ``ArgumentContainer``
+        finding the caller's: a call returns that, as eager returns the container it was given."""
+        copies = {id(c): ArgumentContainer(path, self.label(c, path)) for c, path, _ in self.found}
+
+        def leaf(x) -> bool:  # (a torch.Size whole, as ``outputs.is_size``)
+            return id(x) in copies or type(x) is torch.Size or type(x) is SymbolicSize
+
+        if not copies or not any(id(x) in copies for x in pytree.tree_leaves(out, is_leaf=leaf)):
+            return out
+        return pytree.tree_map(lambda x: copies.get(id(x), x), out, is_leaf=leaf)
+
+    def changes(self, refuse) -> list:
+        """``(ArgumentContainer, None, new contents)`` for each container the program changed,
+        the deepest first (the copies keep their changes: the program may return them).
+        ``refuse(container, path, why)`` raises for a change no call can make again."""
+        ids = {id(c) for c, _, _ in self.found}
+        writes = []
+        for container, path, before in sorted(self.found, key=lambda f: -len(f[1])):
+            if not _changed(container, before):
+                continue
+            contents = _contents(container, before)
+            why = _unrepeatable(contents, ids)
+            if why is not None:
+                refuse(container, path, why)
+            writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
+        return writes
+
+    @contextlib.contextmanager
+    def as_before(self):
+        """The copies as they were made, for the while of the block (then as the program left them)."""
+        changed = [(c, before, _items(c)) for c, _, before in self.found if _changed(c, before)]
+        for container, before, _ in changed:
+            _restore(container, before)
+        try:
+            yield
+        finally:
+            for container, _, now in changed:
+                _restore(container, now)
+
+
+def _unrepeatable(contents, ids: set) -> str | None:
+    """Why the new items of ``contents`` (``_contents``) cannot be stored by every call, or None."""
+    for key, value in contents.items() if type(contents) is not list else enumerate(contents):
+        if not is_simple(key) and not (type(key) is tuple and all(map(is_simple, key))):
+            return f"it stored an item under a key that is no plain value (a {type(key).__name__})"
+        if type(value) is Old:
+            continue
+        if _holds(value, ids):
+            return "it stored a list or dict of the arguments in it (a compiled call would store a copy)"
+        if not _repeatable(value):
+            kind = type(value).__name__
+            return f"it stored a value no compiled call can store again in it (a value of type {kind} made by the call)"
+    return None
+
+
+def _holds(value, ids: set) -> bool:
+    if id(value) in ids:
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds(v, ids) for v in value)
+    return isinstance(value, dict) and any(_holds(v, ids) for v in value.values())
+
+
+def _contents(container, before: tuple):
+    """The new contents of ``container``, with ``Old`` for the items it held ``before``."""
+    if type(container) is list:
+        at: dict = {}
+        for j, item in enumerate(before):
+            at.setdefault(id(item), j)
+        return [Old(at[id(v)]) if id(v) in at else v for v in container]
+    held = dict(before)
+    keys: dict = {}
+    for key, item in before:
+        keys.setdefault(id(item), key)
+    contents = {}
+    for key, value in container.items():
+        if key in held and held[key] is value:
+            contents[key] = Old(key)
+        else:
+            contents[key] = Old(keys[id(value)]) if id(value) in keys else value
+    return contents
+
+
+def replace_contents(container, contents) -> None:
+    """Gives ``container`` the ``contents`` an ``ArgumentContainer`` write made (``Old`` items
+    those it holds now)."""
+    if type(container) is list:
+        items = list(container)
+        container[:] = [items[v.key] if type(v) is Old else v for v in contents]
+        return
+    before = dict(container)
+    new = [(k, before[v.key] if type(v) is Old else v) for k, v in contents.items()]
+    container.clear()
+    for key, value in new:
+        container[key] = value
+
+
+def write_arguments(writes: list, args, kwargs) -> None:
+    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents."""
+    for path, new in writes:
+        node = (args, kwargs)
+        for step in path:
+            node = node[step]
+        replace_contents(node, new)
+
+
+def arguments_made_again(error: BaseException, args, kwargs) -> None:
+    """Makes again, on the caller's lists and dicts passed as ``args`` and ``kwargs``, the changes
+    the program made to them before raising ``error`` (``note_made_before_error``)."""
+    again = getattr(error, "__dict__", {}).pop(ARGUMENTS_MADE, None)
+    if again is not None:
+        again(args, kwargs)
+
+
+def refuse_aliased(args, kwargs) -> None:
+    """Refuses a call passing one list or dict in two places of its arguments to a program that
+    changes such containers: tracing changed a copy of each, as if they were two."""
+    seen: dict = {}
+    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(args))
+    stack.extend((value, f"argument {name}") for name, value in kwargs.items())
+    while stack:
+        x, label = stack.popleft()
+        if type(x) not in _OPENED and not isinstance(x, tuple):
+            continue
+        if type(x) in WRITTEN:
+            if id(x) in seen:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
+                    "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
+                    "distinct ones"
+                )
+            seen[id(x)] = label
+        items = enumerate(x) if isinstance(x, (tuple, list)) else x.items()
+        stack.extend((value, f"{label}[{key!r}]") for key, value in items)
