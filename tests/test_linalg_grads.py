@@ -266,3 +266,47 @@ def test_qr_modes_eager_cannot_differentiate_raise_its_error(mode, shape):
     with pytest.raises(RuntimeError) as compiled:
         torch.autograd.grad(thunder_rs.jit(fn)(a).sum(), a)
     assert str(eager.value) in str(compiled.value)
+
+
+def _hook_calls(fn, a) -> tuple:
+    """What the pack and unpack hooks of ``saved_tensors_hooks`` see of ``fn(a)`` and its backward:
+    each tensor's shape, dtype, device and strides, sorted."""
+    packed, unpacked = [], []
+
+    def seen(into):
+        def hook(t):
+            into.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        return hook
+
+    with torch.autograd.graph.saved_tensors_hooks(seen(packed), seen(unpacked)):
+        outs = _outputs(fn(a))
+        torch.autograd.grad(outs, a, [torch.ones_like(o) for o in outs])
+    return sorted(packed, key=str), sorted(unpacked, key=str)
+
+
+#: Programs with an opaque op whose metadata tracing draws from torch's meta kernel under autograd.
+TRACED_ON_META = ["eigh", "det", "lu", "solve"]
+
+
+@pytest.mark.parametrize("name", TRACED_ON_META)
+def test_saved_tensors_hooks_see_eagers_tensors_on_the_first_call_too(name):
+    """The first call traces the program, running meta stand-ins of the opaque ops under autograd:
+    the user's hooks see none of them, only the compiled call's residuals, as eager's saved tensors."""
+    fn, make = OPS[name]
+    a = _input(make, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(fn)
+    expected = _hook_calls(fn, a)
+    assert _hook_calls(jfn, a) == expected
+    assert _hook_calls(jfn, a) == expected
+
+
+def test_saved_tensors_hooks_see_no_stand_in_of_a_generic_backward():
+    """An opaque op with torch's backward run again (matrix_exp): the first call's hooks see what
+    the later calls' see, no meta tensor."""
+    a = _input(_well, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(torch.linalg.matrix_exp)
+    first = _hook_calls(jfn, a)
+    assert first == _hook_calls(jfn, a)
+    assert all(t[2] == a.device for t in first[0] + first[1])
