@@ -49,6 +49,9 @@ OPS = {
     "lu, tall U": (lambda a: torch.linalg.lu(a[..., :3])[2], _well),
     "lu, wide L": (lambda a: torch.linalg.lu(a[..., :3, :])[1], _well),
     "solve, right": (lambda a: torch.linalg.solve(a, a[..., :2, :].exp(), left=False), _well),
+    "slogdet, sign and log": (torch.linalg.slogdet, _well),
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
+    "torch.svd, full": (lambda a: torch.svd(a, some=False), _well),
 }
 
 
@@ -230,7 +233,8 @@ def test_formulas_run_without_tf32_and_restore_the_flag():
 #: Programs whose compiled forward saves for backward what eager's node saves (``derivatives.yaml``:
 #: the outputs alone where the formula needs no input).
 SAVING = ["eigh", "eigvalsh", "svd", "svdvals", "qr", "qr, wide", "cholesky", "inv", "inverse", "det", "lu_factor"]
-SAVING += ["lu", "lu, tall U"]
+SAVING += ["lu", "lu, tall U", "slogdet", "slogdet, sign and log", "cholesky, upper", "inv_ex", "torch.svd"]
+SAVING += ["torch.svd, full", "lu_factor_ex, wide"]
 
 
 def _saved(fn, a) -> list:
@@ -310,3 +314,73 @@ def test_saved_tensors_hooks_see_no_stand_in_of_a_generic_backward():
     first = _hook_calls(jfn, a)
     assert first == _hook_calls(jfn, a)
     assert all(t[2] == a.device for t in first[0] + first[1])
+
+
+def _records(fn, *inputs) -> tuple:
+    """The outputs of ``fn(*inputs)``, the gradients of its inputs for random cotangents, and what
+    the pack hook saw: each saved tensor's shape, dtype, device and strides, sorted, and their bytes."""
+    packed = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = _outputs(fn(*inputs))
+    gen = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+    grads = torch.autograd.grad(outs, [x for x in inputs if x.requires_grad], cots)
+    nbytes = sum(torch.Size(t[0]).numel() * t[1].itemsize for t in packed)
+    return outs, grads, sorted(packed, key=str), nbytes
+
+
+def _check_records(fn, *inputs):
+    outs, grads, saved, nbytes = _records(fn, *inputs)
+    jfn = thunder_rs.jit(fn)
+    for _ in range(2):  # (the first call, which traces, and a later one)
+        jit_outs, jit_grads, jit_saved, jit_nbytes = _records(jfn, *inputs)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert all(torch.equal(x, y) for x, y in zip(grads, jit_grads))
+        assert (jit_saved, jit_nbytes) == (saved, nbytes)
+
+
+@pytest.mark.parametrize("b_shape", [(2, 4, 3), (4, 3), (4,)], ids=["batched", "broadcast", "vector"])
+@pytest.mark.parametrize("b_grad", [True, False], ids=["B requires grad", "B without grad"])
+def test_solve_saves_As_factors_and_the_result_not_B(b_shape, b_grad):
+    """Eager's node of ``linalg.solve`` saves A, its LU factors, pivots and the result, not B: B's
+    gradient needs its shape alone."""
+    torch.manual_seed(0)
+    a = _well(torch.randn(2, 4, 4, dtype=torch.float64)).requires_grad_()
+    b = torch.randn(b_shape, dtype=torch.float64, requires_grad=b_grad)
+    _check_records(torch.linalg.solve, a, b)
+
+
+def test_solve_of_one_matrix_as_both_operands_is_eagers():
+    a = _input(_well, (3, 3), torch.float64, contiguous=True)
+    _check_records(lambda a: torch.linalg.solve(a, a), a)
+
+
+#: Programs of complex inputs whose formulas are eager's for complex inputs too.
+COMPLEX_OPS = {
+    "cholesky": (torch.linalg.cholesky, _spd),
+    "cholesky_ex, upper": (lambda a: torch.linalg.cholesky_ex(a, upper=True)[0], _spd),
+    "inv": (torch.linalg.inv, _well),
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
+    "det": (torch.linalg.det, _well),
+    "slogdet": (torch.linalg.slogdet, _well),
+    "slogdet, log": (lambda a: torch.linalg.slogdet(a)[1], _well),
+    "slogdet, sign": (lambda a: torch.linalg.slogdet(a)[0], _well),
+    "solve": (lambda a: torch.linalg.solve(a, a[..., :2] * 2), _well),
+    "solve, vector": (lambda a: torch.linalg.solve(a, a[..., 0] * 2), _well),
+}
+
+
+def _spd_complex(a):
+    return a @ a.mH + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype)
+
+
+@pytest.mark.parametrize("name", COMPLEX_OPS)
+def test_complex_inputs_save_and_differentiate_as_eager(name):
+    fn, make = COMPLEX_OPS[name]
+    make = _spd_complex if make is _spd else make
+    _check_records(fn, _input(make, (2, 4, 4), torch.complex128, contiguous=True))

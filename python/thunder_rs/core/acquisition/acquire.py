@@ -184,7 +184,7 @@ def _saved_tensors_hooks_unseen():
 
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled
+_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
 
 
 def _trace_program(
