@@ -372,7 +372,16 @@ COMPLEX_OPS = {
     "slogdet, sign": (lambda a: torch.linalg.slogdet(a)[0], _well),
     "solve": (lambda a: torch.linalg.solve(a, a[..., :2] * 2), _well),
     "solve, vector": (lambda a: torch.linalg.solve(a, a[..., 0] * 2), _well),
+    # (losses that do not depend on the singular vectors' and eigenvectors' phases)
+    "svd": (lambda a: _product(*torch.linalg.svd(a[..., :3], full_matrices=False)), _well),
+    "svd, wide": (lambda a: _product(*torch.linalg.svd(a[..., :3, :], full_matrices=False)), _well),
+    "qr": (torch.linalg.qr, _well),
+    "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
 }
+
+
+def _product(U, S, Vh):
+    return (U * S.unsqueeze(-2)) @ Vh + U @ Vh
 
 
 def _spd_complex(a):
@@ -384,3 +393,60 @@ def test_complex_inputs_save_and_differentiate_as_eager(name):
     fn, make = COMPLEX_OPS[name]
     make = _spd_complex if make is _spd else make
     _check_records(fn, _input(make, (2, 4, 4), torch.complex128, contiguous=True))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda a: torch.linalg.svd(a)[0], lambda a: torch.svd(a)[2], lambda a: torch.linalg.eigh(a + a.mH)[1]],
+    ids=["linalg.svd", "torch.svd", "eigh"],
+)
+def test_complex_phase_dependent_losses_raise_eagers_error(fn):
+    a = _input(_well, (2, 3, 3), torch.complex128, contiguous=True)
+    cot = torch.randn(3, 3, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="phi") as eager:
+        torch.autograd.grad(fn(a), a, cot.expand(2, 3, 3))
+    with pytest.raises(RuntimeError, match="phi") as compiled:
+        torch.autograd.grad(thunder_rs.jit(fn)(a), a, cot.expand(2, 3, 3))
+    assert str(eager.value) in str(compiled.value)
+
+
+def _hermitian(n: int, batch: tuple, seed: int):
+    h = torch.randn(*batch, n, n, dtype=torch.complex128, generator=torch.Generator().manual_seed(seed))
+    return h + h.mH
+
+
+@pytest.mark.parametrize("name", ["torch.svd", "torch.svd, some=False", "eigh"])
+def test_complex_singular_and_eigen_vectors_save_and_differentiate_as_eager(name):
+    """The factorizations' outputs themselves, with cotangents on which the loss does not depend on
+    the vectors' phases (``gU = U H``, ``gV = V H``, ``H`` Hermitian): what is saved, values and
+    gradients are eager's."""
+    a = _input(lambda a: _well(a + a.mH), (2, 4, 4), torch.complex128, contiguous=True)
+    fn = {
+        "torch.svd": lambda a: torch.svd(a[..., :3]),
+        "torch.svd, some=False": lambda a: torch.svd(a, some=False),
+        "eigh": torch.linalg.eigh,
+    }[name]
+
+    def run(f):
+        packed = []
+
+        def pack(t):
+            packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = f(a)
+        vectors = [o for o in outs if o.is_complex()]
+        cots = [v.detach() @ _hermitian(v.shape[-1], v.shape[:-2], i) for i, v in enumerate(vectors)]
+        return outs, torch.autograd.grad(vectors, a, cots), sorted(packed, key=str)
+
+    outs, grads, saved = run(fn)
+    jfn = thunder_rs.jit(fn)
+    for _ in range(2):
+        jit_outs, jit_grads, jit_saved = run(jfn)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert torch.equal(grads[0], jit_grads[0])
+        if name == "eigh":
+            assert jit_saved == saved
+        else:  # (torch.svd's V is saved where eager's node saves Vh = V^H: the strides are swapped)
+            assert [t[:3] for t in jit_saved] == [t[:3] for t in saved]

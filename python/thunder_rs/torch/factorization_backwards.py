@@ -17,8 +17,10 @@ ATen call eager's forward made (one factorization, no autograd).
 A formula takes ``(args, kwargs, outputs, cotangents)`` (None for an output no gradient flowed
 to, eager's undefined gradient) and returns one gradient per positional argument (None where
 there is none); the symbol's ``saved_vjp`` hands those to the inputs the trace wants. Inputs it
-does not cover (complex dtypes, tensors passed by keyword, modes whose backward raises) take the
-generic backward, which raises eager's errors.
+does not cover (complex dtypes of the ops not in ``COMPLEX``, tensors passed by keyword, modes
+whose backward raises) take the generic backward, which raises eager's errors. The outputs and
+arguments a formula does not read (``UNREAD``) are not handed to it, so that the compiled forward
+saves for backward what eager's node saves, no more.
 """
 
 from typing import Any
@@ -61,6 +63,13 @@ def eigh_backward(args, kwargs, outputs, cotangents):
     if gV is None:  # (eigvalsh)
         return (torch.matmul(V * gL.unsqueeze(-2), V.mH),)
     VhgV = torch.matmul(V.mH, gV)
+    if V.is_complex():
+        imag = torch.imag(_diagonal(VhgV))
+        if not torch.allclose(imag, torch.zeros_like(imag), rtol=1e-2, atol=1e-2):
+            raise RuntimeError(
+                "linalg_eigh_backward: The eigenvectors in the complex case are specified up to multiplication "
+                "by e^{i phi}. The specified loss function depends on this quantity, so it is ill-defined."
+            )
     VhgV = 0.5 * (VhgV - VhgV.mH)
     Lconj = L.conj()
     Econj = Lconj.unsqueeze(-2) - Lconj.unsqueeze(-1)
@@ -80,6 +89,8 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         return torch.matmul(U, gS.unsqueeze(-1) * Vh) if m >= n else torch.matmul(U * gS.unsqueeze(-2), Vh)
     UhgU = None if gU is None else _skew(torch.matmul(U.mH, gU))
     VhgV = None if gVh is None else _skew(torch.matmul(Vh, gVh.mH))
+    if U.is_complex():
+        _check_svd_phases(UhgU, VhgV, S)
     S2 = S * S
     E = S2.unsqueeze(-2) - S2.unsqueeze(-1)
     _diagonal(E).fill_(1)
@@ -91,6 +102,8 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         gA = S.unsqueeze(-1) * (VhgV / E)
     if gS is not None:
         gA = gA + gS.diag_embed()
+    if U.is_complex() and gU is not None and gVh is not None:
+        gA = gA + (_diagonal(UhgU) / (2.0 * S)).diag_embed()
     if m > n and gU is not None:
         gA = torch.matmul(U, gA)
         gUSinv = gU / S.unsqueeze(-2)
@@ -102,6 +115,20 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         gA = gA + SinvgVh - torch.matmul(torch.matmul(SinvgVh, Vh.mH), Vh)
         return torch.matmul(U, gA)
     return torch.matmul(U, torch.matmul(gA, Vh)) if m >= n else torch.matmul(torch.matmul(U, gA), Vh)
+
+
+_PHASES = (
+    "The singular vectors in the complex case are specified up to multiplication by e^{i phi}. The "
+    "specified loss function depends on this phase term, making it ill-defined."
+)
+
+
+def _check_svd_phases(UhgU, VhgV, S) -> None:
+    """Eager's check that a loss of complex singular vectors does not depend on their phases."""
+    im_U = torch.zeros_like(S) if UhgU is None else torch.imag(_diagonal(UhgU))
+    im_V = torch.zeros_like(S) if VhgV is None else torch.imag(_diagonal(VhgV))
+    if not torch.allclose(im_U, -im_V, rtol=1e-2, atol=1e-2):
+        raise RuntimeError(f"svd_backward: {_PHASES}")
 
 
 def _skew(x):
@@ -160,13 +187,16 @@ def qr_backward(args, kwargs, outputs, cotangents):
     if m >= n:
         X = gA.triu()
         sym = X + X.mH
-        _diagonal(sym).mul_(0.5)
+        torch.real(_diagonal(sym)).mul_(0.5)
         gA = Q.matmul(sym)
         if gQ is not None:
             gA = gA + gQ
         return (torch.linalg.solve_triangular(R.mH, gA, upper=False, left=False),)
     X = -gA
-    gA = Q.matmul((X - X.mH).tril())
+    skew = (X - X.mH).tril()
+    if skew.is_complex():
+        torch.imag(_diagonal(skew)).mul_(0.5)
+    gA = Q.matmul(skew)
     gA = torch.linalg.solve_triangular(R.narrow(-1, 0, m).mH, gA, upper=False, left=False)
     shape = list(R.shape)
     shape[-1] = n - m
@@ -368,7 +398,7 @@ UNREAD = {
 #: the generic backward).
 COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "linalg_inv_ex"}
 COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
-COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors"}
+COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
