@@ -389,10 +389,20 @@ def _spd_complex(a):
 
 
 @pytest.mark.parametrize("name", COMPLEX_OPS)
-def test_complex_inputs_save_and_differentiate_as_eager(name):
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_complex_inputs_save_and_differentiate_as_eager(name, contiguous):
     fn, make = COMPLEX_OPS[name]
     make = _spd_complex if make is _spd else make
-    _check_records(fn, _input(make, (2, 4, 4), torch.complex128, contiguous=True))
+    _check_records(fn, _input(make, (2, 4, 4), torch.complex128, contiguous))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COMPLEX_OPS)
+@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 4, 4)])
+def test_complex64_inputs_save_and_differentiate_as_eager(name, shape):
+    fn, make = COMPLEX_OPS[name]
+    make = _spd_complex if make is _spd else make
+    _check_records(fn, _input(make, shape, torch.complex64, contiguous=False))
 
 
 @pytest.mark.parametrize(
