@@ -460,3 +460,16 @@ def test_complex_singular_and_eigen_vectors_save_and_differentiate_as_eager(name
             assert jit_saved == saved
         else:  # (torch.svd's V is saved where eager's node saves Vh = V^H: the strides are swapped)
             assert [t[:3] for t in jit_saved] == [t[:3] for t in saved]
+
+
+def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
+    """B's shape, passed to the backward in its place, holds the call's sizes where they are symbolic."""
+    jfn = thunder_rs.jit(torch.linalg.solve, dynamic=True)
+    for n, k in [(4, 3), (5, 2)]:
+        torch.manual_seed(n)
+        a = _well(torch.randn(2, n, n, dtype=torch.float64)).requires_grad_()
+        b = torch.randn(n, k, dtype=torch.float64, requires_grad=True)
+        outs, grads, saved, _ = _records(torch.linalg.solve, a, b)
+        jit_outs, jit_grads, jit_saved, _ = _records(jfn, a, b)
+        assert all(torch.equal(x, y) for x, y in zip((*outs, *grads), (*jit_outs, *jit_grads)))
+        assert jit_saved == saved
