@@ -49,6 +49,9 @@ OPS = {
     "lu, tall U": (lambda a: torch.linalg.lu(a[..., :3])[2], _well),
     "lu, wide L": (lambda a: torch.linalg.lu(a[..., :3, :])[1], _well),
     "solve, right": (lambda a: torch.linalg.solve(a, a[..., :2, :].exp(), left=False), _well),
+    "slogdet, sign and log": (torch.linalg.slogdet, _well),
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
+    "torch.svd, full": (lambda a: torch.svd(a, some=False), _well),
 }
 
 
@@ -230,7 +233,8 @@ def test_formulas_run_without_tf32_and_restore_the_flag():
 #: Programs whose compiled forward saves for backward what eager's node saves (``derivatives.yaml``:
 #: the outputs alone where the formula needs no input).
 SAVING = ["eigh", "eigvalsh", "svd", "svdvals", "qr", "qr, wide", "cholesky", "inv", "inverse", "det", "lu_factor"]
-SAVING += ["lu", "lu, tall U"]
+SAVING += ["lu", "lu, tall U", "slogdet", "slogdet, sign and log", "cholesky, upper", "inv_ex", "torch.svd"]
+SAVING += ["torch.svd, full", "lu_factor_ex, wide"]
 
 
 def _saved(fn, a) -> list:
@@ -266,3 +270,206 @@ def test_qr_modes_eager_cannot_differentiate_raise_its_error(mode, shape):
     with pytest.raises(RuntimeError) as compiled:
         torch.autograd.grad(thunder_rs.jit(fn)(a).sum(), a)
     assert str(eager.value) in str(compiled.value)
+
+
+def _hook_calls(fn, a) -> tuple:
+    """What the pack and unpack hooks of ``saved_tensors_hooks`` see of ``fn(a)`` and its backward:
+    each tensor's shape, dtype, device and strides, sorted."""
+    packed, unpacked = [], []
+
+    def seen(into):
+        def hook(t):
+            into.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        return hook
+
+    with torch.autograd.graph.saved_tensors_hooks(seen(packed), seen(unpacked)):
+        outs = _outputs(fn(a))
+        torch.autograd.grad(outs, a, [torch.ones_like(o) for o in outs])
+    return sorted(packed, key=str), sorted(unpacked, key=str)
+
+
+#: Programs with an opaque op whose metadata tracing draws from torch's meta kernel under autograd.
+TRACED_ON_META = ["eigh", "det", "lu", "solve"]
+
+
+@pytest.mark.parametrize("name", TRACED_ON_META)
+def test_saved_tensors_hooks_see_eagers_tensors_on_the_first_call_too(name):
+    """The first call traces the program, running meta stand-ins of the opaque ops under autograd:
+    the user's hooks see none of them, only the compiled call's residuals, as eager's saved tensors."""
+    fn, make = OPS[name]
+    a = _input(make, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(fn)
+    expected = _hook_calls(fn, a)
+    assert _hook_calls(jfn, a) == expected
+    assert _hook_calls(jfn, a) == expected
+
+
+def test_saved_tensors_hooks_see_no_stand_in_of_a_generic_backward():
+    """An opaque op with torch's backward run again (matrix_exp): the first call's hooks see what
+    the later calls' see, no meta tensor."""
+    a = _input(_well, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(torch.linalg.matrix_exp)
+    first = _hook_calls(jfn, a)
+    assert first == _hook_calls(jfn, a)
+    assert all(t[2] == a.device for t in first[0] + first[1])
+
+
+def _records(fn, *inputs) -> tuple:
+    """The outputs of ``fn(*inputs)``, the gradients of its inputs for random cotangents, and what
+    the pack hook saw: each saved tensor's shape, dtype, device and strides, sorted, and their bytes."""
+    packed = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = _outputs(fn(*inputs))
+    gen = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+    grads = torch.autograd.grad(outs, [x for x in inputs if x.requires_grad], cots)
+    nbytes = sum(torch.Size(t[0]).numel() * t[1].itemsize for t in packed)
+    return outs, grads, sorted(packed, key=str), nbytes
+
+
+def _check_records(fn, *inputs):
+    outs, grads, saved, nbytes = _records(fn, *inputs)
+    jfn = thunder_rs.jit(fn)
+    for _ in range(2):  # (the first call, which traces, and a later one)
+        jit_outs, jit_grads, jit_saved, jit_nbytes = _records(jfn, *inputs)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert all(torch.equal(x, y) for x, y in zip(grads, jit_grads))
+        assert (jit_saved, jit_nbytes) == (saved, nbytes)
+
+
+@pytest.mark.parametrize("b_shape", [(2, 4, 3), (4, 3), (4,)], ids=["batched", "broadcast", "vector"])
+@pytest.mark.parametrize("b_grad", [True, False], ids=["B requires grad", "B without grad"])
+def test_solve_saves_As_factors_and_the_result_not_B(b_shape, b_grad):
+    """Eager's node of ``linalg.solve`` saves A, its LU factors, pivots and the result, not B: B's
+    gradient needs its shape alone."""
+    torch.manual_seed(0)
+    a = _well(torch.randn(2, 4, 4, dtype=torch.float64)).requires_grad_()
+    b = torch.randn(b_shape, dtype=torch.float64, requires_grad=b_grad)
+    _check_records(torch.linalg.solve, a, b)
+
+
+def test_solve_of_one_matrix_as_both_operands_is_eagers():
+    a = _input(_well, (3, 3), torch.float64, contiguous=True)
+    _check_records(lambda a: torch.linalg.solve(a, a), a)
+
+
+#: Programs of complex inputs whose formulas are eager's for complex inputs too.
+COMPLEX_OPS = {
+    "cholesky": (torch.linalg.cholesky, _spd),
+    "cholesky_ex, upper": (lambda a: torch.linalg.cholesky_ex(a, upper=True)[0], _spd),
+    "inv": (torch.linalg.inv, _well),
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
+    "det": (torch.linalg.det, _well),
+    "slogdet": (torch.linalg.slogdet, _well),
+    "slogdet, log": (lambda a: torch.linalg.slogdet(a)[1], _well),
+    "slogdet, sign": (lambda a: torch.linalg.slogdet(a)[0], _well),
+    "solve": (lambda a: torch.linalg.solve(a, a[..., :2] * 2), _well),
+    "solve, vector": (lambda a: torch.linalg.solve(a, a[..., 0] * 2), _well),
+    # (losses that do not depend on the singular vectors' and eigenvectors' phases)
+    "svd": (lambda a: _product(*torch.linalg.svd(a[..., :3], full_matrices=False)), _well),
+    "svd, wide": (lambda a: _product(*torch.linalg.svd(a[..., :3, :], full_matrices=False)), _well),
+    "qr": (torch.linalg.qr, _well),
+    "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
+}
+
+
+def _product(U, S, Vh):
+    return (U * S.unsqueeze(-2)) @ Vh + U @ Vh
+
+
+def _spd_complex(a):
+    return a @ a.mH + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype)
+
+
+@pytest.mark.parametrize("name", COMPLEX_OPS)
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_complex_inputs_save_and_differentiate_as_eager(name, contiguous):
+    fn, make = COMPLEX_OPS[name]
+    make = _spd_complex if make is _spd else make
+    _check_records(fn, _input(make, (2, 4, 4), torch.complex128, contiguous))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COMPLEX_OPS)
+@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 4, 4)])
+def test_complex64_inputs_save_and_differentiate_as_eager(name, shape):
+    fn, make = COMPLEX_OPS[name]
+    make = _spd_complex if make is _spd else make
+    _check_records(fn, _input(make, shape, torch.complex64, contiguous=False))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda a: torch.linalg.svd(a)[0], lambda a: torch.svd(a)[2], lambda a: torch.linalg.eigh(a + a.mH)[1]],
+    ids=["linalg.svd", "torch.svd", "eigh"],
+)
+def test_complex_phase_dependent_losses_raise_eagers_error(fn):
+    a = _input(_well, (2, 3, 3), torch.complex128, contiguous=True)
+    cot = torch.randn(3, 3, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="phi") as eager:
+        torch.autograd.grad(fn(a), a, cot.expand(2, 3, 3))
+    with pytest.raises(RuntimeError, match="phi") as compiled:
+        torch.autograd.grad(thunder_rs.jit(fn)(a), a, cot.expand(2, 3, 3))
+    assert str(eager.value) in str(compiled.value)
+
+
+def _hermitian(n: int, batch: tuple, seed: int):
+    h = torch.randn(*batch, n, n, dtype=torch.complex128, generator=torch.Generator().manual_seed(seed))
+    return h + h.mH
+
+
+@pytest.mark.parametrize("name", ["torch.svd", "torch.svd, some=False", "eigh"])
+def test_complex_singular_and_eigen_vectors_save_and_differentiate_as_eager(name):
+    """The factorizations' outputs themselves, with cotangents on which the loss does not depend on
+    the vectors' phases (``gU = U H``, ``gV = V H``, ``H`` Hermitian): what is saved, values and
+    gradients are eager's."""
+    a = _input(lambda a: _well(a + a.mH), (2, 4, 4), torch.complex128, contiguous=True)
+    fn = {
+        "torch.svd": lambda a: torch.svd(a[..., :3]),
+        "torch.svd, some=False": lambda a: torch.svd(a, some=False),
+        "eigh": torch.linalg.eigh,
+    }[name]
+
+    def run(f):
+        packed = []
+
+        def pack(t):
+            packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = f(a)
+        vectors = [o for o in outs if o.is_complex()]
+        cots = [v.detach() @ _hermitian(v.shape[-1], v.shape[:-2], i) for i, v in enumerate(vectors)]
+        return outs, torch.autograd.grad(vectors, a, cots), sorted(packed, key=str)
+
+    outs, grads, saved = run(fn)
+    jfn = thunder_rs.jit(fn)
+    for _ in range(2):
+        jit_outs, jit_grads, jit_saved = run(jfn)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert torch.equal(grads[0], jit_grads[0])
+        if name == "eigh":
+            assert jit_saved == saved
+        else:  # (torch.svd's V is saved where eager's node saves Vh = V^H: the strides are swapped)
+            assert [t[:3] for t in jit_saved] == [t[:3] for t in saved]
+
+
+def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
+    """B's shape, passed to the backward in its place, holds the call's sizes where they are symbolic."""
+    jfn = thunder_rs.jit(torch.linalg.solve, dynamic=True)
+    for n, k in [(4, 3), (5, 2)]:
+        torch.manual_seed(n)
+        a = _well(torch.randn(2, n, n, dtype=torch.float64)).requires_grad_()
+        b = torch.randn(n, k, dtype=torch.float64, requires_grad=True)
+        outs, grads, saved, _ = _records(torch.linalg.solve, a, b)
+        jit_outs, jit_grads, jit_saved, _ = _records(jfn, a, b)
+        assert all(torch.equal(x, y) for x, y in zip((*outs, *grads), (*jit_outs, *jit_grads)))
+        assert jit_saved == saved

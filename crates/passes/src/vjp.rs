@@ -462,8 +462,9 @@ fn fallback_vjp(
     }
     let name = SymbolTable::name(id);
     if let Some(vjp_id) = SymbolTable::lookup(&format!("{name}.outputs_vjp")) {
-        if let Some(&[a]) = reads_one_real_first_argument(e, bsym).as_deref() {
-            return outputs_vjp(e, cots, bsym, vjp_id, a, out_cots);
+        let complex = SymbolTable::lookup(&format!("{name}.outputs_vjp.complex")).is_some();
+        if let Some(&[a]) = reads_one_first_argument(e, bsym, complex).as_deref() {
+            return outputs_vjp(e, cots, bsym, (&name, vjp_id), a, out_cots);
         }
     }
     // A backward from the forward's outputs (eager's derivative formula on what its node saved,
@@ -481,10 +482,12 @@ fn fallback_vjp(
         .collect();
     let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
     let mut args = vec![Arg::Tuple(bsym.args.clone())];
+    let mut wanted_args: Vec<Arg> = wanted.iter().map(|&w| Arg::Value(w)).collect();
     if saved.is_some() {
-        args.push(Arg::Tuple(bsym.outputs.iter().map(|&o| Arg::Value(o)).collect()));
+        let args_read = read_arguments(e, &name, bsym, &wanted, &mut wanted_args);
+        args = vec![Arg::Tuple(args_read), read_outputs(&name, &bsym.outputs)];
     }
-    args.extend([Arg::Tuple(cot_args), Arg::Tuple(wanted.iter().map(|&w| Arg::Value(w)).collect())]);
+    args.extend([Arg::Tuple(cot_args), Arg::Tuple(wanted_args)]);
     if bsym.symbol.is_effect() {
         // A random call returns, last, the generator state its draws started from; its backward
         // draws the same numbers again from that state.
@@ -502,13 +505,63 @@ fn fallback_vjp(
     Ok(())
 }
 
-/// The call's one tensor input, where it is its first argument, read once, and real (the
-/// inputs a backward from the outputs alone covers), else None.
-fn reads_one_real_first_argument(e: &Emitter, bsym: &BoundSymbol) -> Option<Vec<ValueId>> {
+/// Whether the backward from the outputs of `name` declares its `i`th `what` (`output`,
+/// `arg`) unread (`<name>.unread_<what>.<i>` registered): eager's node does not save it.
+fn unread(name: &str, what: &str, i: usize) -> bool {
+    SymbolTable::lookup(&format!("{name}.unread_{what}.{i}")).is_some()
+}
+
+/// The forward's outputs a backward from the outputs reads: None for those it declares unread
+/// (slogdet's log, the info of `cholesky_ex` and `inv_ex`), which the forward then does not save.
+fn read_outputs(name: &str, outputs: &[ValueId]) -> Arg {
+    Arg::Tuple(
+        outputs
+            .iter()
+            .enumerate()
+            .map(|(i, &o)| if unread(name, "output", i) { Arg::None } else { Arg::Value(o) })
+            .collect(),
+    )
+}
+
+/// The arguments a backward from the outputs reads: the shape (a tuple of sizes) in place of a
+/// tensor it declares unread and reads nowhere else (solve's `B`, whose gradient needs its shape
+/// alone), also in `wanted`, so that the forward does not save it.
+fn read_arguments(
+    e: &Emitter,
+    name: &str,
+    bsym: &BoundSymbol,
+    wanted: &[ValueId],
+    wanted_args: &mut [Arg],
+) -> Vec<Arg> {
+    let unread_at = |i: usize, a: &Arg| matches!(a, Arg::Value(_)) && unread(name, "arg", i);
+    let mut read: Vec<ValueId> = Vec::new();
+    for (i, a) in bsym.args.iter().enumerate() {
+        if !unread_at(i, a) {
+            a.for_each_value(&mut |v| read.push(v));
+        }
+    }
+    bsym.kwargs.iter().for_each(|(_, a)| a.for_each_value(&mut |v| read.push(v)));
+    let shape_of = |v: ValueId| Arg::dims(&e.meta(v).shape);
+    for (w, arg) in wanted.iter().zip(wanted_args.iter_mut()) {
+        if !read.contains(w) {
+            *arg = shape_of(*w);
+        }
+    }
+    let swap = |(i, a): (usize, &Arg)| match a {
+        Arg::Value(v) if unread_at(i, a) && !read.contains(v) => shape_of(*v),
+        _ => a.clone(),
+    };
+    bsym.args.iter().enumerate().map(swap).collect()
+}
+
+/// The call's one tensor input, where it is its first argument, read once, and real, or complex
+/// where the backward from the outputs alone covers complex inputs (`<name>.outputs_vjp.complex`
+/// registered: cholesky's, inv's), else None.
+fn reads_one_first_argument(e: &Emitter, bsym: &BoundSymbol, complex: bool) -> Option<Vec<ValueId>> {
     let mut read = Vec::new();
     bsym.for_each_input(|v| read.push(v));
-    let real = |v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.dtype.is_float());
-    (read.len() == 1 && bsym.args.first() == Some(&Arg::Value(read[0])) && real(read[0])).then_some(read)
+    let covered = |v| matches!(e.builder.value(v), Some(ValueKind::Tensor(t)) if t.dtype.is_float() || (complex && t.dtype.is_complex()));
+    (read.len() == 1 && bsym.args.first() == Some(&Arg::Value(read[0])) && covered(read[0])).then_some(read)
 }
 
 /// A factorization's backward from its outputs alone, as eager's node that saves no input
@@ -519,16 +572,16 @@ fn outputs_vjp(
     e: &mut Emitter,
     cots: &mut Cotangents,
     bsym: &BoundSymbol,
-    vjp_id: SymbolId,
+    (name, vjp_id): (&str, SymbolId),
     a: ValueId,
     out_cots: &[Option<ValueId>],
 ) -> Result<()> {
     let meta = trace_ir::TensorMeta { requires_grad: false, ..e.meta(a) };
     let grad = e.builder.add_value(ValueKind::Tensor(meta));
     let args = bsym.args.iter().map(|x| if matches!(x, Arg::Value(_)) { Arg::None } else { x.clone() });
-    let outputs = bsym.outputs.iter().map(|&o| Arg::Value(o)).collect();
+    let outputs = read_outputs(name, &bsym.outputs);
     let cot_args = out_cots.iter().map(|c| c.map_or(Arg::None, Arg::Value)).collect();
-    let args = vec![Arg::Tuple(args.collect()), Arg::Tuple(outputs), Arg::Tuple(cot_args)];
+    let args = vec![Arg::Tuple(args.collect()), outputs, Arg::Tuple(cot_args)];
     let mut call = BoundSymbol::new(Symbol::Fallback(vjp_id), args, vec![grad]);
     call.kwargs = bsym.kwargs.clone();
     e.builder.push_bsym(call);
@@ -603,6 +656,31 @@ mod tests {
         assert_eq!(call.args.len(), 3);
         assert_eq!(call.args[0], Arg::Tuple(vec![Arg::None, Arg::Scalar(trace_ir::Scalar::Bool(true))]));
         assert_eq!(call.args[1], Arg::Tuple(vec![Arg::Value(y)]));
+    }
+
+    #[test]
+    fn a_saved_backward_is_not_given_what_it_declares_unread() {
+        // (y, info) = f(x, b), f's saved backward reads neither `info` nor `b` but b's shape
+        // (solve's B, cholesky_ex's info): the forward does not save them.
+        let id = SymbolTable::register("ltorch.test_unread_factor", SymbolKind::Fallback);
+        for name in ["saved_vjp", "unread_output.1", "unread_arg.1"] {
+            SymbolTable::register(&format!("ltorch.test_unread_factor.{name}"), SymbolKind::Fallback);
+        }
+        let mut b = TraceBuilder::new();
+        let (x, rhs) = (input(&mut b), input(&mut b));
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let info = TensorMeta::new(DType::I32, Device::CPU, vec![]);
+        let outs = b.record_given(Symbol::Fallback(id), vec![Arg::Value(x), Arg::Value(rhs)], vec![], vec![meta, info]);
+        let trace = b.finish(Arg::Value(outs[0])).unwrap();
+        let joint = joint(&trace).unwrap().expect("x requires grad");
+        let call = joint.trace.bsyms[joint.num_forward..]
+            .iter()
+            .find(|b| matches!(b.symbol, Symbol::Fallback(_)))
+            .expect("the backward calls the fallback's");
+        let shape = Arg::Tuple(vec![Arg::Scalar(trace_ir::Scalar::Int(4))]);
+        assert_eq!(call.args[0], Arg::Tuple(vec![Arg::Value(x), shape.clone()]));
+        assert_eq!(call.args[1], Arg::Tuple(vec![Arg::Value(outs[0]), Arg::None]));
+        assert_eq!(call.args[3], Arg::Tuple(vec![Arg::Value(x), shape]));
     }
 
     #[test]

@@ -17,8 +17,10 @@ ATen call eager's forward made (one factorization, no autograd).
 A formula takes ``(args, kwargs, outputs, cotangents)`` (None for an output no gradient flowed
 to, eager's undefined gradient) and returns one gradient per positional argument (None where
 there is none); the symbol's ``saved_vjp`` hands those to the inputs the trace wants. Inputs it
-does not cover (complex dtypes, tensors passed by keyword, modes whose backward raises) take the
-generic backward, which raises eager's errors.
+does not cover (complex dtypes of the ops not in ``COMPLEX``, tensors passed by keyword, modes
+whose backward raises) take the generic backward, which raises eager's errors. The outputs and
+arguments a formula does not read (``UNREAD``) are not handed to it, so that the compiled forward
+saves for backward what eager's node saves, no more.
 """
 
 from typing import Any
@@ -61,6 +63,13 @@ def eigh_backward(args, kwargs, outputs, cotangents):
     if gV is None:  # (eigvalsh)
         return (torch.matmul(V * gL.unsqueeze(-2), V.mH),)
     VhgV = torch.matmul(V.mH, gV)
+    if V.is_complex():
+        imag = torch.imag(_diagonal(VhgV))
+        if not torch.allclose(imag, torch.zeros_like(imag), rtol=1e-2, atol=1e-2):
+            raise RuntimeError(
+                "linalg_eigh_backward: The eigenvectors in the complex case are specified up to multiplication "
+                "by e^{i phi}. The specified loss function depends on this quantity, so it is ill-defined."
+            )
     VhgV = 0.5 * (VhgV - VhgV.mH)
     Lconj = L.conj()
     Econj = Lconj.unsqueeze(-2) - Lconj.unsqueeze(-1)
@@ -80,6 +89,8 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         return torch.matmul(U, gS.unsqueeze(-1) * Vh) if m >= n else torch.matmul(U * gS.unsqueeze(-2), Vh)
     UhgU = None if gU is None else _skew(torch.matmul(U.mH, gU))
     VhgV = None if gVh is None else _skew(torch.matmul(Vh, gVh.mH))
+    if U.is_complex():
+        _check_svd_phases(UhgU, VhgV, S)
     S2 = S * S
     E = S2.unsqueeze(-2) - S2.unsqueeze(-1)
     _diagonal(E).fill_(1)
@@ -91,6 +102,8 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         gA = S.unsqueeze(-1) * (VhgV / E)
     if gS is not None:
         gA = gA + gS.diag_embed()
+    if U.is_complex() and gU is not None and gVh is not None:
+        gA = gA + (_diagonal(UhgU) / (2.0 * S)).diag_embed()
     if m > n and gU is not None:
         gA = torch.matmul(U, gA)
         gUSinv = gU / S.unsqueeze(-2)
@@ -102,6 +115,20 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         gA = gA + SinvgVh - torch.matmul(torch.matmul(SinvgVh, Vh.mH), Vh)
         return torch.matmul(U, gA)
     return torch.matmul(U, torch.matmul(gA, Vh)) if m >= n else torch.matmul(torch.matmul(U, gA), Vh)
+
+
+_PHASES = (
+    "The singular vectors in the complex case are specified up to multiplication by e^{i phi}. The "
+    "specified loss function depends on this phase term, making it ill-defined."
+)
+
+
+def _check_svd_phases(UhgU, VhgV, S) -> None:
+    """Eager's check that a loss of complex singular vectors does not depend on their phases."""
+    im_U = torch.zeros_like(S) if UhgU is None else torch.imag(_diagonal(UhgU))
+    im_V = torch.zeros_like(S) if VhgV is None else torch.imag(_diagonal(VhgV))
+    if not torch.allclose(im_U, -im_V, rtol=1e-2, atol=1e-2):
+        raise RuntimeError(f"svd_backward: {_PHASES}")
 
 
 def _skew(x):
@@ -160,13 +187,16 @@ def qr_backward(args, kwargs, outputs, cotangents):
     if m >= n:
         X = gA.triu()
         sym = X + X.mH
-        _diagonal(sym).mul_(0.5)
+        torch.real(_diagonal(sym)).mul_(0.5)
         gA = Q.matmul(sym)
         if gQ is not None:
             gA = gA + gQ
         return (torch.linalg.solve_triangular(R.mH, gA, upper=False, left=False),)
     X = -gA
-    gA = Q.matmul((X - X.mH).tril())
+    skew = (X - X.mH).tril()
+    if skew.is_complex():
+        torch.imag(_diagonal(skew)).mul_(0.5)
+    gA = Q.matmul(skew)
     gA = torch.linalg.solve_triangular(R.narrow(-1, 0, m).mH, gA, upper=False, left=False)
     shape = list(R.shape)
     shape[-1] = n - m
@@ -225,13 +255,20 @@ def det_backward(args, kwargs, outputs, cotangents):
 
 
 def slogdet_backward(args, kwargs, outputs, cotangents):
-    """``slogdet_backward``, real case (the sign's gradient is zero), from ``_linalg_slogdet``'s LU."""
-    g = cotangents[1]
+    """``slogdet_backward`` from ``_linalg_slogdet``'s LU (its log's output is not read: eager's node
+    does not save it); of a real matrix the sign's gradient is zero, of a complex one it adds
+    ``-i imag(conj(grad_sign) * sign)``."""
+    gsign, g = cotangents[0], cotangents[1]
     A = args[0]
-    if g is None:
-        return (None,)
     if torch.is_grad_enabled():
         return NotImplemented
+    if A.is_complex() and gsign is not None:  # (eager's products, in its order)
+        signed = torch.imag(gsign.conj() * outputs[0])
+        g = -1j * signed if g is None else g - 1j * signed
+    elif A.is_complex() and g is not None:
+        g = g.to(A.dtype)  # (the log's real gradient, cast as eager's)
+    if g is None:
+        return (None,)
     _, _, LU, pivots = outputs if len(outputs) == 4 else torch.ops.aten._linalg_slogdet(A)
     d = torch.diag_embed(g.unsqueeze(-1).expand_as(pivots)).mT
     return (torch.linalg.lu_solve(LU, pivots, d, left=True, adjoint=not _uses_A_T(A)),)
@@ -242,17 +279,20 @@ def solve_backward(args, kwargs, outputs, cotangents):
     gX = cotangents[0]
     if gX is None:
         return (None, None)
-    if torch.is_grad_enabled() or len(args) < 2:
+    if len(args) < 2 or (len(outputs) < 3 and not isinstance(args[1], torch.Tensor)):
         return NotImplemented
-    A, B = args[0], args[1]
+    A, B = args[0], args[1]  # (B's shape alone where the forward did not save it: ``UNREAD``)
     left = kwargs.get("left", True)
     X = outputs[0]
     _, LU, pivots = outputs if len(outputs) == 3 else torch.ops.aten._linalg_solve_ex(A, B, left=left)[:3]
     batch = LU.shape[:-1]
     vector = X.ndim == 1 or (LU.ndim - 1 == X.ndim and X.shape == batch)
-    # (``_linalg_solve_ex`` factors ``A`` itself in this torch, whatever its layout, and its
-    # backward solves adjoint: the ``use_A_T`` of det and slogdet is not solve's)
-    gB_ = torch.linalg.lu_solve(LU, pivots, gX.unsqueeze(-1) if vector else gX, left=left, adjoint=True)
+    if torch.is_grad_enabled():  # (higher-order gradients: eager solves again, differentiably)
+        gB_ = torch.linalg.solve(A.mH, gX.unsqueeze(-1) if vector else gX, left=left)
+    else:
+        # (``_linalg_solve_ex`` factors ``A`` itself in this torch, whatever its layout, and its
+        # backward solves adjoint: the ``use_A_T`` of det and slogdet is not solve's)
+        gB_ = torch.linalg.lu_solve(LU, pivots, gX.unsqueeze(-1) if vector else gX, left=left, adjoint=True)
     X_ = X.unsqueeze(-1) if vector else X
     gA = -gB_.matmul(X_.mH) if left else -X_.mH.matmul(gB_)
     return (gA, gB_.squeeze(-1) if vector else gB_)
@@ -339,11 +379,45 @@ SAVED_BACKWARDS = {
 }
 
 
-def _covered(args, kwargs) -> bool:
-    """Real floating tensors, passed positionally (the formulas read them by position)."""
+#: ltorch name -> the positions of the outputs and of the arguments its backward from the outputs
+#: does not read (``<name>.unread_output.<i>``, ``<name>.unread_arg.<i>``: the VJP pass passes None,
+#: or an argument's shape, in their place), so that the compiled forward saves what eager's node
+#: saves (``derivatives.yaml``): slogdet's node saves no log, cholesky_ex's, inv_ex's and
+#: lu_factor_ex's no info, solve's no B.
+UNREAD = {
+    "linalg_slogdet": ((1,), ()),
+    "_linalg_slogdet": ((1,), ()),
+    "slogdet": ((1,), ()),
+    "linalg_cholesky_ex": ((1,), ()),
+    "linalg_inv_ex": ((1,), ()),
+    "linalg_lu_factor_ex": ((2,), ()),
+    "linalg_solve_saving_factors": ((), (1,)),
+}
+
+#: The ops whose formulas here are eager's for complex inputs too (the others' complex inputs take
+#: the generic backward).
+COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "linalg_inv_ex"}
+COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
+COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
+
+
+def _covered(name: str, args, kwargs) -> bool:
+    """Floating tensors, or complex ones where the formula covers them (``COMPLEX``), passed
+    positionally (the formulas read them by position)."""
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
         return False
-    return all(a.dtype.is_floating_point for a in args if isinstance(a, torch.Tensor))
+    complex_ = name in COMPLEX
+    return all(a.dtype.is_floating_point or (complex_ and a.dtype.is_complex) for a in _tensors(args))
+
+
+def _tensors(args):
+    return (a for a in args if isinstance(a, torch.Tensor))
+
+
+def _is(a, w) -> bool:
+    """Whether the argument ``a`` is the wanted input ``w``: the same tensor, or the same shape where
+    the forward saved neither (an unread argument: ``UNREAD``)."""
+    return a is w or (type(w) is tuple and type(a) is tuple and a == w)
 
 
 def saved_vjp(name: str, func):
@@ -355,7 +429,7 @@ def saved_vjp(name: str, func):
 
     def vjp(args, outputs, cotangents, wanted, **kwargs):
         grads = NotImplemented
-        if _covered(args, kwargs):
+        if _covered(name, args, kwargs):
             grads = _without_tf32(formula, args, kwargs, outputs, cotangents)
         if grads is NotImplemented:
             return generic(args, cotangents, wanted, **kwargs)
@@ -366,15 +440,24 @@ def saved_vjp(name: str, func):
             if id(w) not in seen:  # (values that are one tensor when run: the first gets its sum)
                 seen.add(id(w))
                 for a, ga in zip(args, grads):
-                    if a is w and ga is not None:
+                    if _is(a, w) and ga is not None:
                         g = ga if g is None else g + ga
-            if g is not None and g.shape != w.shape:
-                g = g.sum_to_size(w.shape)  # (autograd's sum over broadcast dims)
-            found.append(torch.zeros_like(w) if g is None else g)
+            shape = w if type(w) is tuple else w.shape
+            if g is not None and g.shape != shape:
+                g = g.sum_to_size(shape)  # (autograd's sum over broadcast dims)
+            found.append(_zeros_like(w, outputs) if g is None else g)
         return found[0] if len(found) == 1 else tuple(found)
 
     vjp.__name__ = f"{name}_saved_vjp"
     return vjp
+
+
+def _zeros_like(w, outputs):
+    """Zeros for the wanted input ``w``, or of its shape (an unread argument, of the outputs' dtype
+    and device: solve's ``B`` is its result's)."""
+    if type(w) is not tuple:
+        return torch.zeros_like(w)
+    return _zeros(w, next(_tensors(outputs)))
 
 
 def _zeros(shape, like):
@@ -411,6 +494,7 @@ OUTPUTS_ONLY = {
     "linalg_lu_factor": _square_input,
     "linalg_lu_factor_ex": _square_input,
     "linalg_lu": lambda outputs: _product_input(outputs[1], outputs[2]),
+    "svd": lambda outputs: _zeros((*outputs[0].shape[:-1], outputs[2].shape[-2]), outputs[0]),
 }
 
 

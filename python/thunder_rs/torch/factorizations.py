@@ -35,7 +35,8 @@ from thunder_rs.errors import (
     check,
     thunder_error_like,
 )
-from thunder_rs.torch.factorization_backwards import OUTPUTS_ONLY, SAVED_BACKWARDS, outputs_vjp, saved_vjp
+from thunder_rs.torch.factorization_backwards import COMPLEX, OUTPUTS_ONLY, SAVED_BACKWARDS, UNREAD
+from thunder_rs.torch.factorization_backwards import outputs_vjp, saved_vjp
 from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
 
@@ -191,8 +192,13 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.vjp", fallback=True)] = _vjp_of(func)
     if name in SAVED_BACKWARDS:  # (the VJP pass calls it in place of the one above)
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.saved_vjp", fallback=True)] = saved_vjp(name, func)
-    if name in OUTPUTS_ONLY:  # (and this one, for a real input)
+    if name in OUTPUTS_ONLY:  # (and this one, for a real input, or a complex one it covers)
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.outputs_vjp", fallback=True)] = outputs_vjp(name, func)
+        if name in COMPLEX:
+            _core.register_symbol(f"{sym_name}.outputs_vjp.complex", fallback=True)
+    for what, positions in zip(("output", "arg"), UNREAD.get(name, ((), ()))):
+        for i in positions:  # (declarations the VJP pass looks up: never called)
+            _core.register_symbol(f"{sym_name}.unread_{what}.{i}", fallback=True)
 
     def symbol(*args, **kwargs):
         if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
@@ -366,6 +372,19 @@ TORCH_TO_LTORCH.update(dict.fromkeys((torch.det, T.det), _determinant("det")))
 TORCH_TO_LTORCH[LA.solve] = solved
 TORCH_TO_LTORCH[LA.slogdet] = _log_determinant(torch.return_types.linalg_slogdet)  # type: ignore[attr-defined]
 TORCH_TO_LTORCH.update(dict.fromkeys((torch.slogdet, T.slogdet), _log_determinant(torch.return_types.slogdet)))
+
+
+def _mark_complex_grads() -> None:
+    """The ops whose backward here is eager's formula for complex inputs too (``COMPLEX``) are
+    recorded as their symbols where they differentiate complex values (``complex_calls``), not as
+    eager's op run again by torch.autograd: the forward saves what eager's node saves."""
+    for name, fns, _, _ in OPAQUE:
+        if name in COMPLEX:
+            for fn in fns:
+                TORCH_TO_LTORCH[fn].complex_grads = True
+
+
+_mark_complex_grads()
 
 if TYPE_CHECKING:
     # The symbols above are made from ``OPAQUE`` at import, which type checkers cannot follow.

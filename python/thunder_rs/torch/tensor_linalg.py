@@ -221,4 +221,6 @@ def svd_as_eager(input, some=True, compute_uv=True, *, out=None):
     return U, singular_values(input), V
 
 
+#: (a complex input's backward is eager's formula: ``factorization_backwards.COMPLEX``)
+svd_as_eager.complex_grads = True  # type: ignore[attr-defined]
 TORCH_TO_LTORCH[torch.svd] = TORCH_TO_LTORCH[torch.Tensor.svd] = svd_as_eager

@@ -1,6 +1,7 @@
 """Acquisition: run a function (or module) on proxies and record its trace, the guards on the
 Python state it read, and the module state it wrote."""
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -159,6 +160,35 @@ def _tensor_positions(flat_inputs) -> list:
     return [i for i, x in enumerate(flat_inputs) if isinstance(x, torch.Tensor) and first.setdefault(id(x), i) == i]
 
 
+_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+
+
+def _unchanged(t):
+    return t
+
+
+@contextlib.contextmanager
+def _saved_tensors_hooks_unseen():
+    """The user's ``saved_tensors_hooks`` (``save_on_cpu``) do not see what tracing saves: the meta
+    and fake stand-ins the metadata of fallbacks and opaque ops come from, run under autograd. The
+    saved-tensor hooks apply the innermost pair only, so plain ones are pushed over the user's; the
+    compiled call's residuals are packed by the user's, as eager's saved tensors are, on every call
+    (the first included). Nothing is pushed where no hooks are active or torch disabled them."""
+    if _top_hooks(False) is None or not _hooks_enabled():
+        yield
+        return
+    _push_hooks(_unchanged, _unchanged)
+    try:
+        yield
+    finally:
+        _pop_hooks()
+
+
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
+
+
 def _trace_program(
     fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached: ArgumentObjects, reads, size_inputs
 ):
@@ -183,6 +213,7 @@ def _trace_program(
             kept_apart(),
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
+            _saved_tensors_hooks_unseen(),
             reading(reads),
             noting_input_hooks(prints),
             inner_leaves.noting() as leaves,
