@@ -424,3 +424,33 @@ def test_a_held_tensor_whose_size_a_symbolic_size_met_is_symbolic_with_it():
             torch.testing.assert_close(a, e)
     # the prompt; the prompt's length symbolic; the step, its keys' length symbolic with it
     assert misses(jfn) == 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- a held tensor dense in another order ------------------------------------------------------------
+
+
+class ConvState:
+    """A convolution's state kept as its window's transpose (``(batch, width, taps)`` dense in dim
+    order (0, 2, 1)), as RecurrentGemma's ``conv1d_state`` after the prompt."""
+
+    def __init__(self, batch: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.state = torch.randn(batch, 3, 5, dtype=torch.float64, generator=g).transpose(1, 2)
+
+
+def conv_step(x, cache: ConvState):
+    return cache.state * x[..., None], (cache.state * x[..., None]).sum(-1)
+
+
+def test_a_held_tensor_dense_in_another_order_turns_symbolic_with_the_batch():
+    # Its batch changing was no change at all to ``held_changes`` (a layout compiled for, sizes
+    # and all), and no stand-in took it symbolic: its batch stayed constant, guarded equal to the
+    # input's by the product, a compile per batch.
+    jf = thunder_rs.jit(conv_step)
+    for batch in (2, 3, 4, 5, 6):
+        x = torch.randn(batch, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(batch))
+        cache = ConvState(batch, batch)
+        (out, summed), (want, want_summed) = jf(x, cache), conv_step(x, cache)
+        assert torch.equal(out, want) and torch.equal(summed, want_summed)
+        assert out.stride() == want.stride()
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons

@@ -10,7 +10,7 @@ import torch
 
 from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items
 from thunder_rs.core.acquisition.float_args import HeldFloat
-from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
+from thunder_rs.core.base.layouts import STRIDE
 from thunder_rs.core.lang import symfloat, symint
 from thunder_rs.core.lang.recorder import Captures
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
@@ -122,13 +122,14 @@ def put_stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: Siz
     sizes (and strides, ``HeldStride``), so that the program reads them as sizes
     (``cache.get_seq_length()``); the trace takes it as a captured input (the ``first_input``-th
     trace input is the first captured). Returns ``(attributes, ArgumentTensor, tensor)`` for
-    ``put_back``. Sizes 0 and 1 stay constant."""
+    ``put_back``. Sizes 0 and 1 stay constant. A tensor dense in another order (a state kept
+    transposed) has the strides of its symbolic sizes in that order (``recorder.input_proxy``)."""
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
         attributes: Any = _slots_of(at.holder) if dims else None
         t = attributes.get(at.name) if attributes is not None else None
-        if not isinstance(t, torch.Tensor) or not (t.is_contiguous() or is_strided(layout(t))):
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
             continue
         sized, strided = _symbolic_dims(t, dims)
         at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
