@@ -454,3 +454,40 @@ def test_a_held_tensor_dense_in_another_order_turns_symbolic_with_the_batch():
         assert torch.equal(out, want) and torch.equal(summed, want_summed)
         assert out.stride() == want.stride()
     assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+# -- a module's state kept as a plain attribute ------------------------------------------------------
+
+
+class Recurrent(nn.Module):
+    """A recurrence whose state is a plain attribute, made anew for another batch and set by each
+    call (RecurrentGemma's ``conv1d_state`` and ``recurrent_states``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+        self.state = None
+
+    def forward(self, x):
+        if self.state is None or self.state.shape[0] != x.shape[0]:
+            self.state = torch.zeros(x.shape[0], 4, dtype=x.dtype)
+        self.state = torch.tanh(self.lin(x) + self.state * 0.5)
+        return self.state * 2
+
+
+def test_a_module_state_set_per_call_turns_symbolic_with_the_batch():
+    # The state was taken constant: ``self.state.shape[0] != x.shape[0]`` guarded the batch equal
+    # to it, and every run of another batch compiled its steps again (9 compiles, not 5).
+    torch.manual_seed(0)
+    model = Recurrent()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for batch in (2, 3, 4, 2, 5):
+        for step in range(3):
+            x = torch.randn(batch, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(batch + step))
+            with torch.no_grad():  # (as generate: a state requiring grad is captured as it is)
+                assert torch.equal(jmodel(x), eager(x))
+            assert torch.equal(model.state, eager.state) and model.state.stride() == eager.state.stride()
+    # The first batch's first call (no state yet) and steps; the second's, the batch symbolic (its
+    # first call reads only the batch of the state it replaces, guarded as that tensor); once more
+    # when the state's batch and the input's, equal at that compile, differ (the third's first).
+    assert misses(jmodel) == 5, thunder_rs.compile_stats(jmodel).miss_reasons
