@@ -424,3 +424,70 @@ def test_a_held_tensor_whose_size_a_symbolic_size_met_is_symbolic_with_it():
             torch.testing.assert_close(a, e)
     # the prompt; the prompt's length symbolic; the step, its keys' length symbolic with it
     assert misses(jfn) == 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- a held tensor dense in another order ------------------------------------------------------------
+
+
+class ConvState:
+    """A convolution's state kept as its window's transpose (``(batch, width, taps)`` dense in dim
+    order (0, 2, 1)), as RecurrentGemma's ``conv1d_state`` after the prompt."""
+
+    def __init__(self, batch: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.state = torch.randn(batch, 3, 5, dtype=torch.float64, generator=g).transpose(1, 2)
+
+
+def conv_step(x, cache: ConvState):
+    return cache.state * x[..., None], (cache.state * x[..., None]).sum(-1)
+
+
+def test_a_held_tensor_dense_in_another_order_turns_symbolic_with_the_batch():
+    # Its batch changing was no change at all to ``held_changes`` (a layout compiled for, sizes
+    # and all), and no stand-in took it symbolic: its batch stayed constant, guarded equal to the
+    # input's by the product, a compile per batch.
+    jf = thunder_rs.jit(conv_step)
+    for batch in (2, 3, 4, 5, 6):
+        x = torch.randn(batch, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(batch))
+        cache = ConvState(batch, batch)
+        (out, summed), (want, want_summed) = jf(x, cache), conv_step(x, cache)
+        assert torch.equal(out, want) and torch.equal(summed, want_summed)
+        assert out.stride() == want.stride()
+    assert misses(jf) == 2, thunder_rs.compile_stats(jf).miss_reasons
+
+
+# -- a module's state kept as a plain attribute ------------------------------------------------------
+
+
+class Recurrent(nn.Module):
+    """A recurrence whose state is a plain attribute, made anew for another batch and set by each
+    call (RecurrentGemma's ``conv1d_state`` and ``recurrent_states``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+        self.state = None
+
+    def forward(self, x):
+        if self.state is None or self.state.shape[0] != x.shape[0]:
+            self.state = torch.zeros(x.shape[0], 4, dtype=x.dtype)
+        self.state = torch.tanh(self.lin(x) + self.state * 0.5)
+        return self.state * 2
+
+
+def test_a_module_state_set_per_call_turns_symbolic_with_the_batch():
+    # The state was taken constant: ``self.state.shape[0] != x.shape[0]`` guarded the batch equal
+    # to it, and every run of another batch compiled its steps again (9 compiles, not 5).
+    torch.manual_seed(0)
+    model = Recurrent()
+    eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
+    for batch in (2, 3, 4, 2, 5):
+        for step in range(3):
+            x = torch.randn(batch, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(batch + step))
+            with torch.no_grad():  # (as generate: a state requiring grad is captured as it is)
+                assert torch.equal(jmodel(x), eager(x))
+            assert torch.equal(model.state, eager.state) and model.state.stride() == eager.state.stride()
+    # The first batch's first call (no state yet) and steps; the second's, the batch symbolic (its
+    # first call reads only the batch of the state it replaces, guarded as that tensor); once more
+    # when the state's batch and the input's, equal at that compile, differ (the third's first).
+    assert misses(jmodel) == 5, thunder_rs.compile_stats(jmodel).miss_reasons

@@ -60,6 +60,7 @@ from thunder_rs.core.acquisition.traced_inputs import (
     SizeInputs,
     TracedInputs,
     int_stand_ins,
+    module_stand_ins,
     kept_slots,
     put_back,
     put_stand_ins,
@@ -348,6 +349,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
     placed = put_stand_ins(reached, captures, size_inputs, len(positions) + len(params))
+    held_attributes = module_stand_ins(captures, size_inputs, pairs, len(positions) + len(params))
+    observer.module_stand_ins({id(at.stand_in): at for _, at, _ in held_attributes})
+    placed += held_attributes
     ints = int_stand_ins(reached, size_inputs, pairs)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])

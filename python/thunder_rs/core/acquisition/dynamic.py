@@ -267,8 +267,8 @@ def held_changes(guards, flat) -> dict | None:
     tensor's strides that changed are marked ``(STRIDE, dim)``, size inputs of the next compile
     (``HeldStride``): a sliding window's keys are a slice of the prompt's states, then of each
     step's, so the first step's step over the prompt's length. A tensor dense in another order,
-    or contiguous on one side only, adds no dims (its layout is compiled for) and hides nothing
-    that changed beside it."""
+    or contiguous on one side only, adds no strides (its layout is compiled for) but its sizes
+    that changed: a convolution's state kept transposed (RecurrentGemma's) has the batch's."""
     changed: dict = {}
     for guard in (*guards.per_call, *guards.modules):
         # (sizes only: what changed is below; cached calls are made by the entry that serves only)
@@ -290,9 +290,7 @@ def held_changes(guards, flat) -> dict | None:
             return None
         dims: set = {d for d, (a, b) in enumerate(zip(old[2], shape)) if a is not None and a != b}
         strides = old[4].strides if type(old[4]) is SymbolicStrides else old[4]
-        if layout is not True or strides is not True:
-            if not (is_strided(layout) and is_strided(strides)):
-                continue  # (a dense layout in another order, or contiguous now: compiled for)
+        if (layout is not True or strides is not True) and is_strided(layout) and is_strided(strides):
             dims.update((STRIDE, d) for d, (a, b) in enumerate(zip(strides, layout)) if a is not None and a != b)
         changed.setdefault((guard.source.key, guard.name), set()).update(dims)
     return changed or None

@@ -10,11 +10,12 @@ import torch
 
 from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items
 from thunder_rs.core.acquisition.float_args import HeldFloat
-from thunder_rs.core.base.layouts import STRIDE, is_strided, layout
+from thunder_rs.core.base.layouts import STRIDE
 from thunder_rs.core.lang import symfloat, symint
 from thunder_rs.core.lang.recorder import Captures
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
-from thunder_rs.core.state.reached import ArgumentObjects
+from thunder_rs.core.state.reached import ArgumentObjects, ArgumentTensor
+from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -125,13 +126,14 @@ def put_stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: Siz
     sizes (and strides, ``HeldStride``), so that the program reads them as sizes
     (``cache.get_seq_length()``); the trace takes it as a captured input (the ``first_input``-th
     trace input is the first captured). Returns ``(attributes, ArgumentTensor, tensor)`` for
-    ``put_back``. Sizes 0 and 1 stay constant."""
+    ``put_back``. Sizes 0 and 1 stay constant. A tensor dense in another order (a state kept
+    transposed) has the strides of its symbolic sizes in that order (``recorder.input_proxy``)."""
     placed: list = []
     for at in list(reached.tensors.values()) if size_inputs.held else ():
         dims = size_inputs.held.get((at.source.key, at.name))
         attributes: Any = _slots_of(at.holder) if dims else None
         t = attributes.get(at.name) if attributes is not None else None
-        if not isinstance(t, torch.Tensor) or not (t.is_contiguous() or is_strided(layout(t))):
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
             continue
         sized, strided = _symbolic_dims(t, dims)
         at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
@@ -141,6 +143,35 @@ def put_stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: Siz
         sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sized}
         strides = {d: size_inputs.of(t.stride(d), HeldStride(at.source, at.name, d, index)) for d in strided}
         at.stand_in = attributes[at.name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
+        placed.append((attributes, at, t))
+    return placed
+
+
+def module_stand_ins(captures: Captures, size_inputs: SizeInputs, pairs: list, first_input: int) -> list:
+    """Puts in place of each tensor a module keeps as a plain attribute (not a parameter or
+    buffer) that has symbolic dims a proxy of those sizes, in its clone (``pairs``: ``(clone,
+    original)``), read by every call from the original (``reached.ArgumentTensor``): a recurrent
+    layer's state the program sets on each call (RecurrentGemma's ``conv1d_state`` and
+    ``recurrent_states``), whose batch is the input's. Returns what ``put_back`` takes."""
+    placed: list = []
+    originals = {id(o): (c, o) for c, o in pairs} if size_inputs.held else {}
+    for (key, name), dims in size_inputs.held.items():
+        clone, original = originals.get(key, (None, None))
+        t = attributes_of(clone).get(name) if clone is not None else None
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided or t.requires_grad:
+            continue
+        sized, strided = _symbolic_dims(t, dims)
+        if not sized and not strided:
+            continue
+        source = ModuleSource(original, type(original).__name__)
+        at = ArgumentTensor(source, name, original, tensor_meta(t))
+        at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
+        index = first_input + len(captures.tensors)
+        sizes = {d: size_inputs.of(t.shape[d], HeldDim(source, name, d, index)) for d in sized}
+        strides = {d: size_inputs.of(t.stride(d), HeldStride(source, name, d, index)) for d in strided}
+        captures.hold(t, at)
+        attributes = attributes_of(clone)
+        at.stand_in = attributes[name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
         placed.append((attributes, at, t))
     return placed
 

@@ -168,6 +168,10 @@ class Captures:
             if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy) and not t.is_meta:
                 self._created[id(t)] = t
 
+    def hold(self, t: torch.Tensor, held) -> None:
+        """Reads ``t`` by every call where ``held`` (a ``reached.ArgumentTensor``) says."""
+        self._held[id(t)] = held
+
     def is_created(self, x) -> bool:
         return isinstance(x, torch.Tensor) and self._created.get(id(x)) is x
 

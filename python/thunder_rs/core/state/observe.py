@@ -105,6 +105,8 @@ class Observer(AttributeReads):
 
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
         self._guards: dict = {}
+        #: id of a proxy put in a module's attribute -> the ``ArgumentTensor`` it stands for
+        self._module_stand_ins: dict = {}
         #: id -> (iterator, its name, where read, its position): the iterators the program reached
         self._iterators: dict = {}
         #: id -> ``GeneratorState`` of the random generators the program reached (``generator_states``)
@@ -341,6 +343,12 @@ class Observer(AttributeReads):
         self._read_attributes_per_call(captured, stored)
         self.state.read_tensors_per_call(captured, stored, self._guards)
 
+    def module_stand_ins(self, stand_ins: dict) -> None:
+        """Notes the proxies put in modules' attributes for their tensors of symbolic sizes
+        (``traced_inputs.module_stand_ins``), by id: their reads are guarded on the metadata of
+        the tensor they stand for, its symbolic dims left out."""
+        self._module_stand_ins = stand_ins
+
     def _read_attributes_per_call(self, captured: list, stored: list) -> None:
         """Makes each tensor among ``captured`` that a module attribute holds (not a parameter or
         buffer: HF's dynamic RoPE sets ``self.max_seq_len_cached = torch.max(position_ids) + 1``)
@@ -361,6 +369,10 @@ class Observer(AttributeReads):
             meta = tensor_meta(t)
             captured[i] = ArgumentTensor(guard.source, guard.name, guard.source.obj, meta, guard.origin)
             self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
+        for key, g in list(self._guards.items()) if self._module_stand_ins else ():
+            held = self._module_stand_ins.get(id(g.expected)) if type(g) is Guard else None
+            if held is not None and type(g.source) is ModuleSource:
+                self._guards[key] = TensorGuard(g.source, g.name, held.meta, g.origin, held.symbolic)
 
     def guard_module_ints(self, places: list) -> None:
         """Guards the module ints the trace takes as size inputs (``(ModuleSource, name, int)``: a
