@@ -129,8 +129,28 @@ def _gather_along_a_dim_out_of_range(module, fd):
     fd.ops.gather(_tensor(module, fd), _tensor(module, fd, dtype="Int"), 2)
 
 
+def _sum_of_a_0_dim_tensor_over_all_dims(module, fd):
+    fd.ops.sum(_tensor(module, fd, shape=()))  # (all of its dims: none; the stand-in copied it)
+
+
+def _sum_over_no_dims(module, fd):
+    fd.ops.sum(_tensor(module, fd), [])  # (the stand-in copied it)
+
+
+def _max_of_a_complex_tensor(module, fd):
+    fd.ops.max(_tensor(module, fd, dtype="ComplexFloat"), [0])  # (the stand-in failed at execute)
+
+
+def _min_of_a_complex_tensor(module, fd):
+    fd.ops.min(_tensor(module, fd, dtype="ComplexFloat"), [0])
+
+
 #: (what, define(module, fd), the exception, what its message says)
 REFUSED = [
+    ("sum of a 0-dim tensor", _sum_of_a_0_dim_tensor_over_all_dims, RuntimeError, "No reduction axis specified"),
+    ("sum over dims []", _sum_over_no_dims, RuntimeError, "No reduction axis specified"),
+    ("max of ComplexFloat", _max_of_a_complex_tensor, RuntimeError, "Could not generate a min op for tensor"),
+    ("min of ComplexFloat", _min_of_a_complex_tensor, RuntimeError, "Could not generate a max op for tensor"),
     ("sum(dim=[0])", _sum_with_dims_named_dim, TypeError, "incompatible function arguments"),
     ("slice bounds of a list and a tuple", _slice_of_a_list_and_a_tuple, TypeError, "incompatible function arguments"),
     ("add(x, rhs=1.0)", _binary_op_by_keyword, TypeError, "incompatible function arguments"),
@@ -219,6 +239,41 @@ def test_the_stand_in_takes_broadcast_dims_and_contiguity_as_the_bindings_do():
 @pytest.mark.gpu
 def test_the_real_bindings_take_broadcast_dims_and_contiguity_so(real_nvfuser):
     _taken_as_the_bindings_take_them(real_nvfuser, "cuda")
+
+
+def _reduced_as_the_bindings_reduce(module, device):
+    """A complex sum stays complex, a bool product is an Int one, and a max or min over an empty
+    dim is a full of its init (RemoveEmptyPass), where torch's raises. The stand-in summed complex
+    values as Int, and its max and min of an empty dim raised torch's error."""
+    with module.FusionDefinition() as fd:
+        z = fd.define_tensor([-1, -1], [True, True], module.DataType.ComplexFloat)
+        b = fd.define_tensor([-1], [True], module.DataType.Bool)
+        e = fd.define_tensor([-1, -1], [True, True], module.DataType.Float)
+        i = fd.define_tensor([-1, -1], [True, True], module.DataType.Int)
+        fd.add_output(fd.ops.sum(z, [1]))
+        fd.add_output(fd.ops.prod(b, [0]))
+        fd.add_output(fd.ops.max(e, [1]))
+        fd.add_output(fd.ops.min(e, [1], keepdim=True))
+        fd.add_output(fd.ops.max(i, [1]))
+    z = torch.randn(2, 3, dtype=torch.complex64, device=device)
+    b = torch.tensor([True, False, True], device=device)
+    e, i = torch.empty(3, 0, device=device), torch.empty(3, 0, dtype=torch.int64, device=device)
+    summed, product, high, low, int_high = fd.execute([z, b, e, i])
+    assert summed.dtype == torch.complex64 and product.dtype == torch.int64
+    torch.testing.assert_close(summed, z.sum(1))
+    assert torch.equal(product, b.prod(0))
+    assert torch.equal(high, torch.full((3,), -float("inf"), device=device))
+    assert torch.equal(low, torch.full((3, 1), float("inf"), device=device))
+    assert torch.equal(int_high, torch.full((3,), torch.iinfo(torch.int64).min, device=device))
+
+
+def test_the_stand_in_reduces_as_the_bindings_do():
+    _reduced_as_the_bindings_reduce(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_reduce_so(real_nvfuser):
+    _reduced_as_the_bindings_reduce(real_nvfuser, "cuda")
 
 
 def test_the_stand_in_takes_the_forms_the_bindings_take():
