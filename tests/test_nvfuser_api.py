@@ -145,8 +145,18 @@ def _min_of_a_complex_tensor(module, fd):
     fd.ops.min(_tensor(module, fd, dtype="ComplexFloat"), [0])
 
 
+def _stride_order_named_twice(module, fd):
+    fd.define_tensor([2, 3], [True, True], module.DataType.Float, stride_order=[0, -2])  # (an AssertionError)
+
+
+def _stride_order_out_of_range(module, fd):
+    fd.define_tensor([2, 3], [True, True], module.DataType.Float, stride_order=[0, 2])
+
+
 #: (what, define(module, fd), the exception, what its message says)
 REFUSED = [
+    ("stride_order [0, -2]", _stride_order_named_twice, RuntimeError, "duplicated stride_order entries"),
+    ("stride_order [0, 2]", _stride_order_out_of_range, RuntimeError, "stride_order argument is out of range"),
     ("sum of a 0-dim tensor", _sum_of_a_0_dim_tensor_over_all_dims, RuntimeError, "No reduction axis specified"),
     ("sum over dims []", _sum_over_no_dims, RuntimeError, "No reduction axis specified"),
     ("max of ComplexFloat", _max_of_a_complex_tensor, RuntimeError, "Could not generate a min op for tensor"),
@@ -265,6 +275,26 @@ def _reduced_as_the_bindings_reduce(module, device):
     assert torch.equal(high, torch.full((3,), -float("inf"), device=device))
     assert torch.equal(low, torch.full((3, 1), float("inf"), device=device))
     assert torch.equal(int_high, torch.full((3,), torch.iinfo(torch.int64).min, device=device))
+
+
+def _negative_stride_order(module, device):
+    """A negative stride order entry counts from the end (``normalizeStrideOrder``): [-2, -1] is
+    column-major. (The stand-in refused it with an AssertionError.)"""
+    with module.FusionDefinition() as fd:
+        c = fd.define_tensor([-1, -1], [True, True], module.DataType.Float, stride_order=[-2, -1])
+        fd.add_output(fd.ops.mul(c, 2.0))
+    c = torch.arange(6.0, device=device).reshape(3, 2).t()
+    (doubled,) = fd.execute([c])
+    assert torch.equal(doubled, c * 2)
+
+
+def test_the_stand_in_wraps_a_negative_stride_order_as_the_bindings_do():
+    _negative_stride_order(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_wrap_a_negative_stride_order(real_nvfuser):
+    _negative_stride_order(real_nvfuser, "cuda")
 
 
 def test_the_stand_in_reduces_as_the_bindings_do():
