@@ -153,8 +153,13 @@ def _stride_order_out_of_range(module, fd):
     fd.define_tensor([2, 3], [True, True], module.DataType.Float, stride_order=[0, 2])
 
 
+def _nextafter_of_ints(module, fd):
+    fd.ops.nextafter(_tensor(module, fd, dtype="Int"), _tensor(module, fd, dtype="Int"))  # (an AssertionError)
+
+
 #: (what, define(module, fd), the exception, what its message says)
 REFUSED = [
+    ("nextafter of Int", _nextafter_of_ints, RuntimeError, "Promoted type must be single or double precision"),
     ("stride_order [0, -2]", _stride_order_named_twice, RuntimeError, "duplicated stride_order entries"),
     ("stride_order [0, 2]", _stride_order_out_of_range, RuntimeError, "stride_order argument is out of range"),
     ("sum of a 0-dim tensor", _sum_of_a_0_dim_tensor_over_all_dims, RuntimeError, "No reduction axis specified"),
@@ -295,6 +300,39 @@ def test_the_stand_in_wraps_a_negative_stride_order_as_the_bindings_do():
 @pytest.mark.gpu
 def test_the_real_bindings_wrap_a_negative_stride_order(real_nvfuser):
     _negative_stride_order(real_nvfuser, "cuda")
+
+
+def _promoted_to_complex(module, device):
+    """A complex operand's category wins, at a floating operand's precision (``combineCategories``):
+    Float and a Python complex are ComplexFloat, Int and one ComplexDouble, Double and a 0-dim
+    ComplexFloat ComplexDouble. (The stand-in left out the complex operand's category: Float, Int
+    and Double.)"""
+    with module.FusionDefinition() as fd:
+        f = fd.define_tensor([-1], [True], module.DataType.Float)
+        i = fd.define_tensor([-1], [True], module.DataType.Int)
+        d = fd.define_tensor([-1], [True], module.DataType.Double)
+        z = fd.define_tensor([], [], module.DataType.ComplexFloat)
+        fd.add_output(fd.ops.add(f, 2j))
+        fd.add_output(fd.ops.mul(i, 2j))
+        fd.add_output(fd.ops.add(d, z))
+    f, i = torch.randn(3, device=device), torch.arange(3, device=device)
+    d, z = (
+        torch.randn(3, dtype=torch.float64, device=device),
+        torch.tensor(1 + 2j, dtype=torch.complex64, device=device),
+    )
+    outs = fd.execute([f, i, d, z])
+    assert [o.dtype for o in outs] == [torch.complex64, torch.complex128, torch.complex128]
+    for out, expected in zip(outs, (f + 2j, i.to(torch.complex128) * 2j, d + z)):
+        torch.testing.assert_close(out, expected.to(out.dtype))
+
+
+def test_the_stand_in_promotes_complex_operands_as_the_bindings_do():
+    _promoted_to_complex(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_promote_complex_operands_so(real_nvfuser):
+    _promoted_to_complex(real_nvfuser, "cuda")
 
 
 def test_the_stand_in_reduces_as_the_bindings_do():
