@@ -529,10 +529,10 @@ def test_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers(monke
 
 @pytest.mark.gpu
 def test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers():
-    """The GPU twin: the compiled backward's kernels of a block computed on a real side stream run
-    on that stream, as eager's autograd runs them, with eager's values and gradients."""
+    """The GPU twin: the compiled backward's kernels of a block computed on a real side stream (one
+    the program reads, and one it makes on every call) run on that stream, as eager's autograd runs
+    them (on its device thread), with eager's values and gradients."""
     side = torch.cuda.Stream()
-    REAL_SIDE[:] = [side]
 
     def on_the_side(x):
         y = x.sin()
@@ -542,13 +542,48 @@ def test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eage
         torch.cuda.current_stream().wait_stream(side)
         return z * y
 
-    jf = thunder_rs.jit(on_the_side)
-    stream_now = lambda: torch.cuda.current_stream().stream_id  # noqa: E731
-    for _ in range(3):
-        x = torch.randn(1 << 20, device="cuda")
-        out, grad, streams = _backward_streams(jf, x, stream_now)
-        expected_out, expected_grad, expected = _backward_streams(on_the_side, x, stream_now)
-        torch.cuda.synchronize()
-        assert streams == expected and len({s for _, s in expected}) == 2
-        torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
-        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+    def on_its_own_stream(x):
+        made = torch.cuda.Stream()
+        made.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(made):
+            y = x.sin().exp()
+        torch.cuda.current_stream().wait_stream(made)
+        return y.cos()
+
+    on_the_default = lambda: torch.cuda.current_stream() == torch.cuda.default_stream()  # noqa: E731
+    for fn in (on_the_side, on_its_own_stream):
+        jf = thunder_rs.jit(fn)
+        for _ in range(3):
+            x = torch.randn(1 << 20, device="cuda")
+            out, grad, streams = _backward_streams(jf, x, on_the_default)
+            expected_out, expected_grad, expected = _backward_streams(fn, x, on_the_default)
+            torch.cuda.synchronize()
+            assert streams == expected and {s for _, s in expected} == {True, False}
+            torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
+            torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+
+
+def test_a_stream_the_program_makes_is_the_one_a_backward_on_another_thread_enters():
+    """A backward entering a stream the program made runs on autograd's device thread, which made
+    none: it takes the one the call made (an AttributeError, the thread's own being absent); a
+    thread's own call takes its own."""
+    import threading  # noqa: PLC0415
+
+    from thunder_rs.core.acquisition.cuda_queue import Made  # noqa: PLC0415
+
+    made = Made(list, {}, "here")
+    made.make()
+    seen: list = []
+    thread = threading.Thread(target=lambda: seen.append(made.value()))
+    thread.start()
+    thread.join()
+    assert seen[0] is made.value() and seen[0] is made.last
+
+    def its_own() -> None:
+        made.make()
+        seen.append(made.value())
+
+    thread = threading.Thread(target=its_own)
+    thread.start()
+    thread.join()
+    assert seen[1] is made.last and seen[1] is not seen[0]

@@ -61,18 +61,21 @@ __all__ = [
 
 class Made:
     """An event or stream the program makes: every call makes its own (``make``), which the
-    effects after it in that call take (``value``); per thread, as calls on two threads make two."""
+    effects after it in that call take (``value``); per thread, as calls on two threads make two.
+    A thread that made none (autograd's device thread, running a backward that enters a stream
+    the program made: ``_SwitchedStream.join``) takes the one made last."""
 
-    __slots__ = ("kind", "kwargs", "local", "where")
+    __slots__ = ("kind", "kwargs", "last", "local", "where")
 
     def __init__(self, kind: type, kwargs: dict, where: str):
         self.kind, self.kwargs, self.local, self.where = kind, kwargs, threading.local(), where
+        self.last = None
 
     def make(self) -> None:
-        self.local.value = self.kind(**self.kwargs)
+        self.local.value = self.last = self.kind(**self.kwargs)
 
     def value(self):
-        return self.local.value
+        return getattr(self.local, "value", self.last)
 
     def __repr__(self) -> str:
         return f"<the {self.kind.__module__}.{self.kind.__qualname__} made at {self.where}>"
