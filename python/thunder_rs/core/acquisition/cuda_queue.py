@@ -122,9 +122,13 @@ def _effect(label: str, real, queued: bool = True, now=_now, in_backward=None):
     run.__qualname__ = run.__name__
     _effects[label] = (run, cell)
     FALLBACK_IMPLS[symbol_id(run, effect=True)] = run  # (its outputs are none: no flattening per call)
-    if in_backward is not None:
-        mirror = _core.register_symbol(f"{label}.in_backward", fallback=True, effect=True)
-        FALLBACK_IMPLS[mirror] = lambda *args: in_backward(*map(now, args))
+    if in_backward is not None:  # (a backward the program takes itself, torch.func.grad, is traced: run as ``run``)
+
+        def run_in_backward(*args):
+            if not thread_state.inside:
+                in_backward(*map(now, args))
+
+        FALLBACK_IMPLS[_core.register_symbol(f"{label}.in_backward", fallback=True, effect=True)] = run_in_backward
     STATE_CALLS.add(label)
     CALL_EFFECTS.add(label)
     if queued:
