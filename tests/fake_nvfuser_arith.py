@@ -191,8 +191,14 @@ def _variance_dtype(dtype):
     return torch.float32 if dtype in HALF else dtype if dtype.is_floating_point else torch.float64
 
 
+def _no_axes(dims) -> None:
+    """``reductionOp``'s check, reached through ``variance``'s mean (a sum)."""
+    _check(len(dims) > 0, "!axes.empty()", "No reduction axis specified")
+
+
 def _var(arg, dims, correction=1, keepdim=False):
     _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
+    _no_axes(dims)
     out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
     if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
         _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")

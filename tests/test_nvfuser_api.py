@@ -157,8 +157,13 @@ def _nextafter_of_ints(module, fd):
     fd.ops.nextafter(_tensor(module, fd, dtype="Int"), _tensor(module, fd, dtype="Int"))  # (an AssertionError)
 
 
+def _var_over_no_dims(module, fd):
+    fd.ops.var(_tensor(module, fd), [])  # (its mean's sum; the stand-in's torch.var took all dims)
+
+
 #: (what, define(module, fd), the exception, what its message says)
 REFUSED = [
+    ("var over dims []", _var_over_no_dims, RuntimeError, "No reduction axis specified"),
     ("nextafter of Int", _nextafter_of_ints, RuntimeError, "Promoted type must be single or double precision"),
     ("stride_order [0, -2]", _stride_order_named_twice, RuntimeError, "duplicated stride_order entries"),
     ("stride_order [0, 2]", _stride_order_out_of_range, RuntimeError, "stride_order argument is out of range"),
