@@ -72,7 +72,8 @@ import gpu_report  # noqa: E402
 #: devices' count and capability read, and refused event readings and allocator statistics
 #: (test_cuda_runtime_api.py); waits between real streams, an event made and waited on, kernels on a
 #: side stream inside ``with torch.cuda.stream`` and nvtx ranges on every call, ``with torch.Stream``
-#: refused (test_cuda_queue.py).
+#: refused, and the backward of a block on a side stream run on that stream as eager's autograd runs
+#: it (test_cuda_queue.py).
 #: About 3,800 tests, 3.5 minutes with 12 workers on an H200 machine (2026-11-28). test_ops.py's
 #: 20,000 CUDA parameters are left out: collecting its 47,000 items costs each worker 40 s, running
 #: them 10 minutes.
@@ -101,6 +102,7 @@ TESTS = [
     "tests/test_cuda_contexts.py::test_on_cuda_the_current_device_the_program_sets_or_reads_is_eagers",
     "tests/test_cuda_runtime_api.py::test_on_cuda_the_runtime_api_the_program_uses_is_eagers",
     "tests/test_cuda_queue.py::test_on_cuda_the_device_queue_work_of_the_program_is_eagers",
+    "tests/test_cuda_queue.py::test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,

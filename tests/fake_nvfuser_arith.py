@@ -120,12 +120,20 @@ def _reduction(name, fn, identity_dtype):
         if isinstance(dims, DataType):
             dims, dtype = None, dims
         out_dtype = identity_dtype(arg.meta.dtype, dtype.value)
+        init = _INITS.get(name, lambda d: None)(out_dtype)
+        # (the overload without dims names all of them: none of a 0-dim tensor)
+        named = range(arg.ndim) if dims is None else [dims] if isinstance(dims, int) else dims
+        _check(len(named) > 0, "!axes.empty()", "No reduction axis specified")
         axes = _reduce_dims(arg.ndim, dims)
         if axes and out_dtype in HALF:  # no arithmetic of its half types (codegen.cpp; failed on the H100)
             _fd().unsupported.append(f"a {name} ReductionOp of {DataType(out_dtype).name}")
 
         def run(a):
             a = a.to(out_dtype)  # optionalCastStrict before the reduction
+            if init is not None and any(a.shape[d] == 0 for d in axes):
+                # (a reduction over an empty dim is a full of its init: RemoveEmptyPass; torch's raises)
+                shape = [1 if d in axes else n for d, n in enumerate(a.shape) if keepdim or d not in axes]
+                return torch.full(shape, init, dtype=out_dtype, device=a.device)
             return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
 
         rule = allocation.reduction(arg, axes, keepdim)
@@ -138,7 +146,33 @@ def _reduction(name, fn, identity_dtype):
 def _sum_dtype(arg_dtype, dtype):
     if dtype is not None:
         return dtype
-    return torch.int64 if not arg_dtype.is_floating_point else arg_dtype
+    return arg_dtype if arg_dtype.is_floating_point or arg_dtype.is_complex else torch.int64
+
+
+def _limit(op: str, low: bool):
+    """``getMinimumValue`` (``low``) or ``getMaximumValue`` of a dtype (csrc/ops/utils.cpp): the
+    init of ``max`` (``min``); a dtype without one (complex, UInt64) is refused as ``max`` (``min``)
+    is defined."""
+
+    def init(dtype):
+        _check(dtype in _LIMITED, "false", f"Could not generate a {op} op for tensor with type: {DataType(dtype).name}")
+        if dtype is torch.bool:
+            return not low
+        if dtype.is_floating_point:
+            finfo = torch.finfo(dtype)
+            return (finfo.min if low else finfo.max) if dtype in _FINITE else -float("inf") if low else float("inf")
+        iinfo = torch.iinfo(dtype)
+        return iinfo.min if low else iinfo.max
+
+    return init
+
+
+#: dtypes with a min and a max value (the cases of ``getMinimumValue``), of which the finite ones
+_LIMITED = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool}
+_LIMITED |= {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu") if hasattr(torch, n)}
+_FINITE = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e8m0fnu") if hasattr(torch, n)}
+#: reduction -> its init of a dtype, where a reduction over an empty dim differs from torch's
+_INITS = {"max": _limit("min", True), "min": _limit("max", False)}
 
 
 def _max_dtype(arg_dtype, dtype):
@@ -157,8 +191,14 @@ def _variance_dtype(dtype):
     return torch.float32 if dtype in HALF else dtype if dtype.is_floating_point else torch.float64
 
 
+def _no_axes(dims) -> None:
+    """``reductionOp``'s check, reached through ``variance``'s mean (a sum)."""
+    _check(len(dims) > 0, "!axes.empty()", "No reduction axis specified")
+
+
 def _var(arg, dims, correction=1, keepdim=False):
     _check(correction >= 0, "correction >= 0", f"correction must be non-negative, but got {correction}")
+    _no_axes(dims)
     out_dtype, axes = _variance_dtype(arg.meta.dtype), _reduce_dims(arg.ndim, dims)
     if arg.meta.dtype in HALF:  # its mean is a sum ReductionOp of the half dtype
         _fd().unsupported.append(f"a sum ReductionOp of {arg.dtype().name} (variance's mean)")

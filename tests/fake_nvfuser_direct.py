@@ -54,6 +54,29 @@ def version():
 definitions: list = []
 
 
+def _normalized_stride_order(stride_order, rank: int) -> list:
+    """``normalizeStrideOrder`` (python_common/python_utils.cpp): each entry in [-n, n) of its own
+    length n, negative ones wrapped, no two the same; then ``TensorViewBuilder::strideOrder``'s check
+    of that length against the shape's."""
+    n = len(stride_order)
+    for order in stride_order:
+        low = order < 0
+        binding.nvf_check(
+            order >= -n if low else order < n,
+            "order >= -rank" if low else "order < rank",
+            f"defineTensor stride_order argument is out of range, expects {'>= ' + str(-n) if low else '< ' + str(n)}, "
+            f"but got: {order}",
+        )
+    wrapped = [order % n for order in stride_order]
+    binding.nvf_check(
+        len(set(wrapped)) == n,
+        "order_set.size() == stride_order.size()",
+        "defineTensor got duplicated stride_order entries: " + ", ".join(map(str, stride_order)),
+    )
+    binding.nvf_check(n in (0, rank), "ndims_ == 0 || ndims_ == (int64_t)stride_order.size()")
+    return wrapped
+
+
 class _Ops:
     """``fd.ops``: the ops of ``nvfuser_direct.ops`` the translators use, and a few more."""
 
@@ -223,7 +246,7 @@ class FusionDefinition:
             f"Length of contiguity argument ({len(contiguity)}) must match that of shape argument ({len(shape)})",
         )
         binding.nvf_check(not (is_cpu and shape), "!is_cpu", "CPU non-scalar tensor is not supported!")
-        assert not stride_order or sorted(stride_order) == list(range(len(shape))), f"bad stride_order {stride_order}"
+        stride_order = _normalized_stride_order(stride_order, len(shape))
         self.symbolic = self.symbolic or -1 in shape
         tv = TensorView(
             self, torch.empty([SYMBOLIC_EXTENT if s < 0 else s for s in shape], dtype=dtype.value, device="meta")

@@ -49,8 +49,17 @@ def _promote(a, b):
     return a if b is None else torch.promote_types(a, b)
 
 
+#: a real dtype's complex one (``getComplexTypeFromType``)
+_COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
 def _combine_categories(higher, lower):
-    """``combineCategories`` for the dtypes without complex ones (thunder_rs sends none)."""
+    """``combineCategories``: a complex ``higher`` wins; a complex ``lower`` is of a floating
+    ``higher``'s precision, and wins over an integral one."""
+    if higher is not None and higher.is_complex:
+        return higher
+    if lower is not None and lower.is_complex:
+        return _COMPLEX.get(higher, lower) if higher is not None and higher.is_floating_point else lower
     if higher is not None and higher.is_floating_point:
         return higher
     if higher == torch.bool or (lower is not None and lower.is_floating_point):
@@ -77,11 +86,12 @@ def compute_types(config, types, cast_half_to_float=True):
             else:
                 wrapped = _promote(wrapped, torch.float32 if dtype in HALF else dtype)
         common = _combine_categories(dim, _combine_categories(zero, wrapped))
-    if config.promote_integer_inputs_to_float and not common.is_floating_point:
+    if config.promote_integer_inputs_to_float and not (common.is_floating_point or common.is_complex):
         common = torch.float32
-    if config.require_full_precision_promoted:
-        assert common in (torch.float32, torch.float64), (
-            f"Promoted type must be single or double precision float but found {DataType(common).name}"
+    if config.require_full_precision_promoted and common not in (torch.float32, torch.float64):
+        raise RuntimeError(
+            "Expected common_dtype == DataType::Float || common_dtype == DataType::Double . Promoted type must be "
+            f"single or double precision float but found {DataType(common).name}"
         )
     if cast_half_to_float and common in HALF:
         common = torch.float32

@@ -5,10 +5,15 @@ fake CUDA runtime of two devices (``fake_cuda``), whose log holds what the runti
 kernels launched (``_Kernels``), in order; the GPU twin runs them on real devices (gpu_check).
 """
 
+import collections
+import contextlib
 import re
 
 import pytest
 import torch
+from torch import Event
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import thunder_rs
@@ -207,6 +212,17 @@ def _keeps_its_event(x):
     return x * 2
 
 
+def _returns_a_generic_event(x):
+    done = torch.Event()
+    assert isinstance(done, torch.Event) and issubclass(type(done), torch.Event)
+    return x * 2, [done]
+
+
+def _keeps_an_imported_generic_event(x):
+    HOLDER.event = Event(enable_timing=True)
+    return x * 2
+
+
 def _waits_for_a_stream_passed_in(x, stream):
     torch.cuda.current_stream().wait_stream(stream)
     return x * 2
@@ -223,6 +239,13 @@ def _writes_its_input_on_a_side_stream(x):
 REFUSED = {
     "event_returned": (_returns_its_event, (), "torch.cuda.Event", "done = torch.cuda.Event()"),
     "event_kept": (_keeps_its_event, (), "torch.cuda.Event", "HOLDER.event = torch.cuda.Event()"),
+    "generic_event_returned": (_returns_a_generic_event, (), "torch.Event", "done = torch.Event()"),
+    "generic_event_kept": (
+        _keeps_an_imported_generic_event,
+        (),
+        "torch.Event",
+        "HOLDER.event = Event(enable_timing=True)",
+    ),
     "stream_passed_in": (
         _waits_for_a_stream_passed_in,
         (SIDE,),
@@ -266,7 +289,8 @@ REFUSED = {
 @pytest.mark.parametrize("name", REFUSED)
 def test_device_queue_work_no_compiled_call_can_make_as_eager_is_refused_naming_the_line(fake_cuda, name):
     """An event the program makes and returns or keeps (eager's is new on every call; a compiled
-    call would hand back tracing's), a stream passed in (the entry is not keyed on it), nvtx text of
+    call would hand back tracing's: also a ``torch.Event``, whose C type no ``__new__`` stand-in
+    could change, which was handed back as tracing's), a stream passed in (the entry is not keyed on it), nvtx text of
     a tensor, a range handle and the depth ``range_push``/``range_pop`` return, used, returned or
     kept (values of the call's run), and an input written inside a stream context (the compiled
     call copies it back after running, on the stream current then). (The event was returned as
@@ -421,3 +445,145 @@ def test_a_value_read_after_a_wait_is_refused_naming_the_line(monkeypatch):
         thunder_rs.jit(_reads_a_value_after_a_wait)(torch.ones(2))
     line = int(e.value.args[0].split("test_cuda_queue.py:")[1].split(" ")[0])
     assert open(__file__).read().splitlines()[line - 1].strip() == "if y.sum() > 0:"
+
+
+#: the kernels whose streams the backward tests compare (the loss's and autograd's own are left out)
+_COMPUTED = ("sin", "cos", "neg", "mul", "exp")
+
+
+class _EagerNodes(TorchFunctionMode):
+    """Notes on each autograd node made the stream its forward ran on (eager's autograd runs its
+    backward there)."""
+
+    def __init__(self, stream_now):
+        super().__init__()
+        self.stream_now = stream_now
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and "stream" not in t.grad_fn.metadata:
+                t.grad_fn.metadata["stream"] = self.stream_now()
+        return out
+
+
+class _BackwardStreams(TorchDispatchMode):
+    """``(kernel, stream)`` of each of ``_COMPUTED`` launched: the stream current, or with ``rule``,
+    the one eager's autograd runs the node being run on (what ``_EagerNodes`` noted)."""
+
+    def __init__(self, stream_now, rule=False):
+        super().__init__()
+        self.stream_now, self.rule, self.seen = stream_now, rule, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in _COMPUTED:
+            node = torch._C._current_autograd_node() if self.rule else None
+            self.seen.append((name, node.metadata["stream"] if node is not None else self.stream_now()))
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_streams(fn, x, stream_now, rule=False):
+    """``fn(x)``'s output and ``x``'s gradient, and the streams of the backward's kernels (in eager,
+    ``rule``: eager autograd's rule)."""
+    x = x.detach().requires_grad_()
+    with _EagerNodes(stream_now) if rule else contextlib.nullcontext():
+        out = fn(x)
+    with _BackwardStreams(stream_now, rule) as seen:
+        out.backward(torch.ones_like(out))
+    return out.detach(), x.grad, collections.Counter(seen.seen)
+
+
+def _computes_on_a_side_stream(x):
+    y = x.sin()
+    with torch.cuda.stream(SIDE):
+        z = y.cos()
+        w = z.exp()
+    return w * y
+
+
+def _starts_on_a_side_stream(x):
+    with torch.cuda.stream(SIDE):
+        y = x.sin()
+    return y.cos()
+
+
+@pytest.mark.parametrize("fn", [_computes_on_a_side_stream, _starts_on_a_side_stream])
+def test_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers(monkeypatch, fn):
+    """Each backward kernel is launched on the stream eager's autograd runs it on: its forward's,
+    inside ``with torch.cuda.stream(s)`` that stream, with eager's values and gradients (the
+    compiled backward ran all of them on the stream current when ``backward`` was called)."""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are compared)
+
+    fake_cuda = fake_cuda_runtime.install(monkeypatch)
+    jf = thunder_rs.jit(fn)
+    stream_now = lambda: fake_cuda.streams.get(0, 0)  # noqa: E731
+    for _ in range(2):
+        x = torch.randn(3)
+        out, grad, streams = _backward_streams(jf, x, stream_now)
+        expected_out, expected_grad, expected = _backward_streams(fn, x, stream_now, rule=True)
+        assert streams == expected and {s for _, s in expected} == {0, 3}
+        assert torch.equal(out, expected_out) and torch.equal(grad, expected_grad)
+        assert fake_cuda.streams == {0: 0}
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers():
+    """The GPU twin: the compiled backward's kernels of a block computed on a real side stream (one
+    the program reads, and one it makes on every call) run on that stream, as eager's autograd runs
+    them (on its device thread), with eager's values and gradients."""
+    side = torch.cuda.Stream()
+
+    def on_the_side(x):
+        y = x.sin()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            z = (y.cos()).exp()
+        torch.cuda.current_stream().wait_stream(side)
+        return z * y
+
+    def on_its_own_stream(x):
+        made = torch.cuda.Stream()
+        made.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(made):
+            y = x.sin().exp()
+        torch.cuda.current_stream().wait_stream(made)
+        return y.cos()
+
+    on_the_default = lambda: torch.cuda.current_stream() == torch.cuda.default_stream()  # noqa: E731
+    for fn in (on_the_side, on_its_own_stream):
+        jf = thunder_rs.jit(fn)
+        for _ in range(3):
+            x = torch.randn(1 << 20, device="cuda")
+            out, grad, streams = _backward_streams(jf, x, on_the_default)
+            expected_out, expected_grad, expected = _backward_streams(fn, x, on_the_default)
+            torch.cuda.synchronize()
+            assert streams == expected and {s for _, s in expected} == {True, False}
+            torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
+            torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+
+
+def test_a_stream_the_program_makes_is_the_one_a_backward_on_another_thread_enters():
+    """A backward entering a stream the program made runs on autograd's device thread, which made
+    none: it takes the one the call made (an AttributeError, the thread's own being absent); a
+    thread's own call takes its own."""
+    import threading  # noqa: PLC0415
+
+    from thunder_rs.core.acquisition.cuda_queue import Made  # noqa: PLC0415
+
+    made = Made(list, {}, "here")
+    made.make()
+    seen: list = []
+    thread = threading.Thread(target=lambda: seen.append(made.value()))
+    thread.start()
+    thread.join()
+    assert seen[0] is made.value() and seen[0] is made.last
+
+    def its_own() -> None:
+        made.make()
+        seen.append(made.value())
+
+    thread = threading.Thread(target=its_own)
+    thread.start()
+    thread.join()
+    assert seen[1] is made.last and seen[1] is not seen[0]

@@ -129,8 +129,48 @@ def _gather_along_a_dim_out_of_range(module, fd):
     fd.ops.gather(_tensor(module, fd), _tensor(module, fd, dtype="Int"), 2)
 
 
+def _sum_of_a_0_dim_tensor_over_all_dims(module, fd):
+    fd.ops.sum(_tensor(module, fd, shape=()))  # (all of its dims: none; the stand-in copied it)
+
+
+def _sum_over_no_dims(module, fd):
+    fd.ops.sum(_tensor(module, fd), [])  # (the stand-in copied it)
+
+
+def _max_of_a_complex_tensor(module, fd):
+    fd.ops.max(_tensor(module, fd, dtype="ComplexFloat"), [0])  # (the stand-in failed at execute)
+
+
+def _min_of_a_complex_tensor(module, fd):
+    fd.ops.min(_tensor(module, fd, dtype="ComplexFloat"), [0])
+
+
+def _stride_order_named_twice(module, fd):
+    fd.define_tensor([2, 3], [True, True], module.DataType.Float, stride_order=[0, -2])  # (an AssertionError)
+
+
+def _stride_order_out_of_range(module, fd):
+    fd.define_tensor([2, 3], [True, True], module.DataType.Float, stride_order=[0, 2])
+
+
+def _nextafter_of_ints(module, fd):
+    fd.ops.nextafter(_tensor(module, fd, dtype="Int"), _tensor(module, fd, dtype="Int"))  # (an AssertionError)
+
+
+def _var_over_no_dims(module, fd):
+    fd.ops.var(_tensor(module, fd), [])  # (its mean's sum; the stand-in's torch.var took all dims)
+
+
 #: (what, define(module, fd), the exception, what its message says)
 REFUSED = [
+    ("var over dims []", _var_over_no_dims, RuntimeError, "No reduction axis specified"),
+    ("nextafter of Int", _nextafter_of_ints, RuntimeError, "Promoted type must be single or double precision"),
+    ("stride_order [0, -2]", _stride_order_named_twice, RuntimeError, "duplicated stride_order entries"),
+    ("stride_order [0, 2]", _stride_order_out_of_range, RuntimeError, "stride_order argument is out of range"),
+    ("sum of a 0-dim tensor", _sum_of_a_0_dim_tensor_over_all_dims, RuntimeError, "No reduction axis specified"),
+    ("sum over dims []", _sum_over_no_dims, RuntimeError, "No reduction axis specified"),
+    ("max of ComplexFloat", _max_of_a_complex_tensor, RuntimeError, "Could not generate a min op for tensor"),
+    ("min of ComplexFloat", _min_of_a_complex_tensor, RuntimeError, "Could not generate a max op for tensor"),
     ("sum(dim=[0])", _sum_with_dims_named_dim, TypeError, "incompatible function arguments"),
     ("slice bounds of a list and a tuple", _slice_of_a_list_and_a_tuple, TypeError, "incompatible function arguments"),
     ("add(x, rhs=1.0)", _binary_op_by_keyword, TypeError, "incompatible function arguments"),
@@ -219,6 +259,94 @@ def test_the_stand_in_takes_broadcast_dims_and_contiguity_as_the_bindings_do():
 @pytest.mark.gpu
 def test_the_real_bindings_take_broadcast_dims_and_contiguity_so(real_nvfuser):
     _taken_as_the_bindings_take_them(real_nvfuser, "cuda")
+
+
+def _reduced_as_the_bindings_reduce(module, device):
+    """A complex sum stays complex, a bool product is an Int one, and a max or min over an empty
+    dim is a full of its init (RemoveEmptyPass), where torch's raises. The stand-in summed complex
+    values as Int, and its max and min of an empty dim raised torch's error."""
+    with module.FusionDefinition() as fd:
+        z = fd.define_tensor([-1, -1], [True, True], module.DataType.ComplexFloat)
+        b = fd.define_tensor([-1], [True], module.DataType.Bool)
+        e = fd.define_tensor([-1, -1], [True, True], module.DataType.Float)
+        i = fd.define_tensor([-1, -1], [True, True], module.DataType.Int)
+        fd.add_output(fd.ops.sum(z, [1]))
+        fd.add_output(fd.ops.prod(b, [0]))
+        fd.add_output(fd.ops.max(e, [1]))
+        fd.add_output(fd.ops.min(e, [1], keepdim=True))
+        fd.add_output(fd.ops.max(i, [1]))
+    z = torch.randn(2, 3, dtype=torch.complex64, device=device)
+    b = torch.tensor([True, False, True], device=device)
+    e, i = torch.empty(3, 0, device=device), torch.empty(3, 0, dtype=torch.int64, device=device)
+    summed, product, high, low, int_high = fd.execute([z, b, e, i])
+    assert summed.dtype == torch.complex64 and product.dtype == torch.int64
+    torch.testing.assert_close(summed, z.sum(1))
+    assert torch.equal(product, b.prod(0))
+    assert torch.equal(high, torch.full((3,), -float("inf"), device=device))
+    assert torch.equal(low, torch.full((3, 1), float("inf"), device=device))
+    assert torch.equal(int_high, torch.full((3,), torch.iinfo(torch.int64).min, device=device))
+
+
+def _negative_stride_order(module, device):
+    """A negative stride order entry counts from the end (``normalizeStrideOrder``): [-2, -1] is
+    column-major. (The stand-in refused it with an AssertionError.)"""
+    with module.FusionDefinition() as fd:
+        c = fd.define_tensor([-1, -1], [True, True], module.DataType.Float, stride_order=[-2, -1])
+        fd.add_output(fd.ops.mul(c, 2.0))
+    c = torch.arange(6.0, device=device).reshape(3, 2).t()
+    (doubled,) = fd.execute([c])
+    assert torch.equal(doubled, c * 2)
+
+
+def test_the_stand_in_wraps_a_negative_stride_order_as_the_bindings_do():
+    _negative_stride_order(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_wrap_a_negative_stride_order(real_nvfuser):
+    _negative_stride_order(real_nvfuser, "cuda")
+
+
+def _promoted_to_complex(module, device):
+    """A complex operand's category wins, at a floating operand's precision (``combineCategories``):
+    Float and a Python complex are ComplexFloat, Int and one ComplexDouble, Double and a 0-dim
+    ComplexFloat ComplexDouble. (The stand-in left out the complex operand's category: Float, Int
+    and Double.)"""
+    with module.FusionDefinition() as fd:
+        f = fd.define_tensor([-1], [True], module.DataType.Float)
+        i = fd.define_tensor([-1], [True], module.DataType.Int)
+        d = fd.define_tensor([-1], [True], module.DataType.Double)
+        z = fd.define_tensor([], [], module.DataType.ComplexFloat)
+        fd.add_output(fd.ops.add(f, 2j))
+        fd.add_output(fd.ops.mul(i, 2j))
+        fd.add_output(fd.ops.add(d, z))
+    f, i = torch.randn(3, device=device), torch.arange(3, device=device)
+    d, z = (
+        torch.randn(3, dtype=torch.float64, device=device),
+        torch.tensor(1 + 2j, dtype=torch.complex64, device=device),
+    )
+    outs = fd.execute([f, i, d, z])
+    assert [o.dtype for o in outs] == [torch.complex64, torch.complex128, torch.complex128]
+    for out, expected in zip(outs, (f + 2j, i.to(torch.complex128) * 2j, d + z)):
+        torch.testing.assert_close(out, expected.to(out.dtype))
+
+
+def test_the_stand_in_promotes_complex_operands_as_the_bindings_do():
+    _promoted_to_complex(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_promote_complex_operands_so(real_nvfuser):
+    _promoted_to_complex(real_nvfuser, "cuda")
+
+
+def test_the_stand_in_reduces_as_the_bindings_do():
+    _reduced_as_the_bindings_reduce(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_reduce_so(real_nvfuser):
+    _reduced_as_the_bindings_reduce(real_nvfuser, "cuda")
 
 
 def test_the_stand_in_takes_the_forms_the_bindings_take():

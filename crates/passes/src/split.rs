@@ -159,7 +159,9 @@ fn needed_values(t: &Trace, backward: &[BoundSymbol], cot_inputs: &[ValueId], gr
 }
 
 /// The backward's bound symbols that contribute to a gradient (rules emit some that do not,
-/// such as the gradient of an operand that requires none), so that nothing is saved for them.
+/// such as the gradient of an operand that requires none), so that nothing is saved for them,
+/// and its effects of no outputs (the switches of the stream a block's backward runs on:
+/// [`crate::vjp`]).
 fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundSymbol> {
     let mut live = vec![false; t.values.len()];
     grads.for_each_value(&mut |v| live[v.index()] = true);
@@ -167,7 +169,7 @@ fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundS
         .iter()
         .rev()
         .filter(|b| {
-            let used = b.outputs.iter().any(|o| live[o.index()]);
+            let used = b.outputs.iter().any(|o| live[o.index()]) || (b.outputs.is_empty() && b.symbol.is_effect());
             if used {
                 b.for_each_input(|v| live[v.index()] = true);
             }

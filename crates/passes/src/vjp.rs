@@ -313,6 +313,10 @@ fn is_whole(bsym: &BoundSymbol) -> bool {
 /// Emits the backward of `bsyms` (in reverse), accumulating into `cots`.
 pub(crate) fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSymbol]) -> Result<()> {
     for bsym in bsyms.iter().rev() {
+        if let Some(mirror) = effect_in_backward(bsym) {
+            e.builder.push_bsym(mirror);
+            continue;
+        }
         let out_cots: Vec<Option<ValueId>> = bsym.outputs.iter().map(|&o| cots.get(o)).collect();
         if out_cots.iter().all(Option::is_none) {
             continue;
@@ -340,6 +344,21 @@ pub(crate) fn backprop(e: &mut Emitter, cots: &mut Cotangents, bsyms: &[BoundSym
         }
     }
     Ok(())
+}
+
+/// The call the backward makes where it passes `bsym`, an effect of no outputs with a
+/// `<name>.in_backward` effect registered (the switch into a stream at the end of a
+/// `with torch.cuda.stream(s)` block, back out of it at its start: eager's autograd runs the
+/// backward of each call on the stream its forward ran on), with `bsym`'s arguments; else None.
+fn effect_in_backward(bsym: &BoundSymbol) -> Option<BoundSymbol> {
+    let Symbol::Fallback(id) = &bsym.symbol else { return None };
+    if !bsym.outputs.is_empty() || !bsym.symbol.is_effect() {
+        return None;
+    }
+    let mirror = SymbolTable::lookup(&format!("{}.in_backward", SymbolTable::name(*id)))?;
+    let mut call = BoundSymbol::new(Symbol::Fallback(mirror), bsym.args.clone(), Vec::new());
+    call.kwargs = bsym.kwargs.clone();
+    Some(call)
 }
 
 /// Emits the backward a Python grad rule recorded, its cotangent placeholders replaced by the

@@ -13,7 +13,13 @@ every call, as eager makes it.
   returned or stored where it outlives the call is refused, naming the line that made it (a
   compiled call would hand back the one tracing made).
 - ``with torch.cuda.stream(s)`` switches the current stream to ``s`` and back as effects, so the
-  kernels between are launched on ``s``, as eager's.
+  kernels between are launched on ``s``, as eager's. The backward switches to ``s`` where it reaches
+  the block's end and back at its start (``<label>.in_backward``, emitted by the VJP pass), after
+  waits between the streams either way: eager's autograd runs each call's backward on the stream
+  its forward ran on.
+- ``torch.Event(...)`` (a C type, whose ``__new__`` no stand-in replaces: ``torch.Event`` itself
+  is replaced while traced, by a class its events are instances of) is made anew by every call, as
+  ``torch.cuda.Event``'s are, and refused where it outlives the call.
 - A stream the program reads from ``torch.cuda.current_stream()`` (``default_stream()``) is that
   call's current stream (``cuda_state``: what takes it again); one read from state is the one
   read (a guarded read); one passed as an argument is refused, naming the line (the entry is not
@@ -33,6 +39,7 @@ import threading
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_rs import _core
 from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import program_chose_device
@@ -54,18 +61,21 @@ __all__ = [
 
 class Made:
     """An event or stream the program makes: every call makes its own (``make``), which the
-    effects after it in that call take (``value``); per thread, as calls on two threads make two."""
+    effects after it in that call take (``value``); per thread, as calls on two threads make two.
+    A thread that made none (autograd's device thread, running a backward that enters a stream
+    the program made: ``_SwitchedStream.join``) takes the one made last."""
 
-    __slots__ = ("kind", "kwargs", "local", "where")
+    __slots__ = ("kind", "kwargs", "last", "local", "where")
 
     def __init__(self, kind: type, kwargs: dict, where: str):
         self.kind, self.kwargs, self.local, self.where = kind, kwargs, threading.local(), where
+        self.last = None
 
     def make(self) -> None:
-        self.local.value = self.kind(**self.kwargs)
+        self.local.value = self.last = self.kind(**self.kwargs)
 
     def value(self):
-        return self.local.value
+        return getattr(self.local, "value", self.last)
 
     def __repr__(self) -> str:
         return f"<the {self.kind.__module__}.{self.kind.__qualname__} made at {self.where}>"
@@ -90,13 +100,14 @@ def _as_is(value):
 _effects: dict = {}
 
 
-def _effect(label: str, real, queued: bool = True, now=_now):
+def _effect(label: str, real, queued: bool = True, now=_now, in_backward=None):
     """The implementation of the effect ``label`` (``torch.cuda.Stream.wait_stream``): ``real``
     called with each call's arguments (``now``). One symbol per label: it runs the function in
     place when the program was last traced (torch's, which a test's runtime may replace). Not
     made where tracing runs the recording so far for a value the program reads (``snapshots``,
     which may run it again from the start): the first call runs the whole program and makes it,
-    once, as eager's (``fallback.CALL_EFFECTS``)."""
+    once, as eager's (``fallback.CALL_EFFECTS``). ``in_backward``: what the backward runs where it
+    passes the effect (``<label>.in_backward``, called with the same arguments; ``vjp``), or None."""
     found = _effects.get(label)
     if found is not None:
         found[1][0] = real
@@ -111,6 +122,13 @@ def _effect(label: str, real, queued: bool = True, now=_now):
     run.__qualname__ = run.__name__
     _effects[label] = (run, cell)
     FALLBACK_IMPLS[symbol_id(run, effect=True)] = run  # (its outputs are none: no flattening per call)
+    if in_backward is not None:  # (a backward the program takes itself, torch.func.grad, is traced: run as ``run``)
+
+        def run_in_backward(*args):
+            if not thread_state.inside:
+                in_backward(*map(now, args))
+
+        FALLBACK_IMPLS[_core.register_symbol(f"{label}.in_backward", fallback=True, effect=True)] = run_in_backward
     STATE_CALLS.add(label)
     CALL_EFFECTS.add(label)
     if queued:
@@ -231,6 +249,28 @@ def _new(names: tuple, device):
     return make
 
 
+def _generic_event(real):
+    """``torch.Event`` (a C type, whose ``__new__`` no stand-in replaces): a class that makes
+    ``real``'s events, one made by the program anew by every call (``_note_made``; its methods are
+    C ones, refused: ``state.cuda_calls``), and for which ``real``'s events are instances."""
+
+    class EventType(type):
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub) -> bool:
+            return issubclass(sub, real)
+
+        def __call__(cls, *args, **kwargs):
+            made = real(*args, **kwargs)
+            program = program_of(sys._getframe(1))
+            if program is not None:
+                _note_made(made, real, dict(zip(("device",), args), **kwargs), program)
+            return made
+
+    return EventType("Event", (), {"__module__": real.__module__, "__qualname__": real.__qualname__})
+
+
 def _stream_device(stream, kwargs: dict) -> None:
     """A stream made on the current device is made on the call's, unless the program chose it."""
     if kwargs.get("device") is None and program_chose_device():
@@ -292,9 +332,10 @@ def refuse_escaped_events(out, stored: list) -> None:
             )
         made = _made.get(id(leaf))
         if made is not None and made[0] is leaf:
-            kind = made[1].kind.__name__
+            made_kind = made[1].kind
+            kind, module = made_kind.__name__, made_kind.__module__.partition(".streams")[0]
             raise ThunderNotImplementedError(
-                f"torch.cuda.{kind}: the program returns or keeps the {kind.lower()} it makes at {made[1].where}; a "
+                f"{module}.{kind}: the program returns or keeps the {kind.lower()} it makes at {made[1].where}; a "
                 "compiled call would hand back the one tracing made, where eager's makes a new one on every call. "
                 f"Make the {kind.lower()} outside the jitted function, or use it only inside"
             )
@@ -314,8 +355,24 @@ class _SwitchedStream:
         _ENTER(context)
         self.local.__dict__.setdefault("contexts", []).append(context)
 
-    def exit(self) -> None:
+    def exit(self, stream=None) -> None:
         _EXIT(self.local.contexts.pop(), None, None, None)
+
+    # The backward of a block the program ran on a stream: eager's autograd runs each call's
+    # backward on the stream its forward ran on, after what produced its gradients (on the stream
+    # current around the block) and before what reads the gradients it produces.
+
+    def join(self, stream) -> None:
+        """Where the backward reaches the end of the block: waits for the current stream's work,
+        then makes ``stream`` current."""
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        self.enter(stream)
+
+    def leave(self, stream) -> None:
+        """Where it reaches the block's start: back to the stream current before, which waits
+        for ``stream``'s work."""
+        self.exit()
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
     def exit_all(self) -> None:
         """Leaves the streams a call that raised entered and did not leave on this thread."""
@@ -340,8 +397,9 @@ def _stream_enter(taken_again):
                 return real(self)
             stream = _held(self.stream, program, "with torch.cuda.stream(...)", taken_again)
             _switched.setdefault(id(recorded_effects()), _site(program))
-            self._thunder_rs_switched = True
-            record_effect(_effect("torch.cuda.StreamContext.__enter__", _SWITCHED.enter), (stream,), {}, [])
+            self._thunder_rs_switched = (stream,)
+            enter = _effect("torch.cuda.StreamContext.__enter__", _SWITCHED.enter, in_backward=_SWITCHED.leave)
+            record_effect(enter, (stream,), {}, [])
             return None
 
         return __enter__
@@ -351,9 +409,11 @@ def _stream_enter(taken_again):
 
 def _stream_exit(real):
     def __exit__(self, *exc):
-        if not self.__dict__.pop("_thunder_rs_switched", False):
+        stream = self.__dict__.pop("_thunder_rs_switched", None)
+        if stream is None:
             return real(self, *exc)
-        record_effect(_effect("torch.cuda.StreamContext.__exit__", _SWITCHED.exit), (), {}, [])
+        leave = _effect("torch.cuda.StreamContext.__exit__", _SWITCHED.exit, in_backward=_SWITCHED.join)
+        record_effect(leave, stream, {}, [])
         return None
 
     return __exit__
@@ -475,6 +535,7 @@ def queue_places(taken_again) -> tuple:
     return (
         (torch.cuda.Event, "__new__", _new(("enable_timing", "blocking", "interprocess"), lambda made, kwargs: None)),
         (torch.cuda.Stream, "__new__", _new(("device", "priority"), _stream_device)),
+        (torch, "Event", _generic_event),
         (torch.cuda.Event, "record", _queued("torch.cuda.Event.record", taken_again)),
         (torch.cuda.Event, "wait", _queued("torch.cuda.Event.wait", taken_again)),
         (torch.cuda.Event, "synchronize", _synchronize),
