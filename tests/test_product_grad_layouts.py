@@ -46,6 +46,32 @@ def _compare(fn, *shapes, dtype=torch.float64, take=lambda t: t):
         assert g.stride() == e.stride(), ([t.stride() for t in grads], [t.stride() for t in eager_grads])
 
 
+#: (equation, operand shapes)
+EINSUMS = [
+    ("aij,ajk->aik", (1, 2, 3), (1, 3, 4)),
+    ("ij,kj->ik", (2, 3), (1, 3)),
+    ("aij,jk->aik", (1, 3, 4), (4, 4)),
+    ("ijk,ik->j", (1, 2, 3), (1, 3)),
+    ("...ik, ...j -> ij", (1, 2, 3), (3,)),
+    ("bij,bjk->bik", (2, 3, 4), (2, 4, 5)),
+    ("ki,kj->ij", (1, 2), (1, 3)),
+    ("ij,jk", (2, 1), (1, 3)),
+    ("i,j->ij", (3,), (1,)),
+    ("ij,jk,kl->il", (2, 3), (3, 1), (1, 4)),
+    ("bn,anm,bm->ba", (2, 3), (4, 3, 5), (2, 5)),
+    ("iij->j", (3, 3, 2)),
+    ("ij->", (2, 3)),
+    ("bij,bkj->bki", (1, 2, 3), (1, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", EINSUMS, ids=[c[0] for c in EINSUMS])
+def test_einsum_gradients_are_eagers(case, dtype):
+    equation, *shapes = case
+    _compare(lambda *ops: torch.einsum(equation, *ops), *shapes, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shapes, dims", TENSORDOTS, ids=[f"{s}-{d}" for s, d in TENSORDOTS])
 def test_tensordot_gradients_are_eagers(shapes, dims, dtype):
