@@ -74,11 +74,13 @@ const TRANSPOSE_IDENTITY: Rule = Rule {
     },
 };
 
-/// squeeze(x, dims) -> reshape(x, shape without dims): removing size-1 dims keeps the order.
+/// squeeze(x, dims) -> reshape(x, shape without dims) when no size-1 dim is left: removing
+/// size-1 dims keeps the order, and the strides of the other dims (a reshape would give a size-1
+/// dim left a stride of its own, where eager's squeeze keeps it: a gradient's strides).
 const SQUEEZE_AS_RESHAPE: Rule = Rule {
     name: "squeeze-as-reshape",
     pattern: || call("squeeze", [any("x")]).bind("s"),
-    rewrite: |m| reshape_to(m, "x", "s"),
+    rewrite: |m| m.meta("s")?.shape.iter().all(|d| *d != Dim::Const(1)).then(|| reshape_to(m, "x", "s")).flatten(),
 };
 
 /// broadcast_in_dim(x, shape, dims) -> reshape(x, shape) when it only adds size-1 dims

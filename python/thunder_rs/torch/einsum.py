@@ -1,13 +1,16 @@
-"""``torch.einsum`` as eager's ``at::einsum`` computes it, so that its products round alike.
+"""``torch.einsum`` as eager's ``at::einsum`` computes it, so that its products round alike and
+its gradients are laid out alike (by the same views, those of dims of size 1 too).
 
 Eager aligns every operand's dims in one order (the output's labels, then the ellipsis dims it
-sums, then the other summed labels, A-Z before a-z), treats a dim of size 1 as absent (broadcast),
-and contracts the operands left to right: a label summed by the pair (in both, and in no later
-operand) is the inner dim of one batched product, a label only one operand still has is summed
-on it first, and a pair with nothing to sum is a broadcast multiplication. The product's rows and
-columns are the dims only the left and only the right operand has; where all of the right's come
-before the left's in the output, eager swaps the operands (so that the product is laid out as the
-output), which changes how the matrix kernel rounds (``sumproduct_pair``).
+sums, then the other summed labels, A-Z before a-z), with a dim of size 1 for each label an
+operand lacks, treats a dim of size 1 as absent (broadcast), and contracts the operands left to
+right: a label summed by the pair (in both, and in no later operand) is the inner dim of one
+batched product, a label only one operand still has is summed on it first, and a pair with
+nothing to sum is a broadcast multiplication. The product's batch, rows and columns are the dims
+both, only the left and only the right operand have (a dim of size 1 in both counts as the
+right's); where all of the right's come before the left's, eager swaps the operands (so that the
+product is laid out as the output), which changes how the matrix kernel rounds
+(``sumproduct_pair``).
 """
 
 import math
@@ -167,82 +170,95 @@ def _take_diagonals(x, labels, diagonal=None):
     return x, labels
 
 
-def _aligned(out_labels, labelled) -> dict:
+def _aligned(out_labels, labels) -> dict:
     """Each label's position in eager's order of the dims: the output's labels, then the ellipsis
     dims it sums, then the other summed labels in the order of their letters (A-Z, then a-z)."""
-    present = {c for _, labels in labelled for c in labels} - set(out_labels)
+    present = {c for ls in labels for c in ls} - set(out_labels)
     summed_ellipsis = sorted(c for c in present if isinstance(c, tuple))
     summed = sorted(c for c in present if isinstance(c, str))
     return {c: i for i, c in enumerate([*out_labels, *summed_ellipsis, *summed])}
 
 
-def _present(x, labels) -> list:
-    """The labels of ``x``'s dims of a size other than 1, which eager counts as the operand's."""
-    return [c for c, n in zip(labels, x.shape) if n != 1]
+def _aligned_operand(x, labels, position: dict):
+    """``x`` as eager aligns it: a repeated label's diagonal moved to its first dim, a dim of
+    size 1 added for each label it lacks, and its dims permuted to eager's order (``position``)."""
+    permutation: list = [None] * len(position)
+    dim = 0
+    for lab in labels:
+        at = permutation[position[lab]]
+        if at is None:
+            permutation[position[lab]] = dim
+            dim += 1
+            continue
+        check(
+            x.shape[dim] == x.shape[at],
+            _OP,
+            f"subscript {lab} is repeated for operand but the sizes don't match, {x.shape[dim]} != {x.shape[at]}",
+            ThunderRuntimeError,
+        )
+        x = ltorch.movedim(ltorch.diagonal(x, 0, at, dim), -1, at)
+    for p, at in enumerate(permutation):
+        if at is None:
+            x = ltorch.unsqueeze(x, dim)
+            permutation[p], dim = dim, dim + 1
+    return ltorch.permute(x, permutation)
 
 
-def _sum_out(x, labels, drop):
-    dims = [i for i, c in enumerate(labels) if c in drop]
-    if not dims:
-        return x, labels
-    return ltorch.sum(x, dims), [c for c in labels if c not in drop]
+def _sumproduct_pair(left, right, sum_dims: list):
+    """Eager's ``sumproduct_pair`` of two aligned operands (keeping the summed dims, of size 1):
+    a dim summed that only one of them has of a size other than 1 is summed on it first; the
+    others, summed (the inner dim), in both (the batch dim) or in one (its rows or columns), are
+    permuted and flattened into one batched product, which is viewed and permuted back."""
+    if not sum_dims:
+        return ltorch.mul(left, right)
+    lro: list = []
+    lo: list = []
+    ro: list = []
+    for i in range(left.ndim):
+        sl, sr = left.shape[i] != 1, right.shape[i] != 1
+        if i in sum_dims:
+            if sl != sr:  # (in one only: summed on it right away)
+                left, right = (ltorch.sum(left, [i], True), right) if sl else (left, ltorch.sum(right, [i], True))
+        else:
+            (lro if sl and sr else lo if sl else ro).append(i)
+    if lo and ro and ro[-1] < lo[0]:  # (eager's swap_lo_ro: the product laid out as the output)
+        left, right, lo, ro = right, left, ro, lo
+    order = [*lro, *lo, *sum_dims, *ro]
+    sizes = [math.prod(left.shape[d] for d in dims) for dims in (lro, lo, sum_dims)]
+    ro_size = math.prod(right.shape[d] for d in ro)
+    product = prims.matmul(
+        ltorch.reshape(ltorch.permute(left, order), tuple(sizes)),
+        ltorch.reshape(ltorch.permute(right, [*lro, *sum_dims, *ro, *lo]), (sizes[0], sizes[2], ro_size)),
+    )
+    out_size = (*(left.shape[d] for d in (*lro, *lo)), *(1 for _ in sum_dims), *(right.shape[d] for d in ro))
+    return ltorch.permute(ltorch.reshape(product, out_size), sorted(range(len(order)), key=order.__getitem__))
 
 
-def _flatten(x, labels, groups):
-    """``x`` with its dims permuted to the labels of ``groups`` in turn (its other dims, of size 1,
-    last) and each group flattened into one dim."""
-    size = dict(zip(labels, x.shape))
-    order = [c for group in groups for c in group]
-    rest = [i for i, c in enumerate(labels) if c not in order]
-    x = ltorch.permute(x, [labels.index(c) for c in order] + rest)
-    return ltorch.reshape(x, tuple(math.prod(size[c] for c in group) for group in groups))
-
-
-def _lay_out(x, labels, wanted):
-    """``x`` with its dims in the order of ``wanted`` (a label it lacks, or has of size 1, as a dim
-    of size 1); its other labels must be of size 1."""
-    size = dict(zip(labels, x.shape))
-    present = [c for c in wanted if size.get(c, 1) != 1]
-    return ltorch.reshape(_flatten(x, labels, [[c] for c in present]), tuple(size.get(c, 1) for c in wanted))
-
-
-def _contract_pair(a, la, b, lb, counts: dict, position: dict, out_labels: set):
-    """Eager's contraction of ``a`` and ``b`` (labels ``la``, ``lb``): the summed labels only one
-    of them has where no other operand has them (``counts``, which it updates), summed on it;
-    those both have and no later operand, the inner dim of one batched product (or, where there
-    are none, a broadcast product). Returns the product and its labels (of size other than 1)."""
-    in_a, in_b = set(_present(a, la)), set(_present(b, lb))
-    summed: list = []
-    sum_a: set = set()
-    sum_b: set = set()
-    for c in sorted((set(la) | set(lb)) - out_labels, key=position.__getitem__):
-        if c in in_a and c in in_b:
-            counts[c] -= 1
-            if counts[c] == 1:
-                summed.append(c)
-                counts[c] = 0
-        elif counts[c] == 1 and (c in in_a or c in in_b):
-            (sum_a if c in in_a else sum_b).add(c)
-            counts[c] = 0
-    (a, la), (b, lb) = _sum_out(a, la, sum_a), _sum_out(b, lb, sum_b)
-    in_a, in_b = in_a - sum_a, in_b - sum_b
-    kept = sorted((in_a | in_b) - set(summed), key=position.__getitem__)
-    if not summed:
-        return ltorch.mul(_lay_out(a, la, kept), _lay_out(b, lb, kept)), kept
-    both = [c for c in kept if c in in_a and c in in_b]
-    left, right = [c for c in kept if c not in in_b], [c for c in kept if c not in in_a]
-    if left and right and position[right[-1]] < position[left[0]]:  # (eager's swap_lo_ro)
-        a, la, b, lb, left, right = b, lb, a, la, right, left
-    shape = {c: n for x, labels in ((a, la), (b, lb)) for c, n in zip(labels, x.shape) if n != 1}
-    product = prims.matmul(_flatten(a, la, [both, left, summed]), _flatten(b, lb, [both, summed, right]))
-    labels = both + left + right
-    return ltorch.reshape(product, tuple(shape[c] for c in labels)), labels
+def _summed_now(a, b, out_dims: int, counts: list) -> tuple[list, list, list]:
+    """The dims eager sums contracting ``a`` and ``b``: those both have (of a size other than 1)
+    and no later operand, in their product; those only one has and no later operand, on it
+    first (``counts``: how many operands left have each dim, which it updates)."""
+    both: list = []
+    on_a: list = []
+    on_b: list = []
+    for d in range(out_dims, len(counts)):
+        sa, sb = a.shape[d] != 1, b.shape[d] != 1
+        if sa and sb:
+            counts[d] -= 1
+            if counts[d] == 1:
+                both.append(d)
+                counts[d] = 0
+        elif counts[d] == 1 and (sa or sb):
+            (on_a if sa else on_b).append(d)
+            counts[d] = 0
+    return both, on_a, on_b
 
 
 @torchsymbol(torch.einsum)
 def einsum(*args):
-    """Diagonals for repeated labels, then eager's contraction of the operands left to right
-    (``_contract_pair``), or of one operand its sum over the labels not in the output."""
+    """Eager's ``at::einsum``: each operand aligned to one order of the labels (``_aligned_operand``),
+    then contracted left to right (``_sumproduct_pair``), or one operand summed over the labels not in
+    the output; the same views, so that the gradients are laid out as eager's."""
     equation, operands = _equation_and_operands(args)
     for i, x in enumerate(operands):
         require_tensor(_OP, x, f"operands[{i}]")
@@ -250,17 +266,24 @@ def einsum(*args):
     same_dtype(_OP, operands, "expected all operands to have the same dtype")
     labels, out_labels = _parse_einsum(equation, operands)
     compute = torch.int64 if operands[0].dtype == torch.bool else operands[0].dtype
-    labelled = [_take_diagonals(clang.maybe_convert(x, compute), list(ls)) for x, ls in zip(operands, labels)]
-    _sizes(labelled)
-    position = _aligned(out_labels, labelled)
-    summed = set(position) - set(out_labels)
-    out, out_l = labelled[0]
-    if len(labelled) == 1:
-        out, out_l = _sum_out(out, out_l, summed)
-    counts = {c: sum(c in _present(x, ls) for x, ls in labelled) for c in summed}
-    for x, ls in labelled[1:]:
-        out, out_l = _contract_pair(out, out_l, x, ls, counts, position, set(out_labels))
-    return clang.maybe_convert(_lay_out(out, out_l, out_labels), operands[0].dtype)
+    position = _aligned(out_labels, labels)
+    ops = [_aligned_operand(clang.maybe_convert(x, compute), ls, position) for x, ls in zip(operands, labels)]
+    order = sorted(position, key=position.__getitem__)
+    _sizes([(x, order) for x in ops])
+    counts = [sum(x.shape[d] != 1 for x in ops) for d in range(len(order))]
+    out_dims = len(out_labels)
+    out = ops[0]
+    for x in ops[1:]:
+        both, on_a, on_b = _summed_now(out, x, out_dims, counts)
+        out = ltorch.sum(out, on_a, True) if on_a else out
+        x = ltorch.sum(x, on_b, True) if on_b else x
+        out = _sumproduct_pair(out, x, both)
+    if len(order) > out_dims:
+        if len(ops) > 1:  # (the summed dims are of size 1 now: eager views them away)
+            out = ltorch.reshape(out, tuple(out.shape[:out_dims]))
+        else:
+            out = ltorch.sum(out, list(range(out_dims, len(order))))
+    return clang.maybe_convert(out, operands[0].dtype)
 
 
 def _einsum_of_one(*args):

@@ -231,14 +231,17 @@ def _contract(op: str, a, b, a_dims, b_dims):
     # The tensor methods, as eager's tensordot calls them: the trace tracks their views' strides,
     # from which mm's rule lays its gradients out as eager's (column-major for a column-major operand)
     rows, columns = math.prod(a.shape[d] for d in a_free), math.prod(b.shape[d] for d in b_free)
-    lhs = a.permute(*a_free, *a_dims).reshape(rows, k)
-    rhs = b.permute(*b_dims, *b_free).reshape(k, columns)
+    lhs, rhs = a.permute(*a_free, *a_dims), b.permute(*b_dims, *b_free)
     shape = (*(a.shape[d] for d in a_free), *(b.shape[d] for d in b_free))
     # One element: eager's product is a dot product's (an mm of one row and one column rounds
-    # otherwise). (A symbolic size is never 1: 0 and 1 stay specialised.)
+    # otherwise) where both permuted operands are contiguous, else the sum of their elementwise
+    # product, each with its dims of size 1 squeezed (which lays the gradients out as the operands).
+    # (A symbolic size is never 1: 0 and 1 stay specialised.)
     if type(rows) is int and type(columns) is int and rows == columns == 1:
-        return torch.dot(lhs.reshape(k), rhs.reshape(k)).reshape(shape)
-    return torch.mm(lhs, rhs).reshape(shape)
+        if not (lhs.is_contiguous() and rhs.is_contiguous()):
+            return torch.mul(lhs.squeeze(), rhs.squeeze()).sum().reshape(shape)
+        return torch.dot(lhs.reshape(rows, k).reshape(k), rhs.reshape(k, columns).reshape(k)).reshape(shape)
+    return torch.mm(lhs.reshape(rows, k), rhs.reshape(k, columns)).reshape(shape)
 
 
 def _tensordot_dims(op: str, a, b, dims):

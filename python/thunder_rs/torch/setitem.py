@@ -6,7 +6,7 @@ import torch
 
 from thunder_rs import clang
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang import values
+from thunder_rs.core.lang import values, version_tracking
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import MUTATING, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, check
@@ -44,6 +44,22 @@ def _drop_leading_ones(value, ndim: int):
     return reshape_to(value, value.shape[lead:]) if lead else value
 
 
+def _selects_all(a, entries: tuple) -> bool:
+    """Whether eager's indexed assignment writes into ``a`` itself for the basic ``entries`` (only
+    ellipses and slices of whole dims, which its slicing skips), not into a view of it."""
+    if not all(e is Ellipsis or type(e) is slice for e in entries):
+        return False
+    dims = [i for i, e in enumerate(entries) if e is not Ellipsis]
+    at = dims if Ellipsis not in entries else [i if i < entries.index(Ellipsis) else i - len(entries) for i in dims]
+    return all(_whole(entries[i], a.shape[d]) for i, d in zip(dims, at))
+
+
+def _whole(s: slice, size) -> bool:
+    step_one = s.step is None or (type(s.step) is int and s.step == 1)
+    starts = s.start is None or (type(s.start) is int and s.start == 0)
+    return step_one and starts and (s.stop is None or (type(s.stop) is int and type(size) is int and s.stop >= size))
+
+
 def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     """``a[entries] = value`` where ``entries[at]`` is a boolean mask and the others are basic:
     a ``where`` on the view the basic entries select. Only a ``value`` with one element per true
@@ -54,6 +70,7 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
     check_mask_shapes(entries, a)
     basic = entries[:at] + (slice(None),) * mask.ndim + entries[at + 1 :]
     view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, basic)
+    version_tracking.note_view(torch.Tensor.__getitem__, (a, basic), view, _selects_all(a, basic))
     ellipsis = a.ndim - sum(1 for e in basic if e is not None and e is not Ellipsis)
     start = sum(1 if e is None or isinstance(e, slice) else ellipsis if e is Ellipsis else 0 for e in entries[:at])
     rest = view.ndim - start - mask.ndim
@@ -88,6 +105,7 @@ def setitem(a, key, value):
     entries = key if type(key) is tuple else (key,)
     if all(map(is_basic, entries)):
         view = TORCH_TO_LTORCH[torch.Tensor.__getitem__](a, key)
+        version_tracking.note_view(torch.Tensor.__getitem__, (a, key), view, _selects_all(a, entries))
         assign(view, _drop_leading_ones(value, view.ndim), op, copy=True)
         return
     masks = [i for i, e in enumerate(entries) if _is_mask(e)]

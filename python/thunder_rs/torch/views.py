@@ -321,10 +321,11 @@ def tracked(symbol, returns_self: bool = False, replay=None):
         finally:
             stop_prim_log()
         several = type(out) is not TensorProxy
-        group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs)) else None
+        group = (symbol.torch_fns[0], args, kwargs) if several and not _symbolic((args, kwargs), SymInt) else None
         call = None if several or replay is None else replay(args, kwargs)
         # (the arguments as they are now: a list the program changes later is not the one replayed)
-        call = None if call is None or _symbolic(call[1:]) else (call[0], *tree_map(_same, call[1:]))
+        # (an int that became a symbolic size is replayed at the call's value: ``x[n]`` a SelectBackward0)
+        call = None if call is None or _symbolic(call[1:], SymInt) else (call[0], *tree_map(_same, call[1:]))
         copied = _link(((a, o) for o in ((out,) if not several else out)), log, group, call)
         if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
@@ -421,16 +422,17 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
     return view_op
 
 
-def _symbolic(value) -> bool:
+def _symbolic(value, allowed: type | tuple = ()) -> bool:
     """Whether ``value`` (or a tuple, list or dict of them) holds what a call computes: a
-    symbolic size, or a traced tensor (a view op's arguments, which its eager replay would keep)."""
+    symbolic size, or a traced tensor (a view op's arguments, which its eager replay would keep);
+    instances of ``allowed`` aside."""
     if isinstance(value, (tuple, list)):  # (a shape: ``x.shape[:-1] + (n,)``)
-        return any(map(_symbolic, value))
+        return any(_symbolic(v, allowed) for v in value)
     if isinstance(value, dict):
-        return any(map(_symbolic, value.values()))
+        return any(_symbolic(v, allowed) for v in value.values())
     if isinstance(value, slice):  # (an index: ``x[n // 2 :]``)
-        return any(map(_symbolic, (value.start, value.stop, value.step)))
-    return isinstance(value, (SymInt, SymFloat, TensorProxy))
+        return any(_symbolic(v, allowed) for v in (value.start, value.stop, value.step))
+    return isinstance(value, (SymInt, SymFloat, TensorProxy)) and not isinstance(value, allowed)
 
 
 def copy_of(a) -> TensorProxy:

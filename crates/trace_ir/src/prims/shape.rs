@@ -248,8 +248,15 @@ fn vjp(prim: &Shape, e: &mut Emitter, operands: &[Arg], g: ValueId) -> Result<Gr
             let added = (0..shape.len()).filter(|d| !dims.contains(d) && shape[*d] != Dim::Const(1));
             let mut summed: Vec<usize> = added.chain(stretched).collect();
             summed.sort_unstable();
-            let s = e.sum(g, summed)?;
-            e.reshape(s, &in_shape)?
+            if summed.is_empty() && dims.len() < shape.len() {
+                // Only dims of size 1 added (an unsqueeze): eager's squeeze of them, which keeps
+                // the cotangent's strides (a reshape gives a dim of size 1 a stride of its own).
+                let added: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
+                e.emit(Shape::Squeeze { dims: added }, vec![Arg::Value(g)])?
+            } else {
+                let s = e.sum(g, summed)?;
+                e.reshape(s, &in_shape)?
+            }
         }
         Shape::Reshape { .. } | Shape::Squeeze { .. } => e.reshape(g, &in_shape)?,
         Shape::Transpose { perm } => {

@@ -141,15 +141,22 @@ def replayable_view(o, sizes: tuple):
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
     if link is None or not all(step.replayable for step in link.steps):
         return None
-    params = [step.params for step in link.steps if step.is_prim]  # (an eager replay holds no symbolic size)
+    # (an eager replay holds no symbolic size; a view op's replay holds those of its int arguments)
+    params = [step.params for step in link.steps if step.is_prim]
+    params += [step.call[1:3] for step in link.steps if step.is_prim and step.call is not None]
+    params += [step.group[1:3] for step in link.steps if step.is_prim and step.group is not None]
     read = {f"t{v}" for p in params for size in _symbolic(p) for v in size.expr.values()}
     return link if read <= set(sizes) else None
 
 
 def _symbolic(params) -> list:
-    """The symbolic sizes among ``params`` (nested in tuples and lists)."""
+    """The symbolic sizes among ``params`` (nested in tuples, lists, dicts and slices)."""
     if isinstance(params, (tuple, list)):
         return [size for p in params for size in _symbolic(p)]
+    if isinstance(params, dict):
+        return _symbolic(tuple(params.values()))
+    if isinstance(params, slice):
+        return _symbolic((params.start, params.stop, params.step))
     return [params] if type(params) is SymInt else []
 
 
@@ -200,11 +207,17 @@ def eager_calls(steps) -> list:
         if step.group is not None:
             op, args, kwargs, index, count = step.group
             del calls[len(calls) - count :]
-            calls.append((lambda t, *_, op=op, a=args, k=kwargs, i=index: op(t, *a, **k)[i], ()))
+            if _symbolic((args, kwargs)):  # (its int arguments at the call's sizes: ``view_taker``)
+                calls.append((lambda t, a, k, op=op, i=index: op(t, *a, **k)[i], (args, kwargs)))
+            else:
+                calls.append((lambda t, *_, op=op, a=args, k=kwargs, i=index: op(t, *a, **k)[i], ()))
         elif step.call is not None:
             op, args, kwargs, count = step.call
             del calls[len(calls) - count :]
-            calls.append((lambda t, *_, op=op, a=args, k=kwargs: op(t, *a, **k), ()))
+            if _symbolic((args, kwargs)):  # (its int arguments at the call's sizes: ``view_taker``)
+                calls.append((lambda t, a, k, op=op: op(t, *a, **k), (args, kwargs)))
+            else:
+                calls.append((lambda t, *_, op=op, a=args, k=kwargs: op(t, *a, **k), ()))
     return calls
 
 

@@ -43,11 +43,16 @@ _MULTI_VIEW = (
     "the output of a function that returns multiple views. Such functions do not allow the output views to be "
     "modified inplace. You should replace the inplace operation by an out-of-place one."
 )
+_MULTI_VIEW_WRITTEN_WHY = (
+    "This view is the output of a function that returns multiple views. Such functions do not allow the output "
+    "views to be modified inplace. You should replace the inplace operation by an out-of-place one."
+)
 #: Eager's error for a write autograd sees into one of several views a call made
-MULTI_VIEW_WRITTEN = (
-    "Output {} of {} is a view and is being modified inplace. This view is the output of a function that returns "
-    "multiple views. Such functions do not allow the output views to be modified inplace. You should replace the "
-    "inplace operation by an out-of-place one."
+MULTI_VIEW_WRITTEN = "Output {} of {} is a view and is being modified inplace. " + _MULTI_VIEW_WRITTEN_WHY
+#: Eager's error for a write of a value that requires grad into one of several views of memory that does not
+MULTI_VIEW_NO_NODE_WRITTEN = (
+    "A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
+    + _MULTI_VIEW_WRITTEN_WHY
 )
 
 

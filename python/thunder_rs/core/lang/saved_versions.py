@@ -67,7 +67,7 @@ class _Call:
     """One of the program's torch calls made with grad on: its arguments and outputs (proxies,
     ``_Tensor``s once indexed), and, once asked, the memories (root ids) eager saves of them."""
 
-    __slots__ = ("label", "func", "args", "outs", "vids", "saved", "fused")
+    __slots__ = ("label", "func", "args", "outs", "vids", "saved", "fused", "several")
 
     def __init__(self, func, args: tuple, outs: tuple, vids: tuple, saved: dict | None = None, label: str = ""):
         self.func, self.args, self.outs, self.vids, self.label = func, args, outs, vids, label
@@ -75,6 +75,9 @@ class _Call:
         self.saved = saved
         #: for an op of ``KERNEL_CHOICES``: whether eager ran a fused kernel, as the switches were
         self.fused: bool | None = None
+        #: whether the call returned its tensors in a sequence (``split`` into one piece: eager's
+        #: node is still of several views), set by ``note_call``
+        self.several = len(outs) > 1
 
     @property
     def name(self) -> str:
@@ -393,6 +396,9 @@ _NAMING_ELEMENTS = 1 << 22
 #: ``_node_of(..., multi=True)`` of a view eager makes as any other (``tensor_split``'s slices): one
 #: a program may write in place, and use once its memory was written
 NOT_MULTI = ("not one of several views", 0)
+#: ``_node_of(..., multi=True)`` of one of several views a call made of memory that requires no grad,
+#: which eager refuses to write a value that requires grad into (its view has no node to name)
+NO_GRAD_MULTI = ("no node", 0)
 
 
 def _node_of(call: _Call, t: _Tensor, itself: tuple | None = None, multi: bool = False) -> tuple | None:
@@ -414,10 +420,13 @@ def _node_of(call: _Call, t: _Tensor, itself: tuple | None = None, multi: bool =
                 got = made.get(id(t)) if at is None else results[at]
                 if itself is not None and any(got is u for u in made.values()):
                     return itself
-                if got is None or got.grad_fn is None:
-                    return None
+                if got is None or got.grad_fn is None:  # (a view of memory that requires no grad: no node)
+                    multi &= got is not None and got._is_view() and _get_creation_meta(got) == _MULTI_OUTPUT_NODE
+                    return NO_GRAD_MULTI if multi else None
                 # (``unsafe_split``'s are not views to autograd, whose node a write leaves: refused)
                 if multi and got._is_view() and _get_creation_meta(got) != _MULTI_OUTPUT_NODE:
+                    return NOT_MULTI
+                if multi and len(results) == 1 and not got._is_view():  # (``unsafe_split`` into one piece)
                     return NOT_MULTI
                 return node_name(got.grad_fn.name()), got.output_nr
         except Exception:  # noqa: BLE001 (any refusal of the run: no answer from it)

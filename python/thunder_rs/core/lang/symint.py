@@ -594,7 +594,7 @@ def identical(a, b) -> bool:
 
 
 def at_sizes(params):
-    """``params`` (a number, a symbolic size, or tuples and lists of them) as a function of
+    """``params`` (a number, a symbolic size, or tuples, lists, dicts and slices of them) as a function of
     ``env``, the size values by name (``{"t0": 17}``): each symbolic size computed from them, its
     expression compiled once (no recording's value is kept); the rest as it is."""
     if type(params) is SymInt:
@@ -604,4 +604,10 @@ def at_sizes(params):
         parts = [at_sizes(p) for p in params]
         kind = type(params)
         return lambda env: kind(part(env) for part in parts)
+    if type(params) is dict:  # (a view op's keyword arguments)
+        keyed = {k: at_sizes(v) for k, v in params.items()}
+        return lambda env: {k: part(env) for k, part in keyed.items()}
+    if type(params) is slice:  # (an index: ``x[n:]``)
+        bounds = at_sizes((params.start, params.stop, params.step))
+        return lambda env: slice(*bounds(env))
     return lambda env: params

@@ -47,12 +47,14 @@ from thunder_rs.core.lang.saved_errors import (
     refusal,
     AT_CALL,
     MULTI_VIEW,
+    MULTI_VIEW_NO_NODE_WRITTEN,
     MULTI_VIEW_WRITTEN,
     StaleSave,
     where_note,
 )
 from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES, SAVES_NO_OUTPUT, SAVES_NOTHING
 from thunder_rs.core.lang.saved_versions import (
+    NO_GRAD_MULTI,
     NOT_MULTI,
     _Call,
     _Tensor,
@@ -193,6 +195,7 @@ class SavedVersions:
                 return None
             if saved.multi is not None:  # (which eager refuses for one of several views a call made)
                 node = _multi_node(saved.multi)
+                node = None if node is NO_GRAD_MULTI else node
                 if node is not NOT_MULTI:
                     return None if node is None else (MULTI_VIEW, *node)
             return ("AsStrided", 0)
@@ -237,12 +240,29 @@ def note_call(func, args: tuple, kwargs: dict, out) -> None:
         outs = _leaves(out, TensorProxy)
         if outs:
             call = _Call(func, arguments, outs, tuple(o._vid for o in outs))
+            call.several = isinstance(out, (tuple, list))
             choice = KERNEL_CHOICES.get(func)
             if choice is not None:  # (the switches the call ran under: a context may end before a write)
                 with DisableTorchFunctionSubclass():
                     if any(o.requires_grad for o in outs):
                         call.fused = _fused(choice[0], arguments)
             state.calls.append(call)
+
+
+def note_view(func, args: tuple, out, itself: bool = False) -> None:
+    """Notes ``out``, a view the trace takes as eager's ``func(*args)`` inside another call (``a[key] = v``
+    writes through ``a[key]``), or where ``itself``, as eager's ``args[0]`` itself (``a[:] = v`` writes
+    into ``a``): a write through it into one of several views is refused as eager's."""
+    state = _active.get()
+    if state is None or not _is_grad_enabled():
+        return
+    if not itself:
+        state.calls.append(_Call(func, (args, {}), (out,), (out._vid,)))
+        return
+    state.index()
+    entry = state.multi_views.get(id(args[0]))
+    if entry is not None and entry[0]() is args[0]:
+        state.multi_views[id(out)] = (weakref.ref(out), *entry[1:])
 
 
 def note_saved(name: str, saved: tuple, outs: tuple) -> None:
@@ -277,21 +297,21 @@ def _refuse_multi_view(state: SavedVersions, dst, op: str) -> None:
     entry = state.multi_views.get(id(dst))
     if entry is None or entry[0]() is not dst:
         return
-    with DisableTorchFunctionSubclass():
-        if not _root(dst).requires_grad:
-            return
     node = _multi_node(entry[1:])
+    if node is NO_GRAD_MULTI:  # (eager's view has no node: its memory requires no grad, the value does)
+        raise ThunderRuntimeError(f"{MULTI_VIEW_NO_NODE_WRITTEN} ({op} at {user_location()})")
     if node is not None and node is not NOT_MULTI:
         raise ThunderRuntimeError(f"{MULTI_VIEW_WRITTEN.format(node[1], node[0])} ({op} at {user_location()})")
 
 
 def _multi_view_call(call: _Call, args: tuple) -> bool:
     """Whether ``call``'s outputs are views eager marks as of a function that returns several (``unbind``,
-    ``split``), or views of such a view among its ``args``, named by their own node (``a[0]``: Select)."""
+    ``split``, a sequence of one: eager probed by ``_multi_node``), or views of such a view among its
+    ``args``, named by their own node (``a[0]``: Select)."""
     outs = call.outs
     if not outs or not all(o.view for o in outs) or len({id(o.root) for o in outs}) != 1:
         return False
-    return len(outs) > 1 or any(t.multi is not None and t.root is outs[0].root for t in args)
+    return call.several or any(t.multi is not None and t.root is outs[0].root for t in args)
 
 
 def _multi_node(entry: tuple) -> tuple | None:
@@ -299,11 +319,12 @@ def _multi_node(entry: tuple) -> tuple | None:
     ``(call, its output, the output proxy's prior entry)``); the prior's where eager's op returned its
     input itself (``contiguous`` of a contiguous tensor), whose proxy the trace gave the output."""
     call, out, prior = entry
-    if len(call.outs) == 1:  # (a view of one is as eager made that one: a slice of tensor_split's is plain)
+    if not call.several:  # (a view of one is as eager made that one: a slice of tensor_split's is plain)
         of = next((t.multi for t in _leaves(call.args, _Tensor) if t.multi is not None and t.root is out.root), None)
-        if of is not None and _multi_node(of) is NOT_MULTI:
-            return NOT_MULTI
-    node = _node_of(call, out, _ITSELF, multi=len(call.outs) > 1)  # (a view of one: its own probe is plain)
+        outer = None if of is None else _multi_node(of)
+        if outer is NOT_MULTI or outer is NO_GRAD_MULTI:  # (a view of one of memory requiring no grad: no node)
+            return outer
+    node = _node_of(call, out, _ITSELF, multi=call.several)  # (a view of one: its own probe is plain)
     if node is _ITSELF:
         return None if prior is None else _multi_node(prior)
     return node
