@@ -70,15 +70,21 @@ def qualified_name(func) -> str:
 
 
 def symbol_id(
-    func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False, sized: tuple = ()
+    func,
+    effect: bool = False,
+    autocast_state: AutocastState | None = None,
+    replay: bool = False,
+    sized: tuple = (),
+    grad_mode: tuple | None = None,
 ) -> int:
-    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
+    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None, its forward
+    under the grad mode ``grad_mode`` when not None: ``GRAD_MODE_KERNELS``), registered
     on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
     ``replay`` symbol: one that returns, last, the generator state its draws started from, from
     which its backward draws the same numbers again. A ``sized`` symbol (groups of ``(output,
     dim)``, ``values.widened``) returns, after its tensors, the size at the first place of each
     group; it has no backward (its outputs require none)."""
-    key = (func, autocast_state, replay, sized)
+    key = (func, autocast_state, replay, sized, grad_mode)
     sid = _ids.get(key)
     if sid is None:
         name, impl = qualified_name(func), func
@@ -89,13 +95,16 @@ def symbol_id(
             name += ".replayable"
         if sized:
             name += ".sized_" + "_".join(f"{i}_{d}" for i, d in (g[0] for g in sized))
+        if grad_mode is not None:
+            name += (".grad_mode_" if grad_mode[0] else ".no_grad_mode_") + "".join(str(int(f)) for f in grad_mode[1])
         # The registry is by name: two callables of one name must not share a symbol.
         taken = sum(1 for other in _names.get(name, ()) if other is not func)
         _names.setdefault(name, []).append(func)
         name += f".{taken}" if taken else ""
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
-        run = _returning_generator_state(impl) if replay else _flat_outputs(impl)
-        FALLBACK_IMPLS[sid] = _returning_sizes(impl, sized) if sized else run
+        forward = impl if grad_mode is None else _under_grad_mode(impl, grad_mode)
+        run = _returning_generator_state(forward) if replay else _flat_outputs(forward)
+        FALLBACK_IMPLS[sid] = _returning_sizes(forward, sized) if sized else run
         if (replay or not effect) and not sized:
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
@@ -191,6 +200,34 @@ def _replaying(vjp):
             return vjp(args, cotangents[:-1], wanted, **kwargs)
         finally:
             gen.set_state(now)
+
+    return run
+
+
+#: Ops whose CPU kernel torch chooses by grad mode and by which of its tensors require grad: the
+#: RNNs' oneDNN kernel runs its training primitive under grad, and their cells' products fold their
+#: operands by whether one requires grad, in float32 and float64 alike (a bidirectional 2-layer
+#: LSTM's output is 1e-8 off otherwise). Their fallback runs under the grad mode it was traced in,
+#: on tensors requiring grad as the traced ones did, as eager's call does (the compiled forward
+#: runs without grad, on tensors most of which require none).
+GRAD_MODE_KERNELS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
+
+
+def _under_grad_mode(func, grad_mode: tuple):
+    """``func`` run under grad mode ``grad_mode[0]``, on its tensors detached and requiring grad
+    where ``grad_mode[1]`` (one flag per tensor leaf of the arguments) says; its outputs detached
+    (torch's autograd differentiates the compiled call, not this run)."""
+    enabled, flags = grad_mode
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        leaves, spec = tree_flatten((args, kwargs))
+        wants = iter(flags)
+        leaves = [x.detach().requires_grad_(next(wants)) if isinstance(x, torch.Tensor) else x for x in leaves]
+        args, kwargs = tree_unflatten(leaves, spec)
+        with torch.set_grad_enabled(enabled):
+            out = func(*args, **kwargs)
+        return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
 
     return run
 
@@ -587,7 +624,11 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))
-    sid = symbol_id(func, effect, autocast_state, replay, sized)
+    grad_mode = None
+    if func in GRAD_MODE_KERNELS:
+        flags = tuple(x.requires_grad for x in arg_leaves if isinstance(x, (TensorProxy, torch.Tensor)))
+        grad_mode = (torch.is_grad_enabled(), flags)
+    sid = symbol_id(func, effect, autocast_state, replay, sized, grad_mode)
     if torch.is_grad_enabled():  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
         note_gradient_through(metas, (*args, *(kwargs or {}).values()))
     if sized:
