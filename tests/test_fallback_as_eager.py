@@ -5,6 +5,10 @@ whose values and gradients are eager's bit for bit, compared with eager:
   tensors requiring grad as eager's did: the CPU kernels choose by both (oneDNN's training
   primitive, products folded by whether an operand requires grad), and the compiled forward runs
   without grad on tensors most of which require none.
+- Calls eager has no derivative for, given an argument requiring grad (``special.zeta``'s ``x``,
+  ``igamma``'s and ``igammac``'s ``a``, ``_chunk_cat``, ``remainder`` of a number, ``scatter`` with
+  ``reduce=``), run as eager's: their forward runs and requires grad, and their backward raises
+  eager's error (type and message) when it runs, never at the call.
 """
 
 import pytest
@@ -94,3 +98,82 @@ def test_rnn_of_packed_sequences_is_eagers_bit_for_bit(kind, dtype):
         results.append([*flat, *torch.autograd.grad(loss, [x, *module.parameters()])])
     for c, e in zip(results[1], results[0]):
         assert torch.equal(c, e), (c - e).abs().max()
+
+
+def _positive(*shape):
+    return (torch.rand(*shape, dtype=torch.float64) + 1).requires_grad_()
+
+
+UNDERIVED = {
+    "zeta x": (lambda x, q: torch.special.zeta(x, q.detach()), lambda: (_positive(4), _positive(4))),
+    "zeta x and q": (lambda x, q: torch.special.zeta(x * 2, q), lambda: (_positive(4), _positive(4))),
+    "igamma a": (lambda a, x: torch.igamma(a, x), lambda: (_positive(4), _positive(4))),
+    "igammac a method": (lambda a, x: a.igammac(x.detach()), lambda: (_positive(4), _positive(4))),
+    "gammainc a": (lambda a, x: torch.special.gammainc(a + 1, x), lambda: (_positive(4), _positive(4))),
+    "chunk_cat": (lambda a, b: torch._chunk_cat([a, b.view(2, 2)], 1, 2), lambda: (_positive(2, 3), _positive(4))),
+    "remainder of a number": (lambda a, b: torch.remainder(2.5, a) + b, lambda: (_positive(4), _positive(4))),
+    "number % tensor": (lambda a, b: 2.5 % (a * b), lambda: (_positive(4), _positive(4))),
+    "scatter reduce=": (
+        lambda a, b: torch.scatter(a, 0, torch.tensor([0, 1, 0]), b, reduce="add"),
+        lambda: (_positive(4), _positive(3)),
+    ),
+}
+
+
+def _run(program, args, backward: bool):
+    """The output (and its ``requires_grad``), then the backward's error (type and message) or
+    the gradients."""
+    out = program(*args)
+    if not backward:
+        return out, out.requires_grad
+    try:
+        return out, torch.autograd.grad(out.sum(), args, allow_unused=True)
+    except (RuntimeError, NotImplementedError) as e:
+        return out, (type(e), str(e))
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("case", list(UNDERIVED))
+def test_a_call_eager_has_no_derivative_for_raises_at_the_backward_as_eager(case, backward):
+    program, make_args = UNDERIVED[case]
+    torch.manual_seed(0)
+    eager = _run(program, make_args(), backward)
+    torch.manual_seed(0)
+    compiled = _run(thunder_rs.jit(program), make_args(), backward)
+    assert torch.equal(compiled[0], eager[0])
+    assert compiled[1] == eager[1]
+    assert not backward or isinstance(eager[1][0], type)  # (the case the test is about: eager raises)
+
+
+def test_a_loss_of_other_outputs_runs_past_a_call_eager_has_no_derivative_for():
+    """Eager's backward never runs zeta's node: no error."""
+    program = lambda x, q: (torch.special.zeta(x, q), x * q)  # noqa: E731
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        torch.manual_seed(0)
+        x, q = _positive(4), _positive(4)
+        grads.append(torch.autograd.grad(fn(x, q)[1].sum(), (x, q)))
+    assert all(torch.equal(c, e) for c, e in zip(*grads))
+
+
+@pytest.mark.parametrize("case", ["zeta x", "chunk_cat", "scatter reduce="])
+def test_a_call_eager_has_no_derivative_for_runs_without_grad(case):
+    program, make_args = UNDERIVED[case]
+    torch.manual_seed(0)
+    args = make_args()
+    with torch.no_grad():
+        compiled = thunder_rs.jit(program)(*args)
+        assert torch.equal(compiled, program(*args)) and not compiled.requires_grad
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_refuses_random_samples_requiring_grad_with_eagers_error(n):
+    """Eager refuses them at the call (``non_differentiable``), with its error's type and words."""
+    pool = getattr(torch.nn.functional, f"fractional_max_pool{n}d")
+    program = lambda x, s: pool(x, 1, output_size=1, _random_samples=s)  # noqa: E731
+    args = (torch.rand((1, 1) + (2,) * n), torch.rand(1, 1, n, requires_grad=True))
+    with pytest.raises(RuntimeError) as eager:
+        program(*args)
+    with pytest.raises(RuntimeError) as compiled:
+        thunder_rs.jit(program)(*args)
+    assert str(eager.value) in str(compiled.value)
