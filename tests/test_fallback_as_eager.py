@@ -9,6 +9,10 @@ whose values and gradients are eager's bit for bit, compared with eager:
   ``igamma``'s and ``igammac``'s ``a``, ``_chunk_cat``, ``remainder`` of a number, ``scatter`` with
   ``reduce=``), run as eager's: their forward runs and requires grad, and their backward raises
   eager's error (type and message) when it runs, never at the call.
+- A fallback op whose backward gives an input no gradient (eager's None) leaves None to the leaves
+  that gradient alone reaches through other ops (add, mul, view, a sum, a linear layer, another
+  fallback's backward): ``.grad`` stays None, ``autograd.grad(..., allow_unused=True)`` gives None
+  and without ``allow_unused`` raises eager's error; a leaf another gradient reaches too gets it.
 """
 
 import pytest
@@ -16,6 +20,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import thunder_rs
+from custom_ops import scaled_pair
 
 RNNS = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
 CONFIGS = {
@@ -177,3 +182,52 @@ def test_fractional_max_pool_refuses_random_samples_requiring_grad_with_eagers_e
     with pytest.raises(RuntimeError) as compiled:
         thunder_rs.jit(program)(*args)
     assert str(eager.value) in str(compiled.value)
+
+
+_LINEAR = torch.nn.Linear(3, 3).double()
+#: Programs whose ``scaled_pair`` gives its second input no gradient (the loss reads its first output).
+NO_GRADIENT = {
+    "add": lambda x, y: scaled_pair(x, y + 1)[0],
+    "mul then view": lambda x, y: scaled_pair(x, (y * 2).view(3))[0],
+    "view, mul, add, view": lambda x, y: scaled_pair(x, (y.view(3, 1) * y.view(3, 1) + 1).view(3))[0],
+    "exp": lambda x, y: scaled_pair(x, y.exp())[0],
+    "sum expanded": lambda x, y: scaled_pair(x, y.sum().expand(3))[0],
+    "linear": lambda x, y: scaled_pair(x, _LINEAR(y))[0],
+    "another fallback's backward": lambda x, y: scaled_pair(x, scaled_pair(y * 2, y)[0])[0],
+    "reached by another path too": lambda x, y: scaled_pair(x, y * 2)[0] + y.sin(),
+    "the other input made from it": lambda x, y: scaled_pair(x * y, y * 2)[0],
+}
+
+
+def _no_gradient_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+
+
+def _gradients(program, how: str):
+    """The leaves' gradients (None where absent), the linear layer's, or eager's error."""
+    _LINEAR.zero_grad(set_to_none=True)
+    args = _no_gradient_inputs()
+    loss = (program(*args) * torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)).sum()
+    try:
+        if how == "backward":
+            loss.backward()
+            grads = [a.grad for a in args]
+        else:
+            grads = list(torch.autograd.grad(loss, args, allow_unused=how == "allow_unused"))
+    except RuntimeError as e:
+        return type(e), str(e)
+    return [*grads, _LINEAR.weight.grad, _LINEAR.bias.grad]
+
+
+@pytest.mark.parametrize("how", ["backward", "allow_unused", "grad"])
+@pytest.mark.parametrize("case", list(NO_GRADIENT))
+def test_a_leaf_only_an_absent_fallback_gradient_reaches_gets_none_as_eager(case, how):
+    eager = _gradients(NO_GRADIENT[case], how)
+    compiled = _gradients(thunder_rs.jit(NO_GRADIENT[case]), how)
+    if isinstance(eager[0], type):
+        assert compiled == eager
+        return
+    assert [g is None for g in compiled] == [g is None for g in eager], (compiled, eager)
+    for c, e in zip(compiled, eager):
+        assert e is None or torch.equal(c, e)

@@ -108,6 +108,7 @@ def symbol_id(
         if (replay or not effect) and not sized:
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
+            LOGGED_VJPS.add(f"{name}.vjp")
     return sid
 
 
@@ -247,8 +248,20 @@ def _under_autocast(func, recorded: AutocastState):
 #: Zeros that a backward of an opaque symbol gives an input its op gave no gradient (eager's
 #: None: a custom op's backward returning None, a loss of outputs that do not read the input),
 #: by id: the trace's values are tensors, so the compiled backward computes with zeros, and
-#: ``absent_as_none`` gives None where it returns them as an input's gradient.
+#: ``absent_as_none`` gives None where they, or only values computed from them, reach an input.
 _ABSENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+#: The names of the backwards ``_vjp_of`` makes, which log which of their gradients are absent.
+LOGGED_VJPS: set[str] = set()
+
+
+class _AbsentLog(threading.local):
+    """Per thread: for each call of a ``LOGGED_VJPS`` backward in the compiled backward running
+    (``absent_as_none``), which of its gradients are absent; None outside one."""
+
+    calls: list | None = None
+
+
+_absent_log = _AbsentLog()
 
 
 def no_gradient(w: torch.Tensor) -> torch.Tensor:
@@ -258,18 +271,29 @@ def no_gradient(w: torch.Tensor) -> torch.Tensor:
     return zeros
 
 
-def absent_as_none(backward):
-    """``backward`` (a compiled backward with opaque symbols' backwards) giving None, as eager's
-    autograd does, for the inputs whose gradient is zeros ``no_gradient`` made: ``x.grad`` stays
-    None, ``autograd.grad(..., allow_unused=True)`` gives None. (Zeros that flowed through other
-    operations of the backward first are left as they are.)"""
+def absent_as_none(backward, trace, num_cotangents: int):
+    """``backward`` (a compiled backward, the execution trace ``trace``, whose last
+    ``num_cotangents`` inputs are cotangents) giving None, as eager's autograd does, for the inputs
+    whose gradient ``no_gradient``'s zeros alone reach (``_core.Trace.absent_outputs``): through a
+    view, a product with a saved tensor, another op's backward, as eager's nodes given only
+    undefined gradients give undefined ones. ``x.grad`` stays None, ``autograd.grad(...,
+    allow_unused=True)`` gives None (and raises eager's error without ``allow_unused``)."""
+    calls = trace.call_outputs(LOGGED_VJPS)
 
     @functools.wraps(backward)
     def run(*args):
-        grads = backward(*args)
-        if not _ABSENT:
+        outer, _absent_log.calls = _absent_log.calls, []
+        try:
+            grads = backward(*args)
+        finally:
+            logged, _absent_log.calls = _absent_log.calls, outer
+        if not any(any(m) for m in logged):
             return grads
-        return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
+        if len(logged) != len(calls):  # (backwards the trace does not show: only the zeros themselves)
+            return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
+        absent = [v for outs, mask in zip(calls, logged) for v, a in zip(outs, mask) if a]
+        gone = set(trace.absent_outputs(absent, num_cotangents))
+        return tuple(None if i in gone else g for i, g in enumerate(grads))
 
     return run
 
@@ -295,6 +319,8 @@ def _vjp_of(func):
         # input) are one leaf here: its gradient, the sum of their uses, goes to the first of them
         # (it was given to each, and the program's backward added them up again: twice eager's).
         first = {id(w): i for i, w in reversed(list(enumerate(wanted)))}
+        if _absent_log.calls is not None:
+            _absent_log.calls.append(tuple(g is None for g in grads))
         grads = tuple(
             no_gradient(w) if g is None else torch.zeros_like(w) if first[id(w)] != i else g
             for i, (w, g) in enumerate(zip(wanted, grads))
