@@ -11,7 +11,8 @@ whose values and gradients are eager's bit for bit, compared with eager:
   eager's error (type and message) when it runs, never at the call.
 - A fallback op whose backward gives an input no gradient (eager's None) leaves None to the leaves
   that gradient alone reaches through other ops (add, mul, view, a sum, a linear layer, another
-  fallback's backward): ``.grad`` stays None, ``autograd.grad(..., allow_unused=True)`` gives None
+  fallback's backward, but a custom autograd.Function's, which eager gives zeros for it by
+  default): ``.grad`` stays None, ``autograd.grad(..., allow_unused=True)`` gives None
   and without ``allow_unused`` raises eager's error; a leaf another gradient reaches too gets it.
 """
 
@@ -184,6 +185,31 @@ def test_fractional_max_pool_refuses_random_samples_requiring_grad_with_eagers_e
     assert str(eager.value) in str(compiled.value)
 
 
+class _Doubled(torch.autograd.Function):
+    """``2 y``; its backward is given zeros for an undefined gradient (``materialize_grads``)."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return y * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _DoubledUnmaterialized(torch.autograd.Function):
+    """``2 y``; its backward is given None for an undefined gradient, and gives None."""
+
+    @staticmethod
+    def forward(ctx, y):
+        ctx.set_materialize_grads(False)
+        return y * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return None if g is None else g * 2
+
+
 _LINEAR = torch.nn.Linear(3, 3).double()
 #: Programs whose ``scaled_pair`` gives its second input no gradient (the loss reads its first output).
 NO_GRADIENT = {
@@ -194,6 +220,8 @@ NO_GRADIENT = {
     "sum expanded": lambda x, y: scaled_pair(x, y.sum().expand(3))[0],
     "linear": lambda x, y: scaled_pair(x, _LINEAR(y))[0],
     "another fallback's backward": lambda x, y: scaled_pair(x, scaled_pair(y * 2, y)[0])[0],
+    "a custom Function's backward (zeros)": lambda x, y: scaled_pair(x, _Doubled.apply(y).view(3))[0],
+    "a custom Function's backward (None)": lambda x, y: scaled_pair(x, _DoubledUnmaterialized.apply(y))[0],
     "reached by another path too": lambda x, y: scaled_pair(x, y * 2)[0] + y.sin(),
     "the other input made from it": lambda x, y: scaled_pair(x * y, y * 2)[0],
 }

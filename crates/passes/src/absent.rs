@@ -40,16 +40,26 @@ pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usi
 /// cotangents) of the gradients that are absent where the values `absent` are: gradients an
 /// opaque call's backward gave none (eager's None; `core.lang.fallback.no_gradient` made zeros for
 /// them). A value is absent where its call reads absent values and none computed from the
-/// cotangents, as eager's nodes given only undefined gradients give undefined ones; an input whose
-/// gradient is absent gets None, as eager leaves its `.grad`.
-pub fn absent_outputs(backward: &Trace, num_cotangents: usize, absent: &[ValueId]) -> Vec<usize> {
+/// cotangents, as eager's nodes given only undefined gradients give undefined ones, except the
+/// values `materialized` (a custom autograd.Function's backward is given zeros for an undefined
+/// gradient); an input whose gradient is absent gets None, as eager leaves its `.grad`.
+pub fn absent_outputs(
+    backward: &Trace,
+    num_cotangents: usize,
+    absent: &[ValueId],
+    materialized: &[ValueId],
+) -> Vec<usize> {
     let first = backward.inputs.len().saturating_sub(num_cotangents);
     let given: FxHashSet<ValueId> = absent.iter().copied().collect();
     let mut zeros: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut present: FxHashMap<ValueId, ValueId> = backward.inputs[first..].iter().map(|&v| (v, v)).collect();
+    present.extend(materialized.iter().map(|&v| (v, v)));
     for bsym in &backward.bsyms {
         let (reads_absent, reads_present) = (bsym.reads_any(&zeros), bsym.reads_any(&present));
         for &o in &bsym.outputs {
+            if present.contains_key(&o) {
+                continue;
+            }
             if given.contains(&o) || (reads_absent && !reads_present) {
                 zeros.insert(o, o);
             } else if reads_present {
@@ -244,8 +254,9 @@ mod tests {
         let met = b.record_prim("add", vec![Arg::Value(g), Arg::Value(ct)]).unwrap()[0];
         let e = b.record_prim("exp", vec![Arg::Value(saved)]).unwrap()[0];
         let t = b.finish(Arg::Tuple(vec![Arg::Value(twice), Arg::Value(met), Arg::Value(e)])).unwrap();
-        assert_eq!(absent_outputs(&t, 1, &[g]), vec![0]);
-        assert_eq!(absent_outputs(&t, 1, &[]), Vec::<usize>::new());
-        assert_eq!(absent_outputs(&t, 1, &[scaled]), vec![0], "absent past the call that made it");
+        assert_eq!(absent_outputs(&t, 1, &[g], &[]), vec![0]);
+        assert_eq!(absent_outputs(&t, 1, &[], &[]), Vec::<usize>::new());
+        assert_eq!(absent_outputs(&t, 1, &[scaled], &[]), vec![0], "absent past the call that made it");
+        assert_eq!(absent_outputs(&t, 1, &[g], &[scaled]), Vec::<usize>::new(), "materialized: present");
     }
 }

@@ -147,11 +147,11 @@ impl PyTrace {
     }
 
     /// The positions among a backward's outputs (a tuple) of the gradients that are absent where
-    /// the values `absent` are, the last `num_cotangents` inputs being its cotangents
-    /// (`passes::absent::absent_outputs`).
-    fn absent_outputs(&self, absent: Vec<u32>, num_cotangents: usize) -> Vec<usize> {
-        let absent: Vec<trace_ir::ValueId> = absent.into_iter().map(trace_ir::ValueId).collect();
-        passes::absent::absent_outputs(&self.trace, num_cotangents, &absent)
+    /// the values `absent` are and the values `materialized` are not, the last `num_cotangents`
+    /// inputs being its cotangents (`passes::absent::absent_outputs`).
+    fn absent_outputs(&self, absent: Vec<u32>, num_cotangents: usize, materialized: Vec<u32>) -> Vec<usize> {
+        let ids = |vs: Vec<u32>| vs.into_iter().map(trace_ir::ValueId).collect::<Vec<_>>();
+        passes::absent::absent_outputs(&self.trace, num_cotangents, &ids(absent), &ids(materialized))
     }
 
     /// The value ids of the outputs of each top-level call whose symbol's name is among `names`,

@@ -214,6 +214,14 @@ def _replaying(vjp):
 GRAD_MODE_KERNELS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 
 
+def _grad_mode(func, arg_leaves) -> tuple | None:
+    """For a call of ``GRAD_MODE_KERNELS``, the grad mode and which of its tensor arguments
+    require grad (``_under_grad_mode``); None for another."""
+    if func not in GRAD_MODE_KERNELS:
+        return None
+    return torch.is_grad_enabled(), tuple(x.requires_grad for x in arg_leaves if isinstance(x, torch.Tensor))
+
+
 def _under_grad_mode(func, grad_mode: tuple):
     """``func`` run under grad mode ``grad_mode[0]``, on its tensors detached and requiring grad
     where ``grad_mode[1]`` (one flag per tensor leaf of the arguments) says; its outputs detached
@@ -279,6 +287,7 @@ def absent_as_none(backward, trace, num_cotangents: int):
     undefined gradients give undefined ones. ``x.grad`` stays None, ``autograd.grad(...,
     allow_unused=True)`` gives None (and raises eager's error without ``allow_unused``)."""
     calls = trace.call_outputs(LOGGED_VJPS)
+    materialized = [v for outs in trace.call_outputs({_MATERIALIZED}) for v in outs]
 
     @functools.wraps(backward)
     def run(*args):
@@ -292,10 +301,25 @@ def absent_as_none(backward, trace, num_cotangents: int):
         if len(logged) != len(calls):  # (backwards the trace does not show: only the zeros themselves)
             return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
         absent = [v for outs, mask in zip(calls, logged) for v, a in zip(outs, mask) if a]
-        gone = set(trace.absent_outputs(absent, num_cotangents))
+        gone = set(trace.absent_outputs(absent, num_cotangents, materialized))
         return tuple(None if i in gone else g for i, g in enumerate(grads))
 
     return run
+
+
+def _materialize(g):
+    return g
+
+
+#: The name of ``materialized``'s symbol.
+_MATERIALIZED = qualified_name(_materialize)
+
+
+def materialized(g):
+    """``g``, a cotangent a custom autograd.Function's backward reads, through a call at which the
+    compiled backward's absent gradients stop (``absent_as_none``): eager gives such a backward
+    zeros for an undefined gradient (``ctx.set_materialize_grads``), and its results are defined."""
+    return fallback(_materialize, (g,), {})
 
 
 def _vjp_of(func):
@@ -650,11 +674,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))
-    grad_mode = None
-    if func in GRAD_MODE_KERNELS:
-        flags = tuple(x.requires_grad for x in arg_leaves if isinstance(x, (TensorProxy, torch.Tensor)))
-        grad_mode = (torch.is_grad_enabled(), flags)
-    sid = symbol_id(func, effect, autocast_state, replay, sized, grad_mode)
+    sid = symbol_id(func, effect, autocast_state, replay, sized, _grad_mode(func, arg_leaves))
     if torch.is_grad_enabled():  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
         note_gradient_through(metas, (*args, *(kwargs or {}).values()))
     if sized:
