@@ -7,8 +7,8 @@ whose values and gradients are eager's bit for bit, compared with eager:
   without grad on tensors most of which require none.
 - Calls eager has no derivative for, given an argument requiring grad (``special.zeta``'s ``x``,
   ``igamma``'s and ``igammac``'s ``a``, ``_chunk_cat``, ``remainder`` of a number, ``scatter`` with
-  ``reduce=``), run as eager's: their forward runs and requires grad, and their backward raises
-  eager's error (type and message) when it runs, never at the call.
+  ``reduce=``, ``bernoulli`` of a float ``p``), run as eager's: their forward runs and requires
+  grad, and their backward raises eager's error (type and message) when it runs, never at the call.
 - A fallback op whose backward gives an input no gradient (eager's None) leaves None to the leaves
   that gradient alone reaches through other ops (add, mul, view, a sum, a linear layer, another
   fallback's backward, but a custom autograd.Function's, which eager gives zeros for it by
@@ -119,6 +119,7 @@ UNDERIVED = {
     "chunk_cat": (lambda a, b: torch._chunk_cat([a, b.view(2, 2)], 1, 2), lambda: (_positive(2, 3), _positive(4))),
     "remainder of a number": (lambda a, b: torch.remainder(2.5, a) + b, lambda: (_positive(4), _positive(4))),
     "number % tensor": (lambda a, b: 2.5 % (a * b), lambda: (_positive(4), _positive(4))),
+    "bernoulli of a float p": (lambda a, b: torch.bernoulli(a / 3, 0.5) * b, lambda: (_positive(4), _positive(4))),
     "scatter reduce=": (
         lambda a, b: torch.scatter(a, 0, torch.tensor([0, 1, 0]), b, reduce="add"),
         lambda: (_positive(4), _positive(3)),

@@ -6,7 +6,8 @@ Eager's forward of such a call runs, its output requires grad, and its backward 
 (a loss of other outputs, a call under ``no_grad``, an input requiring no grad) runs. The traced
 symbols refuse a gradient there up front, so the program's call of such an op with an argument
 requiring grad is recorded as the torch call itself, whose backward is torch's autograd on it
-(``core.lang.fallback``), raising eager's error, of eager's type, when the backward runs.
+(``core.lang.fallback``), raising eager's error, of eager's type, when the backward runs (a
+random draw's backward draws again from the state its forward drew from).
 """
 
 import numbers
@@ -51,6 +52,11 @@ def _reduced_scatter(args, kwargs) -> bool:
     return _argument(args, kwargs, 4, "reduce") is not None and flows(_argument(args, kwargs, 0, "input"), src)
 
 
+def _float_probability(args, kwargs) -> bool:
+    """``bernoulli(input, p)`` with a float ``p``: no derivative in ``input``."""
+    return _argument(args, kwargs, 1, "p") is not None and flows(_argument(args, kwargs, 0, "input"))
+
+
 #: ``(torch callables, whether a call of them wants a gradient eager has none for)``.
 UNDERIVED = (
     ((torch.special.zeta,), _first_flows),
@@ -60,7 +66,10 @@ UNDERIVED = (
     ((torch.remainder,), _number_dividend),
     ((T.__rmod__,), _reflected_number_dividend),
     ((torch.scatter, T.scatter), _reduced_scatter),
+    ((torch.bernoulli, T.bernoulli), _float_probability),
 )
+#: Of them, those that draw random numbers.
+_DRAWS = frozenset({torch.bernoulli, T.bernoulli})
 
 
 def _eager_where_underived(func, traced, underived):
@@ -69,7 +78,7 @@ def _eager_where_underived(func, traced, underived):
 
     def call(*args, **kwargs):
         if torch.is_grad_enabled() and underived(args, kwargs):
-            return user_fallback(func, args, kwargs)
+            return user_fallback(func, args, kwargs, effect=func in _DRAWS)
         return traced(*args, **kwargs)
 
     call.__name__ = getattr(traced, "__name__", "call")
