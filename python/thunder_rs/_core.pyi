@@ -94,6 +94,12 @@ class Trace:
     def inputs_read(self, outputs: list[int]) -> list[int]: ...
     def outputs_reaching(self, values: list[int], outputs: list[int]) -> list[int]: ...
     def inputs_returned(self, outputs: list[int]) -> list[int]: ...
+    def absent_outputs(self, absent: list[int], num_cotangents: int, materialized: list[int]) -> list[int]:
+        """The positions among a backward's outputs of the gradients only the values ``absent``
+        (eager's None) reach, not through the values ``materialized``, the last ``num_cotangents``
+        inputs being its cotangents."""
+    def call_outputs(self, names: set[str]) -> list[list[int]]:
+        """The value ids of the outputs of each top-level call of the symbols ``names``, in order."""
     def output_callees(self) -> list[str | None] | None:
         """Per flat output of a differentiated forward, the global name of the callable computing it
         (None: no call computes it); None for a trace without an execution plan."""

@@ -15,7 +15,7 @@
 //! this pruning is for a backward that needs a value the whole forward does not save
 //! ([`crate::split::backward_from`]).
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use trace_ir::prims::{Binary, Prim};
 use trace_ir::{Arg, BoundSymbol, Symbol, TensorMeta, Trace, ValueId};
 
@@ -34,6 +34,42 @@ pub fn without_cotangents(backward: &Trace, num_cotangents: usize, absent: &[usi
     let pruned = prune(&backward.bsyms, zeros, present, &same)?;
     let outputs = backward.outputs.map_values(&mut |v| pruned.resolve(v).map_or(Arg::None, Arg::Value));
     Some(backward.with_bsyms(pruned.kept, outputs))
+}
+
+/// The positions in `backward`'s outputs (a tuple; inputs: residuals, then `num_cotangents`
+/// cotangents) of the gradients that are absent where the values `absent` are: gradients an
+/// opaque call's backward gave none (eager's None; `core.lang.fallback.no_gradient` made zeros for
+/// them). A value is absent where its call reads absent values and none computed from the
+/// cotangents, as eager's nodes given only undefined gradients give undefined ones, except the
+/// values `materialized` (a custom autograd.Function's backward is given zeros for an undefined
+/// gradient); an input whose gradient is absent gets None, as eager leaves its `.grad`.
+pub fn absent_outputs(
+    backward: &Trace,
+    num_cotangents: usize,
+    absent: &[ValueId],
+    materialized: &[ValueId],
+) -> Vec<usize> {
+    let first = backward.inputs.len().saturating_sub(num_cotangents);
+    let given: FxHashSet<ValueId> = absent.iter().copied().collect();
+    let mut zeros: FxHashMap<ValueId, ValueId> = FxHashMap::default();
+    let mut present: FxHashMap<ValueId, ValueId> = backward.inputs[first..].iter().map(|&v| (v, v)).collect();
+    present.extend(materialized.iter().map(|&v| (v, v)));
+    for bsym in &backward.bsyms {
+        let (reads_absent, reads_present) = (bsym.reads_any(&zeros), bsym.reads_any(&present));
+        for &o in &bsym.outputs {
+            if present.contains_key(&o) {
+                continue;
+            }
+            if given.contains(&o) || (reads_absent && !reads_present) {
+                zeros.insert(o, o);
+            } else if reads_present {
+                present.insert(o, o);
+            }
+        }
+    }
+    let Arg::Tuple(items) = &backward.outputs else { return Vec::new() };
+    let is_absent = |a: &Arg| matches!(a, Arg::Value(v) if zeros.contains_key(v));
+    items.iter().enumerate().filter(|(_, a)| is_absent(a)).map(|(i, _)| i).collect()
 }
 
 /// What is left of calls pruned of absent values ([`prune`]).
@@ -203,5 +239,24 @@ mod tests {
         let t = b.finish(Arg::Tuple(vec![Arg::Value(g)])).unwrap();
         assert!(without_cotangents(&t, 2, &[0]).is_none());
         assert!(without_cotangents(&backward(), 5, &[0]).is_none(), "more cotangents than inputs");
+    }
+
+    /// `(saved, ct) -> (g * saved, view(g) + ct, exp(saved))` where `g` is a gradient an opaque
+    /// call gave none: the first is absent, the second meets the cotangent, the third reads neither.
+    #[test]
+    fn what_only_absent_gradients_reach_is_absent() {
+        let mut b = TraceBuilder::new();
+        let saved = tensor(&mut b, vec![2, 2]);
+        let ct = tensor(&mut b, vec![2, 2]);
+        let g = b.record_prim("neg", vec![Arg::Value(ct)]).unwrap()[0];
+        let scaled = b.record_prim("mul", vec![Arg::Value(g), Arg::Value(saved)]).unwrap()[0];
+        let twice = b.record_prim("mul", vec![Arg::Value(scaled), Arg::Value(saved)]).unwrap()[0];
+        let met = b.record_prim("add", vec![Arg::Value(g), Arg::Value(ct)]).unwrap()[0];
+        let e = b.record_prim("exp", vec![Arg::Value(saved)]).unwrap()[0];
+        let t = b.finish(Arg::Tuple(vec![Arg::Value(twice), Arg::Value(met), Arg::Value(e)])).unwrap();
+        assert_eq!(absent_outputs(&t, 1, &[g], &[]), vec![0]);
+        assert_eq!(absent_outputs(&t, 1, &[], &[]), Vec::<usize>::new());
+        assert_eq!(absent_outputs(&t, 1, &[scaled], &[]), vec![0], "absent past the call that made it");
+        assert_eq!(absent_outputs(&t, 1, &[g], &[scaled]), Vec::<usize>::new(), "materialized: present");
     }
 }

@@ -146,6 +146,21 @@ impl PyTrace {
         passes::differentiable::outputs_reaching(&self.trace, &values, &outputs)
     }
 
+    /// The positions among a backward's outputs (a tuple) of the gradients that are absent where
+    /// the values `absent` are and the values `materialized` are not, the last `num_cotangents`
+    /// inputs being its cotangents (`passes::absent::absent_outputs`).
+    fn absent_outputs(&self, absent: Vec<u32>, num_cotangents: usize, materialized: Vec<u32>) -> Vec<usize> {
+        let ids = |vs: Vec<u32>| vs.into_iter().map(trace_ir::ValueId).collect::<Vec<_>>();
+        passes::absent::absent_outputs(&self.trace, num_cotangents, &ids(absent), &ids(materialized))
+    }
+
+    /// The value ids of the outputs of each top-level call whose symbol's name is among `names`,
+    /// in program order.
+    fn call_outputs(&self, names: std::collections::HashSet<String>) -> Vec<Vec<u32>> {
+        let named = |b: &&trace_ir::BoundSymbol| names.contains(&b.symbol.qualified_name());
+        self.trace.bsyms.iter().filter(named).map(|b| b.outputs.iter().map(|v| v.0).collect()).collect()
+    }
+
     /// The positions of the inputs a run of the trace reads
     /// (`passes::differentiable::inputs_needed`).
     fn inputs_needed(&self) -> Vec<usize> {

@@ -71,6 +71,7 @@ from thunder_rs.torch import contiguous_writes  # noqa: E402,F401
 from thunder_rs.torch import inplace  # noqa: E402,F401
 from thunder_rs.torch import forward_writes, setitem  # noqa: E402,F401 (register with inplace.assign)
 from thunder_rs.torch.complex_values import *  # noqa: E402,F401,F403
+from thunder_rs.torch import underived  # noqa: E402,F401 (wraps the mappings above: imported last)
 
 
 def _export_symbols() -> None:

@@ -309,11 +309,15 @@ _BACKWARD = {2: fractional_max_pool2d_backward, 3: fractional_max_pool3d_backwar
 
 
 def _kernel_grad(n: int, symbol, input, kernel_size, output_size, random_samples):
+    # (eager's forward refuses it: derivatives.yaml's ``non_differentiable``)
     check(
         not flows(random_samples),
         symbol.symbol_name,
-        "the derivative for 'random_samples' is not implemented (argument random_samples)",
-        ThunderNotImplementedError,
+        lambda: (
+            f"The function 'fractional_max_pool{n}d' is not differentiable with respect to argument 'random_samples'. "
+            "This input cannot have requires_grad True. (argument random_samples)"
+        ),
+        ThunderRuntimeError,
     )
     out, indices = symbol(input, kernel_size, output_size, random_samples)
     if flows(input):

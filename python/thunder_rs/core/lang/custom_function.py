@@ -17,6 +17,7 @@ from torch.autograd.function import Function
 
 from thunder_rs import _core
 from thunder_rs.core.lang import autocast, inner_leaves
+from thunder_rs.core.lang.fallback import materialized
 from thunder_rs.core.lang.grad import get_grad, put_grad
 from thunder_rs.core.lang.langctx import torch_symbol, user_location
 from thunder_rs.core.base.proxies import TensorProxy
@@ -175,7 +176,7 @@ def _mark_as_eager(out: TensorProxy, ctx: TraceContext) -> None:
 def _cotangent(out: TensorProxy, ctx: TraceContext):
     differentiable = out.dtype.is_floating_point or out.dtype.is_complex
     if differentiable and not any(out is t for t in ctx.non_differentiable):
-        return get_grad(out)
+        return materialized(get_grad(out)) if ctx.materialize_grads else get_grad(out)
     return torch_symbol(torch.zeros_like)(out) if ctx.materialize_grads else None
 
 

@@ -70,15 +70,21 @@ def qualified_name(func) -> str:
 
 
 def symbol_id(
-    func, effect: bool = False, autocast_state: AutocastState | None = None, replay: bool = False, sized: tuple = ()
+    func,
+    effect: bool = False,
+    autocast_state: AutocastState | None = None,
+    replay: bool = False,
+    sized: tuple = (),
+    grad_mode: tuple | None = None,
 ) -> int:
-    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None), registered
+    """The fallback symbol of ``func`` (run under ``autocast_state`` when not None, its forward
+    under the grad mode ``grad_mode`` when not None: ``GRAD_MODE_KERNELS``), registered
     on first use with its ``<name>.vjp``. An effect (a random call) has a ``.vjp`` only as a
     ``replay`` symbol: one that returns, last, the generator state its draws started from, from
     which its backward draws the same numbers again. A ``sized`` symbol (groups of ``(output,
     dim)``, ``values.widened``) returns, after its tensors, the size at the first place of each
     group; it has no backward (its outputs require none)."""
-    key = (func, autocast_state, replay, sized)
+    key = (func, autocast_state, replay, sized, grad_mode)
     sid = _ids.get(key)
     if sid is None:
         name, impl = qualified_name(func), func
@@ -89,16 +95,20 @@ def symbol_id(
             name += ".replayable"
         if sized:
             name += ".sized_" + "_".join(f"{i}_{d}" for i, d in (g[0] for g in sized))
+        if grad_mode is not None:
+            name += (".grad_mode_" if grad_mode[0] else ".no_grad_mode_") + "".join(str(int(f)) for f in grad_mode[1])
         # The registry is by name: two callables of one name must not share a symbol.
         taken = sum(1 for other in _names.get(name, ()) if other is not func)
         _names.setdefault(name, []).append(func)
         name += f".{taken}" if taken else ""
         sid = _ids[key] = _core.register_symbol(name, fallback=True, effect=effect)
-        run = _returning_generator_state(impl) if replay else _flat_outputs(impl)
-        FALLBACK_IMPLS[sid] = _returning_sizes(impl, sized) if sized else run
+        forward = impl if grad_mode is None else _under_grad_mode(impl, grad_mode)
+        run = _returning_generator_state(forward) if replay else _flat_outputs(forward)
+        FALLBACK_IMPLS[sid] = _returning_sizes(forward, sized) if sized else run
         if (replay or not effect) and not sized:
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
+            LOGGED_VJPS.add(f"{name}.vjp")
     return sid
 
 
@@ -195,6 +205,42 @@ def _replaying(vjp):
     return run
 
 
+#: Ops whose CPU kernel torch chooses by grad mode and by which of its tensors require grad: the
+#: RNNs' oneDNN kernel runs its training primitive under grad, and their cells' products fold their
+#: operands by whether one requires grad, in float32 and float64 alike (a bidirectional 2-layer
+#: LSTM's output is 1e-8 off otherwise). Their fallback runs under the grad mode it was traced in,
+#: on tensors requiring grad as the traced ones did, as eager's call does (the compiled forward
+#: runs without grad, on tensors most of which require none).
+GRAD_MODE_KERNELS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
+
+
+def _grad_mode(func, arg_leaves) -> tuple | None:
+    """For a call of ``GRAD_MODE_KERNELS``, the grad mode and which of its tensor arguments
+    require grad (``_under_grad_mode``); None for another."""
+    if func not in GRAD_MODE_KERNELS:
+        return None
+    return torch.is_grad_enabled(), tuple(x.requires_grad for x in arg_leaves if isinstance(x, torch.Tensor))
+
+
+def _under_grad_mode(func, grad_mode: tuple):
+    """``func`` run under grad mode ``grad_mode[0]``, on its tensors detached and requiring grad
+    where ``grad_mode[1]`` (one flag per tensor leaf of the arguments) says; its outputs detached
+    (torch's autograd differentiates the compiled call, not this run)."""
+    enabled, flags = grad_mode
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        leaves, spec = tree_flatten((args, kwargs))
+        wants = iter(flags)
+        leaves = [x.detach().requires_grad_(next(wants)) if isinstance(x, torch.Tensor) else x for x in leaves]
+        args, kwargs = tree_unflatten(leaves, spec)
+        with torch.set_grad_enabled(enabled):
+            out = func(*args, **kwargs)
+        return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
+
+    return run
+
+
 def _under_autocast(func, recorded: AutocastState):
     """``func`` run under the autocast state it was traced under (the generated code runs with
     autocast off), so that the casts torch's autocast makes inside it happen as in eager."""
@@ -210,8 +256,20 @@ def _under_autocast(func, recorded: AutocastState):
 #: Zeros that a backward of an opaque symbol gives an input its op gave no gradient (eager's
 #: None: a custom op's backward returning None, a loss of outputs that do not read the input),
 #: by id: the trace's values are tensors, so the compiled backward computes with zeros, and
-#: ``absent_as_none`` gives None where it returns them as an input's gradient.
+#: ``absent_as_none`` gives None where they, or only values computed from them, reach an input.
 _ABSENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+#: The names of the backwards ``_vjp_of`` makes, which log which of their gradients are absent.
+LOGGED_VJPS: set[str] = set()
+
+
+class _AbsentLog(threading.local):
+    """Per thread: for each call of a ``LOGGED_VJPS`` backward in the compiled backward running
+    (``absent_as_none``), which of its gradients are absent; None outside one."""
+
+    calls: list | None = None
+
+
+_absent_log = _AbsentLog()
 
 
 def no_gradient(w: torch.Tensor) -> torch.Tensor:
@@ -221,20 +279,47 @@ def no_gradient(w: torch.Tensor) -> torch.Tensor:
     return zeros
 
 
-def absent_as_none(backward):
-    """``backward`` (a compiled backward with opaque symbols' backwards) giving None, as eager's
-    autograd does, for the inputs whose gradient is zeros ``no_gradient`` made: ``x.grad`` stays
-    None, ``autograd.grad(..., allow_unused=True)`` gives None. (Zeros that flowed through other
-    operations of the backward first are left as they are.)"""
+def absent_as_none(backward, trace, num_cotangents: int):
+    """``backward`` (a compiled backward, the execution trace ``trace``, whose last
+    ``num_cotangents`` inputs are cotangents) giving None, as eager's autograd does, for the inputs
+    whose gradient ``no_gradient``'s zeros alone reach (``_core.Trace.absent_outputs``): through a
+    view, a product with a saved tensor, another op's backward, as eager's nodes given only
+    undefined gradients give undefined ones. ``x.grad`` stays None, ``autograd.grad(...,
+    allow_unused=True)`` gives None (and raises eager's error without ``allow_unused``)."""
+    calls = trace.call_outputs(LOGGED_VJPS)
+    materialized = [v for outs in trace.call_outputs({_MATERIALIZED}) for v in outs]
 
     @functools.wraps(backward)
     def run(*args):
-        grads = backward(*args)
-        if not _ABSENT:
+        outer, _absent_log.calls = _absent_log.calls, []
+        try:
+            grads = backward(*args)
+        finally:
+            logged, _absent_log.calls = _absent_log.calls, outer
+        if not any(any(m) for m in logged):
             return grads
-        return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
+        if len(logged) != len(calls):  # (backwards the trace does not show: only the zeros themselves)
+            return tuple(None if _ABSENT.get(id(g)) is g else g for g in grads)
+        absent = [v for outs, mask in zip(calls, logged) for v, a in zip(outs, mask) if a]
+        gone = set(trace.absent_outputs(absent, num_cotangents, materialized))
+        return tuple(None if i in gone else g for i, g in enumerate(grads))
 
     return run
+
+
+def _materialize(g):
+    return g
+
+
+#: The name of ``materialized``'s symbol.
+_MATERIALIZED = qualified_name(_materialize)
+
+
+def materialized(g):
+    """``g``, a cotangent a custom autograd.Function's backward reads, through a call at which the
+    compiled backward's absent gradients stop (``absent_as_none``): eager gives such a backward
+    zeros for an undefined gradient (``ctx.set_materialize_grads``), and its results are defined."""
+    return fallback(_materialize, (g,), {})
 
 
 def _vjp_of(func):
@@ -258,6 +343,8 @@ def _vjp_of(func):
         # input) are one leaf here: its gradient, the sum of their uses, goes to the first of them
         # (it was given to each, and the program's backward added them up again: twice eager's).
         first = {id(w): i for i, w in reversed(list(enumerate(wanted)))}
+        if _absent_log.calls is not None:
+            _absent_log.calls.append(tuple(g is None for g in grads))
         grads = tuple(
             no_gradient(w) if g is None else torch.zeros_like(w) if first[id(w)] != i else g
             for i, (w, g) in enumerate(zip(wanted, grads))
@@ -587,7 +674,7 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))
-    sid = symbol_id(func, effect, autocast_state, replay, sized)
+    sid = symbol_id(func, effect, autocast_state, replay, sized, _grad_mode(func, arg_leaves))
     if torch.is_grad_enabled():  # (a view input a gradient flows into: ``TensorProxy._view_grad``)
         note_gradient_through(metas, (*args, *(kwargs or {}).values()))
     if sized:

@@ -176,18 +176,19 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
         trace = compiled.backward[-1]
         regions = _fused_regions(trace, filename + " backward", namespace, executors)
         read = frozenset(k for k in trace.inputs_needed() if k < trace.num_inputs - len(grad_positions))
-        return _backward(trace, filename, namespace, regions), read
+        return _backward(trace, filename, namespace, regions, len(grad_positions)), read
 
     reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions)
     return {"reads": reads, "compile_backward": compile_backward}
 
 
-def _backward(trace, filename: str, namespace: dict, regions):
-    """The generated backward of ``trace``; where it runs opaque symbols' backwards (``.vjp``),
-    giving None for the inputs their ops gave none (``fallback.absent_as_none``)."""
+def _backward(trace, filename: str, namespace: dict, regions, num_cotangents: int):
+    """The generated backward of ``trace`` (its last ``num_cotangents`` inputs are cotangents);
+    where it runs opaque symbols' backwards (``.vjp``), giving None for the inputs their ops gave
+    none (``fallback.absent_as_none``)."""
     backward = _load(trace, "backward", filename + " backward", namespace, regions)[1]
     if any(name.endswith("vjp") for name in trace.all_symbol_names()):
-        return absent_as_none(backward)
+        return absent_as_none(backward, trace, num_cotangents)
     return backward
 
 
@@ -295,7 +296,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     source, computation = _load(traces[-1], "computation", filename, namespace, regions)
     wb = acquired.writebacks
     if backward_traces:
-        backward = _backward(backward_traces[-1], filename, namespace, backward_regions)
+        backward = _backward(backward_traces[-1], filename, namespace, backward_regions, len(grad_positions))
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
