@@ -75,6 +75,7 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         _trace_constructors(gm)
+        _data_reads(gm)
         _user_checkpoints(gm, example_inputs)
         _user_functions(gm)
         transform = _transform_call(gm)
@@ -193,6 +194,23 @@ def _trace_constructors(gm: torch.fx.GraphModule) -> None:
     for node in refs:
         node.target = torch.tensor
     if refs:
+        gm.recompile()
+
+
+def _data_of(t: torch.Tensor) -> torch.Tensor:
+    """``t.data``, the call ``_data_reads`` puts where Dynamo wrote ``_get_data_attr(t)``."""
+    return t.data
+
+
+def _data_reads(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``t.data`` as ``torch._C._autograd._get_data_attr(t)``, a C function that no
+    ``__torch_function__`` sees: traced, it reached torch dispatch and the whole graph ran eagerly
+    (an EMA codebook or a momentum encoder written through ``.data``). It is made ``t.data``
+    again, which thunder_rs traces as under ``jit``."""
+    reads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._autograd._get_data_attr]
+    for node in reads:
+        node.target = _data_of
+    if reads:
         gm.recompile()
 
 

@@ -66,18 +66,28 @@ class RecordedModes:
         now = (_is_grad_enabled(), autocast.state())
         if now == (self.grad_enabled, self.autocast):
             return
-        _set_grad_enabled(self.grad_enabled)
-        for device_type in ("cpu", "cuda"):
-            dtype = getattr(self.autocast, device_type) if self.autocast is not None else None
-            torch.set_autocast_enabled(device_type, dtype is not None)
-            if dtype is not None:
-                torch.set_autocast_dtype(device_type, dtype)
+        self.restore()
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: the traced program changed grad mode or autocast (grad mode, autocast: "
             f"{(self.grad_enabled, self.autocast)} -> {now}) without restoring them; a compiled program is traced "
             "once, so later calls would not change them as eager's calls do. Use torch.no_grad(), "
             "torch.set_grad_enabled(...) or torch.autocast(...) as context managers or decorators"
         )
+
+    def restore(self) -> None:
+        """Sets grad mode and autocast back to those of the compilation: after a trace that left
+        them changed, or one that thunder_rs gave up part way (a ``torch.compile`` graph sets grad
+        mode by calls, ``torch._C._set_grad_enabled(False)`` ... ``(True)``, and one refused between
+        them left grad mode off for the eager run of the graph that follows: its outputs had no
+        gradient)."""
+        if (_is_grad_enabled(), autocast.state()) == (self.grad_enabled, self.autocast):
+            return
+        _set_grad_enabled(self.grad_enabled)
+        for device_type in ("cpu", "cuda"):
+            dtype = getattr(self.autocast, device_type) if self.autocast is not None else None
+            torch.set_autocast_enabled(device_type, dtype is not None)
+            if dtype is not None:
+                torch.set_autocast_dtype(device_type, dtype)
 
     def call(self, fn, differentiable: bool, acquired_trace):
         """The compiled call, ``fn`` being the autograd function's apply when ``differentiable``."""
