@@ -7,7 +7,10 @@ mode off for the eager run of the graph that followed, so its outputs had no gra
 did not require grad (``backward()`` raised) or the parameters before the ``no_grad`` block got
 none, silently (``RecordedModes.restore``). ``t.data`` in such a graph, which Dynamo writes as
 ``torch._C._autograd._get_data_attr(t)``, reached torch dispatch and sent the whole graph to
-eager; it is traced as ``t.data`` is under ``jit`` (``dynamo._data_reads``)."""
+eager; it is traced as ``t.data`` is under ``jit`` (``dynamo._data_reads``). Such a graph refused
+inside ``torch.autocast`` left the region entered (torch's count of nested regions one too many), so
+torch never cleared its cache of casts again: every later autocast region, eager code of the user's
+included, used the bfloat16 casts of the weights made before the optimizer's steps."""
 
 import copy
 import warnings
@@ -114,3 +117,41 @@ def test_a_graph_refused_inside_no_grad_runs_eagerly_under_the_callers_grad_mode
             DetachedInPlace, batches, lambda out: out, lambda m: torch.compile(m, backend="thunder_rs")
         )
     assert torch.is_grad_enabled()
+
+
+class AutocastStatistic(DetachedInPlace):
+    """``DetachedInPlace`` under bfloat16 autocast, its output read by the layer again."""
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = self.lin(x)
+            with torch.no_grad():
+                self.seen.add_(z.float().mul(2).detach_().sum(0))
+            y = self.lin(z)
+        return y.float().sum()
+
+
+def test_a_graph_refused_inside_autocast_leaves_later_autocast_regions_casting_the_new_weights():
+    # After the first call every autocast region, the eager one below too, used the casts of the
+    # weights that the first region made: the optimizer's steps were not seen.
+    torch.manual_seed(0)
+    model = AutocastStatistic()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunder_rs")
+    opt, eager_opt = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, eager))
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "thunder_rs backend: graph .* runs eagerly: .*detach_")
+            out = compiled(x)
+        expected = eager(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out.backward()
+        expected.backward()
+        opt.step()
+        eager_opt.step()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            read = model.lin(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            eager_read = eager.lin(x)  # (what a region that left the cache empty casts)
+        torch.testing.assert_close(read, eager_read, rtol=0, atol=0)
