@@ -155,3 +155,29 @@ def test_a_graph_refused_inside_autocast_leaves_later_autocast_regions_casting_t
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
             eager_read = eager.lin(x)  # (what a region that left the cache empty casts)
         torch.testing.assert_close(read, eager_read, rtol=0, atol=0)
+
+
+class InferenceTargets(nn.Module):
+    """A layer whose targets are made under ``torch.inference_mode()`` with ``detach_`` (which
+    thunder_rs refuses: its graph runs eagerly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        z = self.lin(x)
+        with torch.inference_mode():
+            target = x.flip(0).mul(2).detach_()
+        return (z - target).square().mean()
+
+
+def test_a_graph_refused_inside_inference_mode_leaves_inference_mode_as_it_found_it():
+    # Inference mode stayed on after the call: the loss had no gradient (backward() raised), and
+    # every tensor the program made after was an inference tensor.
+    batches = [(torch.randn(2, 3),) for _ in range(3)]
+    with pytest.warns(UserWarning, match="runs eagerly: .*detach_"):
+        _train_next_to_eager(
+            InferenceTargets, batches, lambda out: out, lambda m: torch.compile(m, backend="thunder_rs")
+        )
+    assert not torch.is_inference_mode_enabled() and not torch.ones(1).is_inference()
