@@ -213,7 +213,8 @@ def _data_reads(gm: torch.fx.GraphModule) -> None:
     ``__torch_function__`` sees: traced, it reached torch dispatch and the whole graph ran eagerly
     (an EMA codebook or a momentum encoder written through ``.data``). It is made ``t.data``
     again, which thunder_rs traces as under ``jit``."""
-    reads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._autograd._get_data_attr]
+    get_data = torch._C._autograd._get_data_attr  # type: ignore[attr-defined]
+    reads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is get_data]
     for node in reads:
         node.target = _data_of
     if reads:
