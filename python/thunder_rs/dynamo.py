@@ -48,6 +48,7 @@ not installed with its metadata (a source tree on ``sys.path``), importing thund
 """
 
 import importlib.metadata
+import threading
 import warnings
 import weakref
 
@@ -75,6 +76,8 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, jit_options: dict, example_inputs: list | tuple = ()):
         self.gm = gm
         _trace_constructors(gm)
+        _data_reads(gm)
+        _inference_modes(gm)
         _user_checkpoints(gm, example_inputs)
         _user_functions(gm)
         transform = _transform_call(gm)
@@ -105,9 +108,13 @@ class CompiledGraph:
             return self.gm(*args)
         stats = jitted._jfn._stats
         hits, misses = stats.cache_hits, stats.cache_misses
+        entered = len(_inference_contexts())
         try:
             return jitted(*args)
-        except ThunderError as e:
+        except BaseException as e:
+            _leave_inference_modes(entered)
+            if not isinstance(e, ThunderError):
+                raise
             if (stats.cache_hits, stats.cache_misses) != (hits, misses):
                 raise  # compiled (or found) and failed while running: eager would have run it
             failure = e
@@ -193,6 +200,72 @@ def _trace_constructors(gm: torch.fx.GraphModule) -> None:
     for node in refs:
         node.target = torch.tensor
     if refs:
+        gm.recompile()
+
+
+def _data_of(t: torch.Tensor) -> torch.Tensor:
+    """``t.data``, the call ``_data_reads`` puts where Dynamo wrote ``_get_data_attr(t)``."""
+    return t.data
+
+
+def _data_reads(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``t.data`` as ``torch._C._autograd._get_data_attr(t)``, a C function that no
+    ``__torch_function__`` sees: traced, it reached torch dispatch and the whole graph ran eagerly
+    (an EMA codebook or a momentum encoder written through ``.data``). It is made ``t.data``
+    again, which thunder_rs traces as under ``jit``."""
+    get_data = torch._C._autograd._get_data_attr  # type: ignore[attr-defined]
+    reads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is get_data]
+    for node in reads:
+        node.target = _data_of
+    if reads:
+        gm.recompile()
+
+
+#: The inference-mode contexts the graphs' calls entered and have not left, on this thread.
+_ENTERED = threading.local()
+
+
+def _inference_contexts() -> list:
+    if not hasattr(_ENTERED, "contexts"):
+        _ENTERED.contexts = []
+    return _ENTERED.contexts
+
+
+def _enter_inference_mode(mode: bool):
+    """``torch.autograd.grad_mode._enter_inference_mode``, the context kept until its exit."""
+    context = torch.autograd.grad_mode._enter_inference_mode(mode)
+    _inference_contexts().append(context)
+    return context
+
+
+def _exit_inference_mode(context) -> None:
+    contexts = _inference_contexts()
+    if contexts and contexts[-1] is context:
+        contexts.pop()
+    torch.autograd.grad_mode._exit_inference_mode(context)
+
+
+def _leave_inference_modes(depth: int) -> None:
+    """Leaves the inference-mode contexts entered above ``depth``: those of a trace given up
+    between the graph's entry and exit calls."""
+    contexts = _inference_contexts()
+    while len(contexts) > depth:
+        torch.autograd.grad_mode._exit_inference_mode(contexts.pop())
+
+
+def _inference_modes(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``with torch.inference_mode():`` as the calls ``_enter_inference_mode(True)``
+    ... ``_exit_inference_mode(context)``; a trace refused between them left inference mode on,
+    for the graph's eager run and everything after it (no output required grad). They are made
+    calls that keep the context entered (``_ENTERED``), left where a trace stops part way."""
+    targets = {
+        torch.autograd.grad_mode._enter_inference_mode: _enter_inference_mode,
+        torch.autograd.grad_mode._exit_inference_mode: _exit_inference_mode,
+    }
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+    for node in calls:
+        node.target = targets[node.target]
+    if calls:
         gm.recompile()
 
 

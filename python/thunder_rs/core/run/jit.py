@@ -58,6 +58,7 @@ from thunder_rs.core.run.wrapped_module import (
     present_state_dict_as_wrapped,
 )
 from thunder_rs.errors import (
+    ThunderError,
     ThunderValueError,
     runtime_error,
     settings_made_again,
@@ -446,9 +447,13 @@ class ThunderFunction:
 
         def acquire(traced: list):  # (``traced``: ``flat`` with the generator arguments' stand-ins)
             kept[:] = RecordedModes(), ValueReads(snapshot_runner(executors), forced, sites, prior)
-            found = _ACQUIRE.load().acquire(
-                self._fn, traced, spec, binding, whole_runners(executors), kept[1], sizes, held, floats
-            )
+            try:
+                found = _ACQUIRE.load().acquire(
+                    self._fn, traced, spec, binding, whole_runners(executors), kept[1], sizes, held, floats
+                )
+            except ThunderError:
+                kept[0].restore()  # a refusal part way leaves the modes as the call found them
+                raise
             kept[0].check_restored()
             return found
 

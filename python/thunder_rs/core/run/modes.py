@@ -25,6 +25,14 @@ _set_grad_enabled = torch._C._set_grad_enabled
 _set_autocast_enabled = torch.set_autocast_enabled
 
 
+def _autocast_nesting() -> int:
+    """How many autocast regions are entered (torch clears its cache of casts when the count
+    returns to 0); torch reads it only as it changes it."""
+    level = torch.autocast_decrement_nesting()
+    torch.autocast_increment_nesting()
+    return level + 1
+
+
 def _with_grad_mode(fn, mode: bool):
     def call(*args):
         previous = _is_grad_enabled()
@@ -59,6 +67,7 @@ class RecordedModes:
     def __init__(self):
         self.grad_enabled = _is_grad_enabled()
         self.autocast: AutocastState | None = autocast.state()
+        self.nesting = _autocast_nesting()
 
     def check_restored(self) -> None:
         """Raises when the traced program left grad mode or autocast changed (``torch.set_grad_enabled(False)``
@@ -66,18 +75,33 @@ class RecordedModes:
         now = (_is_grad_enabled(), autocast.state())
         if now == (self.grad_enabled, self.autocast):
             return
-        _set_grad_enabled(self.grad_enabled)
-        for device_type in ("cpu", "cuda"):
-            dtype = getattr(self.autocast, device_type) if self.autocast is not None else None
-            torch.set_autocast_enabled(device_type, dtype is not None)
-            if dtype is not None:
-                torch.set_autocast_dtype(device_type, dtype)
+        self.restore()
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: the traced program changed grad mode or autocast (grad mode, autocast: "
             f"{(self.grad_enabled, self.autocast)} -> {now}) without restoring them; a compiled program is traced "
             "once, so later calls would not change them as eager's calls do. Use torch.no_grad(), "
             "torch.set_grad_enabled(...) or torch.autocast(...) as context managers or decorators"
         )
+
+    def restore(self) -> None:
+        """Sets grad mode and autocast back to those of the compilation: after a trace that left
+        them changed, or one that thunder_rs gave up part way (a ``torch.compile`` graph sets grad
+        mode by calls, ``torch._C._set_grad_enabled(False)`` ... ``(True)``, and one refused between
+        them left grad mode off for the eager run of the graph that follows: its outputs had no
+        gradient), and the count of autocast regions entered (one a refused graph entered)."""
+        for _ in range(_autocast_nesting() - self.nesting):
+            # An autocast region entered (``_enter_autocast``) and not left: nested, its casts of
+            # the weights stayed cached after every later region, which then used stale ones.
+            if torch.autocast_decrement_nesting() == 0:
+                torch.clear_autocast_cache()
+        if (_is_grad_enabled(), autocast.state()) == (self.grad_enabled, self.autocast):
+            return
+        _set_grad_enabled(self.grad_enabled)
+        for device_type in ("cpu", "cuda"):
+            dtype = getattr(self.autocast, device_type) if self.autocast is not None else None
+            torch.set_autocast_enabled(device_type, dtype is not None)
+            if dtype is not None:
+                torch.set_autocast_dtype(device_type, dtype)
 
     def call(self, fn, differentiable: bool, acquired_trace):
         """The compiled call, ``fn`` being the autograd function's apply when ``differentiable``."""
