@@ -153,3 +153,13 @@ def test_a_complex_pointwise_result_keeps_its_inputs_order_as_a_real_ones_does()
     z = _matrix(4, 4, dtype=torch.complex128)
     (_, eager_strides), (out, strides) = _both(lambda z: z.t().exp(), z)
     assert strides == eager_strides == (1, 4)
+
+
+@pytest.mark.parametrize("n", [-1, -2, -3])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=["real", "complex"])
+def test_a_negative_matrix_power_multiplies_the_column_major_inverse_as_eager(n: int, dtype):
+    """``matrix_power(A, -1)`` is the inverse itself (column-major); higher negative powers
+    multiply it, whose gradients eager's mm backward lays out by its layout."""
+    a = _matrix(2, 4, 4, dtype=dtype)
+    strides = _grads_equal(lambda a: LA.matrix_power(a, n), (a,), _matrix(3, 4, dtype=dtype, seed=1))
+    assert strides == LA.matrix_power(a, n).stride()

@@ -111,6 +111,12 @@ def _lstsq(A, B, rcond=None, *, driver=None):
     return (strides, None, None, None)
 
 
+def _matrix_power(A, n, *, out=None):
+    """``matrix_power(A, -1)`` is eager's ``linalg_inv(A)`` itself; other powers a contiguous
+    clone (of ``A`` or of the inverse), the identity or products."""
+    return COLUMN_MAJOR if n == -1 else None
+
+
 def _tensorinv(A, ind=2, *, out=None):
     """Eager's composite: ``inv`` of ``A`` as a square matrix (column-major), reshaped back: a view
     of it."""
@@ -288,6 +294,7 @@ RULES_BY_NAME = {
     **_FACTORS,
     "linalg_lstsq": _lstsq,
     "linalg_tensorinv": _tensorinv,
+    "linalg_matrix_power": _matrix_power,
     **dict.fromkeys(("linalg_solve", "linalg_solve_ex", "linalg_lu_solve"), _solution),
     **dict.fromkeys(("quantile", "nanquantile"), _quantile),
     "svd": _svd,
