@@ -4,6 +4,7 @@ return contiguous tensors (matmul, softmax, layer_norm, reductions, cat do on th
 """
 
 import functools
+import math
 
 import torch
 
@@ -69,11 +70,21 @@ _SUGGESTED_ANY = {"conv1d", "conv2d", "conv3d", "conv_transpose2d", "conv_transp
 
 #: linalg's results, computed by LAPACK (cuSOLVER, MAGMA) in place: their matrices column-major.
 _COLUMN_MAJOR = {
-    *("inverse", "linalg_inv", "linalg_inv_ex", "linalg_solve_triangular"),  # (linalg_solve: ``_solution``)
-    *("triangular_solve", "linalg_cholesky", "linalg_cholesky_ex", "cholesky_solve", "cholesky_inverse"),
-    *("linalg_qr", "geqrf", "ormqr", "linalg_svd", "linalg_eigh", "linalg_lu_factor", "linalg_lu_factor_ex"),
-    *("lu", "lu_solve", "linalg_ldl_factor", "linalg_ldl_factor_ex", "linalg_ldl_solve"),
+    *("inverse", "linalg_inv", "linalg_solve_triangular"),  # (linalg_solve: ``_solution``)
+    *("linalg_cholesky", "cholesky_solve", "cholesky_inverse"),
+    *("ormqr", "lu_solve", "linalg_ldl_solve"),
     *("linalg_householder_product", "orgqr"),  # (LAPACK's orgqr writes Q over a column-major copy)
+}
+
+#: linalg's results of which some are matrices (column-major, as ``_COLUMN_MAJOR``'s) and others
+#: not: eigenvalues, pivots, Householder scalars, ``info`` (contiguous, however many batch dims).
+_FACTORS = {
+    **dict.fromkeys(("linalg_qr", "triangular_solve"), (COLUMN_MAJOR, COLUMN_MAJOR)),
+    **dict.fromkeys(("linalg_eigh", "linalg_eig"), (None, COLUMN_MAJOR)),
+    "linalg_svd": (COLUMN_MAJOR, None, COLUMN_MAJOR),
+    **dict.fromkeys(("geqrf", "linalg_inv_ex", "linalg_cholesky_ex"), (COLUMN_MAJOR, None)),
+    **dict.fromkeys(("lu", "linalg_lu_factor", "linalg_lu_factor_ex"), (COLUMN_MAJOR, None, None)),
+    **dict.fromkeys(("linalg_ldl_factor", "linalg_ldl_factor_ex"), (COLUMN_MAJOR, None, None)),
 }
 
 # -- rules chosen by the call's arguments (``core.lang.eager_layouts``: a rule function) -------------
@@ -83,7 +94,39 @@ def _solution(*args, left=True, **kwargs):
     """``linalg.solve``, ``lu_solve``: LAPACK's column-major solution; with ``left=False`` ATen
     solves the adjoint system and returns its solution transposed, row-major (the meta of
     ``linalg_lu_solve``). (``solve_triangular``'s stays column-major either way.)"""
-    return COLUMN_MAJOR if left else None
+    return (COLUMN_MAJOR, None) if left else None  # (``linalg_solve_ex``'s ``info``: contiguous)
+
+
+def _lstsq(A, B, rcond=None, *, driver=None):
+    """``linalg.lstsq``'s solution: LAPACK solves in place of a column-major copy of ``B`` with
+    ``max(m, n)`` rows, of which the solution is the first ``n`` (not dense for a tall ``A``); a
+    vector ``B`` is that of a column, squeezed. Its other outputs are contiguous."""
+    rows = max(hint(A.shape[-2]), hint(A.shape[-1]))
+    vector = B.ndim == A.ndim - 1
+
+    def strides(shape):
+        *batch, n, k = (*shape, 1) if vector else shape
+        inner = (1, rows) if not vector else (1,)
+        return (*contiguous_strides((*batch, rows * k))[:-1], *inner) if batch else inner
+
+    return (strides, None, None, None)
+
+
+def _matrix_power(A, n, *, out=None):
+    """``matrix_power(A, -1)`` is eager's ``linalg_inv(A)`` itself; other powers a contiguous
+    clone (of ``A`` or of the inverse), the identity or products."""
+    return COLUMN_MAJOR if n == -1 else None
+
+
+def _tensorinv(A, ind=2, *, out=None):
+    """Eager's composite: ``inv`` of ``A`` as a square matrix (column-major), reshaped back: a view
+    of it."""
+
+    def strides(shape):
+        rows = math.prod(shape[: A.ndim - ind])
+        return viewed_strides((rows, rows), (1, rows), tuple(shape))
+
+    return strides
 
 
 def _svd(input, some=True, compute_uv=True):
@@ -249,6 +292,10 @@ RULES_BY_NAME = {
     **dict.fromkeys(_SUGGESTED_ANY, SUGGESTED_ANY),
     **dict.fromkeys(("cat", "concatenate"), SUGGESTED_ALL),  # (ATen's ``compute_output_memory_format``)
     **dict.fromkeys(_COLUMN_MAJOR, COLUMN_MAJOR),
+    **_FACTORS,
+    "linalg_lstsq": _lstsq,
+    "linalg_tensorinv": _tensorinv,
+    "linalg_matrix_power": _matrix_power,
     **dict.fromkeys(("linalg_solve", "linalg_solve_ex", "linalg_lu_solve"), _solution),
     **dict.fromkeys(("quantile", "nanquantile"), _quantile),
     "svd": _svd,

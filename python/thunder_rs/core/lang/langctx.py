@@ -358,14 +358,16 @@ def _torch_function(func, args, kwargs):
         # What the program's own call runs its op on: captured tensors lifted, autocast's casts.
         if thread_state.inside == 1:
             note_arguments(func, args, kwargs)
-        if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
-            return complex_call(func, ltorch_fn, args, kwargs)
-        if problems.collecting():
-            return _examined(func, ltorch_fn, args, kwargs)
         op = func if func in LAYOUT_RULES else ltorch_fn  # (``torch.subtract`` is ``ltorch.sub``'s)
+        if func not in MUTATING and not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
+            call = complex_call  # (its results laid out as a real call's: ``z.t().exp()``, ``linalg.inv(z)``)
+        elif problems.collecting():
+            return _examined(func, ltorch_fn, args, kwargs)
+        else:
+            call = None
         if not laid_out(op, args, kwargs):
-            return ltorch_fn(*args, **kwargs)
-        out = ltorch_fn(*args, **kwargs)
+            return ltorch_fn(*args, **kwargs) if call is None else call(func, ltorch_fn, args, kwargs)
+        out = ltorch_fn(*args, **kwargs) if call is None else call(func, ltorch_fn, args, kwargs)
         take_layouts(op, args, kwargs, out)
         return out
     prop = _property_name(func)
