@@ -205,6 +205,84 @@ def test_state_rebound_between_calls_is_the_new_tensor():
         assert_as_eager(jitted(x.clone()), eager(x.clone()), module.acc, eager.acc)
 
 
+class Holder(nn.Module):
+    """State in other places a module keeps it: ``init(self)`` makes it, ``body(self, x)`` runs."""
+
+    def __init__(self, init, body):
+        super().__init__()
+        init(self)
+        self.body = body
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _state(module: nn.Module) -> list:
+    """Every tensor ``module`` holds: in its attributes (lists and dicts of them too) and submodules'."""
+    found = [t for v in vars(module).values() for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+    return found + [t for child in module.children() for t in _state(child)]
+
+
+def _zeros() -> torch.Tensor:
+    return torch.zeros(2, 4, dtype=torch.float64)
+
+
+def _in_a_dict(s):
+    s.cache = {"k": _zeros()}
+
+
+def _in_a_list(s):
+    s.history = [_zeros()]
+
+
+def _in_a_submodule(s):
+    s.inner = nn.Module()
+    s.inner.acc = _zeros()
+
+
+def _two(s):
+    s.a, s.b = _zeros(), torch.ones(2, 4, dtype=torch.float64)
+
+
+def _with_a_view(s):
+    s.base = _zeros()
+    s.row = s.base[0]
+
+
+def _acc(s):
+    s.acc = _zeros()
+
+
+HELD = {
+    "out_argument": (_acc, lambda s, x: (torch.add(x, 1, out=s.acc), s.acc)[1]),
+    "copy_": (_acc, lambda s, x: (s.acc.copy_(x), s.acc)[1]),
+    "zero_then_add_": (_acc, lambda s, x: (s.acc.zero_().add_(x.exp()), s.acc)[1]),
+    "dict_item": (_in_a_dict, lambda s, x: (s.cache["k"].add_(x), s.cache["k"])[1]),
+    "list_item_and_row": (_in_a_list, lambda s, x: (s.history[0].add_(x), (s.history[0], s.history[0][1]))[1]),
+    "submodule_attribute": (_in_a_submodule, lambda s, x: (s.inner.acc.add_(x), s.inner.acc)[1]),
+    "two_attributes": (_two, lambda s, x: (s.a.add_(x), s.b.mul_(x), (s.b, s.a, s.a + s.b))[2]),
+    "attribute_viewing_another": (_with_a_view, lambda s, x: (s.row.add_(x[0]), (s.base, s.row))[1]),
+    "read_as_a_value": (_acc, lambda s, x: (s.acc.add_(x), (s.acc, 1.0 if s.acc.sum().item() > 0 else -1.0))[1]),
+}
+
+
+@pytest.mark.parametrize("init, body", HELD.values(), ids=HELD.keys())
+def test_state_held_elsewhere_written_and_returned(init, body):
+    module = Holder(init, body)
+    eager, jitted = copy.deepcopy(module), thunder_rs.jit(module)
+    for _ in range(4):
+        x = torch.randn(2, 4, dtype=torch.float64)
+        out, expected = jitted(x.clone()), eager(x.clone())
+        state, eager_state = _state(module), _state(eager)
+        got, want = tree_leaves(out), tree_leaves(expected)
+        assert len(got) == len(want)
+        assert [a for a in got if type(a) is float] == [e for e in want if type(e) is float]
+        for a, e in ((a, e) for a, e in zip(got, want) if isinstance(e, torch.Tensor)):
+            assert torch.equal(a, e) and a.stride() == e.stride()
+            assert [a is t for t in state] == [e is t for t in eager_state]
+        assert all(torch.equal(a, e) for a, e in zip(state, eager_state))
+
+
 TOTAL = torch.zeros(2, 4, dtype=torch.float64)
 
 
