@@ -283,6 +283,39 @@ def test_state_held_elsewhere_written_and_returned(init, body):
         assert all(torch.equal(a, e) for a, e in zip(state, eager_state))
 
 
+class Cache(nn.Module):
+    """A key cache kept as a plain attribute or a buffer, written at a position that grows by each
+    call's length; it returns the filled part (a view of the cache, sliced to a symbolic size after
+    the first lengths) and the cache."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        keys = torch.zeros(1, 16, 4)
+        if kind == "buffer":
+            self.register_buffer("keys", keys)
+        else:
+            self.keys = keys
+        self.pos = 0
+
+    def forward(self, x):
+        length = x.shape[1]
+        self.keys[:, self.pos : self.pos + length] = x
+        self.pos += length
+        return self.keys[:, : self.pos], self.keys
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["values", "requiring_grad"])
+@pytest.mark.parametrize("kind", ["attribute", "buffer"])
+def test_cache_written_at_a_growing_position_and_returned(kind, grad):
+    module = Cache(kind)
+    eager, jitted = copy.deepcopy(module), thunder_rs.jit(module)
+    for length in (3, 1, 1, 2, 1):
+        x = torch.randn(1, length, 4, requires_grad=grad)
+        (part, whole), expected = jitted(x), eager(x.detach().clone().requires_grad_(grad))
+        assert_as_eager((part, whole), expected, module.keys, eager.keys)
+        assert part._base is module.keys and part.requires_grad == expected[0].requires_grad
+
+
 TOTAL = torch.zeros(2, 4, dtype=torch.float64)
 
 
