@@ -40,7 +40,7 @@ from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
-from thunder_rs.core.acquisition.outputs import flatten_output, is_plain, is_size
+from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_plain, is_size
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.aliases import alias_guards
@@ -606,7 +606,7 @@ def acquire(
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
     modules_called, size_checks, sites, interrupted = _observed_facts(observer)
     del observer
-    kept = _kept_tensors(captures, inputs)
+    kept, out = _kept_tensors(captures, inputs), as_written(out, captures.written())  # (a written capture: its value)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, (*traced, outputs_made)
     )

@@ -269,6 +269,25 @@ def flatten_output(out, inputs: list):
     return tuple(flat), RebuiltOutput(spec, templates, template.takes_call)
 
 
+def as_written(out, written: dict):
+    """``out`` with each tensor of ``written`` (captured tensors the program wrote in place, by id:
+    ``Captures.written``) among its leaves replaced by the proxy of its final value, as a written
+    input is returned: the write-backs return the captured tensor itself after copying that value
+    into it (``return self.acc`` after ``self.acc.add_(x)``), where the trace would return the
+    tensor as a constant, outside the write-backs and autograd's view of the call."""
+    if not written:
+        return out
+    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    found = [written.get(id(leaf)) if _is_real(leaf) else None for leaf in leaves]
+    if not any(p is not None for p in found):
+        return out
+    return spec.unflatten([leaf if p is None else p for leaf, p in zip(leaves, found)])
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
+
+
 def is_plain(out) -> bool:
     """Outputs the generated code can return as they are: a leaf, or a flat tuple/list of leaves."""
     leaf = lambda x: isinstance(x, torch.Tensor) or type(x) in (bool, int, float) or x is None  # noqa: E731

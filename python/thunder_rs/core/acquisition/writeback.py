@@ -41,7 +41,9 @@ class WriteBacks:
     slots: tuple
     #: (output position, trace input index): outputs that are a written input itself
     aliases: tuple
-    #: positions of the program's outputs that are tensors
+    #: positions of the program's outputs that are tensors the call computes (a tensor the trace
+    #: returns as a constant, ``return self.acc`` after a write through ``self.acc[0]``, is that
+    #: tensor, which eager returns as the writes leave it: not cloned before the copies)
     tensor_outputs: tuple
     #: trace inputs that must not share memory with a written one: the arguments and captured
     #: tensors, and where one of those is written, the module's parameters and buffers too (an
@@ -118,7 +120,7 @@ def plan(
         for i, o in enumerate(leaves)
         if (link := replayable_view(o, sizes)) is not None and id(link.root) in position and id(o) not in position
     )
-    tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor))
+    tensors = tuple(i for i, o in enumerate(leaves) if isinstance(o, TensorProxy))
     wb = WriteBacks(
         len(leaves),
         out_kind,

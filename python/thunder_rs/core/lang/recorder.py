@@ -202,6 +202,11 @@ class Captures:
                 return copy
         return p
 
+    def written(self) -> dict:
+        """The proxies of the captured tensors the program wrote in place, by the id of the tensor
+        (of a tensor the program created, the proxy of its copy)."""
+        return {key: p for key, p in self._proxies.items() if p._vid != p._input_vid}
+
     def written_in(self, values) -> bool:
         """Whether ``values`` (or lists of them) hold a captured tensor the program has written."""
         if not self.proxies:
