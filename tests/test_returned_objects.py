@@ -205,3 +205,31 @@ def test_a_made_tuple_subclass_holding_traced_tensors_is_refused():
 
     with pytest.raises(ThunderNotImplementedError, match=r"returns_pair .*_Pair it made"):
         thunder_rs.jit(returns_pair)(torch.ones(3))
+
+
+class _Tables(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = [1, 2]
+        self.names = {"a": 1}
+
+    def forward(self, x):
+        return types.SimpleNamespace(t=x * 2, table=self.table, names=self.names, own={"b": [2]})
+
+
+def test_a_made_object_holding_state_lists_holds_those_lists_themselves():
+    m = _Tables()
+    jm = thunder_rs.jit(m)
+    first, second = jm(torch.ones(2)), jm(torch.full((2,), 3.0))
+    assert second.table is m.table and second.names is m.names
+    assert second.own is not first.own and second.own["b"] is not first.own["b"]
+    _same(m(torch.full((2,), 3.0)), second)
+
+
+def test_a_module_returning_what_it_cannot_make_anew_is_refused_naming_its_forward():
+    class MakesLock(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, threading.Lock()
+
+    with pytest.raises(ThunderNotImplementedError, match=r"MakesLock.forward \(.*test_returned_objects.py:\d+\)"):
+        thunder_rs.jit(MakesLock())(torch.ones(2))

@@ -6,7 +6,9 @@ tensors, such as the ``DynamicCache`` a Hugging Face decoder returns as ``past_k
 rebuilt per call too: its tensors become outputs of the trace, and every call returns a new object
 of the same class whose attributes hold that call's tensors, as eager returns a new cache per call.
 Returning the trace-time object would hand the caller ``TensorProxy`` stand-ins, the same for
-every call.
+every call. An object the program made (``returned_objects``: a ``SimpleNamespace``, a plain class
+instance, a set, also without traced tensors) is made anew by every call too, with new lists,
+dicts and objects of its own, as eager makes them; what it found in its state is shared.
 
 Only the objects and containers on a path to a traced tensor are rebuilt (``cls.__new__`` and the
 instance dict, as ``copy`` does); everything else they reference (ints, classes, configs,
