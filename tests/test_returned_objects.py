@@ -233,3 +233,18 @@ def test_a_module_returning_what_it_cannot_make_anew_is_refused_naming_its_forwa
 
     with pytest.raises(ThunderNotImplementedError, match=r"MakesLock.forward \(.*test_returned_objects.py:\d+\)"):
         thunder_rs.jit(MakesLock())(torch.ones(2))
+
+
+class _NamedWithAttributes(collections.namedtuple("_Fields", "t n")):
+    pass
+
+
+def test_a_named_tuple_with_attributes_of_its_own_is_refused():
+    def returns_named(x):
+        out = _NamedWithAttributes(x * 2, 1)
+        out.extra = [5]
+        return out
+
+    assert returns_named(torch.ones(2)).extra == [5]  # (eager keeps it)
+    with pytest.raises(ThunderNotImplementedError, match=r"returns_named .*_NamedWithAttributes .*\(extra\)"):
+        thunder_rs.jit(returns_named)(torch.ones(2))

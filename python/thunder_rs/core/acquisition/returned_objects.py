@@ -139,6 +139,7 @@ def made_objects(box: list, where: str) -> MadeObjects | None:
         return None
     objects, inner, parents = walked
     counts = _counts(objects)
+    _refuse_named_tuple_attributes(objects, where)
     made = [c - _OWN == n for c, n in zip(counts, inner)]
     changed = True
     while changed:  # (made only if every object referencing it was made)
@@ -147,6 +148,18 @@ def made_objects(box: list, where: str) -> MadeObjects | None:
             if made[k] and not all(p < 0 or made[p] for p in ps):
                 made[k], changed = False, True
     return MadeObjects([o for o, m in zip(objects, made) if m], where)
+
+
+def _refuse_named_tuple_attributes(objects: list, where: str) -> None:
+    """Named tuples are rebuilt from their fields (torch's pytree): one with attributes of its own
+    (a subclass's instance dict) would come back without them."""
+    for x in objects:
+        if isinstance(x, tuple) and hasattr(type(x), "_fields") and getattr(x, "__dict__", None):
+            raise ThunderNotImplementedError(
+                f"jit: {where} returns a {type(x).__qualname__} (a named tuple) with attributes of its own "
+                f"({', '.join(map(str, x.__dict__))}); thunder_rs rebuilds named tuples from their fields and would "
+                "return it without them. Return those values as fields or apart"
+            )
 
 
 def rebuild_kind(x) -> str | None:
