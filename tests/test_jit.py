@@ -292,22 +292,25 @@ def test_an_object_returned_twice_is_rebuilt_once_per_call():
     assert second["again"] is first and type(first.tensors[0]) is torch.Tensor
 
 
-def test_returned_objects_referring_to_themselves_are_refused():
+def test_returned_objects_referring_to_themselves_are_new_each_call_and_refer_to_themselves():
     def f(x):
         holder = Holder([x * 2], "cyclic")
         holder.me = holder
         return holder
 
-    with pytest.raises(NotImplementedError, match="refers to itself"):
-        thunder_rs.jit(f)(torch.ones(2))
+    jf = thunder_rs.jit(f)
+    first, second = jf(torch.ones(2)), jf(torch.full((2,), 3.0))
+    assert first is not second and first.me is first and second.me is second
+    assert torch.equal(second.tensors[0], f(torch.full((2,), 3.0)).tensors[0])
 
-    def g(x):  # a cycle that holds no traced tensor is returned as it is
+    def g(x):  # a cycle that holds no traced tensor, made by each call too
         plain = Holder([], "plain")
         plain.me = plain
         return x * 2, Holder([x], plain)
 
-    out, holder = thunder_rs.jit(g)(torch.ones(2))
-    assert holder.label.me is holder.label
+    jg = thunder_rs.jit(g)
+    (_, first), (_, holder) = jg(torch.ones(2)), jg(torch.ones(2))
+    assert holder.label.me is holder.label and holder.label is not first.label
 
 
 def test_fallbacks_of_one_name_are_different_symbols():

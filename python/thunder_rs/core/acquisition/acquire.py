@@ -41,6 +41,7 @@ from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_plain, is_size
+from thunder_rs.core.acquisition.returned_objects import made_objects, program_site
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.aliases import alias_guards
@@ -359,7 +360,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     try:
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
-            out = fn(*args, **kwargs)
+            box = [fn(*args, **kwargs)]  # (held by nothing else: ``made_objects`` counts references)
+        inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]))
+        out = box.pop()
         inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
         out = containers.returned(out)
         with containers.as_before():  # (their changes made again by every call)
@@ -517,7 +520,7 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     effects += attribute_writes(writes, extras, kept) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
-        out, out_spec = flatten_output(out, flat_inputs)
+        out, out_spec = flatten_output(out, flat_inputs, inputs.made_objects)
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())

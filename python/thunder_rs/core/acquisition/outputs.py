@@ -6,7 +6,9 @@ tensors, such as the ``DynamicCache`` a Hugging Face decoder returns as ``past_k
 rebuilt per call too: its tensors become outputs of the trace, and every call returns a new object
 of the same class whose attributes hold that call's tensors, as eager returns a new cache per call.
 Returning the trace-time object would hand the caller ``TensorProxy`` stand-ins, the same for
-every call.
+every call. An object the program made (``returned_objects``: a ``SimpleNamespace``, a plain class
+instance, a set, also without traced tensors) is made anew by every call too, with new lists,
+dicts and objects of its own, as eager makes them; what it found in its state is shared.
 
 Only the objects and containers on a path to a traced tensor are rebuilt (``cls.__new__`` and the
 instance dict, as ``copy`` does); everything else they reference (ints, classes, configs,
@@ -17,6 +19,7 @@ of the call copied for tracing), which the output holds as the ``argument_contai
 that finds it in each call's arguments.
 """
 
+import collections
 import copy
 import types
 
@@ -24,6 +27,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
+from thunder_rs.core.acquisition.returned_objects import MadeObjects, base_new, rebuild_kind, refuse_made
+from thunder_rs.core.acquisition.returned_objects import children
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -82,9 +87,10 @@ class _Templater:
     ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
     An object reached twice gets one template (and is rebuilt once per call)."""
 
-    def __init__(self, flat: list, inputs: dict):
+    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None):
         self.flat = flat
         self._inputs = inputs
+        self._made = made
         #: whether the output holds a container of the call's arguments (an ``ArgumentContainer``)
         self.takes_call = False
         self._memo: dict = {}
@@ -124,13 +130,20 @@ class _Templater:
         return node
 
     def _node(self, x):
+        made = self._made is not None and x in self._made
         if type(x) in (list, tuple) or isinstance(x, tuple) and hasattr(x, "_fields"):
             parts = tuple(map(self, x))
             kind = "namedtuple" if hasattr(x, "_fields") else type(x).__name__
-            return _Rebuilt(kind, type(x), parts) if any(p is not y for p, y in zip(parts, x)) else x
+            return _Rebuilt(kind, type(x), parts) if made or any(p is not y for p, y in zip(parts, x)) else x
         if isinstance(x, dict):
             parts = tuple((k, self(v)) for k, v in x.items())
-            return _Rebuilt("dict", type(x), parts) if any(p is not x[k] for k, p in parts) else x
+            if not made and all(p is x[k] for k, p in parts):
+                return x
+            if type(x) is collections.defaultdict:  # (``cls(pairs)`` would take the pairs for its factory)
+                return _Rebuilt("defaultdict", x.default_factory, parts)
+            return _Rebuilt("counter" if type(x) is collections.Counter else "dict", type(x), parts)
+        if made:
+            return self._made_node(x)
         for name in slot_names(type(x)):
             if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
                 raise ThunderNotImplementedError(
@@ -145,6 +158,23 @@ class _Templater:
             return x
         # Rebuilt per call, its own lists, dicts and sets are too (``info={}`` made by each eager call).
         return _Rebuilt("object", type(x), tuple((k, _Copied(p) if type(p) in _MUTABLE else p) for k, p in parts))
+
+    def _made_node(self, x):
+        """An object the program made (``returned_objects``), made anew by every call as eager does."""
+        made = self._made
+        assert made is not None
+        kind = rebuild_kind(x)
+        if kind is None or kind != "object" and any(isinstance(c, TensorProxy) or c in made for c in children(x)):
+            refuse_made(x, made)
+        if kind != "object":
+            return x if kind == "shared" else _Copied(x)
+        # (noted before its parts: an object that refers to itself is rebuilt referring to its new self)
+        node = self._memo[id(x)] = _Rebuilt("made", type(x), ())
+        state = getattr(x, "__dict__", {})
+        parts = [(k, self(v), False) for k, v in state.items()]
+        parts += [(n, self(getattr(x, n)), True) for n in slot_names(type(x)) if hasattr(x, n)]
+        node.parts = tuple(parts)
+        return node
 
 
 _MUTABLE = (list, dict, set)
@@ -183,6 +213,14 @@ def _build(node, outputs, inputs, built: dict):
         obj = node.cls(*(_build(p, outputs, inputs, built) for p in parts))
     elif node.kind == "dict":
         obj = node.cls((k, _build(p, outputs, inputs, built)) for k, p in parts)
+    elif node.kind in ("defaultdict", "counter"):
+        obj = collections.defaultdict(node.cls) if node.kind == "defaultdict" else collections.Counter()
+        dict.update(obj, ((k, _build(p, outputs, inputs, built)) for k, p in parts))
+    elif node.kind == "made":
+        obj = built[id(node)] = base_new(node.cls)
+        for k, p, slot in parts:
+            value = _build(p, outputs, inputs, built)
+            object.__setattr__(obj, k, value) if slot else obj.__dict__.__setitem__(k, value)
     else:
         obj = node.cls.__new__(node.cls)  # type: ignore[call-overload]  # mypy takes it for type.__new__
         obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
@@ -218,11 +256,14 @@ class RebuiltOutput:
     def shared(self) -> list:
         """The objects every call returns as the call traced returned them (holding no traced tensor)."""
         found: list = []
+        seen: set = set()
 
         def walk(node):
             if isinstance(node, _Rebuilt):
-                for part in node.parts:
-                    walk(part[1] if node.kind in ("dict", "object") else part)
+                if id(node) not in seen:  # (a made object that refers to itself is one node)
+                    seen.add(id(node))
+                    for part in node.parts:
+                        walk(part if node.kind in ("list", "tuple", "namedtuple") else part[1])
             elif isinstance(node, _Copied):
                 found.append(node.value)
             elif not isinstance(node, (_Slot, _Input, ArgumentContainer)):
@@ -243,10 +284,11 @@ def _is_proxy_holder(leaf) -> bool:
     return type(leaf) not in _PLAIN_TYPES and not isinstance(leaf, torch.Tensor)
 
 
-def flatten_output(out, inputs: list):
+def flatten_output(out, inputs: list, made: MadeObjects | None = None):
     """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
     them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
-    inputs: an output object among them is returned as the later call's own input."""
+    inputs: an output object among them is returned as the later call's own input. ``made``: the
+    objects the program made among those it returns (``returned_objects``), made anew by each call."""
     # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
     # a cache entry are fixed, so it is returned as the trace found it.
     leaves, spec = tree_flatten(out, is_leaf=is_size)
@@ -254,7 +296,7 @@ def flatten_output(out, inputs: list):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
     flat: list = []
-    template = _Templater(flat, given)
+    template = _Templater(flat, given, made)
     templates = []
     for leaf in leaves:
         if is_size(leaf) and any(type(s) is SymInt for s in leaf):

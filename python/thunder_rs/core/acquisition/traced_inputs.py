@@ -10,6 +10,7 @@ import torch
 
 from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items
 from thunder_rs.core.acquisition.float_args import HeldFloat
+from thunder_rs.core.acquisition.returned_objects import MadeObjects
 from thunder_rs.core.base.layouts import STRIDE
 from thunder_rs.core.lang import symfloat, symint
 from thunder_rs.core.lang.recorder import Captures
@@ -29,6 +30,8 @@ class TracedInputs:
         #: the new contents of the lists and dicts passed as arguments that the program changed
         #: (``argument_containers``): ``(ArgumentContainer, None, contents)``
         self.argument_writes: list = []
+        #: the objects the program returned that it made (``returned_objects.made_objects``)
+        self.made_objects: MadeObjects | None = None
 
     def slot_values(self) -> list:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
