@@ -27,7 +27,7 @@ def test_every_stage_is_recorded_in_order():
     labels = [t.label for t in thunder_rs.last_traces(jfn)]
     assert labels == ["acquired", "dce", "cse", "vjp", "split", "dce", "cse", "views", "claim", "lifetimes"]
     backward = [t.label for t in thunder_rs.last_backward_traces(jfn)]
-    assert backward == ["dce", "cse", "views", "claim", "lifetimes"]  # split is recorded once, above
+    assert backward == ["dce", "materialized", "cse", "views", "claim", "lifetimes"]  # split is recorded once, above
     stats = thunder_rs.compile_stats(jfn)
     assert "pass:lifetimes" in stats.stage_s and "backward:claim" in stats.stage_s
     dce_s = [t.seconds for t in thunder_rs.last_traces(jfn) if t.label == "dce"]

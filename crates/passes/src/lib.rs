@@ -65,6 +65,7 @@ pub mod dce;
 pub mod differentiable;
 pub mod lifetimes;
 pub mod manager;
+pub mod materialized;
 pub mod partition;
 pub mod pipeline;
 pub mod plan;

@@ -14,6 +14,7 @@
 use crate::claim::{Assignment, ExecutorSpec};
 use crate::differentiable::detached_outputs;
 use crate::lifetimes::del_last_used;
+use crate::materialized::drop_markers;
 use crate::partition::{partition, Partition, RegionPlan};
 use crate::plan::Plan;
 use crate::reentrant::Checkpoint;
@@ -131,6 +132,7 @@ pub const PIPELINE: &[Stage] = &[
     stage("fuse", Forward, When::Fusing, Stateful(fuse), "groups fusion executors' calls into regions"),
     stage("lifetimes", Forward, When::Always, Stateful(lifetimes), "frees values, picks in-place forms, writes code"),
     stage("dce", Backward, When::Always, Pass(dce), "removes unused calls"),
+    stage("materialized", Backward, When::Always, Pass(drop_markers), "drops Functions' unneeded cotangent markers"),
     stage("cse", Backward, When::Always, Pass(cse), "merges repeated calls"),
     stage("jit passes", Backward, When::Always, JitPasses, "the jit's passes declared at `backward`"),
     stage("views", Backward, When::Always, Rewrite(views::RULES), "folds chains of views"),

@@ -318,7 +318,10 @@ _MATERIALIZED = qualified_name(_materialize)
 def materialized(g):
     """``g``, a cotangent a custom autograd.Function's backward reads, through a call at which the
     compiled backward's absent gradients stop (``absent_as_none``): eager gives such a backward
-    zeros for an undefined gradient (``ctx.set_materialize_grads``), and its results are defined."""
+    zeros for an undefined gradient (``ctx.set_materialize_grads``), and its results are defined.
+    A backward holding no opaque backward (``LOGGED_VJPS``), where no gradient is absent, drops the
+    call (``passes::materialized``, whose ``MARKER`` is ``_MATERIALIZED``): it costs no call there
+    and splits no fusion region."""
     return fallback(_materialize, (g,), {})
 
 
