@@ -32,6 +32,8 @@ PROGRAMS = {
     "split(n, 1)[0] of an intermediate": lambda x, n: (x * 2).split(n, 1)[0],
     "split_with_sizes": lambda x, n: x.split_with_sizes([n, 5 - n])[1],
     "chunk": lambda x, n: x[: 2 * n].chunk(2)[1],
+    "reshape to a torch.Size": lambda x, n: x[:n].reshape(x[:n].shape[:1] + (3, 2)),
+    "view as a torch.Size": lambda x, n: (x * 2)[:n].view(torch.Size([n, 3, 2])),
 }
 
 

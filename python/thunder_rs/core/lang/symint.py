@@ -600,10 +600,12 @@ def at_sizes(params):
     if type(params) is SymInt:
         code = compile(str(params.expr), "<thunder_rs size>", "eval")
         return lambda env: eval(code, {"__builtins__": {}}, env)  # noqa: S307 (sizes' own expressions)
-    if type(params) in (tuple, list):
+    if isinstance(params, (tuple, list)):  # (``torch.Size`` too: ``x.reshape(x.shape[:2])``)
         parts = [at_sizes(p) for p in params]
         kind = type(params)
-        return lambda env: kind(part(env) for part in parts)
+        if hasattr(params, "_fields"):  # (a named tuple: its fields as arguments)
+            return lambda env: kind(*(part(env) for part in parts))
+        return lambda env: kind([part(env) for part in parts])
     if type(params) is dict:  # (a view op's keyword arguments)
         keyed = {k: at_sizes(v) for k, v in params.items()}
         return lambda env: {k: part(env) for k, part in keyed.items()}
