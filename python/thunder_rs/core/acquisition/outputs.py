@@ -21,14 +21,13 @@ that finds it in each call's arguments.
 
 import collections
 import copy
-import types
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.acquisition.returned_objects import MadeObjects, base_new, rebuild_kind, refuse_made
-from thunder_rs.core.acquisition.returned_objects import children
+from thunder_rs.core.acquisition.returned_objects import LEAVES, children
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -37,17 +36,8 @@ from thunder_rs.errors import ThunderNotImplementedError
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 _PLAIN_TYPES = frozenset(_PLAIN)
-#: What a rebuilt object shares with the trace-time one rather than copies.
-_SHARED = (
-    *_PLAIN,
-    torch.Tensor,
-    torch.nn.Module,
-    type,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    types.ModuleType,
-)
+#: What a rebuilt object shares with the trace-time one rather than copies (what the walk leaves).
+_SHARED = LEAVES
 
 
 # Template nodes are plain slotted classes, not dataclasses: nothing compares or hashes them

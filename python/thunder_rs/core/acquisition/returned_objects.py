@@ -35,7 +35,7 @@ _POINTER = struct.calcsize("P")
 #: Containers a shallow copy makes anew exactly (elements shared: hashable or plain values).
 COPIED = (set, bytearray, collections.deque, array.array)
 #: Values never walked: they hold no object the program made, or are shared as eager shares them.
-_LEAVES = (
+LEAVES = (
     type(None),
     bool,
     int,
@@ -56,7 +56,7 @@ _LEAVES = (
 )
 
 
-_SKIPPED = (*_LEAVES, TensorProxy)
+_SKIPPED = (*LEAVES, TensorProxy)
 
 
 class MadeObjects:
@@ -96,7 +96,7 @@ _UNSET = object()
 
 
 def _walk(box: list):
-    """Every object reachable from ``box`` (not ``_LEAVES``), each once, with the references
+    """Every object reachable from ``box`` (not ``LEAVES``), each once, with the references
     found to it and the positions of the objects referencing it; None past ``_BUDGET``."""
     objects: list = []
     index: dict = {id(box): -1}
