@@ -124,3 +124,26 @@ def test_requires_grad_cleared_between_calls_and_set_again():
     assert m.acc.grad is not None and torch.equal(m.acc.grad, e.acc.grad)
     stats = thunder_rs.compile_stats(j)
     assert (stats.cache_misses, stats.cache_hits) == (2, 1)
+
+
+def test_detached_between_calls_runs_the_first_entry_again():
+    """``m.acc.detach_()`` after the writes made it a non-leaf: the next call is the first call's
+    state again, served by its entry (a guarded hit), and every ``x`` gets eager's gradient."""
+    m = Accumulating("view")
+    e, j = copy.deepcopy(m), thunder_rs.jit(m)
+    xs, ys, outs, expected = [], [], [], []
+    for call in range(4):
+        if call == 2:
+            m.acc.detach_(), e.acc.detach_()
+        x, y = _pair()
+        xs.append(x), ys.append(y)
+        outs.append(j(x)), expected.append(e(y))
+        _same(outs[-1], expected[-1])
+        _same(m.acc, e.acc)
+    sum(o.sum() for o in outs).backward()
+    sum(w.sum() for w in expected).backward()
+    # (eager's detach_ cut the first two calls' outputs off their inputs: their grads stay None)
+    assert [x.grad is None for x in xs] == [y.grad is None for y in ys] == [True, True, False, False]
+    assert all(torch.equal(x.grad, y.grad) for x, y in zip(xs[2:], ys[2:]))
+    stats = thunder_rs.compile_stats(j)
+    assert (stats.cache_misses, stats.cache_hits) == (2, 2)
