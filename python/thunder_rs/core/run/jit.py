@@ -36,6 +36,7 @@ from thunder_rs.core.run.deferred_gc import collections_deferred
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
 from thunder_rs.core.state.guards import Guards
+from thunder_rs.core.state.tensor_guards import grad_state_guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
 from thunder_rs.core.state.modules import apply_hook_changes
@@ -388,7 +389,7 @@ class ThunderFunction:
         # (``state.keyed``): every call checks them.
         per_call = has_held(acquired) or any(getattr(c, "per_call", False) for c in acquired.size_checks)
         sizes_guard = [SizesGuard(symbolic)] if symbolic is not None and per_call else []
-        entry.guards = Guards(acquired.guards + sizes_guard)
+        entry.guards = Guards(acquired.guards + sizes_guard + grad_state_guards(acquired.guards))
         entry.hook_modules = self._hook_modules(acquired)
         entry.captured = tuple(acquired.captured)
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs

@@ -7,7 +7,9 @@ and what it was. A cache entry runs only while all its guards hold.
 
 Guards on module attributes are checked only when some module attribute was written since the
 entry last validated them (``modules.write_epoch``), so a module whose forward reads twenty
-attributes pays one integer compare per call. The others are compiled into one generated function.
+attributes pays one integer compare per call; only the requires_grad and leafness of the tensors
+module attributes hold, which change with no write, are checked every call (``GradStateGuard``).
+The others are compiled into one generated function.
 """
 
 import enum

@@ -117,3 +117,39 @@ class TensorGuard:
             return f"_read_meta({read}) == e{index}"
         scope[f"d{index}"] = self.symbolic
         return f"_read_masked({read}, d{index}) == e{index}"
+
+
+def _grad_state(value):
+    """A tensor's requires_grad as ``tensor_meta`` holds it: False, True, or ``NOT_A_LEAF``."""
+    return value.requires_grad and (value.is_leaf or NOT_A_LEAF) if isinstance(value, torch.Tensor) else MISSING
+
+
+class GradStateGuard:
+    """The requires_grad and leafness of the tensor a module attribute holds (``TensorGuard``, checked
+    only after a module write), checked on every call: both change with no write, by
+    ``m.acc.requires_grad_()`` or by the program's own in-place write of a value requiring grad
+    (``self.acc.add_(x)``), and an entry traced for the other state would drop the gradient."""
+
+    per_call = True
+
+    def __init__(self, guard: TensorGuard):
+        self.guard, self.source, self.name = guard, guard.source, guard.name
+        self.expected = guard.expected[3]
+
+    def holds(self, flat) -> bool:
+        found = self.guard.found(flat)
+        return found is not MISSING and found[3] == self.expected
+
+    def describe(self, flat) -> str:
+        return self.guard.describe(flat)
+
+    def term(self, index: int, scope: dict) -> str:
+        read = f"{self.source.code(f'm{index}', scope)}.get({name_code(self.name, f'key{index}', scope)}, MISSING)"
+        if self.expected == NOT_A_LEAF:
+            return f"((v := {read}).requires_grad and not v.is_leaf)"
+        return f"((v := {read}).requires_grad and v.is_leaf)" if self.expected else f"not {read}.requires_grad"
+
+
+def grad_state_guards(guards: list) -> list:
+    """A ``GradStateGuard`` for each ``TensorGuard`` among ``guards`` checked only after module writes."""
+    return [GradStateGuard(g) for g in guards if type(g) is TensorGuard and not (g.per_call or g.expected is MISSING)]
