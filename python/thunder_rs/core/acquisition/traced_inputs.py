@@ -140,14 +140,20 @@ def put_stand_ins(reached: ArgumentObjects, captures: Captures, size_inputs: Siz
             continue
         sized, strided = _symbolic_dims(t, dims)
         at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
-        if not at.symbolic:
-            continue
-        index = first_input + len(captures.tensors)
-        sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sized}
-        strides = {d: size_inputs.of(t.stride(d), HeldStride(at.source, at.name, d, index)) for d in strided}
-        at.stand_in = attributes[at.name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
-        placed.append((attributes, at, t))
+        if at.symbolic:
+            placed.append(_stand_in(attributes, at, t, (sized, strided), captures, size_inputs, first_input))
     return placed
+
+
+def _stand_in(attributes, at, t: torch.Tensor, dims: tuple, captures: Captures, size_inputs, first_input: int):
+    """Puts in ``attributes`` at ``at.name`` a proxy of ``t`` whose ``dims`` (``(sized, strided)``)
+    are the size inputs read from ``at`` by every call; returns what ``put_back`` takes."""
+    sized, strided = dims
+    index = first_input + len(captures.tensors)
+    sizes = {d: size_inputs.of(t.shape[d], HeldDim(at.source, at.name, d, index)) for d in sized}
+    strides = {d: size_inputs.of(t.stride(d), HeldStride(at.source, at.name, d, index)) for d in strided}
+    at.stand_in = attributes[at.name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
+    return attributes, at, t
 
 
 def module_stand_ins(captures: Captures, size_inputs: SizeInputs, pairs: list, first_input: int) -> list:
@@ -166,16 +172,10 @@ def module_stand_ins(captures: Captures, size_inputs: SizeInputs, pairs: list, f
         sized, strided = _symbolic_dims(t, dims)
         if not sized and not strided:
             continue
-        source = ModuleSource(original, type(original).__name__)
-        at = ArgumentTensor(source, name, original, tensor_meta(t))
+        at = ArgumentTensor(ModuleSource(original, type(original).__name__), name, original, tensor_meta(t))
         at.symbolic = frozenset((*sized, *((STRIDE, d) for d in strided)))
-        index = first_input + len(captures.tensors)
-        sizes = {d: size_inputs.of(t.shape[d], HeldDim(source, name, d, index)) for d in sized}
-        strides = {d: size_inputs.of(t.stride(d), HeldStride(source, name, d, index)) for d in strided}
         captures.hold(t, at)
-        attributes = attributes_of(clone)
-        at.stand_in = attributes[name] = captures.proxy(t, sizes, {d: symint.wrap(s) for d, s in strides.items()})
-        placed.append((attributes, at, t))
+        placed.append(_stand_in(attributes_of(clone), at, t, (sized, strided), captures, size_inputs, first_input))
     return placed
 
 

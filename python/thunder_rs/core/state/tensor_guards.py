@@ -119,11 +119,6 @@ class TensorGuard:
         return f"_read_masked({read}, d{index}) == e{index}"
 
 
-def _grad_state(value):
-    """A tensor's requires_grad as ``tensor_meta`` holds it: False, True, or ``NOT_A_LEAF``."""
-    return value.requires_grad and (value.is_leaf or NOT_A_LEAF) if isinstance(value, torch.Tensor) else MISSING
-
-
 class GradStateGuard:
     """The requires_grad and leafness of the tensor a module attribute holds (``TensorGuard``, checked
     only after a module write), checked on every call: both change with no write, by
