@@ -77,7 +77,8 @@ class CompiledGraph:
         self.gm = gm
         _trace_constructors(gm)
         _data_reads(gm)
-        _inference_modes(gm)
+        #: whether the graph enters inference mode (then a trace given up part way leaves it)
+        self.enters_inference = _inference_modes(gm)
         _user_checkpoints(gm, example_inputs)
         _user_functions(gm)
         transform = _transform_call(gm)
@@ -108,11 +109,12 @@ class CompiledGraph:
             return self.gm(*args)
         stats = jitted._jfn._stats
         hits, misses = stats.cache_hits, stats.cache_misses
-        entered = len(_inference_contexts())
+        entered = len(_inference_contexts()) if self.enters_inference else 0
         try:
             return jitted(*args)
         except BaseException as e:
-            _leave_inference_modes(entered)
+            if self.enters_inference:
+                _leave_inference_modes(entered)
             if not isinstance(e, ThunderError):
                 raise
             if (stats.cache_hits, stats.cache_misses) != (hits, misses):
@@ -253,11 +255,12 @@ def _leave_inference_modes(depth: int) -> None:
         torch.autograd.grad_mode._exit_inference_mode(contexts.pop())
 
 
-def _inference_modes(gm: torch.fx.GraphModule) -> None:
+def _inference_modes(gm: torch.fx.GraphModule) -> bool:
     """Dynamo writes ``with torch.inference_mode():`` as the calls ``_enter_inference_mode(True)``
     ... ``_exit_inference_mode(context)``; a trace refused between them left inference mode on,
     for the graph's eager run and everything after it (no output required grad). They are made
-    calls that keep the context entered (``_ENTERED``), left where a trace stops part way."""
+    calls that keep the context entered (``_ENTERED``), left where a trace stops part way. Returns
+    whether the graph makes such calls (only then does a call count the contexts entered)."""
     targets = {
         torch.autograd.grad_mode._enter_inference_mode: _enter_inference_mode,
         torch.autograd.grad_mode._exit_inference_mode: _exit_inference_mode,
@@ -267,6 +270,7 @@ def _inference_modes(gm: torch.fx.GraphModule) -> None:
         node.target = targets[node.target]
     if calls:
         gm.recompile()
+    return bool(calls)
 
 
 def _user_checkpoints(gm: torch.fx.GraphModule, example_inputs=()) -> None:
