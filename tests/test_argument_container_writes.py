@@ -7,7 +7,9 @@ changes on the caller's containers, as eager does (``core.acquisition.argument_c
 """
 
 import collections
+import dataclasses
 import inspect
+import types
 
 import pytest
 
@@ -247,3 +249,34 @@ def test_one_dict_passed_twice_to_a_program_changing_one_is_refused_before_runni
     with pytest.raises(ThunderNotImplementedError, match="dict at positional argument 2 is also passed at positional"):
         jf(torch.ones(2), d, d)
     assert d == {}
+
+
+@dataclasses.dataclass
+class _Step:
+    loss: torch.Tensor
+    log: list
+    seen: dict
+
+
+def _logs_and_returns_an_object(x, log, seen):
+    y = x.sin()
+    log.append(y)
+    seen["n"] = seen.get("n", 0) + 1
+    return types.SimpleNamespace(out=y * 2, log=log, n=len(log)), _Step(y.sum(), log, seen)
+
+
+def test_an_argument_container_an_object_the_program_made_holds_is_the_callers_as_eager():
+    # The object was rebuilt per call holding a new list (a copy of the caller's): appending to
+    # ``ns.log`` after the call left the caller's list as it was, where eager's is the caller's.
+    jf = thunder_rs.jit(_logs_and_returns_an_object)
+    log, seen, eager_log, eager_seen = [], {}, [], {}
+    for i in range(3):
+        x = torch.randn(3)
+        (ns, step), (eager_ns, eager_step) = jf(x, log, seen), _logs_and_returns_an_object(x, eager_log, eager_seen)
+        assert ns.log is log and step.log is log and step.seen is seen
+        assert eager_ns.log is eager_log and eager_step.seen is eager_seen
+        _assert_same(
+            (ns.out, ns.n, step.loss, log, seen), (eager_ns.out, eager_ns.n, eager_step.loss, eager_log, eager_seen)
+        )
+        ns.log.append(i), eager_ns.log.append(i)  # (the caller's list, changed through the returned object)
+        _assert_same(log, eager_log)

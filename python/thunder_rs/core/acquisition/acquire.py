@@ -364,7 +364,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]))
         out = box.pop()
         inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
-        out = containers.returned(out)
+        out, inputs.argument_copies = containers.returned(out), containers.copies()
         with containers.as_before():  # (their changes made again by every call)
             _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)
         reached.refuse_changed_in_place()
@@ -520,7 +520,7 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     effects += attribute_writes(writes, extras, kept) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
     if effects or not is_plain(out):
-        out, out_spec = flatten_output(out, flat_inputs, inputs.made_objects)
+        out, out_spec = flatten_output(out, flat_inputs, inputs.made_objects, inputs.argument_copies)
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())

@@ -106,10 +106,15 @@ class TracedContainers:
         name = path[1] if path[0] == 1 or path[1] >= len(self.names) else self.names[path[1]]
         return f"the {type(container).__name__} {name}" + "".join(f"[{step!r}]" for step in path[2:])
 
+    def copies(self) -> dict:
+        """The ``ArgumentContainer`` finding the caller's container, by the id of its copy."""
+        return {id(c): ArgumentContainer(path, self.label(c, path)) for c, path, _ in self.found}
+
     def returned(self, out):
         """``out`` with each copy it holds (in tuples, lists and dicts) as the ``ArgumentContainer``
-        finding the caller's: a call returns that, as eager returns the container it was given."""
-        copies = {id(c): ArgumentContainer(path, self.label(c, path)) for c, path, _ in self.found}
+        finding the caller's: a call returns that, as eager returns the container it was given.
+        (One that an object the program returns holds: ``outputs.flatten_output``'s ``arguments``.)"""
+        copies = self.copies()
 
         def leaf(x) -> bool:  # (a torch.Size whole, as ``outputs.is_size``)
             return id(x) in copies or type(x) is torch.Size or type(x) is SymbolicSize

@@ -77,10 +77,12 @@ class _Templater:
     ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
     An object reached twice gets one template (and is rebuilt once per call)."""
 
-    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None):
+    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None, arguments: dict):
         self.flat = flat
         self._inputs = inputs
         self._made = made
+        #: the ``ArgumentContainer`` of each copy of an argument's list or dict, by its id
+        self._arguments = arguments
         #: whether the output holds a container of the call's arguments (an ``ArgumentContainer``)
         self.takes_call = False
         self._memo: dict = {}
@@ -97,6 +99,7 @@ class _Templater:
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
             return x
+        x = self._arguments.get(id(x), x)  # (an argument's list an object the program made holds)
         if type(x) is ArgumentContainer:
             self.takes_call = True
             return x
@@ -274,11 +277,13 @@ def _is_proxy_holder(leaf) -> bool:
     return type(leaf) not in _PLAIN_TYPES and not isinstance(leaf, torch.Tensor)
 
 
-def flatten_output(out, inputs: list, made: MadeObjects | None = None):
+def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments: dict | None = None):
     """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
     them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
     inputs: an output object among them is returned as the later call's own input. ``made``: the
-    objects the program made among those it returns (``returned_objects``), made anew by each call."""
+    objects the program made among those it returns (``returned_objects``), made anew by each call.
+    ``arguments``: the copies of the arguments' lists and dicts tracing made, by id, each the
+    ``ArgumentContainer`` finding the call's own (``TracedContainers.copies``)."""
     # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
     # a cache entry are fixed, so it is returned as the trace found it.
     leaves, spec = tree_flatten(out, is_leaf=is_size)
@@ -286,7 +291,7 @@ def flatten_output(out, inputs: list, made: MadeObjects | None = None):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
     flat: list = []
-    template = _Templater(flat, given, made)
+    template = _Templater(flat, given, made, arguments or {})
     templates = []
     for leaf in leaves:
         if is_size(leaf) and any(type(s) is SymInt for s in leaf):

@@ -32,6 +32,8 @@ class TracedInputs:
         self.argument_writes: list = []
         #: the objects the program returned that it made (``returned_objects.made_objects``)
         self.made_objects: MadeObjects | None = None
+        #: the copies of the arguments' lists and dicts, by id (``TracedContainers.copies``)
+        self.argument_copies: dict = {}
 
     def slot_values(self) -> list:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
