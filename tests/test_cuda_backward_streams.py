@@ -1,0 +1,141 @@
+"""The streams each call's backward runs on, where the program makes a stream and computes on it
+(``with torch.cuda.stream(made)``): eager's autograd runs each call's backward on the streams that
+call's forward ran on, whichever call and whichever thread runs it. On the fake CUDA runtime
+(``fake_cuda_runtime``), whose streams the program makes (``_Streams``); the GPU twin is
+``test_cuda_queue``'s ``test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers``.
+"""
+
+import collections
+import contextlib
+import itertools
+import threading
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import thunder_rs
+from fake_cuda_runtime import Stream
+
+#: the kernels whose streams are compared (the loss's and autograd's own are left out)
+_COMPUTED = ("sin", "cos", "exp", "mul", "neg")
+
+
+def _makes_its_stream(x):
+    made = torch.cuda.Stream()
+    made.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(made):
+        y = x.sin().exp()
+    torch.cuda.current_stream().wait_stream(made)
+    return y.cos()
+
+
+class _Streams:
+    """Makes the fake runtime's streams (``torch.cuda.Stream()`` wants the driver): ids from 10."""
+
+    def __init__(self, monkeypatch):
+        ids = itertools.count(10)
+        monkeypatch.setattr(torch.cuda.Stream, "__new__", lambda cls, device=None, priority=0: Stream(0, next(ids)))
+
+
+class _Launched(TorchDispatchMode):
+    """``(kernel, stream)`` of each of ``_COMPUTED`` launched: the current stream, or with
+    ``nodes``, the one eager's autograd runs the node being run on (noted on it as it was made)."""
+
+    def __init__(self, runtime, nodes=False):
+        super().__init__()
+        self.runtime, self.nodes, self.seen = runtime, nodes, []
+
+    def stream(self) -> int:
+        return self.runtime.streams.get(0, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__.rstrip("_")
+        out = func(*args, **(kwargs or {}))
+        if name in _COMPUTED:
+            node = torch._C._current_autograd_node() if self.nodes else None
+            self.seen.append((name, node.metadata["stream"] if node is not None else self.stream()))
+        return out
+
+
+class _EagerNodes(torch.overrides.TorchFunctionMode):
+    """Notes on each autograd node made the stream its forward ran on."""
+
+    def __init__(self, runtime):
+        super().__init__()
+        self.runtime = runtime
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and "stream" not in t.grad_fn.metadata:
+                t.grad_fn.metadata["stream"] = self.runtime.streams.get(0, 0)
+        return out
+
+
+def _named(seen: list, streams: dict) -> collections.Counter:
+    """The kernels with their streams named by the call whose forward ran on them (0: the default)."""
+    return collections.Counter((kernel, streams.get(s, s)) for kernel, s in seen)
+
+
+def _two_calls_backward_in_turn(fn, runtime, eager: bool, backward):
+    """Two calls' forwards, then their backwards, the later call's first, each by ``backward(out)``:
+    per call (in that order), its index, output, input's gradient and backward's kernels with their streams."""
+    xs = [torch.randn(3, requires_grad=True) for _ in range(2)]
+    outs, streams = [], {}
+    for k, x in enumerate(xs):
+        with _EagerNodes(runtime) if eager else contextlib.nullcontext(), _Launched(runtime) as launched:
+            outs.append(fn(x))
+        streams.update({s: f"call {k}" for _, s in launched.seen if s != 0})
+    results = []
+    for k in (1, 0):
+        launched = _Launched(runtime, nodes=eager)
+        backward(outs[k], launched)
+        results.append((k, outs[k].detach(), xs[k].grad, _named(launched.seen, streams)))
+    return results
+
+
+def _on_this_thread(out, launched):
+    with launched:
+        out.backward(torch.ones_like(out))
+
+
+def _on_another_thread(out, launched):
+    """The backward run by another thread (as autograd's device thread runs a CUDA backward)."""
+    failed = []
+
+    def run():
+        try:
+            _on_this_thread(out, launched)
+        except BaseException as e:  # noqa: BLE001 (raised on the test's thread)
+            failed.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+@pytest.mark.parametrize("backward", [_on_this_thread, _on_another_thread], ids=["this_thread", "another_thread"])
+def test_each_calls_backward_runs_on_the_stream_that_call_made_as_eagers(monkeypatch, backward):
+    """Two calls each make a stream and compute on it; their backwards run later, in turn (and on
+    another thread): each runs the block's backward on the stream its own call made, as eager's
+    autograd does, with eager's values and gradients. (The compiled backward entered the stream
+    made last on the thread running it, or by any thread: both calls' on the second call's.)"""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are compared)
+
+    runtime = fake_cuda_runtime.install(monkeypatch)
+    _Streams(monkeypatch)
+    jf = thunder_rs.jit(_makes_its_stream)
+    jf(torch.randn(3, requires_grad=True)).sum().backward()  # (the first call traces)
+    for _ in range(2):
+        torch.manual_seed(0)
+        compiled = _two_calls_backward_in_turn(jf, runtime, False, backward)
+        torch.manual_seed(0)
+        expected = _two_calls_backward_in_turn(_makes_its_stream, runtime, True, backward)
+        for (k, out, grad, streams), (_, expected_out, expected_grad, expected_streams) in zip(compiled, expected):
+            assert streams == expected_streams and {s for _, s in expected_streams} == {0, f"call {k}"}
+            assert torch.equal(out, expected_out) and torch.equal(grad, expected_grad)
+        assert runtime.streams.get(0, 0) == 0
