@@ -79,10 +79,10 @@ def _named(seen: list, streams: dict) -> collections.Counter:
     return collections.Counter((kernel, streams.get(s, s)) for kernel, s in seen)
 
 
-def _two_calls_backward_in_turn(fn, runtime, eager: bool, backward):
+def _two_calls_backward_in_turn(fn, runtime, eager: bool, backward, device="cpu"):
     """Two calls' forwards, then their backwards, the later call's first, each by ``backward(out)``:
     per call (in that order), its index, output, input's gradient and backward's kernels with their streams."""
-    xs = [torch.randn(3, requires_grad=True) for _ in range(2)]
+    xs = [torch.randn(3, device=device, requires_grad=True) for _ in range(2)]
     outs, streams = [], {}
     for k, x in enumerate(xs):
         with _EagerNodes(runtime) if eager else contextlib.nullcontext(), _Launched(runtime) as launched:
@@ -139,3 +139,77 @@ def test_each_calls_backward_runs_on_the_stream_that_call_made_as_eagers(monkeyp
             assert streams == expected_streams and {s for _, s in expected_streams} == {0, f"call {k}"}
             assert torch.equal(out, expected_out) and torch.equal(grad, expected_grad)
         assert runtime.streams.get(0, 0) == 0
+
+
+class _Cuda:
+    """The current stream's id on a GPU, as the fake runtime's ``streams`` gives it (0: the default)."""
+
+    @property
+    def streams(self) -> dict:
+        stream = torch.cuda.current_stream()
+        return {0: 0 if stream == torch.cuda.default_stream() else stream.stream_id}
+
+
+@pytest.mark.gpu
+def test_on_cuda_each_calls_backward_runs_on_the_stream_that_call_made_as_eagers():
+    """The GPU twin: two calls' forwards, then their backwards (on autograd's device thread), each
+    on the stream its own call made, with eager's values and gradients."""
+    jf = thunder_rs.jit(_makes_its_stream)
+    jf(torch.randn(3, device="cuda", requires_grad=True)).sum().backward()
+    for _ in range(2):
+        torch.manual_seed(0)
+        compiled = _two_calls_backward_in_turn(jf, _Cuda(), False, _on_this_thread, "cuda")
+        torch.manual_seed(0)
+        expected = _two_calls_backward_in_turn(_makes_its_stream, _Cuda(), True, _on_this_thread, "cuda")
+        torch.cuda.synchronize()
+        for (k, out, grad, streams), (_, expected_out, expected_grad, expected_streams) in zip(compiled, expected):
+            assert streams == expected_streams and {s for _, s in expected_streams} == {0, f"call {k}"}
+            assert torch.equal(out, expected_out) and torch.equal(grad, expected_grad)
+
+
+#: a stream made outside the program (the program reads it from this module)
+SIDE = Stream(0, stream_id=3)
+
+
+def _side_block_without_gradients(x):
+    y = x.sin()
+    with torch.cuda.stream(SIDE):
+        scale = x.detach() * 2
+    torch.cuda.current_stream().wait_stream(SIDE)
+    return y * scale
+
+
+def _side_block_of_a_gradient(x):
+    y = x.sin()
+    with torch.cuda.stream(SIDE):
+        z = y.exp()
+    torch.cuda.current_stream().wait_stream(SIDE)
+    return z
+
+
+@pytest.mark.parametrize("fn", [_side_block_without_gradients, _side_block_of_a_gradient])
+def test_a_backward_waits_for_a_blocks_stream_only_where_it_runs_kernels_there_as_eagers(monkeypatch, fn):
+    """The backward of a block on a stream switches to it and waits between the streams only where
+    a gradient is computed there: eager's autograd runs nothing on a stream whose forward made no
+    node. (The compiled backward waited for the side stream, and it for the default one, around a
+    block that runs no kernels.)"""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are compared)
+
+    runtime = fake_cuda_runtime.install(monkeypatch)
+    jf = thunder_rs.jit(fn)
+    for _ in range(2):
+        logs, results, value = [], [], torch.randn(3)
+        for f, eager in ((jf, False), (fn, True)):
+            x = value.clone().requires_grad_()
+            with _EagerNodes(runtime) if eager else contextlib.nullcontext():
+                out = f(x)
+            runtime.log = []
+            launched = _Launched(runtime, nodes=eager)
+            with launched:
+                out.backward(torch.ones_like(out))
+            logs.append([entry for entry in runtime.log if entry[0] in ("wait", "set_stream")])
+            results.append((x.grad, collections.Counter(launched.seen)))
+        compiled, ((grad, streams), (expected_grad, expected_streams)) = logs[0], results
+        assert streams == expected_streams and torch.equal(grad, expected_grad)
+        ran_on_side = any(s == 3 for _, s in expected_streams)
+        assert ran_on_side == (fn is _side_block_of_a_gradient) and bool(compiled) == ran_on_side
