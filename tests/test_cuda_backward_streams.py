@@ -167,8 +167,8 @@ def test_on_cuda_each_calls_backward_runs_on_the_stream_that_call_made_as_eagers
             assert torch.equal(out, expected_out) and torch.equal(grad, expected_grad)
 
 
-#: a stream made outside the program (the program reads it from this module)
-SIDE = Stream(0, stream_id=3)
+#: streams made outside the program (the program reads them from this module)
+SIDE, OTHER = Stream(0, stream_id=3), Stream(0, stream_id=5)
 
 
 def _side_block_without_gradients(x):
@@ -187,7 +187,19 @@ def _side_block_of_a_gradient(x):
     return z
 
 
-@pytest.mark.parametrize("fn", [_side_block_without_gradients, _side_block_of_a_gradient])
+def _nested_block_without_gradients(x):
+    y = x.sin()
+    with torch.cuda.stream(SIDE):
+        with torch.cuda.stream(OTHER):
+            scale = x.detach() * 2
+        z = y.exp()
+    torch.cuda.current_stream().wait_stream(SIDE)
+    return z * scale
+
+
+@pytest.mark.parametrize(
+    "fn", [_side_block_without_gradients, _side_block_of_a_gradient, _nested_block_without_gradients]
+)
 def test_a_backward_waits_for_a_blocks_stream_only_where_it_runs_kernels_there_as_eagers(monkeypatch, fn):
     """The backward of a block on a stream switches to it and waits between the streams only where
     a gradient is computed there: eager's autograd runs nothing on a stream whose forward made no
@@ -211,5 +223,6 @@ def test_a_backward_waits_for_a_blocks_stream_only_where_it_runs_kernels_there_a
             results.append((x.grad, collections.Counter(launched.seen)))
         compiled, ((grad, streams), (expected_grad, expected_streams)) = logs[0], results
         assert streams == expected_streams and torch.equal(grad, expected_grad)
-        ran_on_side = any(s == 3 for _, s in expected_streams)
-        assert ran_on_side == (fn is _side_block_of_a_gradient) and bool(compiled) == ran_on_side
+        ran = {s for _, s in expected_streams}  # (the streams eager's backward ran kernels on)
+        switched = {e[2] if e[0] == "set_stream" else e[1] for e in compiled}  # (entered, or made to wait)
+        assert switched <= ran and (3 in switched) == (3 in ran) == (fn is not _side_block_without_gradients)
