@@ -14,12 +14,13 @@ Outputs are allocated in the order nvFuser's ``AllocationDomainPass`` gives them
 order, ``fake_nvfuser_allocation``) unless ``ops.stride_order`` pins one.
 
 Symbolic extents are nvFuser's too: ``define_tensor`` takes -1 for a dim of any extent (1 is a
-broadcast, other numbers constants: ``TensorViewBuilder::shape``), ``define_scalar(dtype=...)``
-makes a scalar input, ``ops.size``/``ops.shape``/``tv.shape()`` give a tensor's extents as scalar
-values, scalar arithmetic (``add``, ``mul``, ``div`` truncating, ``mod`` C++'s remainder) builds
-more, and shapes, slice bounds, pad widths and iota lengths take them. While defining, a symbolic
-extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against it, as nvFuser
-concretizes symbolic extents when it executes); ``execute`` computes the real ones.
+broadcast, other numbers constants: ``TensorViewBuilder::shape``), or a tensor's ``sizes`` and
+``strides`` (its third overload: symbolic extents but at size 1 unless ``static_sizes``);
+``define_scalar(dtype=...)`` makes a scalar input, ``ops.size``/``ops.shape``/``tv.shape()`` give a
+tensor's extents as scalar values, scalar arithmetic (``add``, ``mul``, ``div`` truncating, ``mod``
+C++'s remainder) builds more, and shapes, slice bounds, pad widths and iota lengths take them. While
+defining, a symbolic extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against
+it, as nvFuser concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 
 Here: the bindings' face (``ops``, ``FusionDefinition``); the values and the recording of a
 definition in ``fake_nvfuser_recording``, the arithmetic in ``fake_nvfuser_arith``, data movement
