@@ -31,12 +31,16 @@ def take() -> dict | None:
     return _local.__dict__.pop("notes", None)
 
 
-class running:  # noqa: N801 (a context manager, named as a function)
-    """Puts a call's notes (None: it noted none) in place while its backward runs on this thread."""
+def running(notes: dict | None):
+    """A context that puts a call's notes in place while its backward runs on this thread; for a
+    call that noted none (most: no stream switched to), one that does nothing."""
+    return _NOTHING if notes is None else _Running(notes)
 
+
+class _Running:
     __slots__ = ("notes", "outer")
 
-    def __init__(self, notes: dict | None):
+    def __init__(self, notes: dict):
         self.notes = notes
 
     def __enter__(self) -> None:
@@ -45,6 +49,19 @@ class running:  # noqa: N801 (a context manager, named as a function)
 
     def __exit__(self, *exc) -> None:
         _local.backward = self.outer
+
+
+class _Nothing:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_NOTHING = _Nothing()
 
 
 def of(held, missing):
