@@ -103,18 +103,21 @@ TESTS = [
     "tests/test_cuda_runtime_api.py::test_on_cuda_the_runtime_api_the_program_uses_is_eagers",
     "tests/test_cuda_queue.py::test_on_cuda_the_device_queue_work_of_the_program_is_eagers",
     "tests/test_cuda_queue.py::test_on_cuda_the_backward_of_a_block_on_a_stream_runs_on_that_stream_as_eagers",
+    "tests/test_cuda_backward_streams.py::test_on_cuda_each_calls_backward_runs_on_the_stream_that_call_made_as_eagers",
 ]
 #: The symbolic-size CUDA checks, run first and apart (``symbolic.txt``): what issue 26 added
 #: (nvFuser definitions with -1 extents, Int size inputs and Double inputs of floats of sizes,
 #: ``nvfuser_symbolic``; what the stand-in assumes of Double inputs, size-1 symbolic extents, the
 #: device of a definition without tensor inputs and the errors of mismatched inputs,
 #: test_nvfuser_contracts.py; the calls the stand-in refuses as the 0.2.36 bindings do,
-#: test_nvfuser_api.py) and the other paths where sizes change between calls on CUDA. Entries of
+#: test_nvfuser_api.py, and its define_tensor of sizes and strides and complex parts,
+#: test_nvfuser_define_tensor.py) and the other paths where sizes change between calls on CUDA. Entries of
 #: files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [
     "tests/test_nvfuser_symbolic.py",
     "tests/test_nvfuser_contracts.py",
     "tests/test_nvfuser_api.py",
+    "tests/test_nvfuser_define_tensor.py",
     "tests/test_inductor_jit.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
     "tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast",

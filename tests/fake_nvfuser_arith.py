@@ -71,6 +71,25 @@ def _unary_ops(ops_):
     # neg: default_op_config, "as a workaround to #1541" (halves to Float, integers kept).
     ops_.neg = _promoting_unary("neg", torch.neg, DEFAULT)
     ops_.signbit = _promoting_unary("signbit", torch.signbit, DEFAULT, torch.bool)
+    ops_.real, ops_.imag = _complex_part("real", torch.real), _complex_part("imag", torch.imag)
+
+
+#: a complex dtype's real one (``real``/``imag``'s results: ``ops::newValLike`` of Float or Double)
+_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _complex_part(name, fn):
+    """``real``/``imag`` (csrc/ops/arith.cpp): a complex operand's part, of its real dtype; ``real``
+    of any other is a ``set`` (a copy of its dtype), ``imag`` of one an error, where it is defined."""
+
+    def op(arg):
+        dtype = _operand(arg)[1]
+        if dtype.is_complex:
+            return _elementwise(name, lambda a: fn(a).clone(), (arg,), dtype, _PART[dtype])
+        _check(name == "real", "false", "imag not supported for non-complex tensors")
+        return _elementwise(name, torch.clone, (arg,), dtype)
+
+    return op
 
 
 def _binary_ops(ops_):

@@ -37,6 +37,16 @@ def nvf_check(ok: bool, condition: str, *message) -> None:
         raise RuntimeError(f"Expected {condition} . " + "".join(str(m) for m in message))
 
 
+def nvf_error(ok: bool, condition: str, *message, at: str = "python/python_common/python_utils.cpp:233") -> None:
+    """``NVF_ERROR(condition, message...)``: an internal assert's ``RuntimeError``, whose message
+    starts with where it failed (``NVF_THROW``, csrc/exceptions.h)."""
+    if not ok:
+        raise RuntimeError(
+            f" INTERNAL ASSERT FAILED at /workspace/Fuser/{at}, please report a bug with repro script to NVFuser at "
+            f"https://github.com/NVIDIA/Fuser/issues. \nExpected {condition} . " + "".join(str(m) for m in message)
+        )
+
+
 def _name(dtype: torch.dtype) -> str:
     return DataType(dtype).name
 

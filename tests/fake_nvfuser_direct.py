@@ -14,12 +14,13 @@ Outputs are allocated in the order nvFuser's ``AllocationDomainPass`` gives them
 order, ``fake_nvfuser_allocation``) unless ``ops.stride_order`` pins one.
 
 Symbolic extents are nvFuser's too: ``define_tensor`` takes -1 for a dim of any extent (1 is a
-broadcast, other numbers constants: ``TensorViewBuilder::shape``), ``define_scalar(dtype=...)``
-makes a scalar input, ``ops.size``/``ops.shape``/``tv.shape()`` give a tensor's extents as scalar
-values, scalar arithmetic (``add``, ``mul``, ``div`` truncating, ``mod`` C++'s remainder) builds
-more, and shapes, slice bounds, pad widths and iota lengths take them. While defining, a symbolic
-extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against it, as nvFuser
-concretizes symbolic extents when it executes); ``execute`` computes the real ones.
+broadcast, other numbers constants: ``TensorViewBuilder::shape``), or a tensor's ``sizes`` and
+``strides`` (its third overload: symbolic extents but at size 1 unless ``static_sizes``);
+``define_scalar(dtype=...)`` makes a scalar input, ``ops.size``/``ops.shape``/``tv.shape()`` give a
+tensor's extents as scalar values, scalar arithmetic (``add``, ``mul``, ``div`` truncating, ``mod``
+C++'s remainder) builds more, and shapes, slice bounds, pad widths and iota lengths take them. While
+defining, a symbolic extent stands as ``SYMBOLIC_EXTENT`` (only ranks and dtypes are checked against
+it, as nvFuser concretizes symbolic extents when it executes); ``execute`` computes the real ones.
 
 Here: the bindings' face (``ops``, ``FusionDefinition``); the values and the recording of a
 definition in ``fake_nvfuser_recording``, the arithmetic in ``fake_nvfuser_arith``, data movement
@@ -228,8 +229,29 @@ class FusionDefinition:
             traceback.print_tb(exception_traceback)
 
     def define_tensor(self, *args, **kwargs):
-        signatures.check_call("define_tensor", signatures.DEFINE_TENSOR, args, kwargs)
+        overload = signatures.check_call("define_tensor", signatures.DEFINE_TENSOR, args, kwargs)
+        if overload == 2:  # (sizes, strides, dtype, static_sizes, is_cpu)
+            return self._define_tensor_of_strides(*args, **kwargs)
         return self._define_tensor(*args, **kwargs)
+
+    def _define_tensor_of_strides(self, sizes, strides, dtype=DataType.Float, static_sizes=False, is_cpu=False):
+        """``define_tensor``'s third overload (ir.cpp): the contiguity and stride order of ``sizes``
+        and ``strides`` (``computeTensorDescriptor``), each dim symbolic (-1) but the size-1 ones
+        unless ``static_sizes`` (``getTensorViewBuilderSizes``); no shape check of its own."""
+        binding.nvf_check(
+            len(sizes) == len(strides),
+            "sizes.size() == strides.size()",
+            "The number of sizes does not match the number of strides.",
+            len(sizes),
+            len(strides),
+        )
+        contiguity, stride_order = layouts.compute_tensor_descriptor(list(sizes), list(strides))
+        for size in sizes:
+            binding.nvf_error(
+                size >= 0, "sizes[i] >= 0", f"Size of {size} is not supported in nvFuser. Expected size >= 0."
+            )
+        shape = [size if static_sizes or size == 1 else -1 for size in sizes]
+        return self._define_tensor(shape, contiguity, dtype, is_cpu, stride_order)
 
     def _define_tensor(self, shape, contiguity=False, dtype=DataType.Float, is_cpu=False, stride_order=()):
         for i, s in enumerate(shape):  # verifyShape (python_common/python_utils.cpp)

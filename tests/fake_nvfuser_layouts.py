@@ -12,11 +12,20 @@ from fake_nvfuser_binding import nvf_check
 def compute_tensor_descriptor(sizes, strides):
     """``(contiguity, stride_order)`` of a tensor, a port of nvFuser's computeTensorDescriptor:
     contiguity in allocation order (None for broadcast dims), stride order per logical dim."""
-    assert len(sizes) == len(strides), "compute_tensor_descriptor: Sizes and strides must have the same length"
+    nvf_check(
+        len(sizes) == len(strides),
+        "sizes.size() == strides.size()",
+        "compute_tensor_descriptor: Sizes and strides must have the same number of dimensions",
+    )
     dims = [
         dict(index=i, size=s, stride=st, order=-1, contiguity=None) for i, (s, st) in enumerate(zip(sizes, strides))
     ]
-    assert all(d["stride"] >= 0 for d in dims), "negative stride on tensor is not supported"
+    for d in dims:
+        nvf_check(
+            d["stride"] >= 0,
+            "strides[i] >= 0",
+            f"negative stride on tensor is not supported: strides[{d['index']}]={d['stride']}",
+        )
     ordered = sorted((d for d in dims if d["stride"] != 0), key=lambda d: -d["stride"])
     for d in dims:
         if d["stride"] == 0:

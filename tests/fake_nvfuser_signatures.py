@@ -85,16 +85,27 @@ def _overload(*params: str):
     return tuple(_param(p) for p in params)
 
 
-def _matches(kind: str, value) -> bool:
+#: What pybind11's casters take without conversions (its first pass over the overloads): a
+#: ``bool`` only ``True`` or ``False`` (``type_caster<bool>`` converts other numbers and None in
+#: its second pass only), so ``define_tensor([2, 3], [3, 1])`` is the ``sizes, strides`` overload,
+#: an int contiguity not being a ``std::optional<bool>`` before conversions.
+STRICT = {
+    "BOOL": lambda x: isinstance(x, bool),
+    "OPT_BOOLS": lambda x: _is_sequence(x) and all(i is None or isinstance(i, bool) for i in x),
+}
+
+
+def _matches(kind: str, value, strict: bool = False) -> bool:
     if kind.endswith("?"):
-        return value is None or _matches(kind[:-1], value)
-    return KINDS[kind](value)
+        return value is None or _matches(kind[:-1], value, strict)
+    return (STRICT if strict and kind in STRICT else KINDS)[kind](value)
 
 
-def _bound(overload, args, kwargs):
+def _bound(overload, args, kwargs, strict: bool = False):
     """The arguments a call gives, by parameter (defaults left out), or None where ``overload``
     does not take them: too many, an unknown or repeated keyword, a required one missing, one of
-    another kind, or sequences of two types where the overload's are one ``ShapeType``."""
+    another kind (without conversions where ``strict``), or sequences of two types where the
+    overload's are one ``ShapeType``."""
     names = [name for name, _, _ in overload]
     if len(args) > len(overload) or set(kwargs) - set(names[len(args) :]) or None in kwargs:
         return None
@@ -106,7 +117,7 @@ def _bound(overload, args, kwargs):
             bound[name] = (kind, kwargs[name])
         elif default is _NO_DEFAULT:
             return None
-    if not all(_matches(kind, value) for kind, value in bound.values()):
+    if not all(_matches(kind, value, strict) for kind, value in bound.values()):
         return None
     sequences = {isinstance(v, list) for kind, v in bound.values() if kind.rstrip("?") == "SEQ" and v is not None}
     return bound if len(sequences) <= 1 else None
@@ -116,16 +127,19 @@ def _describe(overload) -> str:
     return ", ".join(f"{name or f'arg{i}'}: {kind}" for i, (name, kind, _) in enumerate(overload))
 
 
-def check_call(name: str, overloads, args, kwargs) -> None:
-    """Raises pybind11's ``TypeError`` where no overload of ``name`` takes the call's arguments,
-    and ``define_vector_fn``'s ``RuntimeError`` for a shape sequence it cannot read."""
-    for overload in overloads:
-        bound = _bound(overload, args, kwargs)
-        if bound is not None:
-            for param, (kind, value) in bound.items():
-                if kind.rstrip("?") == "SEQ" and value is not None:
-                    _vector(value, shape_check=name in SHAPE_CHECKED and param in ("shape", "new_shape"))
-            return
+def check_call(name: str, overloads, args, kwargs) -> int:
+    """The index of the overload of ``name`` pybind11 calls with the call's arguments: the first
+    that takes them without conversions, else the first that takes them with (its two passes).
+    Raises pybind11's ``TypeError`` where none takes them, and ``define_vector_fn``'s
+    ``RuntimeError`` for a shape sequence it cannot read."""
+    for strict in (True, False):
+        for index, overload in enumerate(overloads):
+            bound = _bound(overload, args, kwargs, strict)
+            if bound is not None:
+                for param, (kind, value) in bound.items():
+                    if kind.rstrip("?") == "SEQ" and value is not None:
+                        _vector(value, shape_check=name in SHAPE_CHECKED and param in ("shape", "new_shape"))
+                return index
     supported = "\n".join(f"    {i}. ({_describe(o)})" for i, o in enumerate(overloads, 1))
     invoked = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     raise TypeError(
@@ -170,7 +184,8 @@ OPS = {
     **dict.fromkeys(
         "abs acos acosh asin asinh atan atanh ceil cos cosh exp exp2 expm1 erf erfc erfinv erfcinv floor frac "
         "lgamma log log10 log1p log2 neg logical_not bitwise_not relu reciprocal round rsqrt set segment_set sign "
-        "sigmoid signbit silu sin sinh sqrt tan tanh trunc isfinite isinf isnan isneginf isposinf isreal".split(),
+        "sigmoid signbit silu sin sinh sqrt tan tanh trunc isfinite isinf isnan isneginf isposinf isreal real "
+        "imag".split(),
         _UNARY,
     ),
     **dict.fromkeys(

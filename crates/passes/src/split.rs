@@ -161,7 +161,7 @@ fn needed_values(t: &Trace, backward: &[BoundSymbol], cot_inputs: &[ValueId], gr
 /// The backward's bound symbols that contribute to a gradient (rules emit some that do not,
 /// such as the gradient of an operand that requires none), so that nothing is saved for them,
 /// and its effects of no outputs (the switches of the stream a block's backward runs on:
-/// [`crate::vjp`]).
+/// [`crate::vjp`]; none around a block whose backward runs nothing).
 fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundSymbol> {
     let mut live = vec![false; t.values.len()];
     grads.for_each_value(&mut |v| live[v.index()] = true);
@@ -178,7 +178,7 @@ fn live_backward(t: &Trace, backward: &[BoundSymbol], grads: &Arg) -> Vec<BoundS
         .cloned()
         .collect();
     kept.reverse();
-    kept
+    crate::vjp::without_empty_switches(kept)
 }
 
 /// How each forward value could reach the backward.

@@ -361,6 +361,30 @@ fn effect_in_backward(bsym: &BoundSymbol) -> Option<BoundSymbol> {
     Some(call)
 }
 
+/// `backward` without the switches into and out of a block's stream where its backward runs
+/// nothing on it: the mirror of a block's end (`<...>.__exit__.in_backward`) followed at once by
+/// that of its start (`<...>.__enter__.in_backward`; blocks nest, so the two are one block's).
+/// Eager's autograd runs nothing on a stream where the block's forward made no node, and waits
+/// for nothing there.
+pub(crate) fn without_empty_switches(backward: Vec<BoundSymbol>) -> Vec<BoundSymbol> {
+    let mut kept: Vec<BoundSymbol> = Vec::with_capacity(backward.len());
+    for bsym in backward {
+        if is_mirror_of(&bsym, "__enter__") && kept.last().is_some_and(|last| is_mirror_of(last, "__exit__")) {
+            kept.pop();
+            continue;
+        }
+        kept.push(bsym);
+    }
+    kept
+}
+
+/// Whether `bsym` is what the backward runs where it passes an effect named `<...>.<method>`.
+fn is_mirror_of(bsym: &BoundSymbol, method: &str) -> bool {
+    let Symbol::Fallback(id) = &bsym.symbol else { return false };
+    bsym.outputs.is_empty()
+        && SymbolTable::name(*id).strip_suffix(".in_backward").is_some_and(|name| name.ends_with(method))
+}
+
 /// Emits the backward a Python grad rule recorded, its cotangent placeholders replaced by the
 /// cotangents accumulated. Where none flowed to some outputs, eager's node gets undefined
 /// gradients for them, and its formula leaves their terms out (`std_mean`'s from the std alone

@@ -16,7 +16,8 @@ every call, as eager makes it.
   kernels between are launched on ``s``, as eager's. The backward switches to ``s`` where it reaches
   the block's end and back at its start (``<label>.in_backward``, emitted by the VJP pass), after
   waits between the streams either way: eager's autograd runs each call's backward on the stream
-  its forward ran on.
+  its forward ran on. The stream is that call's own (``core.lang.queue_values``): one it made or
+  took again, whichever thread runs its backward and whenever.
 - ``torch.Event(...)`` (a C type, whose ``__new__`` no stand-in replaces: ``torch.Event`` itself
   is replaced while traced, by a class its events are instances of) is made anew by every call, as
   ``torch.cuda.Event``'s are, and refused where it outlives the call.
@@ -43,6 +44,7 @@ from thunder_rs import _core
 from thunder_rs.core.acquisition.effects import recorded_effects, refuse_formatted
 from thunder_rs.core.acquisition.setters import SetterCall, program_of
 from thunder_rs.core.lang.devices import program_chose_device
+from thunder_rs.core.lang import queue_values
 from thunder_rs.core.lang.fallback import CALL_EFFECTS, FALLBACK_IMPLS, QUEUE_EFFECTS, record_effect, symbol_id
 from thunder_rs.core.lang.rng import STATE_CALLS
 from thunder_rs.core.state.guards import InputSource
@@ -62,8 +64,8 @@ __all__ = [
 class Made:
     """An event or stream the program makes: every call makes its own (``make``), which the
     effects after it in that call take (``value``); per thread, as calls on two threads make two.
-    A thread that made none (autograd's device thread, running a backward that enters a stream
-    the program made: ``_SwitchedStream.join``) takes the one made last."""
+    A call's backward takes its own call's (``queue_values``: on autograd's device thread, or
+    after a later call made another); a thread that made none otherwise takes the one made last."""
 
     __slots__ = ("kind", "kwargs", "last", "local", "where")
 
@@ -96,6 +98,26 @@ def _as_is(value):
     return value
 
 
+def _noted(value):
+    """``_now``, noted for the call's backward where it is the call's own (``queue_values``)."""
+    kind = type(value)
+    if kind is functools.partial or kind is Made:
+        now = value() if kind is functools.partial else value.value()
+        queue_values.note(value, now)
+        return now
+    return value
+
+
+def _in_this_call(value):
+    """What an effect's argument was in the forward of the call whose backward runs: a stream the
+    call made or took again is that call's, on whichever thread and whenever its backward runs."""
+    kind = type(value)
+    if kind is functools.partial or kind is Made:
+        found = queue_values.of(value, _now)
+        return _now(value) if found is _now else found
+    return value
+
+
 #: label -> the effect's implementation (one symbol each) and the function it runs, a cell
 _effects: dict = {}
 
@@ -113,10 +135,11 @@ def _effect(label: str, real, queued: bool = True, now=_now, in_backward=None):
         found[1][0] = real
         return found[0]
     cell = [real]
+    resolve = now if in_backward is None else _noted  # (noted for the call's backward: ``queue_values``)
 
     def run(*args):
         if not thread_state.inside:  # (else a run of the recording while tracing, for a value read)
-            cell[0](*map(now, args))
+            cell[0](*map(resolve, args))
 
     run.__module__, _, run.__name__ = label.rpartition(".")
     run.__qualname__ = run.__name__
@@ -126,7 +149,7 @@ def _effect(label: str, real, queued: bool = True, now=_now, in_backward=None):
 
         def run_in_backward(*args):
             if not thread_state.inside:
-                in_backward(*map(now, args))
+                in_backward(*map(_in_this_call, args))
 
         FALLBACK_IMPLS[_core.register_symbol(f"{label}.in_backward", fallback=True, effect=True)] = run_in_backward
     STATE_CALLS.add(label)

@@ -15,7 +15,7 @@ import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.core.lang import torch_overrides
+from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.base.lazy import LazyModule
@@ -262,6 +262,7 @@ def _run_forward(ctx, inputs, forward, program, single, viewable, keeping):
     else:
         ctx.inputs = None  # see _differentiated
     outputs, residuals = forward(*inputs)
+    ctx.queue_values = queue_values.take()  # (the streams it switched to, for its backward; or None)
     flat = (outputs,) if single else tuple(outputs)
     may = None if _function_modes() else viewable  # (a mode may answer any call with a view)
     if may != ():  # (none of them may be a view: nothing to read)
@@ -331,21 +332,22 @@ def grad_function(
 
         @staticmethod
         def backward(ctx, *grads):
-            if landing and not torch.autograd._is_checkpoint_valid():
-                raise RuntimeError(_REENTRANT_UNDER_GRAD)
-            saved = _residuals_checked(ctx, stale, made, grads)
-            cotangents = cotangents_of(grads)
-            # (absent cotangents: the residuals the backward for their pattern reads are checked)
-            pattern = unreached.of(cotangents) if partial else None
-            read = None if pattern is None else pattern[3]
-            if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                return _differentiated(ctx, program, grads, outputs, pattern)
-            saved = _unpacked(ctx, saved, outputs, read, grads)
-            if pattern is not None:
-                found = _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
-            else:
-                found = backward(saved, *cotangents)
-            return _land_in_turn(ctx.landing, found) if landing else found
+            with queue_values.running(ctx.queue_values):  # (its call's streams, on whichever thread)
+                if landing and not torch.autograd._is_checkpoint_valid():
+                    raise RuntimeError(_REENTRANT_UNDER_GRAD)
+                saved = _residuals_checked(ctx, stale, made, grads)
+                cotangents = cotangents_of(grads)
+                # (absent cotangents: the residuals the backward for their pattern reads are checked)
+                pattern = unreached.of(cotangents) if partial else None
+                read = None if pattern is None else pattern[3]
+                if _is_grad_enabled():  # create_graph=True: a backward autograd records
+                    return _differentiated(ctx, program, grads, outputs, pattern)
+                saved = _unpacked(ctx, saved, outputs, read, grads)
+                if pattern is not None:
+                    found = _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
+                else:
+                    found = backward(saved, *cotangents)
+                return _land_in_turn(ctx.landing, found) if landing else found
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
