@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.proxies import SymbolicSize
 
+from thunder_rs.core.acquisition.written_only import replay
 from thunder_rs.core.state.containers import _repeatable
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
@@ -37,7 +38,9 @@ from thunder_rs.errors import ThunderNotImplementedError
 
 #: The containers whose copies tracing can change and a call can change again: exact types, as
 #: torch's pytree opens them (a subclass is a leaf, or a node of its own).
-WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict)
+WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict, collections.deque)
+#: The written containers holding a sequence (the others, mappings).
+_SEQUENCES = (list, collections.deque)
 #: Containers followed into (tuples: a namedtuple too), as torch's pytree opens them.
 _OPENED = (tuple, *WRITTEN)
 
@@ -57,12 +60,13 @@ def release_call() -> None:
 
 
 class ArgumentContainer:
-    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it."""
+    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it; ``logged``:
+    its write is the writes a ``written_only.WriteLog`` recorded, made again in order."""
 
-    __slots__ = ("path", "label")
+    __slots__ = ("path", "label", "logged")
 
-    def __init__(self, path: tuple, label: str):
-        self.path, self.label = path, label
+    def __init__(self, path: tuple, label: str, logged: bool = False):
+        self.path, self.label, self.logged = path, label, logged
 
     def object(self, flat):
         node = _call.arguments
@@ -84,9 +88,11 @@ class TracedContainers:
     """The lists and dicts of a traced call's ``(args, kwargs)`` (the copies tracing made), each
     with its path and its items then."""
 
-    def __init__(self, args, kwargs, names: list):
+    def __init__(self, args, kwargs, names: list, logs: tuple | list = ()):
         #: the names of the positional parameters, for messages
         self.names = names
+        #: ``(written_only.Written, written_only.WriteLog)`` of the containers only written into
+        self.logs = logs
         self.found: list = []
         for i, value in enumerate(args):
             self._visit(value, (0, i))
@@ -98,7 +104,7 @@ class TracedContainers:
             return
         if type(x) in WRITTEN:
             self.found.append((x, path, _items(x)))
-        for key, value in enumerate(x) if isinstance(x, (tuple, list)) else x.items():
+        for key, value in enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items():
             self._visit(value, (*path, key))
 
     def label(self, container, path: tuple) -> str:
@@ -139,17 +145,42 @@ class TracedContainers:
             writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
         return writes
 
+    def logged(self, refuse) -> list:
+        """``(ArgumentContainer, None, writes)`` for each ``written_only.WriteLog`` of ``logs``
+        the program wrote into, made again in order by every call."""
+        ids = {id(c) for c, _, _ in self.found}
+        writes = []
+        for marker, log in self.logs:
+            if not log.ops:
+                continue
+            for method, value in log.ops:
+                why = _unrepeatable({value[0]: value[1]} if method == "setitem" else [value], ids)
+                if why is not None:
+                    refuse(marker.kind(), marker.path, why)
+            label = self.label(marker.kind(), marker.path)
+            writes.append((ArgumentContainer(marker.path, label, logged=True), None, log.ops))
+        return writes
+
     @contextlib.contextmanager
     def as_before(self):
         """The copies as they were made, for the while of the block (then as the program left them)."""
         changed = [(c, before, _items(c)) for c, _, before in self.found if _changed(c, before)]
         for container, before, _ in changed:
-            _restore(container, before)
+            _put(container, before)
         try:
             yield
         finally:
             for container, _, now in changed:
-                _restore(container, now)
+                _put(container, now)
+
+
+def _put(container, items: tuple) -> None:
+    """Gives ``container`` the ``items`` (``_items``) it held."""
+    if type(container) is collections.deque:
+        container.clear()
+        container.extend(items)
+    else:
+        _restore(container, items)
 
 
 def _unrepeatable(contents, ids: set) -> str | None:
@@ -177,7 +208,7 @@ def _holds(value, ids: set) -> bool:
 
 def _contents(container, before: tuple):
     """The new contents of ``container``, with ``Old`` for the items it held ``before``."""
-    if type(container) is list:
+    if type(container) in _SEQUENCES:
         at: dict = {}
         for j, item in enumerate(before):
             at.setdefault(id(item), j)
@@ -198,9 +229,11 @@ def _contents(container, before: tuple):
 def replace_contents(container, contents) -> None:
     """Gives ``container`` the ``contents`` an ``ArgumentContainer`` write made (``Old`` items
     those it holds now)."""
-    if type(container) is list:
+    if type(container) in _SEQUENCES:
         items = list(container)
-        container[:] = [items[v.key] if type(v) is Old else v for v in contents]
+        new = [items[v.key] if type(v) is Old else v for v in contents]
+        container.clear()  # (a deque has no slice assignment; it keeps its ``maxlen``)
+        container.extend(new)
         return
     before = dict(container)
     new = [(k, before[v.key] if type(v) is Old else v) for k, v in contents.items()]
@@ -209,13 +242,26 @@ def replace_contents(container, contents) -> None:
         container[key] = value
 
 
+class Logged:
+    """The writes a ``written_only.WriteLog`` recorded, as ``write_arguments`` takes them."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: list):
+        self.ops = ops
+
+
 def write_arguments(writes: list, args, kwargs) -> None:
-    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents."""
+    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents
+    (``Logged``: makes those writes)."""
     for path, new in writes:
         node = (args, kwargs)
         for step in path:
             node = node[step]
-        replace_contents(node, new)
+        if type(new) is Logged:
+            replay(node, new.ops)
+        else:
+            replace_contents(node, new)
 
 
 def arguments_made_again(error: BaseException, args, kwargs) -> None:
@@ -244,5 +290,5 @@ def refuse_aliased(args, kwargs) -> None:
                     "distinct ones"
                 )
             seen[id(x)] = label
-        items = enumerate(x) if isinstance(x, (tuple, list)) else x.items()
+        items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
         stack.extend((value, f"{label}[{key!r}]") for key, value in items)

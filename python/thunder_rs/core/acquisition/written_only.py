@@ -1,0 +1,187 @@
+"""Lists, dicts and deques passed as arguments that the program only writes into: out of the key.
+
+A training loop's log (``log.append(loss)``) or metrics dict (``metrics["loss"] = loss``) grows
+with every call. Keyed by its items (``argument_containers``), it would compile on every call,
+where eager runs the same code on a longer list. When the code of the jitted function uses a
+parameter only as ``p.append(v)``, ``p.extend(v)``, ``p.appendleft(v)``, ``p.extendleft(v)`` or
+``p[<constant>] = v`` (``written_uses``, read from its bytecode once), nothing the program computes
+depends on what the container holds: a call passing a list, dict or deque that takes those
+writes is keyed by the container's type alone (``Written``), the program is traced with a
+``WriteLog`` that records the writes in their order, and every call makes them again on its own
+container (``replay``), as eager does: a log that grew hits the cache.
+
+A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` read,
+``p["n"] += 1``, passed to another function, stored, returned, captured by an inner function)
+keeps its contents in the key, as before. So does every parameter of a function that reads its
+frame's variables (``locals()``, ``vars()``, ``eval``, ``sys._getframe``), and of a module's
+``forward`` (its hooks receive the arguments too).
+"""
+
+import collections
+import dis
+import types
+
+from thunder_rs.core.state.guards import is_simple
+
+#: What each container type takes of the writes ``written_uses`` finds.
+_TAKES: dict[type, frozenset[str]] = {
+    list: frozenset({"append", "extend"}),
+    dict: frozenset({"setitem"}),
+    collections.defaultdict: frozenset({"setitem"}),
+    collections.OrderedDict: frozenset({"setitem"}),
+    collections.deque: frozenset({"append", "extend", "appendleft", "extendleft"}),
+}
+_METHODS = frozenset({"append", "extend", "appendleft", "extendleft"})
+#: Names whose use lets a function read its parameters other than through its bytecode's loads.
+_FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "_getframe", "currentframe", "f_locals"})
+_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK"})
+
+
+class Written:
+    """The leaf a write-only container becomes in a call's key: one object per container type and
+    argument place (kept for the process), so the key holds the type and nothing of the items."""
+
+    __slots__ = ("kind", "path", "__weakref__")
+
+    def __init__(self, kind: type, path: tuple):
+        self.kind, self.path = kind, path
+
+    def __repr__(self) -> str:
+        return f"<a {self.kind.__name__} the program only writes into>"
+
+
+_markers: dict = {}
+
+
+def _marker(kind: type, path: tuple) -> Written:
+    found = _markers.get((kind, path))
+    return found if found is not None else _markers.setdefault((kind, path), Written(kind, path))
+
+
+class WriteLog:
+    """What the program is traced with in place of a write-only container: its writes, in order,
+    as ``(method, value)`` (``("setitem", (key, value))`` for ``p[key] = value``)."""
+
+    __slots__ = ("kind", "ops")
+
+    def __init__(self, kind: type):
+        self.kind = kind
+        self.ops: list[tuple[str, object]] = []
+
+    def append(self, value) -> None:
+        self.ops.append(("append", value))
+
+    def appendleft(self, value) -> None:
+        self.ops.append(("appendleft", value))
+
+    def extend(self, values) -> None:
+        self.ops.append(("extend", list(values)))
+
+    def extendleft(self, values) -> None:
+        self.ops.append(("extendleft", list(values)))
+
+    def __setitem__(self, key, value) -> None:
+        self.ops.append(("setitem", (key, value)))
+
+
+def replay(container, ops: list) -> None:
+    """Makes the writes ``ops`` (a ``WriteLog``'s, with a call's values) on ``container``."""
+    for method, value in ops:
+        if method == "setitem":
+            container[value[0]] = value[1]
+        else:
+            getattr(container, method)(value)
+
+
+def write_logs(flat_inputs: list, leaves: list) -> list:
+    """Puts a ``WriteLog`` in ``leaves`` in place of each ``Written`` of ``flat_inputs``; returns
+    the ``(Written, WriteLog)`` pairs."""
+    logs = []
+    for i, x in enumerate(flat_inputs):
+        if type(x) is Written:
+            leaves[i] = WriteLog(x.kind)
+            logs.append((x, leaves[i]))
+    return logs
+
+
+def written_uses(code: types.CodeType) -> dict:
+    """``{parameter name: the writes the code makes through it}`` for each parameter the code uses
+    only as ``p.append(v)`` and the like (``_TAKES``); the others are left out."""
+    found = _uses.get(code)
+    if found is None:
+        found = _uses[code] = _scan(code)
+    return found
+
+
+_uses: dict = {}
+
+
+def _scan(code: types.CodeType) -> dict:
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or _FRAME_READERS & set(code.co_names):
+        return {}  # (a generator or coroutine; a frame reader)
+    count = code.co_argcount + code.co_kwonlyargcount
+    params: dict[str, set[str]] = {n: set() for n in code.co_varnames[:count] if n not in code.co_cellvars}
+    instructions = list(dis.get_instructions(code))
+    for i, ins in enumerate(instructions):
+        names = ins.argval if type(ins.argval) is tuple else (ins.argval,)
+        for name in [n for n in names if type(n) is str and n in params]:
+            if "FAST" not in ins.opname and "DEREF" not in ins.opname and "CLOSURE" not in ins.opname:
+                continue  # (a global or attribute of the same name)
+            use = _use(ins, instructions[i + 1 : i + 3]) if ins.opname in _LOADS else None
+            if use is None:
+                params.pop(name)
+            else:
+                params[name].add(use)
+    return {n: frozenset(uses) for n, uses in params.items()}
+
+
+def _use(load, after: list) -> str | None:
+    """The write the load of a parameter followed by ``after`` makes, or None (a read)."""
+    if after and after[0].opname in ("LOAD_METHOD", "LOAD_ATTR") and after[0].argval in _METHODS:
+        return after[0].argval
+    if len(after) == 2 and after[0].opname == "LOAD_CONST" and after[1].opname == "STORE_SUBSCR":
+        return "setitem" if is_simple(after[0].argval) else None
+    return None
+
+
+class WrittenArguments:
+    """The parameters of a jitted function that its code only writes into (``written_uses``), by
+    position and by name; ``keyed`` puts ``Written`` in place of the containers passed there."""
+
+    __slots__ = ("positions", "names")
+
+    def __init__(self, uses: dict, names: tuple):
+        self.positions = tuple((i, uses[n]) for i, n in enumerate(names) if n in uses)
+        self.names = {n: u for n, u in uses.items()}
+
+    def keyed(self, args, kwargs) -> tuple:
+        """``(args, kwargs)`` with each container the program only writes into as its ``Written``."""
+        new_args = None
+        for i, uses in self.positions:
+            if i < len(args) and _takes(args[i], uses):
+                new_args = new_args if new_args is not None else list(args)
+                new_args[i] = _marker(type(args[i]), (0, i))
+        new_kwargs = None
+        for name in kwargs.keys() & self.names.keys() if kwargs else ():
+            if _takes(kwargs[name], self.names[name]):
+                new_kwargs = new_kwargs if new_kwargs is not None else dict(kwargs)
+                new_kwargs[name] = _marker(type(kwargs[name]), (1, name))
+        if new_args is None and new_kwargs is None:
+            return args, kwargs
+        return (args if new_args is None else tuple(new_args)), (kwargs if new_kwargs is None else new_kwargs)
+
+
+def _takes(container, uses: frozenset) -> bool:
+    takes = _TAKES.get(type(container))
+    return takes is not None and uses <= takes
+
+
+def written_arguments(fn) -> WrittenArguments | None:
+    """The ``WrittenArguments`` of a plain function (or a jitted method's function), or None."""
+    if type(fn) is not types.FunctionType:
+        return None
+    code = fn.__code__
+    uses = written_uses(code)
+    if not uses:
+        return None
+    return WrittenArguments(uses, code.co_varnames[: code.co_argcount])

@@ -1,0 +1,160 @@
+"""Lists, dicts and deques passed as arguments that the program only writes into, next to eager.
+
+What differed: a training loop's log (``log.append(loss)``) or metrics dict grown by every call
+was part of the cache key by its items, so every call compiled again (and evicted older entries);
+a ``collections.deque`` argument the program changed was refused. A container the program's code
+only writes into is now keyed by its type (``core.acquisition.written_only``), and a deque the
+program reads is changed as a list is (``core.acquisition.argument_containers``).
+"""
+
+import collections
+
+import torch
+
+import thunder_rs
+
+
+def _assert_same(a, b) -> None:
+    """``a`` and ``b`` hold equal items: tensors bit-equal, with equal ``requires_grad``."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b) and a.requires_grad == b.requires_grad and a.dtype == b.dtype
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple, collections.deque)):
+        assert len(a) == len(b) and getattr(a, "maxlen", None) == getattr(b, "maxlen", None)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def _step(x, w, log, metrics):
+    loss = (x @ w).pow(2).mean()
+    log.append(loss.detach())
+    log.extend([loss.detach() * 2, 1])
+    metrics["loss"] = loss.detach()
+    metrics[("step", "done")] = True
+    return loss
+
+
+def test_a_log_and_metrics_the_program_only_writes_into_hit_the_cache_as_they_grow():
+    # Each call compiled again: the key held the list's length and the dict's keys.
+    jf, w = thunder_rs.jit(_step), torch.randn(3, 2, requires_grad=True)
+    eager_w = w.detach().clone().requires_grad_()
+    log, metrics, eager_log, eager_metrics = [], {"seen": 0}, [], {"seen": 0}
+    held = log, metrics
+    for i in range(5):
+        x = torch.randn(4, 3)
+        loss, eager_loss = jf(x, w, log, metrics), _step(x, eager_w, eager_log, eager_metrics)
+        _assert_same(loss.detach(), eager_loss.detach())
+        loss.backward(), eager_loss.backward()
+        _assert_same((log, metrics), (eager_log, eager_metrics))
+        metrics[i], eager_metrics[i] = i, i  # (the caller's own writes between calls)
+    assert torch.equal(w.grad, eager_w.grad)
+    assert (log, metrics) == held and log is held[0] and metrics is held[1]
+    assert thunder_rs.cache_misses(jf) == 1 and thunder_rs.cache_hits(jf) == 4
+
+
+def _keyword_log(x, *, log):
+    log.append(x.sum())
+    return x * 2
+
+
+def test_a_keyword_log_and_one_grown_by_the_caller_hit_the_cache():
+    jf, log, eager = thunder_rs.jit(_keyword_log), [], []
+    for i in range(4):
+        x = torch.randn(2)
+        _assert_same(jf(x, log=log), _keyword_log(x, log=eager))
+        _assert_same(log, eager)
+        log.append(torch.ones(i + 1)), eager.append(torch.ones(i + 1))
+    assert thunder_rs.cache_misses(jf) == 1
+
+
+def _reads_length(x, log):
+    log.append(x)
+    return x * len(log)
+
+
+def _reads_last(x, log):
+    log.append(x * 2)
+    return log[-1] + log[0]
+
+
+def _passes_on(x, log):
+    _helper(log, x)
+    return x
+
+
+def _helper(log, x):
+    log.append(x * len(log))
+
+
+def test_a_log_the_program_reads_keeps_its_length_in_the_key_as_eager_needs():
+    for program in (_reads_length, _reads_last, _passes_on):
+        jf, log, eager = thunder_rs.jit(program), [torch.ones(2)], [torch.ones(2)]
+        for i in range(3):
+            x = torch.randn(2)
+            _assert_same(jf(x, log), program(x, eager))
+            _assert_same(log, eager)
+        assert thunder_rs.cache_misses(jf) == 3  # (each length its own compile)
+        assert "number of inputs changed" in thunder_rs.compile_stats(jf).miss_reasons[1]
+
+
+def _counts(x, log, stats):
+    log.append(x.sum())
+    stats["n"] += 1
+    return x * stats["n"]
+
+
+def test_a_counter_in_a_dict_stops_compiling_next_to_a_growing_log():
+    # Every call compiled (the log's length); the counter is now an int input after it changed.
+    jf, log, stats, eager_log, eager_stats = thunder_rs.jit(_counts), [], {"n": 5}, [], {"n": 5}
+    for i in range(6):
+        x = torch.randn(2)
+        _assert_same(jf(x, log, stats), _counts(x, eager_log, eager_stats))
+        _assert_same((log, stats), (eager_log, eager_stats))
+    assert thunder_rs.cache_misses(jf) == 2
+
+
+def _queues(x, q):
+    q.append(x)
+    q.appendleft(x * 2)
+    q.extend([x * 3, 4])
+    return x + 1
+
+
+def _pops(x, q):
+    q.append(x * 2)
+    return x + q.popleft()
+
+
+def test_a_deque_argument_is_changed_as_eager():
+    # Refused: "the traced program changed a list or dict it was given as an argument".
+    for program, maxlen, start in ((_queues, 3, 0), (_queues, None, 0), (_pops, 2, 1)):
+        jf = thunder_rs.jit(program)
+        q, eager = (collections.deque([torch.zeros(2)] * start, maxlen=maxlen) for _ in range(2))
+        held = q
+        for i in range(4):
+            x = torch.randn(2)
+            _assert_same(jf(x, q), program(x, eager))
+            _assert_same(q, eager)
+        assert q is held and thunder_rs.cache_misses(jf) == 1
+
+
+def _fails(x, log):
+    log.append(1)
+    log.append("two")
+    raise ValueError("after appending")
+
+
+def test_a_log_written_before_the_programs_error_keeps_the_writes_as_eager():
+    log, eager = [0], [0]
+    for fn, target in ((thunder_rs.jit(_fails), log), (_fails, eager)):
+        try:
+            fn(torch.ones(2), target)
+        except ValueError:
+            pass
+    assert log == eager == [0, 1, "two"]
