@@ -9,6 +9,7 @@ program reads is changed as a list is (``core.acquisition.argument_containers``)
 
 import collections
 
+import pytest
 import torch
 
 import thunder_rs
@@ -158,3 +159,59 @@ def test_a_log_written_before_the_programs_error_keeps_the_writes_as_eager():
         except ValueError:
             pass
     assert log == eager == [0, 1, "two"]
+
+
+def _counts_with_loss(x, stats):
+    stats["n"] += 1
+    stats["loss"] = (x * stats["n"]).sum()
+    return x * stats["n"] + stats["scale"]
+
+
+def _plain_counter(x, n):
+    return x * (n + 1), n + 1
+
+
+def test_a_counter_in_a_dict_the_caller_also_fills_compiles_as_a_plain_int_counter():
+    # Every call compiled: the key held the dict's other items (its keys, the caller's tensor).
+    for start in (5, 0):
+        jf, plain = thunder_rs.jit(_counts_with_loss), thunder_rs.jit(_plain_counter)
+        stats, eager, n = {"n": start, "scale": 2.0}, {"n": start, "scale": 2.0}, start
+        held = stats
+        for i in range(6):
+            x = torch.randn(2)
+            _assert_same(jf(x, stats), _counts_with_loss(x, eager))
+            _assert_same(stats, eager)
+            stats["hist"], eager["hist"] = torch.ones(i + 1), torch.ones(i + 1)  # (the caller's, grown)
+            n = plain(x, n)[1]
+        assert stats is held and type(stats["n"]) is int
+        # As an int argument: 0 and 1 are specialised, the counter symbolic once seen changing from 2 up.
+        assert thunder_rs.cache_misses(jf) == thunder_rs.cache_misses(plain) == (2 if start else 3)
+        assert thunder_rs.compile_stats(jf).miss_reasons[-1].endswith("compiled with symbolic sizes stats['n']")
+
+
+def _moves(x, d):
+    d["old"] = d["new"]
+    d["new"] = x * 2
+    return d["kept"] + x
+
+
+def _reads_missing(x, d):
+    d["seen"] = True
+    d["n"] += 1
+    return x
+
+
+def test_a_dict_read_at_constant_keys_moves_and_misses_items_as_eager():
+    jf = thunder_rs.jit(_moves)
+    for i in range(3):
+        t, x = torch.randn(2), torch.randn(2)
+        d, eager = {"new": t, "kept": x, "other": i}, {"new": t, "kept": x, "other": i}
+        _assert_same(jf(x, d), _moves(x, eager))
+        _assert_same(d, eager)
+        assert d["old"] is t
+    assert thunder_rs.cache_misses(jf) == 1
+    d, eager = {"other": 1}, {"other": 1}
+    for fn, target in ((thunder_rs.jit(_reads_missing), d), (_reads_missing, eager)):
+        with pytest.raises(KeyError, match="'n'"):
+            fn(torch.ones(2), target)
+    _assert_same(d, eager)

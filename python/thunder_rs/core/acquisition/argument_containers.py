@@ -11,8 +11,10 @@ from the call ``hold_call`` notes): items it held before are kept as those objec
 values are stored as the trace made them, tensors each call's (``effects.ContentsWrite``). A
 nested container is written before the one holding it, so each is found where the call had it.
 The items and keys are part of the cache key (the flatten's spec and leaves): a call finding the
-keys or the length the previous one left compiles again (a list of losses grown by every call
-compiles on every call). A copy the program returns is returned as the caller's container
+keys or the length the previous one left compiles again, where the program reads them. One the
+program's code only writes into (``losses.append(loss)``), or a dict it reads only at constant
+keys, is keyed by its type or by those items (``written_only``). A ``deque`` is changed as a
+list is (its ``maxlen`` kept). A copy the program returns is returned as the caller's container
 (``returned``), as eager returns the one it was given.
 
 A change no call can make again is refused naming the argument and the line: a container of the
@@ -60,13 +62,14 @@ def release_call() -> None:
 
 
 class ArgumentContainer:
-    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it; ``logged``:
-    its write is the writes a ``written_only.WriteLog`` recorded, made again in order."""
+    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it; ``made(it,
+    contents)`` gives it the contents a write made (``replace_contents``; ``merge_contents`` for a
+    ``written_only`` projection, ``written_only.replay`` for a ``WriteLog``'s writes)."""
 
-    __slots__ = ("path", "label", "logged")
+    __slots__ = ("path", "label", "made")
 
-    def __init__(self, path: tuple, label: str, logged: bool = False):
-        self.path, self.label, self.logged = path, label, logged
+    def __init__(self, path: tuple, label: str, made=None):
+        self.path, self.label, self.made = path, label, made if made is not None else replace_contents
 
     def object(self, flat):
         node = _call.arguments
@@ -88,11 +91,13 @@ class TracedContainers:
     """The lists and dicts of a traced call's ``(args, kwargs)`` (the copies tracing made), each
     with its path and its items then."""
 
-    def __init__(self, args, kwargs, names: list, logs: tuple | list = ()):
+    def __init__(self, args, kwargs, names: list, logs: tuple | list = (), projected: tuple | list = ()):
         #: the names of the positional parameters, for messages
         self.names = names
         #: ``(written_only.Written, written_only.WriteLog)`` of the containers only written into
         self.logs = logs
+        #: the paths of the dicts read only at constant keys, traced on their items read (``written_only``)
+        self.projected = frozenset(projected)
         self.found: list = []
         for i, value in enumerate(args):
             self._visit(value, (0, i))
@@ -142,8 +147,12 @@ class TracedContainers:
             why = _unrepeatable(contents, ids)
             if why is not None:
                 refuse(container, path, why)
-            writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
+            writes.append((ArgumentContainer(path, self.label(container, path), self.made(path)), None, contents))
         return writes
+
+    def made(self, path: tuple):
+        """What gives the container at ``path`` the contents a call made (``ArgumentContainer.made``)."""
+        return merge_contents if path in self.projected else replace_contents
 
     def logged(self, refuse) -> list:
         """``(ArgumentContainer, None, writes)`` for each ``written_only.WriteLog`` of ``logs``
@@ -158,7 +167,7 @@ class TracedContainers:
                 if why is not None:
                     refuse(marker.kind(), marker.path, why)
             label = self.label(marker.kind(), marker.path)
-            writes.append((ArgumentContainer(marker.path, label, logged=True), None, log.ops))
+            writes.append((ArgumentContainer(marker.path, label, replay), None, log.ops))
         return writes
 
     @contextlib.contextmanager
@@ -242,26 +251,26 @@ def replace_contents(container, contents) -> None:
         container[key] = value
 
 
-class Logged:
-    """The writes a ``written_only.WriteLog`` recorded, as ``write_arguments`` takes them."""
-
-    __slots__ = ("ops",)
-
-    def __init__(self, ops: list):
-        self.ops = ops
+def merge_contents(container, contents: dict) -> None:
+    """Sets in ``container`` (a dict the program reads only at constant keys) the items of
+    ``contents`` it changed, each as eager's ``d[key] = value`` (``Old``: the item it held then
+    under that key); its other items stay."""
+    before = dict(container)
+    for key, value in contents.items():
+        if type(value) is not Old:
+            container[key] = value
+        elif value.key != key:
+            container[key] = before[value.key]
 
 
 def write_arguments(writes: list, args, kwargs) -> None:
-    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents
-    (``Logged``: makes those writes)."""
-    for path, new in writes:
+    """Gives the containers at the paths of ``writes``, ``(path, contents, made)``, those contents
+    (``made``: ``ArgumentContainer.made``)."""
+    for path, new, made in writes:
         node = (args, kwargs)
         for step in path:
             node = node[step]
-        if type(new) is Logged:
-            replay(node, new.ops)
-        else:
-            replace_contents(node, new)
+        made(node, new)
 
 
 def arguments_made_again(error: BaseException, args, kwargs) -> None:

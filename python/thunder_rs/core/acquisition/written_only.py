@@ -10,15 +10,22 @@ writes is keyed by the container's type alone (``Written``), the program is trac
 ``WriteLog`` that records the writes in their order, and every call makes them again on its own
 container (``replay``), as eager does: a log that grew hits the cache.
 
-A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` read,
-``p["n"] += 1``, passed to another function, stored, returned, captured by an inner function)
-keeps its contents in the key, as before. So does every parameter of a function that reads its
+A plain dict the code also reads only at constant keys (``stats["n"] += 1``, ``cfg["scale"]``)
+is keyed by those items alone: the call passes ``(its Written, a dict of the items read)``, the
+program is traced on that dict, and every call sets the items it changed in the caller's dict
+(``argument_containers.merge_contents``); its other items (the caller's own) stay out of the
+key. An int read there is an int input as any: a counter compiles as a plain int counter does.
+
+A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` with a key
+computed, ``p.get(k)``, passed to another function, stored, returned, captured by an inner
+function) keeps its contents in the key, as before. So does every parameter of a function that reads its
 frame's variables (``locals()``, ``vars()``, ``eval``, ``sys._getframe``), and of a module's
 ``forward`` (its hooks receive the arguments too).
 """
 
 import collections
 import dis
+import sys
 import types
 
 from thunder_rs.core.state.guards import is_simple
@@ -39,23 +46,25 @@ _LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK"})
 
 class Written:
     """The leaf a write-only container becomes in a call's key: one object per container type and
-    argument place (kept for the process), so the key holds the type and nothing of the items."""
+    argument place (kept for the process), so the key holds the type and nothing of the items.
+    ``projected``: a dict read at constant keys, passed as ``(its Written, a dict of those items)``."""
 
-    __slots__ = ("kind", "path", "__weakref__")
+    __slots__ = ("kind", "path", "projected", "__weakref__")
 
-    def __init__(self, kind: type, path: tuple):
-        self.kind, self.path = kind, path
+    def __init__(self, kind: type, path: tuple, projected: bool):
+        self.kind, self.path, self.projected = kind, path, projected
 
     def __repr__(self) -> str:
-        return f"<a {self.kind.__name__} the program only writes into>"
+        return f"<a {self.kind.__name__} the program only writes into{' or reads at constant keys' * self.projected}>"
 
 
 _markers: dict = {}
 
 
-def _marker(kind: type, path: tuple) -> Written:
-    found = _markers.get((kind, path))
-    return found if found is not None else _markers.setdefault((kind, path), Written(kind, path))
+def _marker(kind: type, path: tuple, projected: bool = False) -> Written:
+    at = (kind, path, projected)
+    found = _markers.get(at)
+    return found if found is not None else _markers.setdefault(at, Written(kind, path, projected))
 
 
 class WriteLog:
@@ -98,10 +107,23 @@ def write_logs(flat_inputs: list, leaves: list) -> list:
     the ``(Written, WriteLog)`` pairs."""
     logs = []
     for i, x in enumerate(flat_inputs):
-        if type(x) is Written:
+        if type(x) is Written and not x.projected:
             leaves[i] = WriteLog(x.kind)
             logs.append((x, leaves[i]))
     return logs
+
+
+def unprojected(args, kwargs, flat_inputs: list) -> tuple:
+    """``(args, kwargs, paths)``: the program's arguments, each dict it reads only at constant keys
+    (``(Written, items)`` in the call's flatten) as the dict of those items, and their paths."""
+    paths = [x.path for x in flat_inputs if type(x) is Written and x.projected]
+    if not paths:
+        return args, kwargs, paths
+    args, kwargs = list(args), dict(kwargs)
+    for where, at in paths:
+        held = args if where == 0 else kwargs
+        held[at] = held[at][1]
+    return tuple(args), kwargs, paths
 
 
 def written_uses(code: types.CodeType) -> dict:
@@ -127,21 +149,35 @@ def _scan(code: types.CodeType) -> dict:
         for name in [n for n in names if type(n) is str and n in params]:
             if "FAST" not in ins.opname and "DEREF" not in ins.opname and "CLOSURE" not in ins.opname:
                 continue  # (a global or attribute of the same name)
-            use = _use(ins, instructions[i + 1 : i + 3]) if ins.opname in _LOADS else None
-            if use is None:
+            uses = _uses_of(instructions[i + 1 : i + 5]) if ins.opname in _LOADS else None
+            if uses is None:
                 params.pop(name)
             else:
-                params[name].add(use)
+                params[name].update(uses)
     return {n: frozenset(uses) for n, uses in params.items()}
 
 
-def _use(load, after: list) -> str | None:
-    """The write the load of a parameter followed by ``after`` makes, or None (a read)."""
-    if after and after[0].opname in ("LOAD_METHOD", "LOAD_ATTR") and after[0].argval in _METHODS:
-        return after[0].argval
-    if len(after) == 2 and after[0].opname == "LOAD_CONST" and after[1].opname == "STORE_SUBSCR":
-        return "setitem" if is_simple(after[0].argval) else None
+def _uses_of(after: list) -> tuple | None:
+    """What the load of a parameter followed by ``after`` does with it: writes (``"append"``,
+    ``"setitem"``) and reads of an item by a constant key (``("getitem", key)``: ``p["n"]``,
+    ``p["n"] += 1``); None for any other use."""
+    if after and _is_method_load(after[0]) and after[0].argval in _METHODS:
+        return (after[0].argval,)
+    if len(after) < 2 or after[0].opname != "LOAD_CONST" or not is_simple(after[0].argval):
+        return None
+    key, ops = after[0].argval, [a.opname for a in after[1:]]
+    if ops[0] == "STORE_SUBSCR":
+        return ("setitem",)
+    if ops[0] == "BINARY_SUBSCR":
+        return (("getitem", key),)
+    if ops[:3] == ["COPY", "COPY", "BINARY_SUBSCR"] and after[1].arg == after[2].arg == 2:  # (``p[k] += v``)
+        return (("getitem", key), "setitem")
     return None
+
+
+def _is_method_load(ins) -> bool:
+    """A method looked up to be called (``p.append(v)``), not a bound method made (``f = p.append``)."""
+    return ins.opname == "LOAD_METHOD" or (ins.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) and ins.arg & 1)
 
 
 class WrittenArguments:
@@ -151,29 +187,45 @@ class WrittenArguments:
     __slots__ = ("positions", "names")
 
     def __init__(self, uses: dict, names: tuple):
-        self.positions = tuple((i, uses[n]) for i, n in enumerate(names) if n in uses)
-        self.names = {n: u for n, u in uses.items()}
+        split = {n: _split(u) for n, u in uses.items()}
+        self.positions = tuple((i, *split[n]) for i, n in enumerate(names) if n in split)
+        self.names = split
 
     def keyed(self, args, kwargs) -> tuple:
-        """``(args, kwargs)`` with each container the program only writes into as its ``Written``."""
+        """``(args, kwargs)`` with each container the program only writes into as its ``Written``,
+        each dict it reads only at constant keys as ``(Written, a dict of the items read)``."""
         new_args = None
-        for i, uses in self.positions:
-            if i < len(args) and _takes(args[i], uses):
+        for i, writes, reads in self.positions:
+            if i < len(args) and _takes(args[i], writes, reads):
                 new_args = new_args if new_args is not None else list(args)
-                new_args[i] = _marker(type(args[i]), (0, i))
+                new_args[i] = _stand_in(args[i], (0, i), reads)
         new_kwargs = None
         for name in kwargs.keys() & self.names.keys() if kwargs else ():
-            if _takes(kwargs[name], self.names[name]):
+            if _takes(kwargs[name], *self.names[name]):
                 new_kwargs = new_kwargs if new_kwargs is not None else dict(kwargs)
-                new_kwargs[name] = _marker(type(kwargs[name]), (1, name))
+                new_kwargs[name] = _stand_in(kwargs[name], (1, name), self.names[name][1])
         if new_args is None and new_kwargs is None:
             return args, kwargs
         return (args if new_args is None else tuple(new_args)), (kwargs if new_kwargs is None else new_kwargs)
 
 
-def _takes(container, uses: frozenset) -> bool:
+def _split(uses: frozenset) -> tuple:
+    """``(writes, keys read)`` of a parameter's uses, the keys in an order kept for the process."""
+    reads = sorted({u[1] for u in uses if type(u) is tuple}, key=repr)
+    return frozenset(u for u in uses if type(u) is str), tuple(reads)
+
+
+def _takes(container, writes: frozenset, reads: tuple) -> bool:
+    """Whether ``container`` takes the ``writes`` a parameter gets (a plain dict only, where the
+    program reads items of it: another's reads may insert, ``defaultdict``, or reorder)."""
     takes = _TAKES.get(type(container))
-    return takes is not None and uses <= takes
+    return takes is not None and writes <= takes and (not reads or type(container) is dict)
+
+
+def _stand_in(container, path: tuple, reads: tuple):
+    if not reads:
+        return _marker(type(container), path)
+    return (_marker(dict, path, True), {k: container[k] for k in reads if k in container})
 
 
 def written_arguments(fn) -> WrittenArguments | None:
