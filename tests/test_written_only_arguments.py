@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 def _assert_same(a, b) -> None:
@@ -215,3 +216,29 @@ def test_a_dict_read_at_constant_keys_moves_and_misses_items_as_eager():
         with pytest.raises(KeyError, match="'n'"):
             fn(torch.ones(2), target)
     _assert_same(d, eager)
+
+
+def _writes_a_reads_b(x, a, b):
+    a.append(x)
+    return x * len(b)
+
+
+def test_a_log_passed_again_where_the_program_reads_it_is_refused_before_running():
+    # The compiled call appended to the caller's list, where the read was of the copy traced.
+    jf, a, b = thunder_rs.jit(_writes_a_reads_b), [], []
+    _assert_same(jf(torch.ones(2), a, b), _writes_a_reads_b(torch.ones(2), [], []))
+    shared = [torch.zeros(1)]
+    with pytest.raises(ThunderNotImplementedError, match="list at positional argument 2 is also passed at positional"):
+        jf(torch.ones(2), shared, shared)
+    assert len(shared) == 1
+
+
+def test_a_log_holding_one_dict_twice_is_appended_to_as_eager():
+    # Refused as "a dict passed in two places": the check walked every item of the log, each call.
+    jf, held = thunder_rs.jit(_keyword_log), {"k": 1}
+    log, eager = [held, held], [held, held]
+    for i in range(3):
+        x = torch.randn(2)
+        _assert_same(jf(x, log=log), _keyword_log(x, log=eager))
+        _assert_same(log, eager)
+    assert log[0] is held and log[1] is held

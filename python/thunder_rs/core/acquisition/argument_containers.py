@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.proxies import SymbolicSize
 
-from thunder_rs.core.acquisition.written_only import replay
+from thunder_rs.core.acquisition.written_only import Written, replay
 from thunder_rs.core.state.containers import _repeatable
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
@@ -281,23 +281,37 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
         again(args, kwargs)
 
 
-def refuse_aliased(args, kwargs) -> None:
+def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
-    changes such containers: tracing changed a copy of each, as if they were two."""
+    changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
+    call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
+    not walked (a log of every step's loss), those read at constant keys only at the items read."""
     seen: dict = {}
-    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(args))
-    stack.extend((value, f"argument {name}") for name, value in kwargs.items())
+    walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
+    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(walked_args))
+    stack.extend((value, f"argument {name}") for name, value in walked_kwargs.items())
     while stack:
         x, label = stack.popleft()
+        marker = x if type(x) is Written else x[0] if type(x) is tuple and x and type(x[0]) is Written else None
+        if marker is not None:  # (the caller's container, as its ``Written`` in the key)
+            container = (args, kwargs)[marker.path[0]][marker.path[1]]
+            _seen(seen, container, label)
+            if marker.projected:
+                stack.extend((value, f"{label}[{key!r}]") for key, value in x[1].items())
+            continue
         if type(x) not in _OPENED and not isinstance(x, tuple):
             continue
         if type(x) in WRITTEN:
-            if id(x) in seen:
-                raise ThunderNotImplementedError(
-                    f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
-                    "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
-                    "distinct ones"
-                )
-            seen[id(x)] = label
+            _seen(seen, x, label)
         items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
         stack.extend((value, f"{label}[{key!r}]") for key, value in items)
+
+
+def _seen(seen: dict, x, label: str) -> None:
+    if id(x) in seen:
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
+            "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
+            "distinct ones"
+        )
+    seen[id(x)] = label

@@ -54,7 +54,7 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         entry = jfn._cache.get(key)
         if entry is not None and (entry.check is None or entry.check(flat)):
             entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-            return _run(jfn, entry, key, flat, params, args, kwargs)
+            return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
     return _flattened(jfn, args, kwargs, state, params, binding, keyed_call)
 
 
@@ -82,11 +82,12 @@ def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
                 return jfn._call_general(args, kwargs)
     else:
         entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-    return _run(jfn, entry, key, flat, params, args, kwargs)
+    return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
 
 
-def _run(jfn, entry, key, flat, params, args, kwargs):
-    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None)."""
+def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
+    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None;
+    ``keyed_call``: ``args`` and ``kwargs`` as keyed)."""
     inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
     if params is not None:
         inputs.extend(params)
@@ -94,7 +95,7 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
     if entry.call_args:
-        refuse_aliased(args, kwargs)
+        refuse_aliased(args, kwargs, keyed_call)
     try:
         out = entry.fn(*inputs)
     except Exception as e:
