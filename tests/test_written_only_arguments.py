@@ -242,3 +242,26 @@ def test_a_log_holding_one_dict_twice_is_appended_to_as_eager():
         _assert_same(jf(x, log=log), _keyword_log(x, log=eager))
         _assert_same(log, eager)
     assert log[0] is held and log[1] is held
+
+
+def _tallies(x, metrics):
+    loss = x.pow(2).sum()
+    metrics["steps"] = metrics.get("steps", 0) + 1
+    metrics.setdefault("first", None)
+    metrics["last"] = loss.detach() * metrics.get("scale", 1.0)
+    return loss
+
+
+def test_a_metrics_dict_read_with_get_and_setdefault_at_constant_keys_keeps_the_callers_items_out_of_the_key():
+    # Every call compiled: the key held the caller's own items (a tensor of the call's batch size).
+    jf, metrics, eager = thunder_rs.jit(_tallies), {"scale": 0.5}, {"scale": 0.5}
+    held = metrics
+    for i in range(6):
+        x = torch.randn(3)
+        _assert_same(jf(x, metrics), _tallies(x, eager))
+        _assert_same(metrics, eager)
+        metrics["batch"], eager["batch"] = torch.ones(i + 1), torch.ones(i + 1)
+    assert metrics is held
+    # The first call (no "steps"), a call with steps 1, then steps as an int input.
+    reasons = thunder_rs.compile_stats(jf).miss_reasons
+    assert len(reasons) == 3 and reasons[2] == "metrics['steps']: 1 -> 2; compiled with symbolic sizes metrics['steps']"

@@ -10,14 +10,15 @@ writes is keyed by the container's type alone (``Written``), the program is trac
 ``WriteLog`` that records the writes in their order, and every call makes them again on its own
 container (``replay``), as eager does: a log that grew hits the cache.
 
-A plain dict the code also reads only at constant keys (``stats["n"] += 1``, ``cfg["scale"]``)
+A plain dict the code also reads only at constant keys (``stats["n"] += 1``, ``cfg["scale"]``,
+``m.get("steps", 0)``, ``m.setdefault("first", None)``: constant defaults, ``[]`` or ``{}``)
 is keyed by those items alone: the call passes ``(its Written, a dict of the items read)``, the
 program is traced on that dict, and every call sets the items it changed in the caller's dict
 (``argument_containers.merge_contents``); its other items (the caller's own) stay out of the
 key. An int read there is an int input as any: a counter compiles as a plain int counter does.
 
 A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` with a key
-computed, ``p.get(k)``, passed to another function, stored, returned, captured by an inner
+computed, passed to another function, stored, returned, captured by an inner
 function) keeps its contents in the key, as before. So does every parameter of a function that reads its
 frame's variables (``locals()``, ``vars()``, ``eval``, ``sys._getframe``), and of a module's
 ``forward`` (its hooks receive the arguments too).
@@ -163,6 +164,11 @@ def _uses_of(after: list) -> tuple | None:
     ``p["n"] += 1``); None for any other use."""
     if after and _is_method_load(after[0]) and after[0].argval in _METHODS:
         return (after[0].argval,)
+    if after and _is_method_load(after[0]) and after[0].argval in ("get", "setdefault"):
+        key = _constant_key_call(after[1:])
+        if key is _NO_KEY:
+            return None
+        return (("getitem", key),) if after[0].argval == "get" else (("getitem", key), "setitem")
     if len(after) < 2 or after[0].opname != "LOAD_CONST" or not is_simple(after[0].argval):
         return None
     key, ops = after[0].argval, [a.opname for a in after[1:]]
@@ -173,6 +179,24 @@ def _uses_of(after: list) -> tuple | None:
     if ops[:3] == ["COPY", "COPY", "BINARY_SUBSCR"] and after[1].arg == after[2].arg == 2:  # (``p[k] += v``)
         return (("getitem", key), "setitem")
     return None
+
+
+_NO_KEY = object()
+#: Arguments after a constant key that leave it the key: a constant, an empty list or dict.
+_PLAIN_DEFAULTS = {"LOAD_CONST": None, "BUILD_LIST": 0, "BUILD_MAP": 0}
+
+
+def _constant_key_call(args: list):
+    """The key of a call ``p.get(<constant>)``, ``p.get(<constant>, <constant>)`` or
+    ``p.setdefault(<constant>, [])`` whose argument instructions are ``args``, or ``_NO_KEY``."""
+    if not args or args[0].opname != "LOAD_CONST" or not is_simple(args[0].argval):
+        return _NO_KEY
+    n = 1
+    if len(args) > 1 and args[1].opname in _PLAIN_DEFAULTS and _PLAIN_DEFAULTS[args[1].opname] in (None, args[1].arg):
+        n = 2
+    if len(args) > n and args[n].opname in ("PRECALL", "CALL") and args[n].arg == n:
+        return args[0].argval
+    return _NO_KEY
 
 
 def _is_method_load(ins) -> bool:
