@@ -223,6 +223,11 @@ def _writes_a_reads_b(x, a, b):
     return x * len(b)
 
 
+def _into_item_reads_b(x, d, b):
+    d["log"].append(x)
+    return x * len(b)
+
+
 def test_a_log_passed_again_where_the_program_reads_it_is_refused_before_running():
     # The compiled call appended to the caller's list, where the read was of the copy traced.
     jf, a, b = thunder_rs.jit(_writes_a_reads_b), [], []
@@ -230,6 +235,11 @@ def test_a_log_passed_again_where_the_program_reads_it_is_refused_before_running
     shared = [torch.zeros(1)]
     with pytest.raises(ThunderNotImplementedError, match="list at positional argument 2 is also passed at positional"):
         jf(torch.ones(2), shared, shared)
+    assert len(shared) == 1
+    jf = thunder_rs.jit(_into_item_reads_b)
+    _assert_same(jf(torch.ones(2), {"log": []}, []), _into_item_reads_b(torch.ones(2), {"log": []}, []))
+    with pytest.raises(ThunderNotImplementedError, match=r"1\['log'\] is also passed at positional argument 2"):
+        jf(torch.ones(2), {"log": shared}, shared)
     assert len(shared) == 1
 
 
@@ -265,3 +275,26 @@ def test_a_metrics_dict_read_with_get_and_setdefault_at_constant_keys_keeps_the_
     # The first call (no "steps"), a call with steps 1, then steps as an int input.
     reasons = thunder_rs.compile_stats(jf).miss_reasons
     assert len(reasons) == 3 and reasons[2] == "metrics['steps']: 1 -> 2; compiled with symbolic sizes metrics['steps']"
+
+
+def _logs_into_items(x, metrics):
+    loss = x.pow(2).sum()
+    metrics["steps"] = metrics.get("steps", 0) + 1
+    metrics.setdefault("losses", []).append(loss.detach())
+    metrics["grads"].extend([loss * 2])
+    return loss
+
+
+def test_lists_in_a_metrics_dict_the_program_only_appends_to_hit_the_cache_as_they_grow():
+    # Every call compiled: the key held the lists' lengths.
+    jf, grads, eager_grads = thunder_rs.jit(_logs_into_items), [], []
+    metrics, eager = {"grads": grads}, {"grads": eager_grads}
+    for i in range(6):
+        x = torch.randn(3)
+        _assert_same(jf(x, metrics), _logs_into_items(x, eager))
+        _assert_same(metrics, eager)
+    losses = metrics["losses"]
+    jf(torch.ones(3), metrics)
+    assert metrics["grads"] is grads and metrics["losses"] is losses and len(losses) == 7
+    # The first call (no "steps" nor "losses"), a call with them, then steps as an int input.
+    assert thunder_rs.cache_misses(jf) == 3

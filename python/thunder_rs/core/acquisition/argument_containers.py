@@ -294,7 +294,9 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
         x, label = stack.popleft()
         marker = x if type(x) is Written else x[0] if type(x) is tuple and x and type(x[0]) is Written else None
         if marker is not None:  # (the caller's container, as its ``Written`` in the key)
-            container = (args, kwargs)[marker.path[0]][marker.path[1]]
+            container = (args, kwargs)
+            for step in marker.path:
+                container = container[step]
             _seen(seen, container, label)
             if marker.projected:
                 stack.extend((value, f"{label}[{key!r}]") for key, value in x[1].items())

@@ -16,6 +16,8 @@ is keyed by those items alone: the call passes ``(its Written, a dict of the ite
 program is traced on that dict, and every call sets the items it changed in the caller's dict
 (``argument_containers.merge_contents``); its other items (the caller's own) stay out of the
 key. An int read there is an int input as any: a counter compiles as a plain int counter does.
+An item the code reads only to write into it (``m["grads"].append(g)``,
+``m.setdefault("losses", []).append(loss)``) is keyed as a write-only container itself.
 
 A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` with a key
 computed, passed to another function, stored, returned, captured by an inner
@@ -150,7 +152,7 @@ def _scan(code: types.CodeType) -> dict:
         for name in [n for n in names if type(n) is str and n in params]:
             if "FAST" not in ins.opname and "DEREF" not in ins.opname and "CLOSURE" not in ins.opname:
                 continue  # (a global or attribute of the same name)
-            uses = _uses_of(instructions[i + 1 : i + 5]) if ins.opname in _LOADS else None
+            uses = _uses_of(instructions[i + 1 : i + 8]) if ins.opname in _LOADS else None
             if uses is None:
                 params.pop(name)
             else:
@@ -160,20 +162,28 @@ def _scan(code: types.CodeType) -> dict:
 
 def _uses_of(after: list) -> tuple | None:
     """What the load of a parameter followed by ``after`` does with it: writes (``"append"``,
-    ``"setitem"``) and reads of an item by a constant key (``("getitem", key)``: ``p["n"]``,
-    ``p["n"] += 1``); None for any other use."""
+    ``"setitem"``), reads of an item by a constant key (``("getitem", key)``: ``p["n"]``,
+    ``p["n"] += 1``) and writes into such an item (``("into", key, "append")``: ``p["log"].append(v)``,
+    ``p.setdefault("log", []).append(v)``); None for any other use."""
     if after and _is_method_load(after[0]) and after[0].argval in _METHODS:
         return (after[0].argval,)
     if after and _is_method_load(after[0]) and after[0].argval in ("get", "setdefault"):
-        key = _constant_key_call(after[1:])
+        key, n = _constant_key_call(after[1:])
         if key is _NO_KEY:
             return None
-        return (("getitem", key),) if after[0].argval == "get" else (("getitem", key), "setitem")
+        if after[0].argval == "get":
+            return (("getitem", key),)
+        method = after[n + 1] if len(after) > n + 1 else None
+        if method is not None and _is_method_load(method) and method.argval in _METHODS:
+            return (("into", key, method.argval), "setitem")
+        return (("getitem", key), "setitem")
     if len(after) < 2 or after[0].opname != "LOAD_CONST" or not is_simple(after[0].argval):
         return None
     key, ops = after[0].argval, [a.opname for a in after[1:]]
     if ops[0] == "STORE_SUBSCR":
         return ("setitem",)
+    if ops[0] == "BINARY_SUBSCR" and len(after) > 2 and _is_method_load(after[2]) and after[2].argval in _METHODS:
+        return (("into", key, after[2].argval),)
     if ops[0] == "BINARY_SUBSCR":
         return (("getitem", key),)
     if ops[:3] == ["COPY", "COPY", "BINARY_SUBSCR"] and after[1].arg == after[2].arg == 2:  # (``p[k] += v``)
@@ -186,17 +196,19 @@ _NO_KEY = object()
 _PLAIN_DEFAULTS = {"LOAD_CONST": None, "BUILD_LIST": 0, "BUILD_MAP": 0}
 
 
-def _constant_key_call(args: list):
-    """The key of a call ``p.get(<constant>)``, ``p.get(<constant>, <constant>)`` or
-    ``p.setdefault(<constant>, [])`` whose argument instructions are ``args``, or ``_NO_KEY``."""
+def _constant_key_call(args: list) -> tuple:
+    """``(key, where the call ends in args)`` of a call ``p.get(<constant>)``, ``p.get(<constant>,
+    <constant>)`` or ``p.setdefault(<constant>, [])`` whose argument instructions are ``args``, or
+    ``(_NO_KEY, 0)``."""
     if not args or args[0].opname != "LOAD_CONST" or not is_simple(args[0].argval):
-        return _NO_KEY
+        return _NO_KEY, 0
     n = 1
     if len(args) > 1 and args[1].opname in _PLAIN_DEFAULTS and _PLAIN_DEFAULTS[args[1].opname] in (None, args[1].arg):
         n = 2
     if len(args) > n and args[n].opname in ("PRECALL", "CALL") and args[n].arg == n:
-        return args[0].argval
-    return _NO_KEY
+        ends = n + 1 if args[n].opname == "PRECALL" and len(args) > n + 1 and args[n + 1].opname == "CALL" else n
+        return args[0].argval, ends + 1
+    return _NO_KEY, 0
 
 
 def _is_method_load(ins) -> bool:
@@ -234,9 +246,15 @@ class WrittenArguments:
 
 
 def _split(uses: frozenset) -> tuple:
-    """``(writes, keys read)`` of a parameter's uses, the keys in an order kept for the process."""
-    reads = sorted({u[1] for u in uses if type(u) is tuple}, key=repr)
-    return frozenset(u for u in uses if type(u) is str), tuple(reads)
+    """``(writes, items read)`` of a parameter's uses: each item read ``(key, None)``, or ``(key,
+    the writes made into it)`` where the program only writes into it; in an order kept for the process."""
+    read = {u[1] for u in uses if type(u) is tuple and u[0] == "getitem"}
+    into: dict = {}
+    for u in uses:
+        if type(u) is tuple and u[0] == "into" and u[1] not in read:
+            into.setdefault(u[1], set()).add(u[2])
+    reads = [(k, None) for k in read] + [(k, frozenset(methods)) for k, methods in into.items()]
+    return frozenset(u for u in uses if type(u) is str), tuple(sorted(reads, key=lambda r: repr(r[0])))
 
 
 def _takes(container, writes: frozenset, reads: tuple) -> bool:
@@ -249,7 +267,13 @@ def _takes(container, writes: frozenset, reads: tuple) -> bool:
 def _stand_in(container, path: tuple, reads: tuple):
     if not reads:
         return _marker(type(container), path)
-    return (_marker(dict, path, True), {k: container[k] for k in reads if k in container})
+    items = {}
+    for key, into in reads:
+        if key in container:
+            item = container[key]
+            written = into is not None and _takes(item, into, ())
+            items[key] = _marker(type(item), (*path, key)) if written else item
+    return (_marker(dict, path, True), items)
 
 
 def written_arguments(fn) -> WrittenArguments | None:
