@@ -298,3 +298,23 @@ def test_lists_in_a_metrics_dict_the_program_only_appends_to_hit_the_cache_as_th
     assert metrics["grads"] is grads and metrics["losses"] is losses and len(losses) == 7
     # The first call (no "steps" nor "losses"), a call with them, then steps as an int input.
     assert thunder_rs.cache_misses(jf) == 3
+
+
+def _positional_log(x, log, /, **options):
+    log.append(x)
+    return x + len(options["log"])
+
+
+def _appends_by_keyword(x, log):
+    log.append(value=x)
+
+
+def test_a_write_only_parameter_keeps_eagers_keywords_and_errors():
+    # (Guards the keying above: a keyword of the name of a positional-only log is another argument.)
+    jf, log, eager = thunder_rs.jit(_positional_log), [], []
+    for n in (1, 2):
+        _assert_same(jf(torch.ones(2), log, log=[0] * n), _positional_log(torch.ones(2), eager, log=[0] * n))
+        _assert_same(log, eager)
+    for fn in (thunder_rs.jit(_appends_by_keyword), _appends_by_keyword):
+        with pytest.raises(TypeError, match=r"list.append\(\) takes no keyword arguments"):
+            fn(torch.ones(2), [])

@@ -80,17 +80,22 @@ class WriteLog:
         self.kind = kind
         self.ops: list[tuple[str, object]] = []
 
-    def append(self, value) -> None:
-        self.ops.append(("append", value))
+    def _made(self, method: str, args: tuple, kwargs: dict) -> None:
+        if kwargs or len(args) != 1:  # (the container's own method raises eager's error)
+            getattr(self.kind(), method)(*args, **kwargs)
+        self.ops.append((method, list(args[0]) if method.startswith("extend") else args[0]))
 
-    def appendleft(self, value) -> None:
-        self.ops.append(("appendleft", value))
+    def append(self, *args, **kwargs) -> None:
+        self._made("append", args, kwargs)
 
-    def extend(self, values) -> None:
-        self.ops.append(("extend", list(values)))
+    def appendleft(self, *args, **kwargs) -> None:
+        self._made("appendleft", args, kwargs)
 
-    def extendleft(self, values) -> None:
-        self.ops.append(("extendleft", list(values)))
+    def extend(self, *args, **kwargs) -> None:
+        self._made("extend", args, kwargs)
+
+    def extendleft(self, *args, **kwargs) -> None:
+        self._made("extendleft", args, kwargs)
 
     def __setitem__(self, key, value) -> None:
         self.ops.append(("setitem", (key, value)))
@@ -131,17 +136,7 @@ def unprojected(args, kwargs, flat_inputs: list) -> tuple:
 
 def written_uses(code: types.CodeType) -> dict:
     """``{parameter name: the writes the code makes through it}`` for each parameter the code uses
-    only as ``p.append(v)`` and the like (``_TAKES``); the others are left out."""
-    found = _uses.get(code)
-    if found is None:
-        found = _uses[code] = _scan(code)
-    return found
-
-
-_uses: dict = {}
-
-
-def _scan(code: types.CodeType) -> dict:
+    only as ``p.append(v)`` and the like (``_uses_of``); the others are left out."""
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or _FRAME_READERS & set(code.co_names):
         return {}  # (a generator or coroutine; a frame reader)
     count = code.co_argcount + code.co_kwonlyargcount
@@ -222,10 +217,11 @@ class WrittenArguments:
 
     __slots__ = ("positions", "names")
 
-    def __init__(self, uses: dict, names: tuple):
+    def __init__(self, uses: dict, names: tuple, posonly: int):
         split = {n: _split(u) for n, u in uses.items()}
         self.positions = tuple((i, *split[n]) for i, n in enumerate(names) if n in split)
-        self.names = split
+        #: (a positional-only parameter's name passed as a keyword goes to ``**kwargs``)
+        self.names = {n: u for n, u in split.items() if n not in names[:posonly]}
 
     def keyed(self, args, kwargs) -> tuple:
         """``(args, kwargs)`` with each container the program only writes into as its ``Written``,
@@ -284,4 +280,4 @@ def written_arguments(fn) -> WrittenArguments | None:
     uses = written_uses(code)
     if not uses:
         return None
-    return WrittenArguments(uses, code.co_varnames[: code.co_argcount])
+    return WrittenArguments(uses, code.co_varnames[: code.co_argcount], code.co_posonlyargcount)
