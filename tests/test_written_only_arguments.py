@@ -318,3 +318,21 @@ def test_a_write_only_parameter_keeps_eagers_keywords_and_errors():
     for fn in (thunder_rs.jit(_appends_by_keyword), _appends_by_keyword):
         with pytest.raises(TypeError, match=r"list.append\(\) takes no keyword arguments"):
             fn(torch.ones(2), [])
+
+
+def _rotates(x, d):
+    d["log"].append(x * 2)
+    d["log"] = []
+    return x
+
+
+def test_a_list_appended_to_then_replaced_in_its_dict_is_left_as_eager_leaves_it():
+    # (Guards the order of the writes: the appends go to the list the call found.)
+    jf, first, eager_first = thunder_rs.jit(_rotates), [], []
+    d, eager = {"log": first}, {"log": eager_first}
+    for i in range(3):
+        x = torch.randn(2)
+        previous, eager_previous = d["log"], eager["log"]
+        _assert_same(jf(x, d), _rotates(x, eager))
+        _assert_same((d, previous), (eager, eager_previous))
+        assert d["log"] is not previous and len(previous) == 1

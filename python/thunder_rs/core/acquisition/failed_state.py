@@ -65,6 +65,13 @@ def note_made_before_error(error: BaseException, places, reached, arguments: Tra
         if now != before:
             (left if _traced(now) else again).append((functools.partial(_put_contents, container, now), source.label))
     writes: list = []
+    # (First the writes into containers it only writes into, found where the call had them.)
+    for marker, log in arguments.logs:
+        if log.ops:
+            ok = not _traced(log.ops)
+            (writes if ok else left).append(
+                (marker.path, log.ops, replay) if ok else (None, arguments.label(marker.kind(), marker.path))
+            )
     held = {id(c) for c, _, _ in arguments.found}
     for container, path, before in sorted(arguments.found, key=lambda f: -len(f[1])):
         if _changed(container, before):
@@ -73,12 +80,6 @@ def note_made_before_error(error: BaseException, places, reached, arguments: Tra
             ok = not _traced(new) and not any(id(v) in held for v in values)
             made = arguments.made(path)
             (writes if ok else left).append((path, new, made) if ok else (None, arguments.label(container, path)))
-    for marker, log in arguments.logs:  # (containers it only writes into: its writes, in order)
-        if log.ops:
-            ok = not _traced(log.ops)
-            (writes if ok else left).append(
-                (marker.path, log.ops, replay) if ok else (None, arguments.label(marker.kind(), marker.path))
-            )
     if again:
         note_made_again(error, functools.partial(_make, [fn for fn, _ in again]))
     if writes:
