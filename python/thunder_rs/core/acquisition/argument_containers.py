@@ -285,35 +285,46 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
     changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
     call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
-    not walked (a log of every step's loss), those read at constant keys only at the items read."""
+    not walked (a log of every step's loss), those read at constant keys only at the items read.
+    (On every call of such a program: the places are named only for the error.)"""
     seen: dict = {}
     walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
-    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(walked_args))
-    stack.extend((value, f"argument {name}") for name, value in walked_kwargs.items())
+    stack = collections.deque((value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value))
+    stack.extend((value, (1, name)) for name, value in walked_kwargs.items())
     while stack:
-        x, label = stack.popleft()
+        x, path = stack.popleft()
         marker = x if type(x) is Written else x[0] if type(x) is tuple and x and type(x[0]) is Written else None
         if marker is not None:  # (the caller's container, as its ``Written`` in the key)
             container = (args, kwargs)
             for step in marker.path:
                 container = container[step]
-            _seen(seen, container, label)
+            _seen(seen, container, path)
             if marker.projected:
-                stack.extend((value, f"{label}[{key!r}]") for key, value in x[1].items())
+                stack.extend((value, (*path, key)) for key, value in x[1].items())
             continue
         if type(x) not in _OPENED and not isinstance(x, tuple):
             continue
         if type(x) in WRITTEN:
-            _seen(seen, x, label)
+            _seen(seen, x, path)
         items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
-        stack.extend((value, f"{label}[{key!r}]") for key, value in items)
+        stack.extend((value, (*path, key)) for key, value in items if not _is_tensor(value))
 
 
-def _seen(seen: dict, x, label: str) -> None:
+def _is_tensor(x) -> bool:
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def _seen(seen: dict, x, path: tuple) -> None:
     if id(x) in seen:
         raise ThunderNotImplementedError(
-            f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
-            "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
+            f"thunder_rs.jit: the {type(x).__name__} at {_place(path)} is also passed at {_place(seen[id(x)])}, to a "
+            "program that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
             "distinct ones"
         )
-    seen[id(x)] = label
+    seen[id(x)] = path
+
+
+def _place(path: tuple) -> str:
+    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call."""
+    where = f"positional argument {path[1]}" if path[0] == 0 else f"argument {path[1]}"
+    return where + "".join(f"[{step!r}]" for step in path[2:])
