@@ -26,6 +26,7 @@ container in two places to such a program (``refuse_aliased``), traced as two.
 import collections
 import contextlib
 import threading
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -289,7 +290,9 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
     (On every call of such a program: the places are named only for the error.)"""
     seen: dict = {}
     walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
-    stack = collections.deque((value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value))
+    stack: collections.deque[tuple[Any, tuple]] = collections.deque(
+        (value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value)
+    )
     stack.extend((value, (1, name)) for name, value in walked_kwargs.items())
     while stack:
         x, path = stack.popleft()
