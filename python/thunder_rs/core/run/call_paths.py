@@ -45,8 +45,12 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         if _forward_ad._current_level >= 0:  # (which of its tensors are duals there: ``forward_ad_duals``)
             state = (*state, forward_ad_duals(params)[1])
     # Lists and dicts the program only writes into are keyed by their type (``written_only``).
-    keyed_call = (args, kwargs) if jfn._written is None else jfn._written.keyed(args, kwargs)
-    keyed = call_key(*keyed_call, state, None if keyed_call[0] is not args else structure)
+    if jfn._written is None:
+        keyed_call = None
+        keyed = call_key(args, kwargs, state, structure)
+    else:
+        keyed_call = jfn._written.keyed(args, kwargs)
+        keyed = call_key(*keyed_call, state, None if keyed_call[0] is not args else structure)
     if keyed is not None:
         key, flat = keyed
         if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
@@ -59,9 +63,10 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
 
 
 def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
-    """The call keyed from its flatten (of ``keyed_call``: ``args`` and ``kwargs`` as keyed); a
-    miss compiles. ``state``: the module's part of the key, read with ``params`` (its tensors)
-    from ``binding``."""
+    """The call keyed from its flatten (of ``keyed_call``: ``args`` and ``kwargs`` as keyed, or None
+    where they are keyed as they are); a miss compiles. ``state``: the module's part of the key,
+    read with ``params`` (its tensors) from ``binding``."""
+    keyed_call = keyed_call or (args, kwargs)
     flat, spec = flatten_call(*keyed_call)
     key = (global_key(state, tensor_aliases(flat), flat), tuple(map(leaf_key, flat)), spec)
     if jfn._floats.wide:
@@ -87,7 +92,7 @@ def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
 
 def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
     """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None;
-    ``keyed_call``: ``args`` and ``kwargs`` as keyed)."""
+    ``keyed_call``: ``args`` and ``kwargs`` as keyed, or None)."""
     inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
     if params is not None:
         inputs.extend(params)
