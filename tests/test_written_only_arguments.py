@@ -8,6 +8,7 @@ program reads is changed as a list is (``core.acquisition.argument_containers``)
 """
 
 import collections
+import sys
 
 import pytest
 import torch
@@ -336,3 +337,20 @@ def test_a_list_appended_to_then_replaced_in_its_dict_is_left_as_eager_leaves_it
         _assert_same(jf(x, d), _rotates(x, eager))
         _assert_same((d, previous), (eager, eager_previous))
         assert d["log"] is not previous and len(previous) == 1
+
+
+def _length_of_callers_log():
+    return len(sys._getframe(1).f_locals["log"])
+
+
+def _reads_through_the_frame(x, log):
+    log.append(x)
+    return x * _length_of_callers_log()
+
+
+def test_a_write_only_log_read_through_the_functions_frame_is_refused_saying_so():
+    # A TypeError naming thunder_rs's stand-in ("object of type 'WriteLog' has no len()").
+    log = []
+    with pytest.raises(ThunderNotImplementedError, match=r"only writes into was read \(len\)"):
+        thunder_rs.jit(_reads_through_the_frame)(torch.ones(2), log)
+    assert log == []

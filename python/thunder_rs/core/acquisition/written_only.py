@@ -32,6 +32,7 @@ import sys
 import types
 
 from thunder_rs.core.state.guards import is_simple
+from thunder_rs.errors import ThunderNotImplementedError
 
 #: What each container type takes of the writes ``written_uses`` finds.
 _TAKES: dict[type, frozenset[str]] = {
@@ -99,6 +100,28 @@ class WriteLog:
 
     def __setitem__(self, key, value) -> None:
         self.ops.append(("setitem", (key, value)))
+
+    def _read(self, what: str):
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: a {self.kind.__name__} the jitted function's code only writes into was read ({what}) "
+            "by other code the call ran (through the function's frame): thunder_rs keys and traces it by its writes "
+            "alone. Read it in the jitted function itself, or pass what is read as an argument"
+        )
+
+    def __len__(self) -> int:
+        return self._read("len")
+
+    def __bool__(self) -> bool:
+        return self._read("bool")
+
+    def __iter__(self):
+        return self._read("iter")
+
+    def __contains__(self, item) -> bool:
+        return self._read("in")
+
+    def __getitem__(self, key):
+        return self._read("an item")
 
 
 def replay(container, ops: list) -> None:
