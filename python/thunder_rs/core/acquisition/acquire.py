@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.argument_containers import TracedContainers
+from thunder_rs.core.acquisition.written_only import unprojected, write_logs
 from thunder_rs.core.acquisition.cache import input_names
 from thunder_rs.core.acquisition.failed_state import note_attributes_made, note_made_before_error, put_back_refused
 from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
@@ -344,8 +345,10 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
             for n, v in c.__dict__[s].items()
         ]
     inputs = TracedInputs(positions, [leaves[i] for i in positions], params, slots)
+    logs = write_logs(flat_inputs, leaves)  # (containers the program only writes into)
     args, kwargs = tree_unflatten(leaves, in_spec)
-    containers = TracedContainers(args, kwargs, _argument_names(program)[1])
+    program_args, program_kwargs, projected = unprojected(args, kwargs, flat_inputs)
+    containers = TracedContainers(program_args, program_kwargs, _argument_names(program)[1], logs, projected)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
@@ -360,10 +363,12 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     try:
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
-            box = [fn(*args, **kwargs)]  # (held by nothing else: ``made_objects`` counts references)
+            box = [fn(*program_args, **program_kwargs)]  # (held by nothing else: ``made_objects`` counts references)
         inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]))
         out = box.pop()
-        inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
+        refuse = functools.partial(_refuse_argument_write, program)
+        # (The writes into write-only lists first: each at the list the call had there.)
+        inputs.argument_writes = containers.logged(refuse) + containers.changes(refuse)
         out, inputs.argument_copies = containers.returned(out), containers.copies()
         with containers.as_before():  # (their changes made again by every call)
             _check_arguments_unchanged(program, args, kwargs, leaves, in_spec)

@@ -11,8 +11,10 @@ from the call ``hold_call`` notes): items it held before are kept as those objec
 values are stored as the trace made them, tensors each call's (``effects.ContentsWrite``). A
 nested container is written before the one holding it, so each is found where the call had it.
 The items and keys are part of the cache key (the flatten's spec and leaves): a call finding the
-keys or the length the previous one left compiles again (a list of losses grown by every call
-compiles on every call). A copy the program returns is returned as the caller's container
+keys or the length the previous one left compiles again, where the program reads them. One the
+program's code only writes into (``losses.append(loss)``), or a dict it reads only at constant
+keys, is keyed by its type or by those items (``written_only``). A ``deque`` is changed as a
+list is (its ``maxlen`` kept). A copy the program returns is returned as the caller's container
 (``returned``), as eager returns the one it was given.
 
 A change no call can make again is refused naming the argument and the line: a container of the
@@ -24,12 +26,14 @@ container in two places to such a program (``refuse_aliased``), traced as two.
 import collections
 import contextlib
 import threading
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.proxies import SymbolicSize
 
+from thunder_rs.core.acquisition.written_only import Written, replay
 from thunder_rs.core.state.containers import _repeatable
 from thunder_rs.core.state.guards import is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
@@ -37,7 +41,9 @@ from thunder_rs.errors import ThunderNotImplementedError
 
 #: The containers whose copies tracing can change and a call can change again: exact types, as
 #: torch's pytree opens them (a subclass is a leaf, or a node of its own).
-WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict)
+WRITTEN = (list, dict, collections.defaultdict, collections.OrderedDict, collections.deque)
+#: The written containers holding a sequence (the others, mappings).
+_SEQUENCES = (list, collections.deque)
 #: Containers followed into (tuples: a namedtuple too), as torch's pytree opens them.
 _OPENED = (tuple, *WRITTEN)
 
@@ -57,12 +63,14 @@ def release_call() -> None:
 
 
 class ArgumentContainer:
-    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it."""
+    """The container at ``path`` of each call's ``(args, kwargs)``; ``label`` names it; ``made(it,
+    contents)`` gives it the contents a write made (``replace_contents``; ``merge_contents`` for a
+    ``written_only`` projection, ``written_only.replay`` for a ``WriteLog``'s writes)."""
 
-    __slots__ = ("path", "label")
+    __slots__ = ("path", "label", "made")
 
-    def __init__(self, path: tuple, label: str):
-        self.path, self.label = path, label
+    def __init__(self, path: tuple, label: str, made=None):
+        self.path, self.label, self.made = path, label, made if made is not None else replace_contents
 
     def object(self, flat):
         node = _call.arguments
@@ -84,9 +92,13 @@ class TracedContainers:
     """The lists and dicts of a traced call's ``(args, kwargs)`` (the copies tracing made), each
     with its path and its items then."""
 
-    def __init__(self, args, kwargs, names: list):
+    def __init__(self, args, kwargs, names: list, logs: tuple | list = (), projected: tuple | list = ()):
         #: the names of the positional parameters, for messages
         self.names = names
+        #: ``(written_only.Written, written_only.WriteLog)`` of the containers only written into
+        self.logs = logs
+        #: the paths of the dicts read only at constant keys, traced on their items read (``written_only``)
+        self.projected = frozenset(projected)
         self.found: list = []
         for i, value in enumerate(args):
             self._visit(value, (0, i))
@@ -98,7 +110,7 @@ class TracedContainers:
             return
         if type(x) in WRITTEN:
             self.found.append((x, path, _items(x)))
-        for key, value in enumerate(x) if isinstance(x, (tuple, list)) else x.items():
+        for key, value in enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items():
             self._visit(value, (*path, key))
 
     def label(self, container, path: tuple) -> str:
@@ -136,7 +148,27 @@ class TracedContainers:
             why = _unrepeatable(contents, ids)
             if why is not None:
                 refuse(container, path, why)
-            writes.append((ArgumentContainer(path, self.label(container, path)), None, contents))
+            writes.append((ArgumentContainer(path, self.label(container, path), self.made(path)), None, contents))
+        return writes
+
+    def made(self, path: tuple):
+        """What gives the container at ``path`` the contents a call made (``ArgumentContainer.made``)."""
+        return merge_contents if path in self.projected else replace_contents
+
+    def logged(self, refuse) -> list:
+        """``(ArgumentContainer, None, writes)`` for each ``written_only.WriteLog`` of ``logs``
+        the program wrote into, made again in order by every call."""
+        ids = {id(c) for c, _, _ in self.found}
+        writes = []
+        for marker, log in self.logs:
+            if not log.ops:
+                continue
+            for method, value in log.ops:
+                why = _unrepeatable({value[0]: value[1]} if method == "setitem" else [value], ids)
+                if why is not None:
+                    refuse(marker.kind(), marker.path, why)
+            label = self.label(marker.kind(), marker.path)
+            writes.append((ArgumentContainer(marker.path, label, replay), None, log.ops))
         return writes
 
     @contextlib.contextmanager
@@ -144,12 +176,21 @@ class TracedContainers:
         """The copies as they were made, for the while of the block (then as the program left them)."""
         changed = [(c, before, _items(c)) for c, _, before in self.found if _changed(c, before)]
         for container, before, _ in changed:
-            _restore(container, before)
+            _put(container, before)
         try:
             yield
         finally:
             for container, _, now in changed:
-                _restore(container, now)
+                _put(container, now)
+
+
+def _put(container, items: tuple) -> None:
+    """Gives ``container`` the ``items`` (``_items``) it held."""
+    if type(container) is collections.deque:
+        container.clear()
+        container.extend(items)
+    else:
+        _restore(container, items)
 
 
 def _unrepeatable(contents, ids: set) -> str | None:
@@ -177,7 +218,7 @@ def _holds(value, ids: set) -> bool:
 
 def _contents(container, before: tuple):
     """The new contents of ``container``, with ``Old`` for the items it held ``before``."""
-    if type(container) is list:
+    if type(container) in _SEQUENCES:
         at: dict = {}
         for j, item in enumerate(before):
             at.setdefault(id(item), j)
@@ -198,9 +239,11 @@ def _contents(container, before: tuple):
 def replace_contents(container, contents) -> None:
     """Gives ``container`` the ``contents`` an ``ArgumentContainer`` write made (``Old`` items
     those it holds now)."""
-    if type(container) is list:
+    if type(container) in _SEQUENCES:
         items = list(container)
-        container[:] = [items[v.key] if type(v) is Old else v for v in contents]
+        new = [items[v.key] if type(v) is Old else v for v in contents]
+        container.clear()  # (a deque has no slice assignment; it keeps its ``maxlen``)
+        container.extend(new)
         return
     before = dict(container)
     new = [(k, before[v.key] if type(v) is Old else v) for k, v in contents.items()]
@@ -209,13 +252,26 @@ def replace_contents(container, contents) -> None:
         container[key] = value
 
 
+def merge_contents(container, contents: dict) -> None:
+    """Sets in ``container`` (a dict the program reads only at constant keys) the items of
+    ``contents`` it changed, each as eager's ``d[key] = value`` (``Old``: the item it held then
+    under that key); its other items stay."""
+    before = dict(container)
+    for key, value in contents.items():
+        if type(value) is not Old:
+            container[key] = value
+        elif value.key != key:
+            container[key] = before[value.key]
+
+
 def write_arguments(writes: list, args, kwargs) -> None:
-    """Gives the containers at the paths of ``writes``, ``(path, contents)``, those contents."""
-    for path, new in writes:
+    """Gives the containers at the paths of ``writes``, ``(path, contents, made)``, those contents
+    (``made``: ``ArgumentContainer.made``)."""
+    for path, new, made in writes:
         node = (args, kwargs)
         for step in path:
             node = node[step]
-        replace_contents(node, new)
+        made(node, new)
 
 
 def arguments_made_again(error: BaseException, args, kwargs) -> None:
@@ -226,23 +282,52 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
         again(args, kwargs)
 
 
-def refuse_aliased(args, kwargs) -> None:
+def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
-    changes such containers: tracing changed a copy of each, as if they were two."""
+    changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
+    call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
+    not walked (a log of every step's loss), those read at constant keys only at the items read.
+    (On every call of such a program: the places are named only for the error.)"""
     seen: dict = {}
-    stack = collections.deque((value, f"positional argument {i}") for i, value in enumerate(args))
-    stack.extend((value, f"argument {name}") for name, value in kwargs.items())
+    walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
+    stack: collections.deque[tuple[Any, tuple]] = collections.deque(
+        (value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value)
+    )
+    stack.extend((value, (1, name)) for name, value in walked_kwargs.items())
     while stack:
-        x, label = stack.popleft()
+        x, path = stack.popleft()
+        marker = x if type(x) is Written else x[0] if type(x) is tuple and x and type(x[0]) is Written else None
+        if marker is not None:  # (the caller's container, as its ``Written`` in the key)
+            container = (args, kwargs)
+            for step in marker.path:
+                container = container[step]
+            _seen(seen, container, path)
+            if marker.projected:
+                stack.extend((value, (*path, key)) for key, value in x[1].items())
+            continue
         if type(x) not in _OPENED and not isinstance(x, tuple):
             continue
         if type(x) in WRITTEN:
-            if id(x) in seen:
-                raise ThunderNotImplementedError(
-                    f"thunder_rs.jit: the {type(x).__name__} at {label} is also passed at {seen[id(x)]}, to a program "
-                    "that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
-                    "distinct ones"
-                )
-            seen[id(x)] = label
-        items = enumerate(x) if isinstance(x, (tuple, list)) else x.items()
-        stack.extend((value, f"{label}[{key!r}]") for key, value in items)
+            _seen(seen, x, path)
+        items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
+        stack.extend((value, (*path, key)) for key, value in items if not _is_tensor(value))
+
+
+def _is_tensor(x) -> bool:
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def _seen(seen: dict, x, path: tuple) -> None:
+    if id(x) in seen:
+        raise ThunderNotImplementedError(
+            f"thunder_rs.jit: the {type(x).__name__} at {_place(path)} is also passed at {_place(seen[id(x)])}, to a "
+            "program that changes lists or dicts it is given; thunder_rs traced them as distinct containers. Pass "
+            "distinct ones"
+        )
+    seen[id(x)] = path
+
+
+def _place(path: tuple) -> str:
+    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call."""
+    where = f"positional argument {path[1]}" if path[0] == 0 else f"argument {path[1]}"
+    return where + "".join(f"[{step!r}]" for step in path[2:])

@@ -9,6 +9,7 @@ import numpy
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_rs.core.acquisition.written_only import Written
 from thunder_rs.core.base.layouts import describe
 from thunder_rs.core.state.guards import NUMPY_SCALARS, freeze, is_simple
 from thunder_rs.core.state.tensor_guards import META_NAMES, NOT_A_LEAF, meta_source
@@ -334,7 +335,10 @@ def input_names(fn, flat, spec) -> list[str]:
             base = params[i] if i < len(params) else f"args[{i}]"
         else:
             base = str(cast(pytree.MappingKey, entry).key)
-        names.append(base + pytree.keystr(path[2:]))
+        value = args[entry.idx] if isinstance(entry, pytree.SequenceKey) else kwargs[base]
+        # A dict the program reads at constant keys, keyed as ``(Written, its items read)``: its items.
+        projected = type(value) is tuple and bool(value) and type(value[0]) is Written
+        names.append(base + pytree.keystr(path[3:] if projected else path[2:]))
     return names
 
 

@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch.utils import _pytree as pytree
 
-from thunder_rs.core.acquisition.argument_containers import ArgumentContainer, replace_contents
+from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
@@ -200,7 +200,7 @@ class ContentsWrite:
         self.source, self.contents = source, contents
 
     def apply(self, extras, flat) -> None:
-        replace_contents(self.source.object(flat), self.contents.get(extras))
+        self.source.made(self.source.object(flat), self.contents.get(extras))
 
 
 def item_writes(writes, extras: list, kept: dict | None = None) -> list:

@@ -24,6 +24,7 @@ import functools
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.acquisition.argument_containers import ARGUMENTS_MADE, TracedContainers, write_arguments
+from thunder_rs.core.acquisition.written_only import replay
 from thunder_rs.core.acquisition.argument_containers import _contents as contents_of
 from thunder_rs.core.acquisition.outputs import is_size
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
@@ -64,13 +65,21 @@ def note_made_before_error(error: BaseException, places, reached, arguments: Tra
         if now != before:
             (left if _traced(now) else again).append((functools.partial(_put_contents, container, now), source.label))
     writes: list = []
+    # (First the writes into containers it only writes into, found where the call had them.)
+    for marker, log in arguments.logs:
+        if log.ops:
+            ok = not _traced(log.ops)
+            (writes if ok else left).append(
+                (marker.path, log.ops, replay) if ok else (None, arguments.label(marker.kind(), marker.path))
+            )
     held = {id(c) for c, _, _ in arguments.found}
     for container, path, before in sorted(arguments.found, key=lambda f: -len(f[1])):
         if _changed(container, before):
             new = contents_of(container, before)
             values = new.values() if isinstance(new, dict) else new
             ok = not _traced(new) and not any(id(v) in held for v in values)
-            (writes if ok else left).append((path, new) if ok else (None, arguments.label(container, path)))
+            made = arguments.made(path)
+            (writes if ok else left).append((path, new, made) if ok else (None, arguments.label(container, path)))
     if again:
         note_made_again(error, functools.partial(_make, [fn for fn, _ in again]))
     if writes:

@@ -44,7 +44,13 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         state = (module.training, binding.metadata(params))
         if _forward_ad._current_level >= 0:  # (which of its tensors are duals there: ``forward_ad_duals``)
             state = (*state, forward_ad_duals(params)[1])
-    keyed = call_key(args, kwargs, state, structure)
+    # Lists and dicts the program only writes into are keyed by their type (``written_only``).
+    if jfn._written is None:
+        keyed_call = None
+        keyed = call_key(args, kwargs, state, structure)
+    else:
+        keyed_call = jfn._written.keyed(args, kwargs)
+        keyed = call_key(*keyed_call, state, None if keyed_call[0] is not args else structure)
     if keyed is not None:
         key, flat = keyed
         if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
@@ -52,20 +58,22 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         entry = jfn._cache.get(key)
         if entry is not None and (entry.check is None or entry.check(flat)):
             entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-            return _run(jfn, entry, key, flat, params, args, kwargs)
-    return _flattened(jfn, args, kwargs, state, params, binding)
+            return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
+    return _flattened(jfn, args, kwargs, state, params, binding, keyed_call)
 
 
-def _flattened(jfn, args, kwargs, state, params, binding):
-    """The call keyed from its flatten; a miss compiles. ``state``: the module's part of the key,
+def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
+    """The call keyed from its flatten (of ``keyed_call``: ``args`` and ``kwargs`` as keyed, or None
+    where they are keyed as they are); a miss compiles. ``state``: the module's part of the key,
     read with ``params`` (its tensors) from ``binding``."""
-    flat, spec = flatten_call(args, kwargs)
+    keyed_call = keyed_call or (args, kwargs)
+    flat, spec = flatten_call(*keyed_call)
     key = (global_key(state, tensor_aliases(flat), flat), tuple(map(leaf_key, flat)), spec)
     if jfn._floats.wide:
         key = jfn._floats.key(key)
     entry = jfn._cache.get(key)
     if entry is None or (entry.check is not None and not entry.check(flat)):
-        torch_spec = compile_spec(args, kwargs, flat)
+        torch_spec = compile_spec(*keyed_call, flat)
         if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
             return jfn._call_general(args, kwargs)
         try:
@@ -79,11 +87,12 @@ def _flattened(jfn, args, kwargs, state, params, binding):
                 return jfn._call_general(args, kwargs)
     else:
         entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-    return _run(jfn, entry, key, flat, params, args, kwargs)
+    return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
 
 
-def _run(jfn, entry, key, flat, params, args, kwargs):
-    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None)."""
+def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
+    """Runs ``entry`` for the call of ``flat`` (``params``: the module's tensors, or None;
+    ``keyed_call``: ``args`` and ``kwargs`` as keyed, or None)."""
     inputs = [flat[i] for i in entry.positions] if entry.positions is not None else list(flat)
     if params is not None:
         inputs.extend(params)
@@ -91,7 +100,7 @@ def _run(jfn, entry, key, flat, params, args, kwargs):
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
     if entry.call_args:
-        refuse_aliased(args, kwargs)
+        refuse_aliased(args, kwargs, keyed_call)
     try:
         out = entry.fn(*inputs)
     except Exception as e:
@@ -122,7 +131,8 @@ def _failed(e: Exception, jfn, entry, key, flat, args, kwargs):
     program's, at the user's line."""
     if not isinstance(e, Diverged):
         raise runtime_error(e, entry.filename, entry.source) from e
-    torch_spec = compile_spec(args, kwargs, flat)
+    keyed_args, keyed_kwargs = (args, kwargs) if jfn._written is None else jfn._written.keyed(args, kwargs)
+    torch_spec = compile_spec(keyed_args, keyed_kwargs, flat)
     if torch_spec is None:  # nothing of the call is visible yet: flattened anew, it runs again
         return jfn._call_general(args, kwargs)
     run = lambda variant: variant.fn(*jfn._inputs(variant, flat))  # noqa: E731

@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
 from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
+from thunder_rs.core.acquisition.written_only import written_arguments
 from thunder_rs.core.run.call_paths import call_general, no_tail
 from thunder_rs.core.acquisition.cache import (
     forward_ad_duals,
@@ -133,6 +134,8 @@ class ThunderFunction:
         self._executors = None if executors is None else resolve_executors(executors)
         self._fn = fn
         self._module = module
+        #: the parameters the program only writes into, keyed by their type (``written_only``), or None
+        self._written = written_arguments(fn) if module is None else None
         #: key -> the entry last used for it; every entry of a key (guards tell them apart) in
         #: ``_variants``.
         self._cache: dict = {}

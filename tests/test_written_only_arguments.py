@@ -1,0 +1,356 @@
+"""Lists, dicts and deques passed as arguments that the program only writes into, next to eager.
+
+What differed: a training loop's log (``log.append(loss)``) or metrics dict grown by every call
+was part of the cache key by its items, so every call compiled again (and evicted older entries);
+a ``collections.deque`` argument the program changed was refused. A container the program's code
+only writes into is now keyed by its type (``core.acquisition.written_only``), and a deque the
+program reads is changed as a list is (``core.acquisition.argument_containers``).
+"""
+
+import collections
+import sys
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+
+def _assert_same(a, b) -> None:
+    """``a`` and ``b`` hold equal items: tensors bit-equal, with equal ``requires_grad``."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b) and a.requires_grad == b.requires_grad and a.dtype == b.dtype
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple, collections.deque)):
+        assert len(a) == len(b) and getattr(a, "maxlen", None) == getattr(b, "maxlen", None)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def _step(x, w, log, metrics):
+    loss = (x @ w).pow(2).mean()
+    log.append(loss.detach())
+    log.extend([loss.detach() * 2, 1])
+    metrics["loss"] = loss.detach()
+    metrics[("step", "done")] = True
+    return loss
+
+
+def test_a_log_and_metrics_the_program_only_writes_into_hit_the_cache_as_they_grow():
+    # Each call compiled again: the key held the list's length and the dict's keys.
+    jf, w = thunder_rs.jit(_step), torch.randn(3, 2, requires_grad=True)
+    eager_w = w.detach().clone().requires_grad_()
+    log, metrics, eager_log, eager_metrics = [], {"seen": 0}, [], {"seen": 0}
+    held = log, metrics
+    for i in range(5):
+        x = torch.randn(4, 3)
+        loss, eager_loss = jf(x, w, log, metrics), _step(x, eager_w, eager_log, eager_metrics)
+        _assert_same(loss.detach(), eager_loss.detach())
+        loss.backward(), eager_loss.backward()
+        _assert_same((log, metrics), (eager_log, eager_metrics))
+        metrics[i], eager_metrics[i] = i, i  # (the caller's own writes between calls)
+    assert torch.equal(w.grad, eager_w.grad)
+    assert (log, metrics) == held and log is held[0] and metrics is held[1]
+    assert thunder_rs.cache_misses(jf) == 1 and thunder_rs.cache_hits(jf) == 4
+
+
+def _keyword_log(x, *, log):
+    log.append(x.sum())
+    return x * 2
+
+
+def test_a_keyword_log_and_one_grown_by_the_caller_hit_the_cache():
+    jf, log, eager = thunder_rs.jit(_keyword_log), [], []
+    for i in range(4):
+        x = torch.randn(2)
+        _assert_same(jf(x, log=log), _keyword_log(x, log=eager))
+        _assert_same(log, eager)
+        log.append(torch.ones(i + 1)), eager.append(torch.ones(i + 1))
+    assert thunder_rs.cache_misses(jf) == 1
+
+
+def _reads_length(x, log):
+    log.append(x)
+    return x * len(log)
+
+
+def _reads_last(x, log):
+    log.append(x * 2)
+    return log[-1] + log[0]
+
+
+def _passes_on(x, log):
+    _helper(log, x)
+    return x
+
+
+def _helper(log, x):
+    log.append(x * len(log))
+
+
+def test_a_log_the_program_reads_keeps_its_length_in_the_key_as_eager_needs():
+    for program in (_reads_length, _reads_last, _passes_on):
+        jf, log, eager = thunder_rs.jit(program), [torch.ones(2)], [torch.ones(2)]
+        for i in range(3):
+            x = torch.randn(2)
+            _assert_same(jf(x, log), program(x, eager))
+            _assert_same(log, eager)
+        assert thunder_rs.cache_misses(jf) == 3  # (each length its own compile)
+        assert "number of inputs changed" in thunder_rs.compile_stats(jf).miss_reasons[1]
+
+
+def _counts(x, log, stats):
+    log.append(x.sum())
+    stats["n"] += 1
+    return x * stats["n"]
+
+
+def test_a_counter_in_a_dict_stops_compiling_next_to_a_growing_log():
+    # Every call compiled (the log's length); the counter is now an int input after it changed.
+    jf, log, stats, eager_log, eager_stats = thunder_rs.jit(_counts), [], {"n": 5}, [], {"n": 5}
+    for i in range(6):
+        x = torch.randn(2)
+        _assert_same(jf(x, log, stats), _counts(x, eager_log, eager_stats))
+        _assert_same((log, stats), (eager_log, eager_stats))
+    assert thunder_rs.cache_misses(jf) == 2
+
+
+def _queues(x, q):
+    q.append(x)
+    q.appendleft(x * 2)
+    q.extend([x * 3, 4])
+    return x + 1
+
+
+def _pops(x, q):
+    q.append(x * 2)
+    return x + q.popleft()
+
+
+def test_a_deque_argument_is_changed_as_eager():
+    # Refused: "the traced program changed a list or dict it was given as an argument".
+    for program, maxlen, start in ((_queues, 3, 0), (_queues, None, 0), (_pops, 2, 1)):
+        jf = thunder_rs.jit(program)
+        q, eager = (collections.deque([torch.zeros(2)] * start, maxlen=maxlen) for _ in range(2))
+        held = q
+        for i in range(4):
+            x = torch.randn(2)
+            _assert_same(jf(x, q), program(x, eager))
+            _assert_same(q, eager)
+        assert q is held and thunder_rs.cache_misses(jf) == 1
+
+
+def _fails(x, log):
+    log.append(1)
+    log.append("two")
+    raise ValueError("after appending")
+
+
+def test_a_log_written_before_the_programs_error_keeps_the_writes_as_eager():
+    log, eager = [0], [0]
+    for fn, target in ((thunder_rs.jit(_fails), log), (_fails, eager)):
+        try:
+            fn(torch.ones(2), target)
+        except ValueError:
+            pass
+    assert log == eager == [0, 1, "two"]
+
+
+def _counts_with_loss(x, stats):
+    stats["n"] += 1
+    stats["loss"] = (x * stats["n"]).sum()
+    return x * stats["n"] + stats["scale"]
+
+
+def _plain_counter(x, n):
+    return x * (n + 1), n + 1
+
+
+def test_a_counter_in_a_dict_the_caller_also_fills_compiles_as_a_plain_int_counter():
+    # Every call compiled: the key held the dict's other items (its keys, the caller's tensor).
+    for start in (5, 0):
+        jf, plain = thunder_rs.jit(_counts_with_loss), thunder_rs.jit(_plain_counter)
+        stats, eager, n = {"n": start, "scale": 2.0}, {"n": start, "scale": 2.0}, start
+        held = stats
+        for i in range(6):
+            x = torch.randn(2)
+            _assert_same(jf(x, stats), _counts_with_loss(x, eager))
+            _assert_same(stats, eager)
+            stats["hist"], eager["hist"] = torch.ones(i + 1), torch.ones(i + 1)  # (the caller's, grown)
+            n = plain(x, n)[1]
+        assert stats is held and type(stats["n"]) is int
+        # As an int argument: 0 and 1 are specialised, the counter symbolic once seen changing from 2 up.
+        assert thunder_rs.cache_misses(jf) == thunder_rs.cache_misses(plain) == (2 if start else 3)
+        assert thunder_rs.compile_stats(jf).miss_reasons[-1].endswith("compiled with symbolic sizes stats['n']")
+
+
+def _moves(x, d):
+    d["old"] = d["new"]
+    d["new"] = x * 2
+    return d["kept"] + x
+
+
+def _reads_missing(x, d):
+    d["seen"] = True
+    d["n"] += 1
+    return x
+
+
+def test_a_dict_read_at_constant_keys_moves_and_misses_items_as_eager():
+    jf = thunder_rs.jit(_moves)
+    for i in range(3):
+        t, x = torch.randn(2), torch.randn(2)
+        d, eager = {"new": t, "kept": x, "other": i}, {"new": t, "kept": x, "other": i}
+        _assert_same(jf(x, d), _moves(x, eager))
+        _assert_same(d, eager)
+        assert d["old"] is t
+    assert thunder_rs.cache_misses(jf) == 1
+    d, eager = {"other": 1}, {"other": 1}
+    for fn, target in ((thunder_rs.jit(_reads_missing), d), (_reads_missing, eager)):
+        with pytest.raises(KeyError, match="'n'"):
+            fn(torch.ones(2), target)
+    _assert_same(d, eager)
+
+
+def _writes_a_reads_b(x, a, b):
+    a.append(x)
+    return x * len(b)
+
+
+def _into_item_reads_b(x, d, b):
+    d["log"].append(x)
+    return x * len(b)
+
+
+def test_a_log_passed_again_where_the_program_reads_it_is_refused_before_running():
+    # The compiled call appended to the caller's list, where the read was of the copy traced.
+    jf, a, b = thunder_rs.jit(_writes_a_reads_b), [], []
+    _assert_same(jf(torch.ones(2), a, b), _writes_a_reads_b(torch.ones(2), [], []))
+    shared = [torch.zeros(1)]
+    with pytest.raises(ThunderNotImplementedError, match="list at positional argument 2 is also passed at positional"):
+        jf(torch.ones(2), shared, shared)
+    assert len(shared) == 1
+    jf = thunder_rs.jit(_into_item_reads_b)
+    _assert_same(jf(torch.ones(2), {"log": []}, []), _into_item_reads_b(torch.ones(2), {"log": []}, []))
+    with pytest.raises(ThunderNotImplementedError, match=r"1\['log'\] is also passed at positional argument 2"):
+        jf(torch.ones(2), {"log": shared}, shared)
+    assert len(shared) == 1
+
+
+def test_a_log_holding_one_dict_twice_is_appended_to_as_eager():
+    # Refused as "a dict passed in two places": the check walked every item of the log, each call.
+    jf, held = thunder_rs.jit(_keyword_log), {"k": 1}
+    log, eager = [held, held], [held, held]
+    for i in range(3):
+        x = torch.randn(2)
+        _assert_same(jf(x, log=log), _keyword_log(x, log=eager))
+        _assert_same(log, eager)
+    assert log[0] is held and log[1] is held
+
+
+def _tallies(x, metrics):
+    loss = x.pow(2).sum()
+    metrics["steps"] = metrics.get("steps", 0) + 1
+    metrics.setdefault("first", None)
+    metrics["last"] = loss.detach() * metrics.get("scale", 1.0)
+    return loss
+
+
+def test_a_metrics_dict_read_with_get_and_setdefault_at_constant_keys_keeps_the_callers_items_out_of_the_key():
+    # Every call compiled: the key held the caller's own items (a tensor of the call's batch size).
+    jf, metrics, eager = thunder_rs.jit(_tallies), {"scale": 0.5}, {"scale": 0.5}
+    held = metrics
+    for i in range(6):
+        x = torch.randn(3)
+        _assert_same(jf(x, metrics), _tallies(x, eager))
+        _assert_same(metrics, eager)
+        metrics["batch"], eager["batch"] = torch.ones(i + 1), torch.ones(i + 1)
+    assert metrics is held
+    # The first call (no "steps"), a call with steps 1, then steps as an int input.
+    reasons = thunder_rs.compile_stats(jf).miss_reasons
+    assert len(reasons) == 3 and reasons[2] == "metrics['steps']: 1 -> 2; compiled with symbolic sizes metrics['steps']"
+
+
+def _logs_into_items(x, metrics):
+    loss = x.pow(2).sum()
+    metrics["steps"] = metrics.get("steps", 0) + 1
+    metrics.setdefault("losses", []).append(loss.detach())
+    metrics["grads"].extend([loss * 2])
+    return loss
+
+
+def test_lists_in_a_metrics_dict_the_program_only_appends_to_hit_the_cache_as_they_grow():
+    # Every call compiled: the key held the lists' lengths.
+    jf, grads, eager_grads = thunder_rs.jit(_logs_into_items), [], []
+    metrics, eager = {"grads": grads}, {"grads": eager_grads}
+    for i in range(6):
+        x = torch.randn(3)
+        _assert_same(jf(x, metrics), _logs_into_items(x, eager))
+        _assert_same(metrics, eager)
+    losses = metrics["losses"]
+    jf(torch.ones(3), metrics)
+    assert metrics["grads"] is grads and metrics["losses"] is losses and len(losses) == 7
+    # The first call (no "steps" nor "losses"), a call with them, then steps as an int input.
+    assert thunder_rs.cache_misses(jf) == 3
+
+
+def _positional_log(x, log, /, **options):
+    log.append(x)
+    return x + len(options["log"])
+
+
+def _appends_by_keyword(x, log):
+    log.append(value=x)
+
+
+def test_a_write_only_parameter_keeps_eagers_keywords_and_errors():
+    # (Guards the keying above: a keyword of the name of a positional-only log is another argument.)
+    jf, log, eager = thunder_rs.jit(_positional_log), [], []
+    for n in (1, 2):
+        _assert_same(jf(torch.ones(2), log, log=[0] * n), _positional_log(torch.ones(2), eager, log=[0] * n))
+        _assert_same(log, eager)
+    for fn in (thunder_rs.jit(_appends_by_keyword), _appends_by_keyword):
+        with pytest.raises(TypeError, match=r"list.append\(\) takes no keyword arguments"):
+            fn(torch.ones(2), [])
+
+
+def _rotates(x, d):
+    d["log"].append(x * 2)
+    d["log"] = []
+    return x
+
+
+def test_a_list_appended_to_then_replaced_in_its_dict_is_left_as_eager_leaves_it():
+    # (Guards the order of the writes: the appends go to the list the call found.)
+    jf, first, eager_first = thunder_rs.jit(_rotates), [], []
+    d, eager = {"log": first}, {"log": eager_first}
+    for i in range(3):
+        x = torch.randn(2)
+        previous, eager_previous = d["log"], eager["log"]
+        _assert_same(jf(x, d), _rotates(x, eager))
+        _assert_same((d, previous), (eager, eager_previous))
+        assert d["log"] is not previous and len(previous) == 1
+
+
+def _length_of_callers_log():
+    return len(sys._getframe(1).f_locals["log"])
+
+
+def _reads_through_the_frame(x, log):
+    log.append(x)
+    return x * _length_of_callers_log()
+
+
+def test_a_write_only_log_read_through_the_functions_frame_is_refused_saying_so():
+    # A TypeError naming thunder_rs's stand-in ("object of type 'WriteLog' has no len()").
+    log = []
+    with pytest.raises(ThunderNotImplementedError, match=r"only writes into was read \(len\)"):
+        thunder_rs.jit(_reads_through_the_frame)(torch.ones(2), log)
+    assert log == []
