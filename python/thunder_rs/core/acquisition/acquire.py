@@ -41,6 +41,7 @@ from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_plain, is_size
+from thunder_rs.core.acquisition.returned_identities import Identities, origins, places
 from thunder_rs.core.acquisition.returned_objects import made_objects, program_site
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
@@ -227,6 +228,7 @@ def _trace_program(
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
+            inputs.places = places(writes, reached.sources(), inputs.made_objects or ())
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
@@ -361,8 +363,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             box = [fn(*args, **kwargs)]  # (held by nothing else: ``made_objects`` counts references)
-        inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]))
-        out = box.pop()
+        stored = _stored_values(pairs) + observer.state.stored_values()
+        inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]), stored)
+        out = inputs.returned = box.pop()
         inputs.argument_writes = containers.changes(functools.partial(_refuse_argument_write, program))
         out, inputs.argument_copies = containers.returned(out), containers.copies()
         with containers.as_before():  # (their changes made again by every call)
@@ -379,6 +382,15 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         raise
     put_back(placed)
     return out, observer, pairs, inputs
+
+
+def _stored_values(pairs: list) -> list:
+    """The values the forward set on its modules (in their clones' instance dicts), for ``made_objects``;
+    none where it changed what they hold (refused after tracing)."""
+    try:
+        return [value for _, _, value in module_writes(pairs)]
+    except ThunderNotImplementedError:
+        return []
 
 
 def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> None:
@@ -517,10 +529,12 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
-    effects += attribute_writes(writes, extras, kept) + item_writes(items, extras, kept)
+    effects += attribute_writes(writes, extras, kept, inputs.made_objects) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
-    if effects or not is_plain(out):
-        out, out_spec = flatten_output(out, flat_inputs, inputs.made_objects, inputs.argument_copies)
+    made, copies = inputs.made_objects, inputs.argument_copies
+    identities = None if made is None else Identities(origins(out, inputs.returned), inputs.places, made, copies)
+    if effects or not is_plain(out) or identities is not None and identities.special(out):
+        out, out_spec = flatten_output(out, flat_inputs, made, copies, identities)
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())

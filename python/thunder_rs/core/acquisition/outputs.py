@@ -16,7 +16,9 @@ parameters) is shared, as it is in eager. An object the program was given (an ar
 returned as each call's own argument; what the program set on it is set again by every call
 (``thunder_rs.core.state.state``). So is a list or dict passed as an argument (which the flatten
 of the call copied for tracing), which the output holds as the ``argument_containers.ArgumentContainer``
-that finds it in each call's arguments.
+that finds it in each call's arguments. A container the program returns in two places, found in
+its state or its arguments, or stored on its state (``returned_identities``) keeps eager's identity:
+one object per call, the state's own, or the one the call stored.
 """
 
 import collections
@@ -28,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.acquisition.returned_objects import MadeObjects, base_new, rebuild_kind, refuse_made
 from thunder_rs.core.acquisition.returned_objects import LEAVES, children
+from thunder_rs.core.acquisition.returned_identities import At, Identities
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -77,10 +80,12 @@ class _Templater:
     ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
     An object reached twice gets one template (and is rebuilt once per call)."""
 
-    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None, arguments: dict):
+    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None, arguments: dict, identities=None):
         self.flat = flat
         self._inputs = inputs
         self._made = made
+        #: the program's own containers behind the traced ones, and which keep their identity
+        self._identities: Identities | None = identities
         #: the ``ArgumentContainer`` of each copy of an argument's list or dict, by its id
         self._arguments = arguments
         #: whether the output holds a container of the call's arguments (an ``ArgumentContainer``)
@@ -103,16 +108,21 @@ class _Templater:
         if type(x) is ArgumentContainer:
             self.takes_call = True
             return x
-        key = id(x)
-        if key in self._inputs:
-            return _Input(self._inputs[key])
+        if id(x) in self._inputs:
+            return _Input(self._inputs[id(x)])
+        ids = self._identities
+        o = x if ids is None else ids.origins.get(id(x), x)  # (the program's own container)
+        key = id(o)
         if key in self._memo:
             return self._memo[key]
+        if ids is not None and (key in ids.places or ids.found(o)):  # (stored, an argument's, or found)
+            node = self._memo[key] = ids.places[key][1] if key in ids.places else o
+            return node
         if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
             self._cyclic.add(key)
             return x
         self._open.add(key)
-        node = self._node(x)
+        node = self._node(x, o)
         self._open.discard(key)
         if node is not x and key in self._cyclic:
             raise ThunderNotImplementedError(
@@ -122,8 +132,8 @@ class _Templater:
         self._memo[key] = node
         return node
 
-    def _node(self, x):
-        made = self._made is not None and x in self._made
+    def _node(self, x, o):
+        made = self._made is not None and o in self._made
         if type(x) in (list, tuple) or isinstance(x, tuple) and hasattr(x, "_fields"):
             parts = tuple(map(self, x))
             kind = "namedtuple" if hasattr(x, "_fields") else type(x).__name__
@@ -190,6 +200,8 @@ def _build(node, outputs, inputs, built: dict):
         return outputs[node.index]
     if isinstance(node, _Input):
         return inputs[node.position]
+    if type(node) is At:  # (after the call's effects: what it stored there, or the call's argument's)
+        return node.find(inputs)
     if type(node) is ArgumentContainer:  # (the call's, noted by ``argument_containers.hold_call``)
         return node.object(inputs)
     if isinstance(node, _Copied):
@@ -219,6 +231,19 @@ def _build(node, outputs, inputs, built: dict):
         obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
     built[id(node)] = obj
     return obj
+
+
+class MadeAgain:
+    """An object the program made and stored on its state (``self.last = SimpleNamespace(n=3)``),
+    made anew for each call as eager makes it (a ``TracedValue`` part; its tensors in ``extras``)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, x, made: MadeObjects, extras: list):
+        self.node = _Templater(extras, {}, made, {})(x)
+
+    def get(self, extras):
+        return _build(self.node, extras, (), {})
 
 
 class PlainOutput:
@@ -259,7 +284,7 @@ class RebuiltOutput:
                         walk(part if node.kind in ("list", "tuple", "namedtuple") else part[1])
             elif isinstance(node, _Copied):
                 found.append(node.value)
-            elif not isinstance(node, (_Slot, _Input, ArgumentContainer)):
+            elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)):
                 found.append(node)
 
         for leaf in self._leaves:
@@ -277,21 +302,23 @@ def _is_proxy_holder(leaf) -> bool:
     return type(leaf) not in _PLAIN_TYPES and not isinstance(leaf, torch.Tensor)
 
 
-def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments: dict | None = None):
+def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments: dict | None = None, identities=None):
     """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
     them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
     inputs: an output object among them is returned as the later call's own input. ``made``: the
     objects the program made among those it returns (``returned_objects``), made anew by each call.
     ``arguments``: the copies of the arguments' lists and dicts tracing made, by id, each the
-    ``ArgumentContainer`` finding the call's own (``TracedContainers.copies``)."""
+    ``ArgumentContainer`` finding the call's own (``TracedContainers.copies``). ``identities``:
+    the containers that keep their identity (``returned_identities``), templated apart."""
     # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
     # a cache entry are fixed, so it is returned as the trace found it.
-    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    special = identities.special if identities is not None else None
+    leaves, spec = tree_flatten(out, is_leaf=is_size if special is None else lambda x: is_size(x) or special(x))
     if not any(_is_proxy_holder(leaf) or is_size(leaf) for leaf in leaves):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
     flat: list = []
-    template = _Templater(flat, given, made, arguments or {})
+    template = _Templater(flat, given, made, arguments or {}, identities)
     templates = []
     for leaf in leaves:
         if is_size(leaf) and any(type(s) is SymInt for s in leaf):

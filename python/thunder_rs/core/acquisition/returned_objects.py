@@ -7,7 +7,9 @@ returned, an object it made is referenced only from what it returned: ``made_obj
 returned value (lists, tuples, dicts, sets, instance dicts and slots) counting the references it
 finds to each object, and takes for made those whose reference count is no higher, and that only
 made objects (or the returned value itself) reference. An object also held elsewhere (state, a
-cache, a closure) counts as found, not made, and is returned as it is, as before.
+cache, a closure) counts as found, not made, and is returned as it is, as before. The values the
+program set on its state count the attribute holding them: one it made there (``self.last =
+SimpleNamespace(n=3)``) is made anew by every call's write (``outputs.MadeAgain``).
 
 ``rebuild_kind`` says how a made object is made again for each call: a plain class instance (its
 layout is ``object``'s or ``SimpleNamespace``'s plus an instance dict and slots) as its base's
@@ -131,16 +133,24 @@ def _counts(objects: list) -> list:
 _OWN = _counts([object()])[0]
 
 
-def made_objects(box: list, where: str) -> MadeObjects | None:
+def made_objects(box: list, where: str, stored: list) -> MadeObjects | None:
     """The objects in ``box[0]`` (the program's return value, held only by ``box``) that the
-    program made; None where there are too many objects to tell."""
-    walked = _walk(box)
-    if walked is None:
-        return None
-    objects, inner, parents = walked
-    counts = _counts(objects)
+    program made; None where there are too many objects to tell. ``stored``: the values the
+    program set on its state, each held by the attribute it is in (and by ``stored``, which is
+    emptied): those it made and what they hold count too (``self.last = SimpleNamespace(n=3)``)."""
+    held = collections.Counter(map(id, stored))
+    box.extend(stored)
+    stored.clear()
+    try:
+        walked = _walk(box)
+        if walked is None:
+            return None
+        objects, inner, parents = walked
+        counts = _counts(objects)
+    finally:
+        del box[1:]
     _refuse_named_tuple_attributes(objects, where)
-    made = [c - _OWN == n for c, n in zip(counts, inner)]
+    made = [c - _OWN == n + held[id(o)] for o, c, n in zip(objects, counts, inner)]
     changed = True
     while changed:  # (made only if every object referencing it was made)
         changed = False

@@ -1,0 +1,186 @@
+"""What a compiled call returns has eager's identities: a container returned in two places is one
+object, a list or dict the program found in its state (or reached from an argument) is that very
+object, and one it made and stored on its state (``self.last = ...; return self.last``) is the
+one that call stored, new on every call."""
+
+import types
+
+import pytest
+import torch
+
+import thunder_rs
+
+
+def _containers(out, path="out", found=None) -> list:
+    """``(path, object)`` for each list, tuple, dict and SimpleNamespace in ``out``, depth first."""
+    found = [] if found is None else found
+    if isinstance(out, (list, tuple, dict, types.SimpleNamespace)):
+        found.append((path, out))
+        items = vars(out).items() if isinstance(out, types.SimpleNamespace) else None
+        items = items or (out.items() if isinstance(out, dict) else enumerate(out))
+        for k, v in list(items):
+            _containers(v, f"{path}[{k!r}]", found)
+    return found
+
+
+def _same_values(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same_values(x, y)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same_values(a[k], b[k])
+    elif isinstance(a, types.SimpleNamespace):
+        _same_values(vars(a), vars(b))
+    else:
+        assert a == b
+
+
+def _sharing(first, second) -> tuple:
+    """Which containers of ``first`` are the same object (``is``) as which of ``second``."""
+    a, b = _containers(first), _containers(second)
+    return tuple((p, q) for p, x in a for q, y in b if x is y and p < q or first is not second and x is y)
+
+
+def _mutate(out) -> None:
+    """What a caller may do to what a call returned: append to its lists, add to its dicts."""
+    for _, c in _containers(out):
+        if isinstance(c, list):
+            c.append(-1)
+        elif isinstance(c, dict):
+            c["added"] = -1
+
+
+def _check_like_eager(program, make_state=lambda: None, args=lambda x, s: (x,)) -> None:
+    """Two calls each of ``program`` (given what ``make_state`` makes) eager and compiled, the
+    caller changing the first call's output in between: the same values, the same sharing inside
+    each output and between the two calls' outputs, and the same state after."""
+    seen = []
+    for run in (lambda p: p, thunder_rs.jit):
+        state = make_state()
+        fn = run(program if state is None else program(state))
+        x1, x2 = torch.linspace(-1, 1, 3), torch.linspace(2, 5, 3)
+        first = fn(*args(x1, state))
+        inside = _sharing(first, first)
+        _mutate(first)
+        second = fn(*args(x2, state))
+        seen.append((first, second, inside, _sharing(second, second), _sharing(first, second), state))
+    eager, compiled = seen
+    _same_values(eager[0], compiled[0])
+    _same_values(eager[1], compiled[1])
+    assert eager[2:5] == compiled[2:5]
+    if eager[5] is not None:
+        _same_values(eager[5].state(), compiled[5].state())
+
+
+def twice_list(x):
+    lst = [x * 2, 1]
+    return lst, lst
+
+
+def twice_plain(x):
+    lst = [1, 2]
+    return x + 1, lst, lst
+
+
+def twice_in_dict(x):
+    lst = [x * 2]
+    return {"a": lst, "b": lst}
+
+
+def twice_nested(x):
+    held = {"k": [x.sin()], "n": (1, [2])}
+    return held, [held["k"], (held, held["n"])]
+
+
+@pytest.mark.parametrize("program", [twice_list, twice_plain, twice_in_dict, twice_nested], ids=lambda p: p.__name__)
+def test_a_container_returned_twice_is_one_object(program):
+    _check_like_eager(program)
+
+
+class _History(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.history, self.table, self.pair = [], {}, (1, 2)
+
+    def forward(self, x):
+        self.history.append(len(self.history))
+        self.table["last"] = x * 2
+        return x + 1, self.history, {"t": self.table, "p": self.pair}
+
+    def state(self):
+        return self.history, self.table
+
+
+def test_a_state_list_or_dict_returned_is_that_object_after_every_call():
+    _check_like_eager(lambda m: m, _History)
+    m = _History()
+    jm = thunder_rs.jit(m)
+    for x in (torch.ones(2), torch.zeros(2)):
+        out = jm(x)
+        assert out[1] is m.history and out[2]["t"] is m.table and out[2]["p"] is m.pair
+        assert m.history == list(range(len(m.history))) and torch.equal(m.table["last"], x * 2)
+
+
+_LOG: list = []
+
+
+def returns_global(x):
+    _LOG.append(1)
+    return _LOG
+
+
+def test_a_global_list_returned_is_that_list():
+    jf = thunder_rs.jit(returns_global)
+    for x in (torch.ones(2), torch.zeros(2)):
+        assert jf(x) is _LOG
+    assert _LOG == [1, 1]
+
+
+def reads_box(x, box):
+    return x + 1, box.items, box.table
+
+
+def test_an_argument_s_list_returned_is_that_call_s_list():
+    jf = thunder_rs.jit(reads_box)
+    for _ in range(2):
+        box = types.SimpleNamespace(items=[1, 2], table={"a": 1})
+        out = jf(torch.ones(2), box)
+        assert out[1] is box.items and out[2] is box.table
+
+
+class _Last(torch.nn.Module):
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def forward(self, x):
+        self.last = self.make(x)
+        return x * 2, self.last
+
+    def state(self):
+        return self.last
+
+
+MADE_AND_STORED = {
+    "namespace": lambda x: types.SimpleNamespace(n=3, log=[1]),
+    "list": lambda x: [x * 2, 1],
+    "namespace with a tensor": lambda x: types.SimpleNamespace(t=x * 2, log=[1]),
+}
+
+
+@pytest.mark.parametrize("name", list(MADE_AND_STORED))
+def test_an_object_made_and_stored_is_the_stored_one_and_new_each_call(name):
+    make = MADE_AND_STORED[name]
+    _check_like_eager(lambda m: m, lambda: _Last(make))
+    m = _Last(make)
+    jm = thunder_rs.jit(m)
+    first = jm(torch.ones(2))
+    assert m.last is first[1]
+    second = jm(torch.zeros(2))
+    assert m.last is second[1] and second[1] is not first[1]
