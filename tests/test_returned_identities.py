@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
 
 
 def _containers(out, path="out", found=None) -> list:
@@ -184,3 +185,82 @@ def test_an_object_made_and_stored_is_the_stored_one_and_new_each_call(name):
     assert m.last is first[1]
     second = jm(torch.zeros(2))
     assert m.last is second[1] and second[1] is not first[1]
+
+
+class _Parts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x), torch.nn.Sequential(self.lin, torch.nn.Identity()), self.lin, self.helper
+
+    def helper(self, y):
+        return self.lin(y) * 2
+
+
+def test_modules_and_methods_are_new_each_call_holding_the_user_s_modules():
+    m = _Parts()
+    jm = thunder_rs.jit(m)
+    x = torch.randn(2, 3)
+    eager = (m(x), m(x))
+    first, second = jm(x), jm(x)
+    for a, b in ((eager[0], eager[1]), (first, second)):
+        assert a[1] is not b[1] and a[1][1] is not b[1][1] and a[3] is not b[3]
+    for out in (first, second):
+        assert out[1][0] is m.lin and out[2] is m.lin and out[3].__self__ is m and out[3].__func__ is _Parts.helper
+        assert torch.equal(out[1](x), eager[0][1](x)) and torch.equal(out[3](x), m.helper(x))
+
+
+_SCALE = 3
+
+
+def closures(x):
+    n = x.shape[0]
+    count = [0]
+
+    def step():
+        count[0] += n
+        return count[0]
+
+    def total():
+        return count[0]
+
+    def fact(k):
+        return 1 if k <= 1 else k * fact(k - 1)
+
+    def scaled(y, by=n, *, tags=[1]):  # noqa: B006  (eager makes the list anew with every call)
+        return y * by * _SCALE
+
+    return x + 1, (lambda y: y * _SCALE), step, total, fact, scaled
+
+
+def _closures_state(out) -> tuple:
+    _, times, step, total, fact, scaled = out
+    step()
+    tags, held = scaled.__kwdefaults__["tags"], fact.__closure__[0].cell_contents
+    return times(2), step(), total(), fact(5), scaled(2), tags, held
+
+
+def test_a_closure_the_program_makes_is_new_each_call_with_that_call_s_cells():
+    seen = []
+    for fn in (closures, thunder_rs.jit(closures)):
+        first = fn(torch.ones(4))
+        second = fn(torch.ones(4))
+        state = _closures_state(first), _closures_state(second)
+        assert state[0][-1] is first[4] and state[1][-1] is second[4]  # (a function holding itself)
+        assert first[2].__closure__[0] is first[3].__closure__[0]  # (one cell in two closures)
+        sharing = [a is b for a, b in zip(first[1:], second[1:])] + [state[0][5] is state[1][5]]
+        seen.append((state[0][:5], state[1][:5], sharing))
+    assert seen[0] == seen[1] and not any(seen[0][2])
+
+
+def test_a_module_the_program_makes_holding_tensors_is_refused_naming_the_program():
+    def makes_buffered(x):
+        held = torch.nn.Module()
+        held.register_buffer("b", x * 2)
+        return x + 1, held
+
+    where = r"makes_buffered \(.*test_returned_identities.py:\d+\).*tensors b"
+    with pytest.raises(ThunderNotImplementedError, match=where):
+        thunder_rs.jit(makes_buffered)(torch.ones(2))

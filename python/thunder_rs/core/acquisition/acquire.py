@@ -229,6 +229,7 @@ def _trace_program(
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
             inputs.places = places(writes, reached.sources(), inputs.made_objects or ())
+            inputs.modules = {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
@@ -532,8 +533,10 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     effects += attribute_writes(writes, extras, kept, inputs.made_objects) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
     made, copies = inputs.made_objects, inputs.argument_copies
-    identities = None if made is None else Identities(origins(out, inputs.returned), inputs.places, made, copies)
-    if effects or not is_plain(out) or identities is not None and identities.special(out):
+    known = made is not None  # (else every container is rebuilt, as torch's pytree rebuilds them)
+    ids = (origins(out, inputs.returned), inputs.places) if known else ({}, {})
+    identities = Identities(*ids, made, copies, inputs.modules)
+    if effects or not is_plain(out) or identities.special(out):
         out, out_spec = flatten_output(out, flat_inputs, made, copies, identities)
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured

@@ -23,13 +23,14 @@ one object per call, the state's own, or the one the call stored.
 
 import collections
 import copy
+import types
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.acquisition.returned_objects import MadeObjects, base_new, rebuild_kind, refuse_made
-from thunder_rs.core.acquisition.returned_objects import LEAVES, children
+from thunder_rs.core.acquisition.returned_objects import MADE_AGAIN, LEAVES, children, is_full, refuse_module_tensors
 from thunder_rs.core.acquisition.returned_identities import At, Identities
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
@@ -105,6 +106,8 @@ class _Templater:
         if isinstance(x, _SHARED):
             return x
         x = self._arguments.get(id(x), x)  # (an argument's list an object the program made holds)
+        if isinstance(x, torch.nn.Module) and self._identities is not None:  # (the clone it ran on: the user's)
+            x = self._identities.modules.get(id(x), x)
         if type(x) is ArgumentContainer:
             self.takes_call = True
             return x
@@ -147,6 +150,8 @@ class _Templater:
             return _Rebuilt("counter" if type(x) is collections.Counter else "dict", type(x), parts)
         if made:
             return self._made_node(x)
+        if isinstance(x, MADE_AGAIN):  # a module or function it found: that same object, as in eager
+            return x
         for name in slot_names(type(x)):
             if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
                 raise ThunderNotImplementedError(
@@ -167,6 +172,12 @@ class _Templater:
         made = self._made
         assert made is not None
         kind = rebuild_kind(x)
+        if kind == "function":
+            return self._function_node(x)
+        if kind == "method":  # (the user's module where the program ran on its clone)
+            return _Rebuilt("method", types.MethodType, (self(x.__func__), self(x.__self__)))
+        if isinstance(x, torch.nn.Module):
+            refuse_module_tensors(x, made)
         if kind is None or kind != "object" and any(isinstance(c, TensorProxy) or c in made for c in children(x)):
             refuse_made(x, made)
         if kind != "object":
@@ -179,8 +190,38 @@ class _Templater:
         node.parts = tuple(parts)
         return node
 
+    def _function_node(self, f):
+        """A function the program made (a lambda, a closure): a new function of its code for each
+        call, with new cells for those it made, holding that call's values, as eager makes it."""
+        node = self._memo[id(f)] = _Rebuilt("function", f, ())
+        cells = tuple(self._cell(c, f) for c in f.__closure__ or ())
+        state = tuple((k, self(v)) for k, v in vars(f).items())
+        node.parts = (cells, self(f.__defaults__), self(f.__kwdefaults__), state)
+        return node
+
+    def _cell(self, c, f):
+        if id(c) in self._memo:  # (a cell two of its functions share)
+            return self._memo[id(c)]
+        made = self._made
+        assert made is not None
+        if c in made:
+            node = self._memo[id(c)] = _Rebuilt("cell", types.CellType, (_EMPTY,))
+            node.parts = (self(c.cell_contents) if is_full(c) else _EMPTY,)
+            return node
+        if is_full(c) and self(c.cell_contents) is not c.cell_contents:
+            code = f.__code__
+            raise ThunderNotImplementedError(
+                f"jit: {made.where} returns the function {f.__qualname__} ({code.co_filename}:{code.co_firstlineno}) "
+                "it made, whose closure shares a variable holding traced values with a function kept elsewhere "
+                "(stored on state); thunder_rs cannot make that shared variable anew for each call. Return the "
+                "values, or keep the function apart from the one stored"
+            )
+        return c
+
 
 _MUTABLE = (list, dict, set)
+#: An empty cell's contents (a variable assigned after the closure that reads it was made).
+_EMPTY = object()
 
 
 class _Copied:
@@ -221,6 +262,10 @@ def _build(node, outputs, inputs, built: dict):
     elif node.kind in ("defaultdict", "counter"):
         obj = collections.defaultdict(node.cls) if node.kind == "defaultdict" else collections.Counter()
         dict.update(obj, ((k, _build(p, outputs, inputs, built)) for k, p in parts))
+    elif node.kind == "function":
+        obj = _new_function(node, outputs, inputs, built)
+    elif node.kind == "method":
+        obj = types.MethodType(*(_build(p, outputs, inputs, built) for p in parts))
     elif node.kind == "made":
         obj = built[id(node)] = base_new(node.cls)
         for k, p, slot in parts:
@@ -230,6 +275,35 @@ def _build(node, outputs, inputs, built: dict):
         obj = node.cls.__new__(node.cls)  # type: ignore[call-overload]  # mypy takes it for type.__new__
         obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
     built[id(node)] = obj
+    return obj
+
+
+def _new_function(node, outputs, inputs, built: dict):
+    """A new function of ``node``'s code (``_Templater._function_node``): its cells made first and
+    filled once it exists (a closure may hold the function itself)."""
+    f = node.cls
+    cells, defaults, kwdefaults, state = node.parts
+    closure, pending = [], []
+    for c in cells:
+        if type(c) is _Rebuilt:
+            cell = built.get(id(c))
+            if cell is None:
+                cell = built[id(c)] = types.CellType()
+                pending.append((cell, c.parts[0]))
+            c = cell
+        closure.append(c)
+    defaults = _build(defaults, outputs, inputs, built)
+    obj = built[id(node)] = types.FunctionType(
+        f.__code__, f.__globals__, f.__name__, defaults, tuple(closure) if f.__closure__ is not None else None
+    )
+    obj.__kwdefaults__ = _build(kwdefaults, outputs, inputs, built)
+    obj.__qualname__ = f.__qualname__
+    if f.__annotations__:
+        obj.__annotations__ = dict(f.__annotations__)
+    obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in state)
+    for cell, content in pending:
+        if content is not _EMPTY:
+            cell.cell_contents = _build(content, outputs, inputs, built)
     return obj
 
 
@@ -280,11 +354,19 @@ class RebuiltOutput:
             if isinstance(node, _Rebuilt):
                 if id(node) not in seen:  # (a made object that refers to itself is one node)
                     seen.add(id(node))
+                    if node.kind == "method":
+                        node = _Rebuilt("tuple", tuple, node.parts)
+                    if node.kind in ("function", "cell"):
+                        parts = node.parts if node.kind == "cell" else (*node.parts[0], *node.parts[1:3])
+                        parts += tuple(p for _, p in node.parts[3]) if node.kind == "function" else ()
+                        for part in parts:
+                            walk(part)
+                        return
                     for part in node.parts:
                         walk(part if node.kind in ("list", "tuple", "namedtuple") else part[1])
             elif isinstance(node, _Copied):
                 found.append(node.value)
-            elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)):
+            elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
                 found.append(node)
 
         for leaf in self._leaves:

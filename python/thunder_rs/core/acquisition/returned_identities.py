@@ -16,11 +16,13 @@ import collections
 
 from torch.utils import _pytree as pytree
 
-from thunder_rs.core.acquisition.returned_objects import LEAVES
+from thunder_rs.core.acquisition.returned_objects import LEAVES, MADE_AGAIN
 from thunder_rs.core.state.guards import InputSource, attributes_of
 
 #: Objects walked at most in what a program stored (``stored_places``).
 _BUDGET = 5000
+#: Not walked through there: values, tensors, and modules and functions (a model stored is found as itself).
+_NOT_WALKED = (*LEAVES, *MADE_AGAIN)
 
 #: Containers whose identity the templater keeps: it rebuilds exactly these (and named tuples).
 _KEPT = (list, tuple, dict, collections.OrderedDict, collections.defaultdict)
@@ -83,7 +85,7 @@ def stored_places(writes: list) -> dict:
         stack: list[tuple] = [(value, ((True, name),))]
         while stack and len(places) < _BUDGET:
             x, path = stack.pop()
-            if id(x) in places or isinstance(x, LEAVES):
+            if id(x) in places or isinstance(x, _NOT_WALKED):
                 continue
             if not (_is_kept_type(x) or type(getattr(x, "__dict__", None)) is dict):
                 continue
@@ -102,8 +104,10 @@ class Identities:
     container -> the program's), ``places`` (id -> ``At`` for what is stored or reached from the
     arguments), and which are found in state (not ``made``) or reached twice."""
 
-    def __init__(self, origins: dict, places: dict, made, arguments: dict):
+    def __init__(self, origins: dict, places: dict, made, arguments: dict, modules: dict):
         self.origins, self.places, self._made, self._arguments = origins, places, made, arguments
+        #: the user's module of each clone the program ran on, by the clone's id
+        self.modules = modules
         counts = collections.Counter(map(id, origins.values()))
         self.twice = {k for k, n in counts.items() if n > 1}
 
@@ -114,4 +118,5 @@ class Identities:
 
     def found(self, o) -> bool:
         """Whether the program's container ``o`` is one it found in its state (returned as it is)."""
-        return o not in self._made and id(o) not in self._arguments and _is_kept_type(o)
+        made = self._made
+        return made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)

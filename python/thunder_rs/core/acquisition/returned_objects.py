@@ -20,6 +20,7 @@ itself; for anything else (a lock, a generator, a C extension object) ``refuse_m
 
 import array
 import collections
+import itertools
 import struct
 import sys
 import types
@@ -49,16 +50,17 @@ LEAVES = (
     torch.device,
     torch.Size,
     torch.Tensor,
-    torch.nn.Module,
     type,
-    types.FunctionType,
     types.BuiltinFunctionType,
-    types.MethodType,
     types.ModuleType,
 )
 
 
 _SKIPPED = (*LEAVES, TensorProxy)
+#: Walked through only where they may be made (``_walk``: a model found in state is not walked through).
+_DEFERRED = (torch.nn.Module,)
+#: What a program returns as the object it found, or made anew where it made it (``rebuild_kind``).
+MADE_AGAIN = (torch.nn.Module, types.FunctionType, types.MethodType)
 
 
 class MadeObjects:
@@ -77,6 +79,12 @@ class MadeObjects:
 def children(x) -> list:
     """The objects ``x`` references that Python code can see."""
     found: list = []
+    if type(x) is types.FunctionType:  # (what eager makes anew with a function: its cells, defaults)
+        found.extend(v for v in (x.__closure__, x.__defaults__, x.__kwdefaults__) if v is not None)
+    elif type(x) is types.CellType:
+        return [x.cell_contents] if is_full(x) else []
+    elif type(x) is types.MethodType:  # (a new one per attribute read: ``return self.helper``)
+        return [x.__func__, x.__self__]
     if isinstance(x, (list, tuple, set, frozenset, collections.deque)):
         found.extend(x)
     elif isinstance(x, dict):
@@ -97,14 +105,24 @@ def children(x) -> list:
 _UNSET = object()
 
 
-def _walk(box: list):
+def is_full(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _walk(box: list, held: collections.Counter):
     """Every object reachable from ``box`` (not ``LEAVES``), each once, with the references
-    found to it and the positions of the objects referencing it; None past ``_BUDGET``."""
+    found to it and the positions of the objects referencing it; None past ``_BUDGET``. What a
+    module holds is walked only once it may be made (``_DEFERRED``)."""
     objects: list = []
     index: dict = {id(box): -1}
     inner: list = []
     parents: list = []
     stack: list = [(-1, box)]
+    deferred: list = []
     while stack:
         at, x = stack.pop()
         for child in children(x):
@@ -118,10 +136,16 @@ def _walk(box: list):
                 objects.append(child)
                 inner.append(0)
                 parents.append([])
-                stack.append((k, child))
+                deferred.append(k) if isinstance(child, _DEFERRED) else stack.append((k, child))
             if k >= 0:
                 inner[k] += 1
                 parents[k].append(at)
+        if not stack and deferred:
+            x = child = None  # (counted: no reference of the walk's own but ``objects``)
+            counts = _counts(objects)
+            ready = [counts[k] - _OWN == inner[k] + held[id(objects[k])] for k in deferred]
+            stack = [(k, objects[k]) for k, r in zip(deferred, ready) if r]
+            deferred = [k for k, r in zip(deferred, ready) if not r]
     return objects, inner, parents
 
 
@@ -142,7 +166,7 @@ def made_objects(box: list, where: str, stored: list) -> MadeObjects | None:
     box.extend(stored)
     stored.clear()
     try:
-        walked = _walk(box)
+        walked = _walk(box, held)
         if walked is None:
             return None
         objects, inner, parents = walked
@@ -176,6 +200,8 @@ def rebuild_kind(x) -> str | None:
     """How a made ``x`` is made again per call: "object" (its base's ``__new__``, attributes),
     "copy" (``copy.copy``), "shared" (an immutable value) or None (it cannot be)."""
     cls = type(x)
+    if cls in (types.FunctionType, types.CellType, types.MethodType):
+        return cls.__name__
     if _plain_layout(cls):
         return "object"
     if cls in COPIED or _is_numpy_array(x):
@@ -218,6 +244,20 @@ def refuse_made(x, made: MadeObjects) -> typing.NoReturn:
         "tensors and values (a tuple, a dict, a dataclass or SimpleNamespace) and build the object outside the "
         "jitted function"
     )
+
+
+def refuse_module_tensors(m: torch.nn.Module, made: MadeObjects) -> None:
+    """Refuses a module the program made that holds tensors (its parameters, buffers, tensor
+    attributes): eager makes new ones with every call (initialised anew), a compiled call cannot."""
+    held = [n for n, _ in itertools.chain(m.named_parameters(recurse=False), m.named_buffers(recurse=False))]
+    held += [n for n, v in vars(m).items() if isinstance(v, torch.Tensor) and not isinstance(v, TensorProxy)]
+    if held:
+        raise ThunderNotImplementedError(
+            f"jit: {made.where} returns a {type(m).__qualname__} module it made, holding the tensors "
+            f"{', '.join(held)}; eager makes new ones with every call (a new module initialises new parameters), "
+            "which thunder_rs cannot repeat. Make the module once outside the jitted function (in __init__) and "
+            "return that"
+        )
 
 
 def program_site(code) -> str:
