@@ -264,3 +264,20 @@ def test_a_module_the_program_makes_holding_tensors_is_refused_naming_the_progra
     where = r"makes_buffered \(.*test_returned_identities.py:\d+\).*tensors b"
     with pytest.raises(ThunderNotImplementedError, match=where):
         thunder_rs.jit(makes_buffered)(torch.ones(2))
+
+
+def replaces_items(x, box):
+    old = box.items
+    box.items = [9]
+    return x + 1, old, box.items
+
+
+def test_an_argument_s_list_the_program_replaced_is_not_found_again_through_its_path():
+    jf = thunder_rs.jit(replaces_items)
+    seen = []
+    for _ in range(2):
+        box = types.SimpleNamespace(items=[1, 2])
+        out = jf(torch.ones(2), box)
+        assert out[1] == [1, 2] and out[2] is box.items and box.items == [9]
+        seen.append(out[1])
+    assert seen[0] is not seen[1]

@@ -228,8 +228,7 @@ def _trace_program(
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
-            inputs.places = places(writes, reached.sources(), inputs.made_objects or ())
-            inputs.modules = {id(c): o for c, o in pairs}
+            stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
@@ -245,6 +244,7 @@ def _trace_program(
                 (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in _item_writes(reached, observer) + inputs.argument_writes
             ]
+            inputs.places = places(stored_writes, reached.sources(), inputs.made_objects or (), items)
             stored = [w[2] for w in writes] + [i[2] for i in items]
             refuse_escaped_events(out, stored)
             switched = stream_switch_site()

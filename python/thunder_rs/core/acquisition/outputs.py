@@ -118,9 +118,10 @@ class _Templater:
         key = id(o)
         if key in self._memo:
             return self._memo[key]
-        if ids is not None and (key in ids.places or ids.found(o)):  # (stored, an argument's, or found)
-            node = self._memo[key] = ids.places[key][1] if key in ids.places else o
-            return node
+        kept = None if ids is None else ids.kept(o)  # (stored, an argument's, or found in state)
+        if kept is not None:
+            self._memo[key] = kept
+            return kept
         if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
             self._cyclic.add(key)
             return x

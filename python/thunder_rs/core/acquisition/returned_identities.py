@@ -17,7 +17,7 @@ import collections
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.acquisition.returned_objects import LEAVES, MADE_AGAIN
-from thunder_rs.core.state.guards import InputSource, attributes_of
+from thunder_rs.core.state.guards import InputSource, Item, attributes_of
 
 #: Objects walked at most in what a program stored (``stored_places``).
 _BUDGET = 5000
@@ -67,13 +67,28 @@ class At:
         return x
 
 
-def places(writes: list, sources: dict, made) -> dict:
+def places(writes: list, sources: dict, made, items: list) -> dict:
     """id -> ``(object or None, At)`` for what the program made and stored on its state
     (``stored_places``: each call stores its own) and for the objects, lists and dicts reached
-    from the arguments (``ArgumentObjects.sources``: the call's own), the latter first."""
+    from the arguments (``ArgumentObjects.sources``: the call's own), the latter first, but those
+    whose path the program changed (``items``: its item writes, ``(source, key, value)``)."""
     found = {k: place for k, place in stored_places(writes).items() if place[0] in made}
-    found.update((k, (None, At(source, ()))) for k, source in sources.items())
+    steps = [(holder, name) for holder, name, _ in writes if isinstance(holder, InputSource)]
+    steps += [(s, None if type(k) is slice else Item(k)) for s, k, _ in items if isinstance(s, InputSource)]
+    # (one moved is neither: torch's pytree copies it, as before)
+    found.update((k, (None, None if _moved(source, steps) else At(source, ()))) for k, source in sources.items())
     return found
+
+
+def _moved(source: InputSource, steps: list) -> bool:
+    """Whether a write at one of ``steps`` (``(holder, name or Item, or None for any item)``) changed
+    what is found at ``source``: the call would find another object there after its effects."""
+    for holder, step in steps:
+        n = len(holder.path)
+        if holder.position == source.position and len(source.path) > n and source.path[:n] == holder.path:
+            if step is None or source.path[n] == step:
+                return True
+    return False
 
 
 def stored_places(writes: list) -> dict:
@@ -114,9 +129,14 @@ class Identities:
     def special(self, x) -> bool:
         """Whether the traced container ``x`` is templated apart (torch's pytree would lose its identity)."""
         o = self.origins.get(id(x))
-        return o is not None and (id(o) in self.twice or id(o) in self.places or self.found(o))
+        return o is not None and (id(o) in self.twice or self.kept(o) is not None)
 
-    def found(self, o) -> bool:
-        """Whether the program's container ``o`` is one it found in its state (returned as it is)."""
+    def kept(self, o):
+        """What stands for the program's container ``o`` on every call: an ``At`` (stored, or an
+        argument's), ``o`` itself (found in its state), or None (made, or not known)."""
+        place = self.places.get(id(o))
+        if place is not None:
+            return place[1]
         made = self._made
-        return made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)
+        found = made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)
+        return o if found else None
