@@ -281,3 +281,28 @@ def test_an_argument_s_list_the_program_replaced_is_not_found_again_through_its_
         assert out[1] == [1, 2] and out[2] is box.items and box.items == [9]
         seen.append(out[1])
     assert seen[0] is not seen[1]
+
+
+class _StoresHolder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        self.last = types.SimpleNamespace(lin=self.lin, step=self.step)
+        return self.lin(x), self.last
+
+    def step(self):
+        return self.lin.weight.sum()
+
+
+def test_an_object_stored_holding_modules_and_methods_holds_the_user_s():
+    m = _StoresHolder()
+    jm = thunder_rs.jit(m)
+    seen = []
+    for _ in range(2):
+        out = jm(torch.ones(2))
+        assert out[1] is m.last and m.last.lin is m.lin and m.last.step.__self__ is m
+        assert torch.equal(m.last.step(), m.step())
+        seen.append(out[1])
+    assert seen[0] is not seen[1] and seen[0].step is not seen[1].step

@@ -530,9 +530,10 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
-    effects += attribute_writes(writes, extras, kept, inputs.made_objects) + item_writes(items, extras, kept)
-    out_spec, num_outputs = None, 0
     made, copies = inputs.made_objects, inputs.argument_copies
+    stored = Identities({}, {}, made, copies, inputs.modules)  # (what made objects stored hold: as found)
+    effects += attribute_writes(writes, extras, kept, stored) + item_writes(items, extras, kept)
+    out_spec, num_outputs = None, 0
     known = made is not None  # (else every container is rebuilt, as torch's pytree rebuilds them)
     ids = (origins(out, inputs.returned), inputs.places) if known else ({}, {})
     identities = Identities(*ids, made, copies, inputs.modules)

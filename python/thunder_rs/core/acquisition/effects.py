@@ -108,7 +108,7 @@ class TracedValue:
             elif type(leaf) is Text:  # printed text of sizes: this call's
                 self.outputs.append((i, TracedText(leaf, extras)))
                 leaves[i] = None
-            elif made is not None and leaf in made:  # an object the program made: each call's own
+            elif made is not None and made.made(leaf):  # an object the program made: each call's own
                 self.outputs.append((i, MadeAgain(leaf, made, extras)))
                 leaves[i] = None
         self.leaves = leaves
@@ -230,7 +230,8 @@ def attribute_writes(writes, extras: list, kept: dict | None = None, made=None) 
     """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
     computed among the values become extra outputs (appended to ``extras``), captured tensors
     stored as they are (``kept``, by the id of their proxies) are stored as themselves, objects
-    the program made (``made``: ``returned_objects.MadeObjects``) are made anew by every call."""
+    the program made (``made``: a ``returned_identities.Identities`` of what it stored) are made
+    anew by every call."""
     return [
         AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras, kept, made))
         for holder, name, value in writes

@@ -314,8 +314,8 @@ class MadeAgain:
 
     __slots__ = ("node",)
 
-    def __init__(self, x, made: MadeObjects, extras: list):
-        self.node = _Templater(extras, {}, made, {})(x)
+    def __init__(self, x, stored: Identities, extras: list):
+        self.node = _Templater(extras, {}, stored.made_objects, {}, stored)(x)
 
     def get(self, extras):
         return _build(self.node, extras, (), {})
@@ -355,16 +355,8 @@ class RebuiltOutput:
             if isinstance(node, _Rebuilt):
                 if id(node) not in seen:  # (a made object that refers to itself is one node)
                     seen.add(id(node))
-                    if node.kind == "method":
-                        node = _Rebuilt("tuple", tuple, node.parts)
-                    if node.kind in ("function", "cell"):
-                        parts = node.parts if node.kind == "cell" else (*node.parts[0], *node.parts[1:3])
-                        parts += tuple(p for _, p in node.parts[3]) if node.kind == "function" else ()
-                        for part in parts:
-                            walk(part)
-                        return
-                    for part in node.parts:
-                        walk(part if node.kind in ("list", "tuple", "namedtuple") else part[1])
+                    for part in _parts_of(node):
+                        walk(part)
             elif isinstance(node, _Copied):
                 found.append(node.value)
             elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
@@ -373,6 +365,16 @@ class RebuiltOutput:
         for leaf in self._leaves:
             walk(leaf)
         return found
+
+
+def _parts_of(node: _Rebuilt) -> tuple:
+    """The templates a rebuilt object is made of."""
+    if node.kind in ("list", "tuple", "namedtuple", "method", "cell"):
+        return node.parts
+    if node.kind == "function":
+        cells, defaults, kwdefaults, state = node.parts
+        return (*cells, defaults, kwdefaults, *(p for _, p in state))
+    return tuple(part[1] for part in node.parts)
 
 
 def is_size(x) -> bool:

@@ -120,7 +120,7 @@ class Identities:
     arguments), and which are found in state (not ``made``) or reached twice."""
 
     def __init__(self, origins: dict, places: dict, made, arguments: dict, modules: dict):
-        self.origins, self.places, self._made, self._arguments = origins, places, made, arguments
+        self.origins, self.places, self.made_objects, self._arguments = origins, places, made, arguments
         #: the user's module of each clone the program ran on, by the clone's id
         self.modules = modules
         counts = collections.Counter(map(id, origins.values()))
@@ -131,12 +131,16 @@ class Identities:
         o = self.origins.get(id(x))
         return o is not None and (id(o) in self.twice or self.kept(o) is not None)
 
+    def made(self, x) -> bool:
+        """Whether the program made ``x`` (``returned_objects.made_objects``)."""
+        return self.made_objects is not None and x in self.made_objects
+
     def kept(self, o):
         """What stands for the program's container ``o`` on every call: an ``At`` (stored, or an
         argument's), ``o`` itself (found in its state), or None (made, or not known)."""
         place = self.places.get(id(o))
         if place is not None:
             return place[1]
-        made = self._made
+        made = self.made_objects
         found = made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)
         return o if found else None
