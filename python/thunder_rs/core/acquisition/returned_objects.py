@@ -167,6 +167,10 @@ def made_objects(box: list, where: str, stored: list) -> MadeObjects | None:
     stored.clear()
     try:
         walked = _walk(box, held)
+        if walked is None and len(box) > 1:  # (too much stored to tell: what it returned alone)
+            del box[1:]
+            held.clear()
+            walked = _walk(box, held)
         if walked is None:
             return None
         objects, inner, parents = walked
