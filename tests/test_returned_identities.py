@@ -306,3 +306,30 @@ def test_an_object_stored_holding_modules_and_methods_holds_the_user_s():
         assert torch.equal(m.last.step(), m.step())
         seen.append(out[1])
     assert seen[0] is not seen[1] and seen[0].step is not seen[1].step
+
+
+class _StoresClosures(torch.nn.Module):
+    def __init__(self, share: bool):
+        super().__init__()
+        self.share = share
+
+    def forward(self, x):
+        held = types.SimpleNamespace(k=[1])
+        self.callback = lambda: held
+        return x * 2, (lambda: held) if self.share else self.callback
+
+
+def test_a_closure_made_and_stored_is_the_stored_one_and_new_each_call():
+    m = _StoresClosures(share=False)
+    jm = thunder_rs.jit(m)
+    first = jm(torch.ones(2))
+    assert first[1] is m.callback
+    second = jm(torch.ones(2))
+    assert second[1] is m.callback and second[1] is not first[1] and second[1]() is not first[1]()
+
+
+def test_a_closure_variable_shared_with_a_stored_closure_is_refused_naming_the_program():
+    m = _StoresClosures(share=True)
+    assert m(torch.ones(2))[1]() is m.callback()  # (eager: one variable in both)
+    with pytest.raises(ThunderNotImplementedError, match=r"_StoresClosures.forward \(.*\).*also stored"):
+        thunder_rs.jit(m)(torch.ones(2))

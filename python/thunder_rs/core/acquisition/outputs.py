@@ -122,6 +122,13 @@ class _Templater:
         if kept is not None:
             self._memo[key] = kept
             return kept
+        if ids is not None and ids.unplaced(o):
+            raise ThunderNotImplementedError(
+                f"jit: {self._made.where if self._made else 'the program'} returns a {type(o).__qualname__} it "
+                "also stored on its state inside a function (a closure variable of one, or the variable itself); "
+                "each compiled call would make it twice, once there and once in what it returns, where eager makes "
+                "it once. Return the stored function, or store and return the object apart"
+            )
         if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
             self._cyclic.add(key)
             return x

@@ -13,16 +13,18 @@ twice (built once per call).
 """
 
 import collections
+import types
 
+import torch
 from torch.utils import _pytree as pytree
 
-from thunder_rs.core.acquisition.returned_objects import LEAVES, MADE_AGAIN
+from thunder_rs.core.acquisition.returned_objects import LEAVES, children
 from thunder_rs.core.state.guards import InputSource, Item, attributes_of
 
 #: Objects walked at most in what a program stored (``stored_places``).
 _BUDGET = 5000
-#: Not walked through there: values, tensors, and modules and functions (a model stored is found as itself).
-_NOT_WALKED = (*LEAVES, *MADE_AGAIN)
+#: Not walked through there: values, tensors, modules (a model stored is found as itself), bound methods.
+_NOT_WALKED = (*LEAVES, torch.nn.Module, types.MethodType)
 
 #: Containers whose identity the templater keeps: it rebuilds exactly these (and named tuples).
 _KEPT = (list, tuple, dict, collections.OrderedDict, collections.defaultdict)
@@ -102,6 +104,13 @@ def stored_places(writes: list) -> dict:
             x, path = stack.pop()
             if id(x) in places or isinstance(x, _NOT_WALKED):
                 continue
+            if type(x) in (types.FunctionType, types.CellType) or path is None:
+                # What a stored function holds (its cells, their contents) has no place to find it
+                # again: a call makes it anew there and would make it anew for the output too.
+                cell = type(x) is types.CellType
+                places[id(x)] = (x, None if cell or path is None else At(holder, path))
+                stack.extend((c, None) for c in children(x))
+                continue
             if not (_is_kept_type(x) or type(getattr(x, "__dict__", None)) is dict):
                 continue
             places[id(x)] = (x, At(holder, path))
@@ -130,6 +139,12 @@ class Identities:
         """Whether the traced container ``x`` is templated apart (torch's pytree would lose its identity)."""
         o = self.origins.get(id(x))
         return o is not None and (id(o) in self.twice or self.kept(o) is not None)
+
+    def unplaced(self, o) -> bool:
+        """Whether the program's ``o`` is one it also stored inside a function (a closure variable):
+        each call would make it twice, once there, once in the output."""
+        place = self.places.get(id(o))
+        return place is not None and place[0] is o and place[1] is None
 
     def made(self, x) -> bool:
         """Whether the program made ``x`` (``returned_objects.made_objects``)."""
