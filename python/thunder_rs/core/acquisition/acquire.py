@@ -42,6 +42,7 @@ from thunder_rs.core.lang import inner_leaves
 from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_plain, is_size
+from thunder_rs.core.acquisition.returned_identities import Identities, origins, places
 from thunder_rs.core.acquisition.returned_objects import made_objects, program_site
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.pydraws import recording_draws
@@ -228,6 +229,7 @@ def _trace_program(
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes()
+            stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.
@@ -243,6 +245,7 @@ def _trace_program(
                 (source, key, _fresh(_held(value, reached, captures), captures))
                 for source, key, value in _item_writes(reached, observer) + inputs.argument_writes
             ]
+            inputs.places = places(stored_writes, reached.sources(), inputs.made_objects or (), items)
             stored = [w[2] for w in writes] + [i[2] for i in items]
             refuse_escaped_events(out, stored)
             switched = stream_switch_site()
@@ -364,8 +367,9 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         with observer, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             box = [fn(*program_args, **program_kwargs)]  # (held by nothing else: ``made_objects`` counts references)
-        inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]))
-        out = box.pop()
+        stored = _stored_values(pairs) + observer.state.stored_values()
+        inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]), stored)
+        out = inputs.returned = box.pop()
         refuse = functools.partial(_refuse_argument_write, program)
         # (The writes into write-only lists first: each at the list the call had there.)
         inputs.argument_writes = containers.logged(refuse) + containers.changes(refuse)
@@ -384,6 +388,15 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         raise
     put_back(placed)
     return out, observer, pairs, inputs
+
+
+def _stored_values(pairs: list) -> list:
+    """The values the forward set on its modules (in their clones' instance dicts), for ``made_objects``;
+    none where it changed what they hold (refused after tracing)."""
+    try:
+        return [value for _, _, value in module_writes(pairs)]
+    except ThunderNotImplementedError:
+        return []
 
 
 def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> None:
@@ -522,10 +535,15 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     extras: list = []
     prints, draws, items = repeated
     effects = print_effects(prints, extras) + draws
-    effects += attribute_writes(writes, extras, kept) + item_writes(items, extras, kept)
+    made, copies = inputs.made_objects, inputs.argument_copies
+    stored = Identities({}, {}, made, copies, inputs.modules)  # (what made objects stored hold: as found)
+    effects += attribute_writes(writes, extras, kept, stored) + item_writes(items, extras, kept)
     out_spec, num_outputs = None, 0
-    if effects or not is_plain(out):
-        out, out_spec = flatten_output(out, flat_inputs, inputs.made_objects, inputs.argument_copies)
+    known = made is not None  # (else every container is rebuilt, as torch's pytree rebuilds them)
+    ids = (origins(out, inputs.returned), inputs.places) if known else ({}, {})
+    identities = Identities(*ids, made, copies, inputs.modules)
+    if effects or not is_plain(out) or identities.special(out):
+        out, out_spec = flatten_output(out, flat_inputs, made, copies, identities)
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())

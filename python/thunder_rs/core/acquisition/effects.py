@@ -24,7 +24,7 @@ from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.core.acquisition.outputs import is_size
+from thunder_rs.core.acquisition.outputs import MadeAgain, is_size
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
@@ -88,9 +88,9 @@ class TracedValue:
 
     __slots__ = ("leaves", "spec", "outputs")
 
-    def __init__(self, value, extras: list, kept: dict | None = None):
+    def __init__(self, value, extras: list, kept: dict | None = None, made=None):
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
-        self.outputs: list[tuple[int, "int | TracedValue | TracedText"]] = []
+        self.outputs: list[tuple[int, "int | TracedValue | TracedText | MadeAgain"]] = []
         for i, leaf in enumerate(leaves):
             if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
                 leaves[i] = kept[id(leaf)]
@@ -107,6 +107,9 @@ class TracedValue:
                 leaves[i] = leaf.value()
             elif type(leaf) is Text:  # printed text of sizes: this call's
                 self.outputs.append((i, TracedText(leaf, extras)))
+                leaves[i] = None
+            elif made is not None and made.made(leaf):  # an object the program made: each call's own
+                self.outputs.append((i, MadeAgain(leaf, made, extras)))
                 leaves[i] = None
         self.leaves = leaves
 
@@ -223,11 +226,13 @@ def _holds_size(key) -> bool:
     return type(key) is SymInt or (type(key) is tuple and any(map(_holds_size, key)))
 
 
-def attribute_writes(writes, extras: list, kept: dict | None = None) -> list:
+def attribute_writes(writes, extras: list, kept: dict | None = None, made=None) -> list:
     """``AttributeWrite`` for each ``(holder, name, value)`` (MISSING: deleted); tensors the trace
     computed among the values become extra outputs (appended to ``extras``), captured tensors
-    stored as they are (``kept``, by the id of their proxies) are stored as themselves."""
+    stored as they are (``kept``, by the id of their proxies) are stored as themselves, objects
+    the program made (``made``: a ``returned_identities.Identities`` of what it stored) are made
+    anew by every call."""
     return [
-        AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras, kept))
+        AttributeWrite(holder, name, None if value is MISSING else TracedValue(value, extras, kept, made))
         for holder, name, value in writes
     ]

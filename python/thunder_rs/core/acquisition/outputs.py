@@ -16,18 +16,22 @@ parameters) is shared, as it is in eager. An object the program was given (an ar
 returned as each call's own argument; what the program set on it is set again by every call
 (``thunder_rs.core.state.state``). So is a list or dict passed as an argument (which the flatten
 of the call copied for tracing), which the output holds as the ``argument_containers.ArgumentContainer``
-that finds it in each call's arguments.
+that finds it in each call's arguments. A container the program returns in two places, found in
+its state or its arguments, or stored on its state (``returned_identities``) keeps eager's identity:
+one object per call, the state's own, or the one the call stored.
 """
 
 import collections
 import copy
+import types
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
 from thunder_rs.core.acquisition.returned_objects import MadeObjects, base_new, rebuild_kind, refuse_made
-from thunder_rs.core.acquisition.returned_objects import LEAVES, children
+from thunder_rs.core.acquisition.returned_objects import MADE_AGAIN, LEAVES, children, is_full, refuse_module_tensors
+from thunder_rs.core.acquisition.returned_identities import At, Identities
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -77,10 +81,12 @@ class _Templater:
     ``flat``), containers and objects holding them become ``_Rebuilt``, the rest stays shared.
     An object reached twice gets one template (and is rebuilt once per call)."""
 
-    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None, arguments: dict):
+    def __init__(self, flat: list, inputs: dict, made: MadeObjects | None, arguments: dict, identities=None):
         self.flat = flat
         self._inputs = inputs
         self._made = made
+        #: the program's own containers behind the traced ones, and which keep their identity
+        self._identities: Identities | None = identities
         #: the ``ArgumentContainer`` of each copy of an argument's list or dict, by its id
         self._arguments = arguments
         #: whether the output holds a container of the call's arguments (an ``ArgumentContainer``)
@@ -100,19 +106,34 @@ class _Templater:
         if isinstance(x, _SHARED):
             return x
         x = self._arguments.get(id(x), x)  # (an argument's list an object the program made holds)
+        if isinstance(x, torch.nn.Module) and self._identities is not None:  # (the clone it ran on: the user's)
+            x = self._identities.modules.get(id(x), x)
         if type(x) is ArgumentContainer:
             self.takes_call = True
             return x
-        key = id(x)
-        if key in self._inputs:
-            return _Input(self._inputs[key])
+        if id(x) in self._inputs:
+            return _Input(self._inputs[id(x)])
+        ids = self._identities
+        o = x if ids is None else ids.origins.get(id(x), x)  # (the program's own container)
+        key = id(o)
         if key in self._memo:
             return self._memo[key]
+        kept = None if ids is None else ids.kept(o)  # (stored, an argument's, or found in state)
+        if kept is not None:
+            self._memo[key] = kept
+            return kept
+        if ids is not None and ids.unplaced(o):
+            raise ThunderNotImplementedError(
+                f"jit: {self._made.where if self._made else 'the program'} returns a {type(o).__qualname__} it "
+                "also stored on its state inside a function (a closure variable of one, or the variable itself); "
+                "each compiled call would make it twice, once there and once in what it returns, where eager makes "
+                "it once. Return the stored function, or store and return the object apart"
+            )
         if key in self._open:  # a cycle: fine unless x turns out to hold traced tensors
             self._cyclic.add(key)
             return x
         self._open.add(key)
-        node = self._node(x)
+        node = self._node(x, o)
         self._open.discard(key)
         if node is not x and key in self._cyclic:
             raise ThunderNotImplementedError(
@@ -122,8 +143,8 @@ class _Templater:
         self._memo[key] = node
         return node
 
-    def _node(self, x):
-        made = self._made is not None and x in self._made
+    def _node(self, x, o):
+        made = self._made is not None and o in self._made
         if type(x) in (list, tuple) or isinstance(x, tuple) and hasattr(x, "_fields"):
             parts = tuple(map(self, x))
             kind = "namedtuple" if hasattr(x, "_fields") else type(x).__name__
@@ -137,6 +158,8 @@ class _Templater:
             return _Rebuilt("counter" if type(x) is collections.Counter else "dict", type(x), parts)
         if made:
             return self._made_node(x)
+        if isinstance(x, MADE_AGAIN):  # a module or function it found: that same object, as in eager
+            return x
         for name in slot_names(type(x)):
             if hasattr(x, name) and self(getattr(x, name)) is not getattr(x, name):
                 raise ThunderNotImplementedError(
@@ -157,6 +180,12 @@ class _Templater:
         made = self._made
         assert made is not None
         kind = rebuild_kind(x)
+        if kind == "function":
+            return self._function_node(x)
+        if kind == "method":  # (the user's module where the program ran on its clone)
+            return _Rebuilt("method", types.MethodType, (self(x.__func__), self(x.__self__)))
+        if isinstance(x, torch.nn.Module):
+            refuse_module_tensors(x, made)
         if kind is None or kind != "object" and any(isinstance(c, TensorProxy) or c in made for c in children(x)):
             refuse_made(x, made)
         if kind != "object":
@@ -169,8 +198,38 @@ class _Templater:
         node.parts = tuple(parts)
         return node
 
+    def _function_node(self, f):
+        """A function the program made (a lambda, a closure): a new function of its code for each
+        call, with new cells for those it made, holding that call's values, as eager makes it."""
+        node = self._memo[id(f)] = _Rebuilt("function", f, ())
+        cells = tuple(self._cell(c, f) for c in f.__closure__ or ())
+        state = tuple((k, self(v)) for k, v in vars(f).items())
+        node.parts = (cells, self(f.__defaults__), self(f.__kwdefaults__), state)
+        return node
+
+    def _cell(self, c, f):
+        if id(c) in self._memo:  # (a cell two of its functions share)
+            return self._memo[id(c)]
+        made = self._made
+        assert made is not None
+        if c in made:
+            node = self._memo[id(c)] = _Rebuilt("cell", types.CellType, (_EMPTY,))
+            node.parts = (self(c.cell_contents) if is_full(c) else _EMPTY,)
+            return node
+        if is_full(c) and self(c.cell_contents) is not c.cell_contents:
+            code = f.__code__
+            raise ThunderNotImplementedError(
+                f"jit: {made.where} returns the function {f.__qualname__} ({code.co_filename}:{code.co_firstlineno}) "
+                "it made, whose closure shares a variable holding traced values with a function kept elsewhere "
+                "(stored on state); thunder_rs cannot make that shared variable anew for each call. Return the "
+                "values, or keep the function apart from the one stored"
+            )
+        return c
+
 
 _MUTABLE = (list, dict, set)
+#: An empty cell's contents (a variable assigned after the closure that reads it was made).
+_EMPTY = object()
 
 
 class _Copied:
@@ -190,6 +249,8 @@ def _build(node, outputs, inputs, built: dict):
         return outputs[node.index]
     if isinstance(node, _Input):
         return inputs[node.position]
+    if type(node) is At:  # (after the call's effects: what it stored there, or the call's argument's)
+        return node.find(inputs)
     if type(node) is ArgumentContainer:  # (the call's, noted by ``argument_containers.hold_call``)
         return node.object(inputs)
     if isinstance(node, _Copied):
@@ -209,6 +270,10 @@ def _build(node, outputs, inputs, built: dict):
     elif node.kind in ("defaultdict", "counter"):
         obj = collections.defaultdict(node.cls) if node.kind == "defaultdict" else collections.Counter()
         dict.update(obj, ((k, _build(p, outputs, inputs, built)) for k, p in parts))
+    elif node.kind == "function":
+        obj = _new_function(node, outputs, inputs, built)
+    elif node.kind == "method":
+        obj = types.MethodType(*(_build(p, outputs, inputs, built) for p in parts))
     elif node.kind == "made":
         obj = built[id(node)] = base_new(node.cls)
         for k, p, slot in parts:
@@ -219,6 +284,48 @@ def _build(node, outputs, inputs, built: dict):
         obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in parts)
     built[id(node)] = obj
     return obj
+
+
+def _new_function(node, outputs, inputs, built: dict):
+    """A new function of ``node``'s code (``_Templater._function_node``): its cells made first and
+    filled once it exists (a closure may hold the function itself)."""
+    f = node.cls
+    cells, defaults, kwdefaults, state = node.parts
+    closure, pending = [], []
+    for c in cells:
+        if type(c) is _Rebuilt:
+            cell = built.get(id(c))
+            if cell is None:
+                cell = built[id(c)] = types.CellType()
+                pending.append((cell, c.parts[0]))
+            c = cell
+        closure.append(c)
+    defaults = _build(defaults, outputs, inputs, built)
+    obj = built[id(node)] = types.FunctionType(
+        f.__code__, f.__globals__, f.__name__, defaults, tuple(closure) if f.__closure__ is not None else None
+    )
+    obj.__kwdefaults__ = _build(kwdefaults, outputs, inputs, built)
+    obj.__qualname__ = f.__qualname__
+    if f.__annotations__:
+        obj.__annotations__ = dict(f.__annotations__)
+    obj.__dict__.update((k, _build(p, outputs, inputs, built)) for k, p in state)
+    for cell, content in pending:
+        if content is not _EMPTY:
+            cell.cell_contents = _build(content, outputs, inputs, built)
+    return obj
+
+
+class MadeAgain:
+    """An object the program made and stored on its state (``self.last = SimpleNamespace(n=3)``),
+    made anew for each call as eager makes it (a ``TracedValue`` part; its tensors in ``extras``)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, x, stored: Identities, extras: list):
+        self.node = _Templater(extras, {}, stored.made_objects, {}, stored)(x)
+
+    def get(self, extras):
+        return _build(self.node, extras, (), {})
 
 
 class PlainOutput:
@@ -255,16 +362,26 @@ class RebuiltOutput:
             if isinstance(node, _Rebuilt):
                 if id(node) not in seen:  # (a made object that refers to itself is one node)
                     seen.add(id(node))
-                    for part in node.parts:
-                        walk(part if node.kind in ("list", "tuple", "namedtuple") else part[1])
+                    for part in _parts_of(node):
+                        walk(part)
             elif isinstance(node, _Copied):
                 found.append(node.value)
-            elif not isinstance(node, (_Slot, _Input, ArgumentContainer)):
+            elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
                 found.append(node)
 
         for leaf in self._leaves:
             walk(leaf)
         return found
+
+
+def _parts_of(node: _Rebuilt) -> tuple:
+    """The templates a rebuilt object is made of."""
+    if node.kind in ("list", "tuple", "namedtuple", "method", "cell"):
+        return node.parts
+    if node.kind == "function":
+        cells, defaults, kwdefaults, state = node.parts
+        return (*cells, defaults, kwdefaults, *(p for _, p in state))
+    return tuple(part[1] for part in node.parts)
 
 
 def is_size(x) -> bool:
@@ -277,21 +394,23 @@ def _is_proxy_holder(leaf) -> bool:
     return type(leaf) not in _PLAIN_TYPES and not isinstance(leaf, torch.Tensor)
 
 
-def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments: dict | None = None):
+def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments: dict | None = None, identities=None):
     """The trace's flat outputs for the program's output ``out``, and how to rebuild ``out`` from
     them on each call (an object with ``unflatten(flat, inputs)``). ``inputs`` are the call's flat
     inputs: an output object among them is returned as the later call's own input. ``made``: the
     objects the program made among those it returns (``returned_objects``), made anew by each call.
     ``arguments``: the copies of the arguments' lists and dicts tracing made, by id, each the
-    ``ArgumentContainer`` finding the call's own (``TracedContainers.copies``)."""
+    ``ArgumentContainer`` finding the call's own (``TracedContainers.copies``). ``identities``:
+    the containers that keep their identity (``returned_identities``), templated apart."""
     # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
     # a cache entry are fixed, so it is returned as the trace found it.
-    leaves, spec = tree_flatten(out, is_leaf=is_size)
+    special = identities.special if identities is not None else None
+    leaves, spec = tree_flatten(out, is_leaf=is_size if special is None else lambda x: is_size(x) or special(x))
     if not any(_is_proxy_holder(leaf) or is_size(leaf) for leaf in leaves):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
     flat: list = []
-    template = _Templater(flat, given, made, arguments or {})
+    template = _Templater(flat, given, made, arguments or {}, identities)
     templates = []
     for leaf in leaves:
         if is_size(leaf) and any(type(s) is SymInt for s in leaf):

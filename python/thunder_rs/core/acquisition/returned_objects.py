@@ -7,7 +7,9 @@ returned, an object it made is referenced only from what it returned: ``made_obj
 returned value (lists, tuples, dicts, sets, instance dicts and slots) counting the references it
 finds to each object, and takes for made those whose reference count is no higher, and that only
 made objects (or the returned value itself) reference. An object also held elsewhere (state, a
-cache, a closure) counts as found, not made, and is returned as it is, as before.
+cache, a closure) counts as found, not made, and is returned as it is, as before. The values the
+program set on its state count the attribute holding them: one it made there (``self.last =
+SimpleNamespace(n=3)``) is made anew by every call's write (``outputs.MadeAgain``).
 
 ``rebuild_kind`` says how a made object is made again for each call: a plain class instance (its
 layout is ``object``'s or ``SimpleNamespace``'s plus an instance dict and slots) as its base's
@@ -18,6 +20,7 @@ itself; for anything else (a lock, a generator, a C extension object) ``refuse_m
 
 import array
 import collections
+import itertools
 import struct
 import sys
 import types
@@ -47,16 +50,17 @@ LEAVES = (
     torch.device,
     torch.Size,
     torch.Tensor,
-    torch.nn.Module,
     type,
-    types.FunctionType,
     types.BuiltinFunctionType,
-    types.MethodType,
     types.ModuleType,
 )
 
 
 _SKIPPED = (*LEAVES, TensorProxy)
+#: Walked through only where they may be made (``_walk``: a model found in state is not walked through).
+_DEFERRED = (torch.nn.Module,)
+#: What a program returns as the object it found, or made anew where it made it (``rebuild_kind``).
+MADE_AGAIN = (torch.nn.Module, types.FunctionType, types.MethodType)
 
 
 class MadeObjects:
@@ -75,6 +79,12 @@ class MadeObjects:
 def children(x) -> list:
     """The objects ``x`` references that Python code can see."""
     found: list = []
+    if type(x) is types.FunctionType:  # (what eager makes anew with a function: its cells, defaults)
+        found.extend(v for v in (x.__closure__, x.__defaults__, x.__kwdefaults__) if v is not None)
+    elif type(x) is types.CellType:
+        return [x.cell_contents] if is_full(x) else []
+    elif type(x) is types.MethodType:  # (a new one per attribute read: ``return self.helper``)
+        return [x.__func__, x.__self__]
     if isinstance(x, (list, tuple, set, frozenset, collections.deque)):
         found.extend(x)
     elif isinstance(x, dict):
@@ -95,14 +105,24 @@ def children(x) -> list:
 _UNSET = object()
 
 
-def _walk(box: list):
+def is_full(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _walk(box: list, held: collections.Counter):
     """Every object reachable from ``box`` (not ``LEAVES``), each once, with the references
-    found to it and the positions of the objects referencing it; None past ``_BUDGET``."""
+    found to it and the positions of the objects referencing it; None past ``_BUDGET``. What a
+    module holds is walked only once it may be made (``_DEFERRED``)."""
     objects: list = []
     index: dict = {id(box): -1}
     inner: list = []
     parents: list = []
     stack: list = [(-1, box)]
+    deferred: list = []
     while stack:
         at, x = stack.pop()
         for child in children(x):
@@ -116,10 +136,16 @@ def _walk(box: list):
                 objects.append(child)
                 inner.append(0)
                 parents.append([])
-                stack.append((k, child))
+                deferred.append(k) if isinstance(child, _DEFERRED) else stack.append((k, child))
             if k >= 0:
                 inner[k] += 1
                 parents[k].append(at)
+        if not stack and deferred:
+            x = child = None  # (counted: no reference of the walk's own but ``objects``)
+            counts = _counts(objects)
+            ready = [counts[k] - _OWN == inner[k] + held[id(objects[k])] for k in deferred]
+            stack = [(k, objects[k]) for k, r in zip(deferred, ready) if r]
+            deferred = [k for k, r in zip(deferred, ready) if not r]
     return objects, inner, parents
 
 
@@ -131,16 +157,28 @@ def _counts(objects: list) -> list:
 _OWN = _counts([object()])[0]
 
 
-def made_objects(box: list, where: str) -> MadeObjects | None:
+def made_objects(box: list, where: str, stored: list) -> MadeObjects | None:
     """The objects in ``box[0]`` (the program's return value, held only by ``box``) that the
-    program made; None where there are too many objects to tell."""
-    walked = _walk(box)
-    if walked is None:
-        return None
-    objects, inner, parents = walked
-    counts = _counts(objects)
+    program made; None where there are too many objects to tell. ``stored``: the values the
+    program set on its state, each held by the attribute it is in (and by ``stored``, which is
+    emptied): those it made and what they hold count too (``self.last = SimpleNamespace(n=3)``)."""
+    held = collections.Counter(map(id, stored))
+    box.extend(stored)
+    stored.clear()
+    try:
+        walked = _walk(box, held)
+        if walked is None and len(box) > 1:  # (too much stored to tell: what it returned alone)
+            del box[1:]
+            held.clear()
+            walked = _walk(box, held)
+        if walked is None:
+            return None
+        objects, inner, parents = walked
+        counts = _counts(objects)
+    finally:
+        del box[1:]
     _refuse_named_tuple_attributes(objects, where)
-    made = [c - _OWN == n for c, n in zip(counts, inner)]
+    made = [c - _OWN == n + held[id(o)] for o, c, n in zip(objects, counts, inner)]
     changed = True
     while changed:  # (made only if every object referencing it was made)
         changed = False
@@ -166,6 +204,8 @@ def rebuild_kind(x) -> str | None:
     """How a made ``x`` is made again per call: "object" (its base's ``__new__``, attributes),
     "copy" (``copy.copy``), "shared" (an immutable value) or None (it cannot be)."""
     cls = type(x)
+    if cls in (types.FunctionType, types.CellType, types.MethodType):
+        return cls.__name__
     if _plain_layout(cls):
         return "object"
     if cls in COPIED or _is_numpy_array(x):
@@ -208,6 +248,20 @@ def refuse_made(x, made: MadeObjects) -> typing.NoReturn:
         "tensors and values (a tuple, a dict, a dataclass or SimpleNamespace) and build the object outside the "
         "jitted function"
     )
+
+
+def refuse_module_tensors(m: torch.nn.Module, made: MadeObjects) -> None:
+    """Refuses a module the program made that holds tensors (its parameters, buffers, tensor
+    attributes): eager makes new ones with every call (initialised anew), a compiled call cannot."""
+    held = [n for n, _ in itertools.chain(m.named_parameters(recurse=False), m.named_buffers(recurse=False))]
+    held += [n for n, v in vars(m).items() if isinstance(v, torch.Tensor) and not isinstance(v, TensorProxy)]
+    if held:
+        raise ThunderNotImplementedError(
+            f"jit: {made.where} returns a {type(m).__qualname__} module it made, holding the tensors "
+            f"{', '.join(held)}; eager makes new ones with every call (a new module initialises new parameters), "
+            "which thunder_rs cannot repeat. Make the module once outside the jitted function (in __init__) and "
+            "return that"
+        )
 
 
 def program_site(code) -> str:

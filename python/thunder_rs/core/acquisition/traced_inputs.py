@@ -34,6 +34,12 @@ class TracedInputs:
         self.made_objects: MadeObjects | None = None
         #: the copies of the arguments' lists and dicts, by id (``TracedContainers.copies``)
         self.argument_copies: dict = {}
+        #: what the program returned, as it returned it (``returned_identities.origins``)
+        self.returned: Any = None
+        #: what it stored on its state and what it reached from its arguments (``returned_identities.places``)
+        self.places: dict = {}
+        #: the user's module of each clone the program ran on, by the clone's id
+        self.modules: dict = {}
 
     def slot_values(self) -> list:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""

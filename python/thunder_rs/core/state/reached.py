@@ -168,6 +168,10 @@ class ArgumentObjects:
             else:
                 self._visit(y, position, (*path, name), f"{label}.{name}", depth + 1, under)
 
+    def sources(self) -> dict:
+        """id -> where each object, list and dict reached from the arguments was found first."""
+        return self._first
+
     def _tensor(self, t, source: InputSource, name: str | int, holder) -> None:
         first = self.tensors.get(id(t))
         if first is not None:  # held twice (``cache.keys = [t, t]``): read where first found, one tensor in both

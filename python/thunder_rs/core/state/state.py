@@ -438,6 +438,16 @@ class ProgramState:
         for key, (guard, names) in held.items():
             guards[key] = HeldDictGuard(guard, frozenset(names))
 
+    def stored_values(self) -> list:
+        """The values the program set on state objects, one per attribute holding one (still there:
+        ``writes`` undoes them), for ``returned_objects.made_objects``."""
+        values = []
+        for known in self._objects.values():
+            if known.found is not None:
+                now = attributes_of(known.obj)
+                values += [now[k] for k in now if known.found.get(k, MISSING) is not now[k] and not stands_in(now[k])]
+        return values
+
     def writes(self) -> list:
         """The attributes the program set or deleted on state objects, undone here: ``(holder, name,
         value)`` with ``holder`` an object or an ``InputSource``, ``value`` MISSING for a deletion."""
