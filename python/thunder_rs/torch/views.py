@@ -169,6 +169,9 @@ class OpaqueStep:
     #: eager's op taking the view of a real tensor (``torch.diagonal(t, 1)``), for the views a
     #: training call returns (``core.acquisition.output_views``); None where there is none
     eager: Callable | None = None
+    #: ``eager``'s arguments after the tensor, where the view op's ints became symbolic sizes: its
+    #: ``(args, kwargs)``, computed at each call's sizes (``writeback.view_taker``); else ()
+    eager_params: tuple = ()
     expands = False
     is_prim = False
 
@@ -408,18 +411,34 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
                 continue
             if isinstance(out, (tuple, list)):
                 forward, back = (lambda p, i=i: take(p, *args, **kwargs)[i]), None
-                again = lambda t, i=i: eager(t, *args, **kwargs)[i]  # noqa: E731
             else:
                 forward = lambda p: take(p, *args, **kwargs)  # noqa: E731
                 back = None if put is None else lambda p, new: put(p, new, *args, **kwargs)  # noqa: E731
-                again = lambda t: eager(t, *args, **kwargs)  # noqa: E731
             single = back is not None or (strides is not _same_layout and not isinstance(out, (tuple, list)))
             layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if single else _same_layout
-            replay = again if eager is not None and not _symbolic((args, kwargs)) else None
-            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached, replay),))
+            index = i if isinstance(out, (tuple, list)) else None
+            replay, params = _eager_replay(eager, args, kwargs, index)
+            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached, replay, params),))
         return out
 
     return view_op
+
+
+def _eager_replay(eager, args, kwargs, index: int | None) -> tuple:
+    """``(OpaqueStep.eager, OpaqueStep.eager_params)``: the torch op ``eager`` taking the view
+    again of a real tensor (its output ``index`` of several), with the arguments given, or with
+    their ints that became symbolic sizes as params computed at the call's sizes (``x.diagonal(n)``
+    a DiagonalBackward0); ``(None, ())`` where there is no op, or an argument is another traced
+    value."""
+    if eager is None or _symbolic((args, kwargs), SymInt):
+        return None, ()
+    if index is None:
+        again = lambda t, a, k: eager(t, *a, **k)  # noqa: E731
+    else:
+        again = lambda t, a, k: eager(t, *a, **k)[index]  # noqa: E731
+    if _symbolic((args, kwargs)):
+        return again, (args, kwargs)
+    return (lambda t: again(t, args, kwargs)), ()
 
 
 def _symbolic(value, allowed: type | tuple = ()) -> bool:

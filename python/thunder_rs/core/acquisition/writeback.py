@@ -147,6 +147,7 @@ def replayable_view(o, sizes: tuple):
     params = [step.params for step in link.steps if step.is_prim]
     params += [step.call[1:3] for step in link.steps if step.is_prim and step.call is not None]
     params += [step.group[1:3] for step in link.steps if step.is_prim and step.group is not None]
+    params += [step.eager_params for step in link.steps if not step.is_prim]
     read = {f"t{v}" for p in params for size in _symbolic(p) for v in size.expr.values()}
     return link if read <= set(sizes) else None
 
@@ -203,7 +204,7 @@ def eager_calls(steps) -> list:
     calls: list = []
     for step in steps:
         if not step.is_prim:
-            calls.append((step.eager, ()))
+            calls.append((step.eager, step.eager_params))
             continue
         calls.append((registry[step.name].fn, step.params))
         if step.group is not None:
