@@ -196,10 +196,13 @@ class ViewLink:
     eager strides are worked out when asked for (a write through it, ``contiguous()``, a reshape
     of it): most views are never asked."""
 
-    __slots__ = ("root", "steps", "_strides")
+    __slots__ = ("root", "steps", "_strides", "no_grad")
 
-    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None):
+    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0):
         self.root, self.steps, self._strides = root, steps, strides
+        #: eager's creation meta NO_GRAD_MODE: ``MADE_WITHOUT_GRAD`` (the view was taken under
+        #: ``no_grad``), ``OF_ONE_MADE_WITHOUT_GRAD`` (taken with grad of such a view), else 0
+        self.no_grad = no_grad
 
     @property
     def strides(self) -> tuple:
@@ -236,6 +239,46 @@ def _hinted(params):
     return hint(params)
 
 
+#: ``ViewLink.no_grad``: the view was taken under ``no_grad``, or of such a view
+MADE_WITHOUT_GRAD, OF_ONE_MADE_WITHOUT_GRAD = 1, 2
+#: Eager's error for a write with grad mode on into a view taken under ``no_grad`` (or of one)
+#: where the view or the value requires grad (``handle_view_on_rebase``)
+_NO_GRAD_VIEW = (
+    "{} in no_grad mode and {} modified inplace with grad mode enabled. Given that this use case is ambiguous and "
+    "error-prone, it is forbidden. You can clarify your code by moving both the view and the inplace either both "
+    "inside the no_grad block (if you don't want the inplace to be tracked) or both outside (if you want the "
+    "inplace to be tracked)."
+)
+_MADE = {
+    MADE_WITHOUT_GRAD: "A view was created",
+    OF_ONE_MADE_WITHOUT_GRAD: "The tensor is a view of a view which was created",
+}
+
+
+def refuse_no_grad_view(op: str, dst, value) -> None:
+    """Raises eager's error for a write autograd sees (grad mode on) into ``dst``, a view taken
+    under ``no_grad`` or of such a view, where the view (its base) or ``value`` requires grad."""
+    link = dst._view
+    if link is None or not link.no_grad:
+        return
+    with torch._C.DisableTorchFunctionSubclass():
+        grad = link.root.requires_grad or (isinstance(value, torch.Tensor) and value.requires_grad)
+    if grad:
+        why = _NO_GRAD_VIEW.format(_MADE[link.no_grad], "is being")
+        raise ThunderRuntimeError(f"{op}: {why} (at {user_location()})")
+
+
+def _refuse_history(view) -> None:
+    """Makes eager's error for a view taken under ``no_grad`` (or of one) whose memory was written:
+    raised where a gradient flows through it (``recorder.note_gradient_into``), as eager's is where
+    an op in grad mode asks the view for its history."""
+    if view._view.no_grad and view._history_error is None:
+        view._view_grad = False
+        view._history_error = _NO_GRAD_VIEW.format(
+            _MADE[view._view.no_grad], "its base or another view of its base has been"
+        )
+
+
 _VIEW_PRIMS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
 
 
@@ -261,7 +304,11 @@ def attach(parent, view, steps) -> bool:
         strides = layout[1]
     link = parent._view
     root = parent if link is None else link.root
-    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides)
+    no_grad = 0
+    if not any(getattr(step, "detached", False) for step in steps):  # (``detach()``: no view to autograd)
+        inherited = OF_ONE_MADE_WITHOUT_GRAD if link is not None and link.no_grad else 0
+        no_grad = inherited if torch.is_grad_enabled() else MADE_WITHOUT_GRAD
+    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad)
     if root._views is None:
         root._views = []
     root._views.append(weakref.ref(view))
@@ -490,14 +537,17 @@ def refresh(root, requires_grad: bool, written=None, value=None) -> None:
         # contiguous view); else it is the view of the new root, with eager's strides.
         new = value if view is written and _contiguous_view(view) else None
         if new is None:
-            # (under ``no_grad`` too, a view that carries a gradient keeps it, as eager's keeps its node)
+            # (under ``no_grad`` too, a view that carries a gradient keeps it, as eager's keeps its node;
+            # one taken under ``no_grad`` of memory requiring grad requires grad in eager: ``_refuse_history``)
             with torch._C.DisableTorchFunctionSubclass():
-                carries = requires_grad and view.requires_grad
+                carries = requires_grad and (view.requires_grad or bool(view._view.no_grad))
             with torch.enable_grad() if carries else contextlib.nullcontext():
                 new = root
                 for step in view._view.steps:
                     new = step.forward(new)
         rebind(view, new, requires_grad and not detached(view))
+        if requires_grad and not detached(view):
+            _refuse_history(view)
     root._views[:] = alive
 
 
