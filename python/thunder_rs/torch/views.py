@@ -37,6 +37,7 @@ from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
 from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang import version_tracking
 from thunder_rs.core.lang.symint import SymInt, hint, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.torch import shape as _shape
@@ -45,6 +46,7 @@ from thunder_rs.torch.strides import is_contiguous, overlaps, strides_of, viewed
 from thunder_rs.torch.view_scatters import (
     slice_overwrite,
     slice_scatter,
+    straight_through,
     written_through_view,
 )
 
@@ -524,7 +526,14 @@ def rebind(p, value, requires_grad: bool) -> None:
 
 
 def refresh(root, requires_grad: bool, written=None, value=None) -> None:
-    """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``)."""
+    """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``),
+    and the tensors sharing its memory apart from autograd (``unsafe_pieces``)."""
+    _refresh_views(root, requires_grad, written, value)
+    if root._pieces is not None or root._piece_of is not None:
+        _follow(root)
+
+
+def _refresh_views(root, requires_grad: bool, written=None, value=None) -> None:
     if not root._views:
         return
     alive = []
@@ -626,3 +635,88 @@ def detached(p) -> bool:
 def root_of(p):
     link = p._view
     return p if link is None else link.root
+
+
+# -- pieces that share memory apart from autograd --------------------------------------------------
+
+#: the roots whose pieces and bases are taking a write now (a write they pass on does not come back)
+_following: set = set()
+
+
+class PieceOf:
+    """What makes a proxy a piece of ``unsafe_split``: the tensor split and the piece's place in it
+    (``base[start:stop]`` along ``dim``), and the call taking it (``(pick, args, kwargs)``: the
+    piece's values as they were split). (Slotted, as ``ViewLink``: no state a call's outputs reach.)"""
+
+    __slots__ = ("base", "dim", "start", "stop", "call", "vids")
+
+    def __init__(self, base: TensorProxy, dim: int, start, stop, call: tuple, vids: tuple):
+        self.base, self.dim, self.start, self.stop, self.call, self.vids = base, dim, start, stop, call, vids
+
+    def link(self, piece) -> ViewLink | None:
+        """How a returned piece is taken again of the caller's tensor (``core.acquisition``'s
+        ``replayable_view``), by eager's op: where neither it nor the tensor split was written
+        since (its values and history are the op's), as a view link whose last step replays it."""
+        base, link = self.base, self.base._view
+        if (piece._vid, base._vid) != self.vids or (link is not None and not all(s.replayable for s in link.steps)):
+            return None
+        shape = tuple(base.shape)
+        starts, stops = [0] * len(shape), list(shape)
+        starts[self.dim], stops[self.dim] = self.start, self.stop
+        step = PrimStep("slice", (tuple(starts), tuple(stops), (1,) * len(shape)), call=(*self.call, 1))
+        return ViewLink(base if link is None else link.root, (*(link.steps if link else ()), step))
+
+
+def unsafe_pieces(symbol):
+    """``unsafe_split``/``unsafe_chunk``: pieces that share memory with the input, which eager's
+    autograd does not take as views (no ``_base``, a version counter of their own): each piece is a
+    root of its own, written in place as any tensor, and a write into either side reaches the
+    other's values where autograd does not see it (``_follow``)."""
+
+    def split_op(a, *args, **kwargs):
+        out = symbol(a, *args, **kwargs)
+        if type(a) is not TensorProxy:
+            return out
+        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % max(a.ndim, 1)
+        op = symbol.torch_fns[0]
+        pieces, start = [], 0
+        for i, o in enumerate(out):
+            o = prims.reshape(a, tuple(a.shape)) if o is a else o  # (one piece: a tensor of its own)
+            stop = start + o.shape[dim]
+            pick = lambda t, *args, i=i, **kwargs: op(t, *args, **kwargs)[i]  # noqa: E731
+            o._piece_of = PieceOf(a, dim, start, stop, (pick, args, kwargs), (o._vid, a._vid))
+            root = root_of(a)
+            root._pieces = [*(root._pieces or ()), weakref.ref(o)]
+            pieces.append(o)
+            start = stop
+        return type(out)(pieces)
+
+    split_op.__wrapped__ = symbol
+    return split_op
+
+
+def _follow(root) -> None:
+    """After a write to ``root``: its live pieces take their values of it, and where ``root`` is a
+    piece, its base takes the piece's; as writes autograd does not see (eager's backward reads the
+    new values where it saved the old: ``version_tracking``, uncounted)."""
+    if id(root) in _following:
+        return
+    _following.add(id(root))
+    try:
+        for ref in root._pieces or ():
+            piece = ref()
+            if piece is not None and id(piece) not in _following:
+                of = piece._piece_of
+                _unseen_write(piece, slice_in_dim(of.base, of.dim, of.start, of.stop, 1))
+        of = root._piece_of
+        if of is not None and id(root_of(of.base)) not in _following:
+            _unseen_write(of.base, slice_scatter(of.base, root, of.dim, of.start, of.stop, 1))
+    finally:
+        _following.discard(id(root))
+
+
+def _unseen_write(dst, value) -> None:
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = root_of(dst).requires_grad
+    version_tracking.written(dst, "unsafe_split", counted=False)
+    write("unsafe_split", dst, value, requires_grad, straight_through)

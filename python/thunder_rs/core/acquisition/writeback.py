@@ -141,6 +141,8 @@ def replayable_view(o, sizes: tuple):
     tensor (shape prims, and view ops with an eager replay such as ``diagonal``) whose symbolic
     sizes are computed from the size inputs ``sizes`` (not from counts a call computes), else None."""
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
+    if link is None and isinstance(o, TensorProxy) and o._piece_of is not None:
+        link = o._piece_of.link(o)  # (a piece of ``unsafe_split``, taken again by it)
     if link is None or not all(step.replayable for step in link.steps):
         return None
     # (an eager replay holds no symbolic size; a view op's replay holds those of its int arguments)
