@@ -388,7 +388,11 @@ def _raising_where_taken(w: torch.Tensor, error: Exception) -> torch.Tensor:
         raise type(error)(*error.args)
 
     handle = w.register_hook(hook)
-    torch.autograd.Variable._execution_engine.queue_callback(handle.remove)
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(handle.remove)
+    except RuntimeError:  # (no backward of the engine's running: eager's error now)
+        handle.remove()
+        raise error from None
     return torch.zeros_like(w)
 
 
