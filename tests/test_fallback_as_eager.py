@@ -216,6 +216,24 @@ def test_the_gradient_of_an_argument_with_no_derivative_raises_as_eager():
     assert errors[1] == errors[0]
 
 
+def test_a_fallback_of_an_input_the_call_writes_back_gives_it_its_gradient():
+    """A write through a complex view (an eager fallback) into a non-leaf argument: its tensor's
+    history changes with the write-back, and the fallback's backward still computes its gradient
+    (it took the new history for one the backward does not run, and gave none)."""
+
+    def program(z):
+        d = z.diagonal(1)
+        d.mul_(2)
+        return (z * 1).abs().sum() + d.abs().sum()
+
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaf = torch.randn(5, 6, generator=torch.Generator().manual_seed(0), dtype=torch.complex128)
+        leaf.requires_grad_()
+        grads.append(torch.autograd.grad(fn(leaf * 1), leaf)[0])
+    assert torch.allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", ["zeta x", "chunk_cat", "scatter reduce="])
 def test_a_call_eager_has_no_derivative_for_runs_without_grad(case):
     program, make_args = UNDERIVED[case]

@@ -328,16 +328,20 @@ def materialized(g):
 
 def _taken(w: torch.Tensor) -> bool | None:
     """Whether the backward running takes a gradient of ``w``: not where ``w`` is a tensor of the
-    caller's (a call's input) whose gradient edge the engine does not execute (``torch.autograd.grad``
-    of other inputs); None where torch does not say (a leaf under ``torch.autograd.grad``)."""
-    if not w.requires_grad:
+    caller's (an input of the call's node running) whose gradient edge, the node's own, the engine
+    does not execute (``torch.autograd.grad`` of other inputs); None where torch does not say (a
+    leaf under ``torch.autograd.grad``). (An input written since has another edge: taken.)"""
+    node = torch._C._current_autograd_node()
+    if not w.requires_grad or node is None:
         return True
     try:
-        node = get_gradient_edge(w).node
+        edge = get_gradient_edge(w)
     except (RuntimeError, AssertionError):  # (a view the backward took of a leaf: no edge of its own)
         return True
+    if not any(n is edge.node and k == edge.output_nr for n, k in node.next_functions):
+        return True
     try:
-        return torch._C._will_engine_execute_node(node)
+        return torch._C._will_engine_execute_node(edge.node)
     except RuntimeError:
         return None
 
