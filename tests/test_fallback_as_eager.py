@@ -8,7 +8,9 @@ whose values and gradients are eager's bit for bit, compared with eager:
 - Calls eager has no derivative for, given an argument requiring grad (``special.zeta``'s ``x``,
   ``igamma``'s and ``igammac``'s ``a``, ``_chunk_cat``, ``remainder`` of a number, ``scatter`` with
   ``reduce=``, ``bernoulli`` of a float ``p``), run as eager's: their forward runs and requires
-  grad, and their backward raises eager's error (type and message) when it runs, never at the call.
+  grad, and their backward raises eager's error (type and message) when it runs, never at the call,
+  and only where the gradient of that argument is asked for (``autograd.grad(zeta(x, q).sum(), q)``
+  gives ``q``'s, as eager's backward, which computes none for ``x``).
 - A fallback op whose backward gives an input no gradient (eager's None) leaves None to the leaves
   that gradient alone reaches through other ops (add, mul, view, a sum, a linear layer, another
   fallback's backward, but a custom autograd.Function's, which eager gives zeros for it by
@@ -161,6 +163,75 @@ def test_a_loss_of_other_outputs_runs_past_a_call_eager_has_no_derivative_for():
         x, q = _positive(4), _positive(4)
         grads.append(torch.autograd.grad(fn(x, q)[1].sum(), (x, q)))
     assert all(torch.equal(c, e) for c, e in zip(*grads))
+
+
+def _gradient_of_the_other(program, args, how: str):
+    """The gradient of the second argument alone (``autograd.grad`` or ``backward(inputs=)``), and
+    whether the first, which requires grad too, was left with no hook and no ``.grad``."""
+    out = program(*args)
+    if how == "grad":
+        (grad,) = torch.autograd.grad(out.sum(), args[1])
+    else:
+        out.sum().backward(inputs=[args[1]])
+        grad = args[1].grad
+    return grad, not (args[0].is_leaf and args[0]._backward_hooks) and args[0].grad is None
+
+
+#: name -> program of two arguments requiring grad, with no derivative in the first
+OTHER_DERIVED = {
+    "zeta": lambda x, q: torch.special.zeta(x, q),
+    "zeta of a non-leaf": lambda x, q: torch.special.zeta(x, q),
+    "igamma": lambda a, x: torch.igamma(a, x),
+    "igammac method": lambda a, x: a.igammac(x),
+    "remainder of a number": lambda a, b: torch.remainder(2.5, a) + b,
+    "bernoulli of a float p": lambda a, b: torch.bernoulli(a, 0.5) * b,
+}
+
+
+@pytest.mark.parametrize("how", ["grad", "backward(inputs=)"])
+@pytest.mark.parametrize("case", list(OTHER_DERIVED))
+def test_the_gradient_of_an_argument_with_a_derivative_alone_is_eagers(case, how):
+    """Eager's backward computes none for the argument with no derivative, which is not asked for:
+    no error (``zeta(x, q)``, ``q``'s gradient: the compiled backward computed ``x``'s too, and raised)."""
+    program = OTHER_DERIVED[case]
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        torch.manual_seed(0)
+        first, second = _positive(4), _positive(4)
+        first = first * 1 if "non-leaf" in case else first
+        results.append(_gradient_of_the_other(fn, (first, second), how))
+    assert torch.equal(results[1][0], results[0][0]) and results[1][1] and results[0][1]
+
+
+def test_the_gradient_of_an_argument_with_no_derivative_raises_as_eager():
+    """Asked for together with the other's (a leaf's captured gradient), eager's error."""
+    program = OTHER_DERIVED["zeta"]
+    errors = []
+    for fn in (program, thunder_rs.jit(program)):
+        x, q = _positive(4), _positive(4)
+        with pytest.raises(NotImplementedError) as error:
+            torch.autograd.grad(fn(x, q).sum(), (q, x))
+        errors.append(str(error.value))
+        assert not x._backward_hooks and torch.autograd.grad(fn(x, q).sum(), q)[0] is not None
+    assert errors[1] == errors[0]
+
+
+def test_a_fallback_of_an_input_the_call_writes_back_gives_it_its_gradient():
+    """A write through a complex view (an eager fallback) into a non-leaf argument: its tensor's
+    history changes with the write-back, and the fallback's backward still computes its gradient
+    (it took the new history for one the backward does not run, and gave none)."""
+
+    def program(z):
+        d = z.diagonal(1)
+        d.mul_(2)
+        return (z * 1).abs().sum() + d.abs().sum()
+
+    grads = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaf = torch.randn(5, 6, generator=torch.Generator().manual_seed(0), dtype=torch.complex128)
+        leaf.requires_grad_()
+        grads.append(torch.autograd.grad(fn(leaf * 1), leaf)[0])
+    assert torch.allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("case", ["zeta x", "chunk_cat", "scatter reduce="])

@@ -34,6 +34,12 @@ PROGRAMS = {
     "chunk": lambda x, n: x[: 2 * n].chunk(2)[1],
     "reshape to a torch.Size": lambda x, n: x[:n].reshape(x[:n].shape[:1] + (3, 2)),
     "view as a torch.Size": lambda x, n: (x * 2)[:n].view(torch.Size([n, 3, 2])),
+    "diagonal": lambda x, n: x.diagonal(n),
+    "diagonal(offset=, dim1=, dim2=) of an intermediate": lambda x, n: (x * 2).diagonal(offset=-n, dim1=1, dim2=0),
+    "unfold": lambda x, n: x.unfold(1, n, 1),
+    "unfold(step=n) of an intermediate": lambda x, n: (x * 2).unfold(1, 2, n),
+    "as_strided": lambda x, n: x.as_strided((n, 2), (1, n)),
+    "torch.as_strided with an offset": lambda x, n: torch.as_strided(x, (2, n), (n, 1), n),
 }
 
 

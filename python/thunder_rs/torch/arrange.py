@@ -36,7 +36,7 @@ from thunder_rs.torch.padding import fresh
 from thunder_rs.torch.reductions import sum as _sum
 from thunder_rs.torch.joins import cat, chunk, hstack, repeat, split, tensor_split
 from thunder_rs.torch.shape import _one_of, _sizes, flatten, flip, reshape_to, transpose
-from thunder_rs.torch.views import PrimStep, attach, tracked, tracked_each
+from thunder_rs.torch.views import PrimStep, attach, tracked, tracked_each, unsafe_pieces
 from thunder_rs.core.lang.symint import same_shape
 
 Tensor = torch.Tensor
@@ -580,9 +580,12 @@ def channel_shuffle(input, groups):
 def _register_views() -> None:
     """The splits and ``atleast_3d`` return views of their input; ``broadcast_tensors`` and
     ``meshgrid`` views of each of theirs."""
-    for symbol in (split_with_sizes, unsafe_split, unsafe_chunk, hsplit, vsplit, dsplit, sum_to_size):
+    for symbol in (split_with_sizes, hsplit, vsplit, dsplit, sum_to_size):
         for fn in symbol.torch_fns:  # (``x.sum_to_size(x.shape)`` is ``x``)
             TORCH_TO_LTORCH[fn] = tracked(symbol, returns_self=symbol is sum_to_size)
+    for symbol in (unsafe_split, unsafe_chunk):  # (no views to autograd: pieces sharing memory apart)
+        for fn in symbol.torch_fns:
+            TORCH_TO_LTORCH[fn] = unsafe_pieces(symbol)
     for fn in atleast_3d.torch_fns:
         TORCH_TO_LTORCH[fn] = tracked_each(atleast_3d)  # (of each of several tensors)
     for symbol in (broadcast_tensors, meshgrid):

@@ -203,6 +203,8 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
     if tracked if versioned is None else versioned:
         saved_writes.written(dst, op, value, tracked)
     tracked = tracked and not views.detached(dst)
+    if tracked and torch.is_grad_enabled():
+        views.refuse_no_grad_view(op, dst, given)
     if tracked:
         _leaf_check(op, dst)
     root = views.root_of(dst)

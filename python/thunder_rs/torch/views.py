@@ -37,6 +37,7 @@ from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy
 from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang import version_tracking
 from thunder_rs.core.lang.symint import SymInt, hint, identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.torch import shape as _shape
@@ -45,6 +46,7 @@ from thunder_rs.torch.strides import is_contiguous, overlaps, strides_of, viewed
 from thunder_rs.torch.view_scatters import (
     slice_overwrite,
     slice_scatter,
+    straight_through,
     written_through_view,
 )
 
@@ -169,6 +171,9 @@ class OpaqueStep:
     #: eager's op taking the view of a real tensor (``torch.diagonal(t, 1)``), for the views a
     #: training call returns (``core.acquisition.output_views``); None where there is none
     eager: Callable | None = None
+    #: ``eager``'s arguments after the tensor, where the view op's ints became symbolic sizes: its
+    #: ``(args, kwargs)``, computed at each call's sizes (``writeback.view_taker``); else ()
+    eager_params: tuple = ()
     expands = False
     is_prim = False
 
@@ -193,10 +198,13 @@ class ViewLink:
     eager strides are worked out when asked for (a write through it, ``contiguous()``, a reshape
     of it): most views are never asked."""
 
-    __slots__ = ("root", "steps", "_strides")
+    __slots__ = ("root", "steps", "_strides", "no_grad")
 
-    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None):
+    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0):
         self.root, self.steps, self._strides = root, steps, strides
+        #: eager's creation meta NO_GRAD_MODE: ``MADE_WITHOUT_GRAD`` (the view was taken under
+        #: ``no_grad``), ``OF_ONE_MADE_WITHOUT_GRAD`` (taken with grad of such a view), else 0
+        self.no_grad = no_grad
 
     @property
     def strides(self) -> tuple:
@@ -233,6 +241,46 @@ def _hinted(params):
     return hint(params)
 
 
+#: ``ViewLink.no_grad``: the view was taken under ``no_grad``, or of such a view
+MADE_WITHOUT_GRAD, OF_ONE_MADE_WITHOUT_GRAD = 1, 2
+#: Eager's error for a write with grad mode on into a view taken under ``no_grad`` (or of one)
+#: where the view or the value requires grad (``handle_view_on_rebase``)
+_NO_GRAD_VIEW = (
+    "{} in no_grad mode and {} modified inplace with grad mode enabled. Given that this use case is ambiguous and "
+    "error-prone, it is forbidden. You can clarify your code by moving both the view and the inplace either both "
+    "inside the no_grad block (if you don't want the inplace to be tracked) or both outside (if you want the "
+    "inplace to be tracked)."
+)
+_MADE = {
+    MADE_WITHOUT_GRAD: "A view was created",
+    OF_ONE_MADE_WITHOUT_GRAD: "The tensor is a view of a view which was created",
+}
+
+
+def refuse_no_grad_view(op: str, dst, value) -> None:
+    """Raises eager's error for a write autograd sees (grad mode on) into ``dst``, a view taken
+    under ``no_grad`` or of such a view, where the view (its base) or ``value`` requires grad."""
+    link = dst._view
+    if link is None or not link.no_grad:
+        return
+    with torch._C.DisableTorchFunctionSubclass():
+        grad = link.root.requires_grad or (isinstance(value, torch.Tensor) and value.requires_grad)
+    if grad:
+        why = _NO_GRAD_VIEW.format(_MADE[link.no_grad], "is being")
+        raise ThunderRuntimeError(f"{op}: {why} (at {user_location()})")
+
+
+def _refuse_history(view) -> None:
+    """Makes eager's error for a view taken under ``no_grad`` (or of one) whose memory was written:
+    raised where a gradient flows through it (``recorder.note_gradient_into``), as eager's is where
+    an op in grad mode asks the view for its history."""
+    if view._view.no_grad and view._history_error is None:
+        view._view_grad = False
+        view._history_error = _NO_GRAD_VIEW.format(
+            _MADE[view._view.no_grad], "its base or another view of its base has been"
+        )
+
+
 _VIEW_PRIMS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
 
 
@@ -258,7 +306,11 @@ def attach(parent, view, steps) -> bool:
         strides = layout[1]
     link = parent._view
     root = parent if link is None else link.root
-    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides)
+    no_grad = 0
+    if not any(getattr(step, "detached", False) for step in steps):  # (``detach()``: no view to autograd)
+        inherited = OF_ONE_MADE_WITHOUT_GRAD if link is not None and link.no_grad else 0
+        no_grad = inherited if torch.is_grad_enabled() else MADE_WITHOUT_GRAD
+    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad)
     if root._views is None:
         root._views = []
     root._views.append(weakref.ref(view))
@@ -408,18 +460,34 @@ def opaque(take, put, strides=_same_layout, refusal: str = "", detached: bool = 
                 continue
             if isinstance(out, (tuple, list)):
                 forward, back = (lambda p, i=i: take(p, *args, **kwargs)[i]), None
-                again = lambda t, i=i: eager(t, *args, **kwargs)[i]  # noqa: E731
             else:
                 forward = lambda p: take(p, *args, **kwargs)  # noqa: E731
                 back = None if put is None else lambda p, new: put(p, new, *args, **kwargs)  # noqa: E731
-                again = lambda t: eager(t, *args, **kwargs)  # noqa: E731
             single = back is not None or (strides is not _same_layout and not isinstance(out, (tuple, list)))
             layout = (lambda shape, st: strides(shape, st, *args, **kwargs)) if single else _same_layout
-            replay = again if eager is not None and not _symbolic((args, kwargs)) else None
-            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached, replay),))
+            index = i if isinstance(out, (tuple, list)) else None
+            replay, params = _eager_replay(eager, args, kwargs, index)
+            attach(a, o, (OpaqueStep(forward, back, layout, refusal, detached, replay, params),))
         return out
 
     return view_op
+
+
+def _eager_replay(eager, args, kwargs, index: int | None) -> tuple:
+    """``(OpaqueStep.eager, OpaqueStep.eager_params)``: the torch op ``eager`` taking the view
+    again of a real tensor (its output ``index`` of several), with the arguments given, or with
+    their ints that became symbolic sizes as params computed at the call's sizes (``x.diagonal(n)``
+    a DiagonalBackward0); ``(None, ())`` where there is no op, or an argument is another traced
+    value."""
+    if eager is None or _symbolic((args, kwargs), SymInt):
+        return None, ()
+    if index is None:
+        again = lambda t, a, k: eager(t, *a, **k)  # noqa: E731
+    else:
+        again = lambda t, a, k: eager(t, *a, **k)[index]  # noqa: E731
+    if _symbolic((args, kwargs)):
+        return again, (args, kwargs)
+    return (lambda t: again(t, args, kwargs)), ()
 
 
 def _symbolic(value, allowed: type | tuple = ()) -> bool:
@@ -458,7 +526,14 @@ def rebind(p, value, requires_grad: bool) -> None:
 
 
 def refresh(root, requires_grad: bool, written=None, value=None) -> None:
-    """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``)."""
+    """Recomputes the live views of ``root`` from its new value (``written`` becomes ``value``),
+    and the tensors sharing its memory apart from autograd (``unsafe_pieces``)."""
+    _refresh_views(root, requires_grad, written, value)
+    if root._pieces is not None or root._piece_of is not None:
+        _follow(root)
+
+
+def _refresh_views(root, requires_grad: bool, written=None, value=None) -> None:
     if not root._views:
         return
     alive = []
@@ -471,14 +546,17 @@ def refresh(root, requires_grad: bool, written=None, value=None) -> None:
         # contiguous view); else it is the view of the new root, with eager's strides.
         new = value if view is written and _contiguous_view(view) else None
         if new is None:
-            # (under ``no_grad`` too, a view that carries a gradient keeps it, as eager's keeps its node)
+            # (under ``no_grad`` too, a view that carries a gradient keeps it, as eager's keeps its node;
+            # one taken under ``no_grad`` of memory requiring grad requires grad in eager: ``_refuse_history``)
             with torch._C.DisableTorchFunctionSubclass():
-                carries = requires_grad and view.requires_grad
+                carries = requires_grad and (view.requires_grad or bool(view._view.no_grad))
             with torch.enable_grad() if carries else contextlib.nullcontext():
                 new = root
                 for step in view._view.steps:
                     new = step.forward(new)
         rebind(view, new, requires_grad and not detached(view))
+        if requires_grad and not detached(view):
+            _refuse_history(view)
     root._views[:] = alive
 
 
@@ -557,3 +635,88 @@ def detached(p) -> bool:
 def root_of(p):
     link = p._view
     return p if link is None else link.root
+
+
+# -- pieces that share memory apart from autograd --------------------------------------------------
+
+#: the roots whose pieces and bases are taking a write now (a write they pass on does not come back)
+_following: set = set()
+
+
+class PieceOf:
+    """What makes a proxy a piece of ``unsafe_split``: the tensor split and the piece's place in it
+    (``base[start:stop]`` along ``dim``), and the call taking it (``(pick, args, kwargs)``: the
+    piece's values as they were split). (Slotted, as ``ViewLink``: no state a call's outputs reach.)"""
+
+    __slots__ = ("base", "dim", "start", "stop", "call", "vids")
+
+    def __init__(self, base: TensorProxy, dim: int, start, stop, call: tuple, vids: tuple):
+        self.base, self.dim, self.start, self.stop, self.call, self.vids = base, dim, start, stop, call, vids
+
+    def link(self, piece) -> ViewLink | None:
+        """How a returned piece is taken again of the caller's tensor (``core.acquisition``'s
+        ``replayable_view``), by eager's op: where neither it nor the tensor split was written
+        since (its values and history are the op's), as a view link whose last step replays it."""
+        base, link = self.base, self.base._view
+        if (piece._vid, base._vid) != self.vids or (link is not None and not all(s.replayable for s in link.steps)):
+            return None
+        shape = tuple(base.shape)
+        starts, stops = [0] * len(shape), list(shape)
+        starts[self.dim], stops[self.dim] = self.start, self.stop
+        step = PrimStep("slice", (tuple(starts), tuple(stops), (1,) * len(shape)), call=(*self.call, 1))
+        return ViewLink(base if link is None else link.root, (*(link.steps if link else ()), step))
+
+
+def unsafe_pieces(symbol):
+    """``unsafe_split``/``unsafe_chunk``: pieces that share memory with the input, which eager's
+    autograd does not take as views (no ``_base``, a version counter of their own): each piece is a
+    root of its own, written in place as any tensor, and a write into either side reaches the
+    other's values where autograd does not see it (``_follow``)."""
+
+    def split_op(a, *args, **kwargs):
+        out = symbol(a, *args, **kwargs)
+        if type(a) is not TensorProxy:
+            return out
+        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % max(a.ndim, 1)
+        op = symbol.torch_fns[0]
+        pieces, start = [], 0
+        for i, o in enumerate(out):
+            o = prims.reshape(a, tuple(a.shape)) if o is a else o  # (one piece: a tensor of its own)
+            stop = start + o.shape[dim]
+            pick = lambda t, *args, i=i, **kwargs: op(t, *args, **kwargs)[i]  # noqa: E731
+            o._piece_of = PieceOf(a, dim, start, stop, (pick, args, kwargs), (o._vid, a._vid))
+            root = root_of(a)
+            root._pieces = [*(root._pieces or ()), weakref.ref(o)]
+            pieces.append(o)
+            start = stop
+        return type(out)(pieces)
+
+    split_op.__wrapped__ = symbol
+    return split_op
+
+
+def _follow(root) -> None:
+    """After a write to ``root``: its live pieces take their values of it, and where ``root`` is a
+    piece, its base takes the piece's; as writes autograd does not see (eager's backward reads the
+    new values where it saved the old: ``version_tracking``, uncounted)."""
+    if id(root) in _following:
+        return
+    _following.add(id(root))
+    try:
+        for ref in root._pieces or ():
+            piece = ref()
+            if piece is not None and id(piece) not in _following:
+                of = piece._piece_of
+                _unseen_write(piece, slice_in_dim(of.base, of.dim, of.start, of.stop, 1))
+        of = root._piece_of
+        if of is not None and id(root_of(of.base)) not in _following:
+            _unseen_write(of.base, slice_scatter(of.base, root, of.dim, of.start, of.stop, 1))
+    finally:
+        _following.discard(id(root))
+
+
+def _unseen_write(dst, value) -> None:
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = root_of(dst).requires_grad
+    version_tracking.written(dst, "unsafe_split", counted=False)
+    write("unsafe_split", dst, value, requires_grad, straight_through)

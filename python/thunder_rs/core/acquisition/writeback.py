@@ -141,12 +141,15 @@ def replayable_view(o, sizes: tuple):
     tensor (shape prims, and view ops with an eager replay such as ``diagonal``) whose symbolic
     sizes are computed from the size inputs ``sizes`` (not from counts a call computes), else None."""
     link = getattr(o, "_view", None) if isinstance(o, TensorProxy) else None
+    if link is None and isinstance(o, TensorProxy) and o._piece_of is not None:
+        link = o._piece_of.link(o)  # (a piece of ``unsafe_split``, taken again by it)
     if link is None or not all(step.replayable for step in link.steps):
         return None
     # (an eager replay holds no symbolic size; a view op's replay holds those of its int arguments)
     params = [step.params for step in link.steps if step.is_prim]
     params += [step.call[1:3] for step in link.steps if step.is_prim and step.call is not None]
     params += [step.group[1:3] for step in link.steps if step.is_prim and step.group is not None]
+    params += [step.eager_params for step in link.steps if not step.is_prim]
     read = {f"t{v}" for p in params for size in _symbolic(p) for v in size.expr.values()}
     return link if read <= set(sizes) else None
 
@@ -203,7 +206,7 @@ def eager_calls(steps) -> list:
     calls: list = []
     for step in steps:
         if not step.is_prim:
-            calls.append((step.eager, ()))
+            calls.append((step.eager, step.eager_params))
             continue
         calls.append((registry[step.name].fn, step.params))
         if step.group is not None:

@@ -120,6 +120,11 @@ class TensorProxy(torch.Tensor):
     _view = None
     #: for a root that views were taken of: weak references to them
     _views = None
+    #: for a root ``unsafe_split`` was taken of: weak references to its pieces, which share its
+    #: memory apart from autograd (``torch.views.unsafe_pieces``)
+    _pieces = None
+    #: for such a piece: its ``PieceOf`` (the tensor split, and where in it)
+    _piece_of = None
     #: for a trace input: the value id it had when made (it differs once the input is written)
     _input_vid: int | None = None
     #: for the copy a call makes of a tensor the program created from Python values

@@ -218,10 +218,10 @@ UNKNOWN = (
     "refuses a gradient that may differ from eager's"
 )
 UNSEEN = (
-    "thunder_rs.jit: {op} at {where} writes through .data {tensor}, which {saver} saved for its backward, and a "
-    "backward from the call's outputs reaches that node: eager's backward reads the values written (a .data write "
-    "bumps no version it checks), whereas the compiled backward would compute the gradient from the values the "
-    "forward saw"
+    "thunder_rs.jit: {op} at {where} writes where autograd does not see it (through .data, or into memory the "
+    "pieces of unsafe_split share with their input) {tensor}, which {saver} saved for its backward, and a backward "
+    "from the call's outputs reaches that node: eager's backward reads the values written (such a write bumps no "
+    "version it checks), whereas the compiled backward would compute the gradient from the values the forward saw"
 )
 
 
