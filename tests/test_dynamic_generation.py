@@ -1,7 +1,8 @@
 """Generation and training with shapes that change between calls (issue 26), Hugging Face families
 not covered by ``test_kv_cache`` and ``test_dynamic_families``: ``generate`` through a jitted
-decoder or encoder-decoder (eager's tokens, three compiles: the prompt, the first step, then the
-cache's length symbolic), generates of other batch sizes and prompt lengths, and SGD training
+decoder or encoder-decoder (eager's tokens, two compiles for a decoder: the prompt, then the
+steps with the lengths of the mask and of the cache the prompt filled symbolic; three for an
+encoder-decoder, whose first token fills the cache), generates of other batch sizes and prompt lengths, and SGD training
 over padded lengths. Tiny configs built in code (nothing downloaded).
 
 What made them compile more: a sliding window's keys (Mistral, Gemma-2) are a slice of the
@@ -121,7 +122,14 @@ def left_padded(batch: int = 2, length: int = 5, seed: int = 1) -> dict:
 #: batch compiled its steps twice again (14 compiles). The fifth generate's prompt (5, 5) compiles
 #: once more: the second's prompt entry reads only the batch of the state the first generate left
 #: (``conv1d_state.shape[0] != batch_size``, then replaces it), guarded as that very tensor.
-COMPILES = {"recurrent_gemma": 8}
+COMPILES = {"recurrent_gemma": 8, "mistral": 5, "gemma2": 5}
+#: Families whose sliding window (4) is shorter than the prompt: their first step reads keys sliced
+#: from the prompt's states (the window's last 3), the second step keys sliced from its own, other
+#: strides. The others read at the first step a cache of the prompt's length, which the prompt's
+#: call filled as the mask grew from that length: it is symbolic with the mask from that step
+#: (``dynamic.held_grown``; the second step compiled again before, 3 compiles, 5 over the
+#: generates of other batches and prompt lengths).
+WINDOW_SHORTER = {"mistral", "gemma2", "recurrent_gemma"}
 
 
 def slow_but(fast: str, names) -> list:
@@ -130,19 +138,20 @@ def slow_but(fast: str, names) -> list:
 
 
 @pytest.mark.parametrize("name", slow_but("mistral", DECODERS))
-def test_decoder_generates_eager_s_tokens_in_three_compiles(name):
+def test_decoder_generates_eager_s_tokens_in_two_compiles(name):
     model = tiny_decoder(name)
     eager = copy.deepcopy(model)
     jmodel = thunder_rs.jit(model)
     expected = eager.generate(**left_padded(), **GENERATE)
     torch.testing.assert_close(jmodel.generate(**left_padded(), **GENERATE), expected)
     stats = thunder_rs.compile_stats(jmodel)
-    assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], 3), stats.miss_reasons
+    compiles = 3 if name in WINDOW_SHORTER else 2
+    assert (stats.calls, stats.cache_misses) == (GENERATE["max_new_tokens"], compiles), stats.miss_reasons
 
 
 @pytest.mark.parametrize("name", slow_but("bloom", DECODERS))
 def test_generates_of_other_batches_and_prompt_lengths_reuse_the_symbolic_entries(name):
-    # The first generate's three; the second's prompt and first step with the batch and the
+    # The first generate's two; the second's prompt and first step with the batch and the
     # prompt's length symbolic. BLOOM compiled at every step of a generate of another batch,
     # Mistral and Gemma-2 the first step of every generate with another prompt length.
     model = tiny_decoder(name)
@@ -151,7 +160,7 @@ def test_generates_of_other_batches_and_prompt_lengths_reuse_the_symbolic_entrie
     for batch, length in [(2, 5), (3, 5), (4, 7), (2, 6), (5, 5)]:
         prompt = left_padded(batch, length, seed=batch + length)
         torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
-    assert misses(jmodel) == COMPILES.get(name, 5), thunder_rs.compile_stats(jmodel).miss_reasons
+    assert misses(jmodel) == COMPILES.get(name, 4), thunder_rs.compile_stats(jmodel).miss_reasons
 
 
 WINDOWED = {
@@ -164,8 +173,8 @@ WINDOWED = {
 
 @pytest.mark.parametrize("name", slow_but("mistral", WINDOWED))
 def test_prompts_shorter_than_the_window_compile_once_per_regime_of_the_window(name):
-    # A window of 8 keeps the last 7 keys: the prompt (5), the first step, the cache's length
-    # symbolic while the window is not full, the one step that fills it (not yet full for the
+    # A window of 8 keeps the last 7 keys: the prompt (5), the steps while the window is not full
+    # (from the first, the cache's length symbolic with the mask's), the one step that fills it (not yet full for the
     # mask, the keys sliced from 1 on), then full (7 keys, strided). A generate of another batch
     # again from the first step (its batch symbolic). The step whose keys are all 7 of its slice
     # ``[-7:]`` (a start that lands on 0) compiled once more: its start was decided as a longer
@@ -177,7 +186,7 @@ def test_prompts_shorter_than_the_window_compile_once_per_regime_of_the_window(n
     for batch, length in [(2, 5), (3, 5), (2, 3)]:
         prompt = left_padded(batch, length, seed=batch + length)
         torch.testing.assert_close(jmodel.generate(**prompt, **GENERATE), eager.generate(**prompt, **GENERATE))
-    assert misses(jmodel) == 9, thunder_rs.compile_stats(jmodel).miss_reasons
+    assert misses(jmodel) == 8, thunder_rs.compile_stats(jmodel).miss_reasons
 
 
 STATE_SPACE = {
@@ -202,7 +211,7 @@ STATE_SPACE = {
                 **COMMON,
             )
         ),
-        6,
+        5,
     ),
 }
 
@@ -214,7 +223,7 @@ def test_state_space_models_generate_eager_s_tokens_for_other_batches(name):
     # The second batch's prompt compiled with its batch symbolic, which failed in vmap's dtype
     # check; that failed trace left its stand-in in the new cache, and the static compile that
     # followed found it there. Mamba: a prompt and a step per batch (its states' sizes are fixed),
-    # then the prompt's length symbolic; Jamba's attention layer a third, its cache symbolic.
+    # then the prompt's length symbolic; Jamba's attention layer one more, its cache symbolic.
     make, compiles = STATE_SPACE[name]
     torch.manual_seed(0)
     model = make().to(torch.float32 if name == "jamba" else torch.float64).eval()

@@ -65,7 +65,7 @@ def _fast_but(fast: str) -> list:
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", _fast_but("llama"))
-def test_generate_gives_eagers_tokens_and_logits_bit_for_bit_in_three_compiles(name, sampled):
+def test_generate_gives_eagers_tokens_and_logits_bit_for_bit_in_two_compiles(name, sampled):
     torch.manual_seed(0)
     model = DECODERS[name]().eval()
     eager, jmodel = copy.deepcopy(model), thunder_rs.jit(model)
@@ -81,5 +81,8 @@ def test_generate_gives_eagers_tokens_and_logits_bit_for_bit_in_three_compiles(n
     assert len(got.logits) == len(expected.logits) == 32
     for step, (g, e) in enumerate(zip(got.logits, expected.logits)):
         torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, step=step: f"step {step}: {m}")
-    # the prompt, the first step, then the cache's length symbolic
-    assert thunder_rs.compile_stats(jmodel).cache_misses == 3
+    # the prompt, then the steps with the lengths of the mask and of the cache the prompt filled
+    # symbolic; Mistral's window (8) is full from the first step (the prompt's 7 tokens): its
+    # keys are a slice of the prompt's, then of each step's, whose strides change at the second
+    stats = thunder_rs.compile_stats(jmodel)
+    assert stats.cache_misses == (3 if name == "mistral" else 2), stats.miss_reasons

@@ -202,10 +202,13 @@ def padded_prompt() -> dict:
     return dict(input_ids=ids, attention_mask=mask)
 
 
-def assert_generate_ran_compiled(jfn, compiles: int = 3) -> None:
+def assert_generate_ran_compiled(jfn, compiles: int = 2) -> None:
     """Every forward ``generate`` made (the prompt and one per token but the last) was a
-    compiled call: the prompt, the first step, then one with the lengths of the cache and the
-    mask symbolic, which the later steps reuse."""
+    compiled call: the prompt, then the first step with the lengths of the mask and of the cache
+    the prompt filled symbolic (``dynamic.held_grown``), which the later steps reuse (the first
+    step compiled with the cache's length constant, the second again, before). Gemma-2's window
+    (4) is shorter than the prompt: its sliding keys are a slice of the prompt's, then of each
+    step's, whose strides change at the second step (3)."""
     stats = thunder_rs.compile_stats(jfn)
     forwards = GENERATE["max_new_tokens"]
     assert (stats.calls, stats.cache_misses, stats.evictions) == (forwards, compiles, 0)
@@ -218,7 +221,7 @@ def test_generate_on_a_jitted_module_runs_compiled_forwards(name):
     jmodel = thunder_rs.jit(model)
     expected = eager.generate(**padded_prompt(), **GENERATE)
     torch.testing.assert_close(jmodel.generate(**padded_prompt(), **GENERATE), expected)
-    assert_generate_ran_compiled(jmodel)
+    assert_generate_ran_compiled(jmodel, 3 if name == "gemma2" else 2)
     # The wrapped module's own calls are eager again afterwards.
     assert model.__dict__["_compiled_call_impl"] is None
     with torch.no_grad():
@@ -228,7 +231,7 @@ def test_generate_on_a_jitted_module_runs_compiled_forwards(name):
 
 def test_generate_again_reuses_the_compiled_forwards():
     # Each generate makes a new cache: keyed by its type and guarded through its layers' paths,
-    # it runs the entries the first generate compiled (it compiled twice more per generate when
+    # it runs the entries the first generate compiled (it compiled once more per generate when
     # the cache was keyed by identity).
     model = tiny("llama")
     eager = copy.deepcopy(model)
@@ -240,7 +243,7 @@ def test_generate_again_reuses_the_compiled_forwards():
         expected = eager.generate(input_ids=ids, attention_mask=mask, **GENERATE)
         torch.testing.assert_close(jmodel.generate(input_ids=ids, attention_mask=mask, **GENERATE), expected)
     stats = thunder_rs.compile_stats(jmodel)
-    assert (stats.calls, stats.cache_misses) == (3 * GENERATE["max_new_tokens"], 3)
+    assert (stats.calls, stats.cache_misses) == (3 * GENERATE["max_new_tokens"], 2), stats.miss_reasons
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gpt2"])
@@ -265,7 +268,8 @@ def test_generate_of_an_encoder_decoder_runs_compiled_forwards():
     torch.testing.assert_close(
         jmodel.generate(**padded_prompt(), **GENERATE), eager.generate(**padded_prompt(), **GENERATE)
     )
-    assert_generate_ran_compiled(jmodel)
+    # (the decoder's first token fills the cache, of one token: its second then its third compile)
+    assert_generate_ran_compiled(jmodel, 3)
 
 
 def test_beam_search_of_an_encoder_decoder_again_reuses_the_compiled_forwards():

@@ -35,6 +35,11 @@ same way (``HeldStride``); its guard keeps what the trace decided at the traced 
 order and which dims step over which (``layouts.SymbolicStrides``), as a flat input's key keeps
 its strides (``_decided``).
 
+A cache the last call filled (a prompt's keys, of the prompt's length) that a call reads while
+its own sizes turned symbolic from that length (the first decoding step's attention mask, one
+token longer) is symbolic with them from that call (``held_grown``): the decode's later steps are
+served, rather than compiling again when the cache's length is seen to change.
+
 An int an argument object or a module holds that a call finds changed (a count of tokens a KV
 cache keeps, Gemma-2's sliding layers' ``cumulative_length``, a module's ``self.seen_tokens``)
 becomes a size input the same way (``HeldInt``): the program reads a ``SymInt`` there, what it
@@ -248,6 +253,13 @@ def _float_changed(guard, flat) -> bool:
     return type(guard.read(flat)) is float
 
 
+def _held_int(guard) -> bool:
+    """Whether ``guard`` reads an int (not a bool) an argument object or a module holds."""
+    if type(guard) is not Guard or type(guard.expected) is not int:
+        return False
+    return isinstance(guard.source, InputSource) or type(guard.source) is ModuleSource
+
+
 def _int_changed(guard, flat) -> bool:
     """Whether ``guard`` (failing) read an int of an argument object or a module (a count of the
     tokens seen) that is another int now, from 2 up (0 and 1 stay constant, as sizes do; a count
@@ -343,6 +355,42 @@ def held_alike(guards, acquired, traces, held: dict) -> dict:
         if dims:
             alike[at] = dims
     return alike
+
+
+def held_grown(acquired, held: dict, old_key, entries) -> dict:
+    """The dims of argument objects' tensors, constant in ``acquired``, that hold the size a
+    symbolic dim of the call's arguments had in the call before (``old_key``), for tensors no
+    entry of ``entries`` read yet: ``{(source key, name): dims}``. The prompt's call fills a KV
+    cache with keys of the prompt's length; the first decoding step, whose attention mask grew
+    from that length (symbolic), reads them: they grow as the mask does, so they are traced
+    symbolic with it, and the next steps are served rather than compiling again when the
+    cache's keys are seen to change. Their sizes are guarded where the trace relied on them. An
+    int such an object holds (``INT``) likewise, where it changed since an entry read it: the
+    count of tokens a sliding layer saw (0 at the prompt), not its window, which no call changes."""
+    if type(old_key) is not tuple or len(old_key) < 2 or type(old_key[1]) is not tuple:
+        return {}
+    olds = set()
+    for at in acquired.sizes:
+        if type(at) is tuple and type(at[1]) is int and at[0] < len(old_key[1]):
+            before = old_key[1][at[0]]
+            if is_tensor_key(before) and at[1] < len(before[2]) and before[2][at[1]] >= 2:
+                olds.add(before[2][at[1]])
+    read = [g for e in entries if e.guards is not None for g in e.guards.per_call]
+    seen = {(g.source.key, g.name) for g in read if type(g) is TensorGuard}
+    counts = {(g.source.key, g.name): g.expected for g in read if _held_int(g)}
+    grown: dict = {}
+    for guard in acquired.guards if olds else ():
+        at = (guard.source.key, guard.name) if _held_int(guard) else None
+        # (an int that changed since an entry read it: the count of tokens the cache saw, not its window)
+        if at in counts and counts[at] != guard.expected and guard.expected in olds and INT not in held.get(at, ()):
+            grown[at] = {INT}
+        if type(guard) is not TensorGuard or guard.expected is MISSING:
+            continue
+        at = (guard.source.key, guard.name)
+        dims = {d for d, n in enumerate(guard.expected[2]) if n in olds and d not in held.get(at, ())}
+        if dims and at not in seen:
+            grown[at] = dims
+    return grown
 
 
 def has_held(acquired) -> bool:

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
-from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.dynamic import held_alike, held_grown, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.acquisition.written_only import written_arguments
 from thunder_rs.core.run.call_paths import call_general, no_tail
@@ -424,9 +424,14 @@ class ThunderFunction:
 
     def _held_alike(self, made: tuple, held: dict | None, key, again) -> tuple:
         """``(made, held)``, traced again at once (``again(wider held)``'s ``make(floats)``) with
-        the dims of argument objects' tensors that are alike symbolic (``held_alike``); as they are
-        where there are none, or that fails (the trace with them constant stands)."""
+        the dims of argument objects' tensors that are alike symbolic (``held_alike``) and those of
+        a cache the last call filled that grow with the call's symbolic sizes (``held_grown``); as
+        they are where there are none, or that fails (the trace with them constant stands)."""
         alike = held_alike(made[1], made[0], made[2][1][4], held) if held is not None else None
+        if held is not None:
+            entries = [e for es in self._variants.values() for e in es]
+            for at, dims in held_grown(made[0], held, self._last_key, entries).items():
+                alike = {**(alike or {}), at: (alike or {}).get(at, set()) | dims}
         if held is not None and alike:
             wider = {**held, **{at: frozenset(held.get(at, frozenset()) | dims) for at, dims in alike.items()}}
             with contextlib.suppress(Exception):
