@@ -172,7 +172,10 @@ def _config_changes(compile_it) -> list:
     seen.append(run(x, config))
     SCALE.reset(token)
     config.scale = 0.5
-    return [*seen, run(x, config), run(x, HeadConfig())]
+    seen += [run(x, config), run(x, HeadConfig())]
+    if compile_it is thunder_rs.jit:  # one entry per configuration; the last is the first's again
+        assert (thunder_rs.cache_misses(run), thunder_rs.cache_hits(run)) == (4, 1)
+    return seen
 
 
 class StaticCacheDecoder(nn.Module):
@@ -375,6 +378,8 @@ def _momentum_encoder(compile_it) -> list:
         optimizer.step()
         optimizer.zero_grad()
         seen += [out, _params(key), _params(query)]
+    if compile_it is thunder_rs.jit:  # the parameters written through .data are the same tensors
+        assert thunder_rs.cache_misses(run) == 1
     return seen
 
 
@@ -442,6 +447,56 @@ def _optimizer_in_backward(compile_it) -> list:
     return seen
 
 
+def _sampled_generation(compile_it) -> list:
+    """Sampling by ``torch.multinomial`` at two temperatures, stopping at an end token."""
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(10, 8), nn.Linear(8, 10)
+
+    def next_token(ids, temperature):
+        return torch.multinomial((head(emb(ids).mean(0)) / temperature).softmax(-1), 1)
+
+    run, seen = compile_it(next_token), []
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for temperature in (1.0, 0.7):
+            ids = torch.tensor([1, 2])
+            for _ in range(6):
+                token = run(ids, temperature)
+                ids = torch.cat([ids, token])
+                if token.item() == 3:
+                    break
+            seen.append(ids)
+    return [*seen, torch.rand(2)]
+
+
+def _router_load(compile_it) -> list:
+    """A router counting the tokens each expert gets (``bincount`` and ``index_add_`` into state)."""
+    torch.manual_seed(0)
+    gate, load = nn.Linear(4, 3), torch.zeros(3)
+
+    def route(x):
+        chosen = gate(x).argmax(-1)
+        load.add_(torch.bincount(chosen, minlength=3).float())
+        load.index_add_(0, chosen, torch.ones(chosen.shape[0]))
+        return gate(x).softmax(-1)
+
+    run = compile_it(route)
+    return [run(torch.randn(5, 4)) for _ in range(3)] + [load.clone()]
+
+
+def _decorated_scorer(compile_it) -> list:
+    """A scorer under ``@torch.inference_mode()`` counting its calls in a closure."""
+    calls = [0]
+
+    @torch.inference_mode()
+    def score(x):
+        calls[0] += 1
+        return x.sum() * calls[0]
+
+    run = compile_it(score)
+    return [run(torch.ones(2)) for _ in range(3)] + [calls[0]]
+
+
 PROGRAMS = [
     _adaptive_depth,
     _mixture_of_experts,
@@ -457,6 +512,9 @@ PROGRAMS = [
     _hooks_between_calls,
     _data_dependent_init,
     _optimizer_in_backward,
+    _sampled_generation,
+    _router_load,
+    _decorated_scorer,
 ]
 
 
