@@ -497,6 +497,47 @@ def _decorated_scorer(compile_it) -> list:
     return [run(torch.ones(2)) for _ in range(3)] + [calls[0]]
 
 
+class GatedResidual(nn.Module):
+    """A layer that ``torch.cond`` applies or skips by the sign of its input's mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.mean() > 0, lambda t: t + self.lin(t).tanh(), lambda t: t * 0.5, (x,))
+
+
+def _cond_gate(compile_it) -> list:
+    torch.manual_seed(0)
+    model = GatedResidual()
+    run = compile_it(model)
+    with torch.no_grad():
+        return [run(torch.randn(3, 4) + shift) for shift in (1.0, -1.0, 2.0, -3.0)]
+
+
+def _cond_gate_trained(compile_it) -> list:
+    torch.manual_seed(0)
+    model = GatedResidual()
+    run, seen = compile_it(model), []
+    for shift in (1.0, -1.0, 2.0):
+        x = torch.randn(3, 4) + shift
+        out = run(x)
+        out.square().sum().backward()
+        seen += [out, _grads(model)]  # the branch not taken: zero gradients
+        model.zero_grad()
+    return seen
+
+
+def test_torch_cond_under_grad_mode_is_eagers_under_torch_compile_and_refused_by_jit():
+    # jit: failed inside thunder_rs's observer with Dynamo's error (CallObserver.pause).
+    expected = _cond_gate_trained(_eager)
+    _assert_same(_cond_gate_trained(_compile), expected)
+    line = _line_of(GatedResidual.forward, "torch.cond")
+    with pytest.raises(ThunderNotImplementedError, match=rf"torch.cond at {line} under grad mode"):
+        _cond_gate_trained(thunder_rs.jit)
+
+
 PROGRAMS = [
     _adaptive_depth,
     _mixture_of_experts,
@@ -515,6 +556,7 @@ PROGRAMS = [
     _sampled_generation,
     _router_load,
     _decorated_scorer,
+    _cond_gate,
 ]
 
 
@@ -633,3 +675,13 @@ def test_a_data_assignment_refused_under_torch_compile_names_the_users_line():
     with pytest.warns(UserWarning, match=rf"runs eagerly: .*Tensor.data = value at {line}\b"):
         out = _compile(tie)(torch.ones(1, 4))
     assert lin.weight.data_ptr() == other.weight.data_ptr() and out.requires_grad
+
+
+def test_a_while_loop_op_is_refused_naming_the_line():
+    # Failed inside thunder_rs's observer with Dynamo's error (CallObserver.pause).
+    def halve_until_small(x):
+        return torch._higher_order_ops.while_loop(lambda t: t.sum() > 1, lambda t: (t / 2,), (x,))  # loops
+
+    line = _line_of(halve_until_small, "# loops")
+    with pytest.raises(ThunderNotImplementedError, match=rf"higher-order op while_loop at {line}\b"):
+        thunder_rs.jit(halve_until_small)(torch.ones(3))
