@@ -11,7 +11,19 @@ dropped its gradient (``passes::reentrant``, ``Sums::defined_in``). Under ``torc
 that sets ``p.data = value`` (a momentum encoder) ran eagerly: Dynamo writes it as
 ``aten.shallow_copy_data_``, which thunder_rs had no form for; it is traced as ``t.data = value`` is
 under ``jit`` (``dynamo._data_writes``). A ``torch.Generator`` the program creates and draws from
-was refused without naming the line that draws (``rng.note_draw``).
+was refused without naming the line that draws (``rng.note_draw``), and a refusal inside a Dynamo
+graph named Dynamo's generated code (``<eval_with_key>.3:12``), not the user's line
+(``userframe._graph_source``). A function under ``@torch.no_grad()`` or ``@torch.inference_mode()``
+(an EMA update, a scorer) read and wrote its closure cells once, while traced: the decorator's
+wrapper calls it from torch's code, which the observer does not follow (``counter[0] += 1`` ran on
+the first call only; the EMA's warmup decay stayed the first call's); the observer follows
+``__wrapped__``. ``torch.cond`` of a traced predicate failed inside thunder_rs with Dynamo's error
+(``CallObserver.pause``); without grad it runs the branch the predicate picks, under grad mode
+it is refused naming the line (eager gives the untaken branch's parameters zero gradients), as is
+``while_loop``.
+
+Dynamo itself neither guards hooks added between calls nor ``os.environ`` reads (so does
+``backend="eager"``): those are left to it.
 
 What the program reads that a compiled call cannot see again (``random.random()``, an
 ``itertools.count`` argument, the clock, ``.grad`` in an optimizer step, a backward inside the
