@@ -77,6 +77,7 @@ class CompiledGraph:
         self.gm = gm
         _trace_constructors(gm)
         _data_reads(gm)
+        _data_writes(gm)
         #: whether the graph enters inference mode (then a trace given up part way leaves it)
         self.enters_inference = _inference_modes(gm)
         _user_checkpoints(gm, example_inputs)
@@ -220,6 +221,29 @@ def _data_reads(gm: torch.fx.GraphModule) -> None:
     for node in reads:
         node.target = _data_of
     if reads:
+        gm.recompile()
+
+
+def _set_data_of(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``t.data = value``, the call ``_data_writes`` puts where Dynamo wrote ``shallow_copy_data_``."""
+    t.data = value
+    return t
+
+
+def _data_writes(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``t.data = value`` as ``torch.ops.aten.shallow_copy_data_(t, value)``, which
+    thunder_rs has no functional form for: the whole graph ran eagerly (a momentum encoder's
+    ``param_k.data = param_k * m + param_q * (1 - m)``). It is made ``t.data = value`` again,
+    traced (or refused naming the line) as under ``jit``."""
+    copy_data = torch.ops.aten.shallow_copy_data_.default
+    writes = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in (copy_data, torch.ops.aten.shallow_copy_data_)
+    ]
+    for node in writes:
+        node.target = _set_data_of
+    if writes:
         gm.recompile()
 
 

@@ -57,6 +57,13 @@ struct Sums<'a> {
 }
 
 impl Sums<'_> {
+    /// Whether checkpoint `c`'s function defined `v`: a value numbered while it ran that is not a
+    /// program input (a tensor the function reads through a closure or a global, a module's
+    /// parameter, becomes an input of the program where it is first read, numbered in the region).
+    fn defined_in(&self, c: &Checkpoint, v: ValueId) -> bool {
+        c.values.contains(&v.index()) && !self.inputs.contains(&v)
+    }
+
     /// Adds `g` to `v`'s `.grad` (after what was added before).
     fn land(&mut self, v: ValueId, g: ValueId) {
         self.landed.entry(v).or_default().push(g);
@@ -133,7 +140,7 @@ fn landings(trace: &Trace, sums: &Sums) -> FxHashMap<usize, Vec<ValueId>> {
         // (a checkpoint's backward returns its inputs' gradients to the outer one; what it reads
         // without being passed it gets its gradient in the checkpoint's own backward)
         let region = sums.region_of(b, None).map(|k| &sums.checkpoints[k]);
-        let outer = |v: ValueId| region.is_none_or(|c| c.inputs.contains(&v) || c.values.contains(&v.index()));
+        let outer = |v: ValueId| region.is_none_or(|c| c.inputs.contains(&v) || sums.defined_in(c, v));
         b.for_each_input(|v| {
             if wants(v) && outer(v) {
                 live.insert(v);
@@ -272,7 +279,7 @@ fn region(
     }
     walk(e, &mut inner, bsyms, sums, Within::Region(k))?;
     let mut reached = inner.into_values();
-    reached.retain(|(v, _)| !values.contains(&v.index()));
+    reached.retain(|(v, _)| !values.contains(&v.index()) || sums.inputs.contains(v));
     reached.sort_unstable();
     let mut own = cots.apart();
     for (v, g) in reached {
@@ -316,7 +323,7 @@ fn reached_before(before: &[BoundSymbol], seeds: Vec<ValueId>, sums: &Sums) -> F
         }
         let region = sums.region_of(b, None).map(|k| &sums.checkpoints[k]);
         b.for_each_input(|v| {
-            if region.is_none_or(|c| c.inputs.contains(&v) || c.values.contains(&v.index())) {
+            if region.is_none_or(|c| c.inputs.contains(&v) || sums.defined_in(c, v)) {
                 live.insert(v);
             }
         });
@@ -380,6 +387,24 @@ mod tests {
         let Arg::Tuple(grads) = &parts[1] else { panic!("grads") };
         assert!(matches!(&grads[0], Arg::Value(_)), "x gets one gradient: {:?}", grads[0]);
         assert!(matches!(&grads[1], Arg::Tuple(pieces) if pieces.len() == 2), "w gets two: {:?}", grads[1]);
+    }
+
+    #[test]
+    fn a_parameter_first_read_inside_a_checkpoint_gets_its_total() {
+        // w, a module's parameter the function reads through a global: an input numbered in the region
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let start = b.num_values();
+        let w = b.add_input(ValueKind::Tensor(meta));
+        let h = b.record_prim("mul", vec![Arg::Value(x), Arg::Value(w)]).unwrap()[0];
+        let checkpoints = vec![Checkpoint { values: start..b.num_values(), inputs: vec![x], location: String::new() }];
+        let trace = b.finish(Arg::Value(h)).unwrap();
+        let joint = joint_checkpointed(&trace, &checkpoints).unwrap().unwrap().trace;
+        trace_ir::verify::verify(&joint).unwrap();
+        let Arg::Tuple(parts) = &joint.outputs else { panic!("(outputs, grads)") };
+        let Arg::Tuple(grads) = &parts[1] else { panic!("grads") };
+        assert!(matches!(&grads[1], Arg::Value(_)), "w gets the region's total: {:?}", grads[1]);
     }
 
     #[test]

@@ -4,6 +4,7 @@ log records name."""
 import ast
 import linecache
 import os
+import re
 import sys
 import warnings
 
@@ -31,9 +32,34 @@ def user_frame():
 
 
 def user_location() -> str:
-    """``file:line`` of the innermost frame outside thunder_rs and torch."""
+    """``file:line`` of the innermost frame outside thunder_rs and torch; in a graph Dynamo made
+    (``torch.compile``), the user's line that the graph's call came from."""
     frame = user_frame()
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+    if frame is None:
+        return "<unknown>"
+    if frame.f_code.co_filename.startswith("<eval_with_key>"):
+        where = _graph_source(frame)
+        if where is not None:
+            return where
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_STACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _graph_source(frame) -> str | None:
+    """``file:line`` of the user's code a GraphModule's generated line runs: the last frame of its
+    node's ``stack_trace`` (which Dynamo records), None where there is none."""
+    gm = frame.f_locals.get("self")
+    lines = getattr(gm, "_lineno_map", None)
+    if not lines:
+        return None
+    index = lines.get(frame.f_lineno - getattr(gm, "_prologue_start", 0))
+    nodes = list(gm.graph.nodes)
+    if index is None or index >= len(nodes):
+        return None
+    found = _STACK_LINE.findall(nodes[index].meta.get("stack_trace") or "")
+    return f"{found[-1][0]}:{found[-1][1]}" if found else None
 
 
 #: Methods that change a list or dict in place.

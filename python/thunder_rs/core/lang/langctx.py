@@ -41,7 +41,7 @@ from thunder_rs.core.lang.recorder import (
 )
 from thunder_rs.core.lang.autocast import cast_inputs
 from thunder_rs.core.lang.numpy_scalars import as_python
-from thunder_rs.core.lang.rng import RANDOM
+from thunder_rs.core.lang.rng import RANDOM, note_draw
 from thunder_rs.core.lang.version_tracking import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
@@ -340,6 +340,8 @@ def _torch_names(fn, kwargs: dict) -> dict:
 
 def _torch_function(func, args, kwargs):
     args, kwargs = as_python(func, args, kwargs)
+    if kwargs and "generator" in kwargs:
+        note_draw(kwargs)
     if kwargs and kwargs.get("out") is not None:
         return _out_handler(func, *lift_captured(args, kwargs))
     made = _size_data(func, args, kwargs)

@@ -23,6 +23,7 @@ Effects and random draws are never removed by DCE, merged by CSE or recomputed i
 
 import functools
 import gc
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,17 @@ def is_random(func) -> bool:
     return func in RANDOM
 
 
+#: Where the program first drew from each torch.Generator while traced (for ``check_generators``).
+_DRAW_SITES: "weakref.WeakKeyDictionary[torch.Generator, str]" = weakref.WeakKeyDictionary()
+
+
+def note_draw(kwargs: dict) -> None:
+    """Notes the user's line of a call given ``generator=`` (its first draw from that generator)."""
+    g = kwargs.get("generator")
+    if isinstance(g, torch.Generator) and g not in _DRAW_SITES:
+        _DRAW_SITES[g] = user_location()
+
+
 def check_generators(consts: list, own: frozenset = frozenset()) -> None:
     """Refuses a ``torch.Generator`` the traced program created and drew from: compiled, it
     would be created once, by the trace, and go on drawing across calls where eager starts a
@@ -74,10 +86,11 @@ def check_generators(consts: list, own: frozenset = frozenset()) -> None:
     whose ids are in ``own``: the stand-ins of generator arguments, ``generator_inputs``)."""
     for g in consts:
         if isinstance(g, torch.Generator) and id(g) not in own and all(r is consts for r in gc.get_referrers(g)):
+            where = _DRAW_SITES.get(g, "<unknown>")
             raise ThunderNotImplementedError(
-                "thunder_rs.jit: the traced program draws from a torch.Generator it creates; a compiled program "
-                "would create it once and go on drawing from it across calls. Create the generator outside the "
-                "function (and seed it there) and pass it in or read it from a module attribute"
+                f"thunder_rs.jit: the traced program draws at {where} from a torch.Generator it creates; a "
+                "compiled program would create it once and go on drawing from it across calls. Create the generator "
+                "outside the function (and seed it there) and pass it in or read it from a module attribute"
             )
 
 

@@ -297,6 +297,36 @@ def _scan_in_trace(fn, *args):
     return fn(*args)
 
 
+#: The module whose ``_hop_compile_and_call`` runs ``torch.cond`` (and other higher-order ops) eagerly.
+hop_utils_module = importlib.import_module("torch._higher_order_ops.utils")
+_hop_compile_and_call = hop_utils_module._hop_compile_and_call
+
+
+def _hop_in_trace(fn, args, kwargs=None):
+    """How eager runs ``torch.cond(pred, true_fn, false_fn, operands)`` of a tensor predicate:
+    torch compiles the op with Dynamo, which cannot trace proxies (it failed inside thunder_rs's
+    observer). Eager's result is the branch the predicate picks, which is what the trace runs without
+    grad: the predicate a data-dependent read checked on every call, as ``if pred:`` is. Under grad
+    mode it is refused naming the line (eager's backward gives the untaken branch's parameters zero
+    gradients), and so are other higher-order ops (``while_loop``, ``invoke_subgraph``)."""
+    if active_recorder() is None or not any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))):
+        return _hop_compile_and_call(fn, args, kwargs)
+    if fn.__name__ == "_cond_op_wrapper" and not torch.is_grad_enabled():
+        pred, true_fn, false_fn, operands = args
+        return (true_fn if bool(pred) else false_fn)(*operands)
+    if fn.__name__ == "_cond_op_wrapper":
+        raise ThunderNotImplementedError(
+            f"torch.cond at {user_location()} under grad mode: eager's backward gives the tensors the branch not "
+            "taken reads (its parameters) zero gradients, which a trace of the branch taken cannot give; call it "
+            "under torch.no_grad(), or write the branch as Python control flow (if pred: ...)"
+        )
+    name = fn.__name__.strip("_").removesuffix("_op_wrapper").removesuffix("_op")
+    raise ThunderNotImplementedError(
+        f"torch higher-order op {name} at {user_location()}: thunder_rs does not trace it (eager compiles it with "
+        "Dynamo); write it as Python control flow in the jitted function, or use torch.compile"
+    )
+
+
 #: Library functions (module, function) that get the eager answer to ``is_compiling()``, whose two
 #: branches both trace but only eager's runs eager's kernels:
 #: - transformers' SDPA attention packs a single query's grouped heads (``pack_gqa``) outside
@@ -347,6 +377,8 @@ OVERRIDES: dict[tuple[object, str], object] = {
     # Dynamo's graphs hold a ``torch.vmap`` as these level calls (``thunder_rs.core.lang.vmap``).
     **{(torch._functorch.predispatch, name): fn for name, fn in thunder_vmap.PREDISPATCH.items()},
     (associative_scan_module, "_maybe_compile_and_run_fn"): _scan_in_trace,
+    # torch.cond of a traced predicate: the branch it picks (eager compiles the op with Dynamo)
+    (hop_utils_module, "_hop_compile_and_call"): _hop_in_trace,
     # torch.func.grad/jacrev/... of traced values run eagerly, as one call (``core.lang.functorch_calls``)
     **functorch_calls.OVERRIDES,
     # torch.autograd.functional's jvp/vjp/hvp/vhp/jacobian/hessian by the traced torch.func transforms

@@ -130,8 +130,14 @@ class AttributeReads:
         code = getattr(fn, "__code__", None)
         if code is not None and code.co_freevars and getattr(fn, "__closure__", None):
             known = self._functions.setdefault(code, [])
-            if fn not in known:
-                known.append(fn)
+            if fn in known:
+                return
+            known.append(fn)
+        # A decorator's wrapper (``@torch.no_grad()``, ``functools.wraps``) calls the user's function
+        # from its closure, in library code the observer does not follow: its cells are read too.
+        wrapped = getattr(fn, "__wrapped__", None)
+        if isinstance(wrapped, types.FunctionType) and getattr(wrapped, "__wrapped__", None) is not fn:
+            self._add_function(wrapped)
 
     def _add_defaults(self, fn) -> None:
         """Watches the default arguments of ``fn``: setting ``fn.__defaults__`` or
