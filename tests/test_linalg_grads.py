@@ -52,6 +52,21 @@ OPS = {
     "slogdet, sign and log": (torch.linalg.slogdet, _well),
     "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
     "torch.svd, full": (lambda a: torch.svd(a, some=False), _well),
+    "eig, values": (lambda a: torch.linalg.eig(a)[0], _well),
+    "eigvals": (torch.linalg.eigvals, _well),
+    "pinv": (torch.linalg.pinv, _well),
+    "pinv, tall": (lambda a: torch.linalg.pinv(a[..., :3]), _well),
+    "pinv, wide, hermitian": (lambda a: torch.linalg.pinv(a + a.mT, hermitian=True), _well),
+    "pinverse": (lambda a: torch.pinverse(a[..., :3, :]), _well),
+    # (B a product with a number, whose node saves nothing: eager's exp would save B once more)
+    "lstsq": (lambda a: torch.linalg.lstsq(a, a[..., :2] * 2).solution, _well),
+    "lstsq, vector": (lambda a: torch.linalg.lstsq(a, a[..., 0] * 2).solution, _well),
+    "lstsq, residuals": (lambda a: torch.linalg.lstsq(a[..., :3], a[..., 3:] * 2, driver="gels")[:2], _well),
+    "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2].exp(), upper=True), _well),
+    "solve_triangular, right unit": (
+        lambda a: torch.linalg.solve_triangular(a, a[..., :2, :].exp(), upper=False, left=False, unitriangular=True),
+        _well,
+    ),
 }
 
 
@@ -234,7 +249,16 @@ def test_formulas_run_without_tf32_and_restore_the_flag():
 #: the outputs alone where the formula needs no input).
 SAVING = ["eigh", "eigvalsh", "svd", "svdvals", "qr", "qr, wide", "cholesky", "inv", "inverse", "det", "lu_factor"]
 SAVING += ["lu", "lu, tall U", "slogdet", "slogdet, sign and log", "cholesky, upper", "inv_ex", "torch.svd"]
-SAVING += ["torch.svd, full", "lu_factor_ex, wide"]
+SAVING += [
+    "torch.svd, full",
+    "lu_factor_ex, wide",
+    "eig, values",
+    "eigvals",
+    "pinv",
+    "pinv, tall",
+    "pinv, wide, hermitian",
+]
+SAVING += ["pinverse", "lstsq", "lstsq, vector", "lstsq, residuals", "solve_triangular", "solve_triangular, right unit"]
 
 
 def _saved(fn, a) -> list:
@@ -473,3 +497,35 @@ def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
         jit_outs, jit_grads, jit_saved, _ = _records(jfn, a, b)
         assert all(torch.equal(x, y) for x, y in zip((*outs, *grads), (*jit_outs, *jit_grads)))
         assert jit_saved == saved
+
+
+def test_eigenvectors_of_a_real_matrix_save_and_differentiate_as_eager():
+    """``linalg.eig``'s node saves the (complex) eigenvalues and eigenvectors, not the input; the
+    backward is eager's formula on them (its real part for a real input), no eig computed again.
+    (The eigenvectors' cotangent ``V diag(r)``, r real: a loss that does not depend on their phases.)"""
+    a = _input(_well, (2, 4, 4), torch.float64, contiguous=False)
+
+    def run(f):
+        packed = []
+
+        def pack(t):
+            packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            L, V = f(a)
+        gen = torch.Generator().manual_seed(1)
+        gL = torch.randn(L.shape, dtype=L.dtype, generator=gen)
+        gV = V.detach() * torch.randn(V.shape[-1], dtype=torch.float64, generator=gen)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            (grad,) = torch.autograd.grad((L, V), a, (gL, gV))
+        return (L, V), grad, sorted(packed, key=str), _nodes(prof.events())
+
+    outs, grad, saved, _ = run(torch.linalg.eig)
+    jfn = thunder_rs.jit(torch.linalg.eig)
+    for _ in range(2):
+        jit_outs, jit_grad, jit_saved, jit_calls = run(jfn)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert torch.equal(grad, jit_grad)
+        assert jit_saved == saved
+        assert not jit_calls
