@@ -158,6 +158,21 @@ def lstsq_backward(args, kwargs, outputs, cotangents):
     return (gA, gB, *rest)
 
 
+def matrix_exp_backward(args, kwargs, outputs, cotangents):
+    """``linalg_matrix_exp_differential`` with ``adjoint`` (the node saves the input alone): the
+    exponential of the block matrix ``[[A^H, grad], [0, A^H]]``, its upper right block."""
+    grad = cotangents[0]
+    if grad is None:
+        return (None,)
+    A = args[0].mT.conj()
+    n = A.shape[-1]
+    meta_grad = torch.zeros((*A.shape[:-2], 2 * n, 2 * n), dtype=grad.dtype, device=grad.device)
+    meta_grad.narrow(-2, 0, n).narrow(-1, 0, n).copy_(A)
+    meta_grad.narrow(-2, n, n).narrow(-1, n, n).copy_(A)
+    meta_grad.narrow(-2, 0, n).narrow(-1, n, n).copy_(grad)
+    return (torch.linalg.matrix_exp(meta_grad).narrow(-2, 0, n).narrow(-1, n, n),)
+
+
 def solve_triangular_backward(args, kwargs, outputs, cotangents):
     """``linalg_solve_triangular_backward`` (the node saves A and the result, not B)."""
     grad = cotangents[0]
@@ -454,6 +469,8 @@ SAVED_BACKWARDS = {
     "pinverse": pinv_backward,
     "linalg_lstsq": lstsq_backward,
     "linalg_solve_triangular": solve_triangular_backward,
+    "linalg_matrix_exp": matrix_exp_backward,
+    "matrix_exp": matrix_exp_backward,
     "linalg_svd": linalg_svd_backward,
     "svd": svd_backward,
     "linalg_qr": qr_backward,
@@ -491,6 +508,8 @@ UNREAD = {
     "linalg_solve_saving_factors": ((), (1,)),
     "linalg_lstsq": ((1, 2, 3), ()),
     "linalg_solve_triangular": ((), (1,)),
+    "linalg_matrix_exp": ((0,), ()),
+    "matrix_exp": ((0,), ()),
 }
 
 #: The ops whose formulas here are eager's for complex inputs too (the others' complex inputs take
