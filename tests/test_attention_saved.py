@@ -119,20 +119,23 @@ def _causal_additive(t: int):
     return torch.zeros(1, 1, t, t).masked_fill(hidden, torch.finfo(torch.float32).min)
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast bf16"])
 @pytest.mark.parametrize("backend", [None, SDPBackend.MATH], ids=["default", "math kernel"])
 @pytest.mark.parametrize("masked", [False, True], ids=["is_causal", "additive mask"])
-def test_a_training_step_of_hf_style_attention_saves_and_differentiates_as_eager(backend, masked):
+def test_a_training_step_of_hf_style_attention_saves_and_differentiates_as_eager(backend, masked, autocast):
     torch.manual_seed(0)
     model = _Attention()
-    x = torch.randn(2, 8, 16, requires_grad=True)
+    embeddings = torch.randn(2, 8, 16, requires_grad=True)
     mask = _causal_additive(8) if masked else None
-    params = [x, *model.parameters()]
+    params = [embeddings, *model.parameters()]
 
     def step(fn):
         packed = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
             with sdpa_kernel(backend) if backend is not None else torch.enable_grad():
-                loss = fn(x, mask).square().mean()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    # (hidden states that are no leaf, as a model's are)
+                    loss = fn(embeddings * 1.0, mask).float().square().mean()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             grads = torch.autograd.grad(loss, params)
         return loss, grads, _storages(packed), {e.name for e in prof.events()}
