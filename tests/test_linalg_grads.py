@@ -414,6 +414,11 @@ COMPLEX_OPS = {
     "svd, wide": (lambda a: _product(*torch.linalg.svd(a[..., :3, :], full_matrices=False)), _well),
     "qr": (torch.linalg.qr, _well),
     "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
+    "pinv": (torch.linalg.pinv, _well),
+    "pinv, wide": (lambda a: torch.linalg.pinv(a[..., :3, :]), _well),
+    "lstsq": (lambda a: torch.linalg.lstsq(a, a[..., :2] * 2).solution, _well),
+    "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2] * 2, upper=True), _well),
+    "matrix_exp": (lambda a: torch.linalg.matrix_exp(a * 0.25), _well),
 }
 
 

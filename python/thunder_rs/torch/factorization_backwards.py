@@ -517,6 +517,7 @@ UNREAD = {
 COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "linalg_inv_ex"}
 COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
 COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
+COMPLEX |= {"linalg_pinv", "pinverse", "linalg_lstsq", "linalg_solve_triangular", "linalg_matrix_exp", "matrix_exp"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
