@@ -419,6 +419,7 @@ COMPLEX_OPS = {
     "lstsq": (lambda a: torch.linalg.lstsq(a, a[..., :2] * 2).solution, _well),
     "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2] * 2, upper=True), _well),
     "matrix_exp": (lambda a: torch.linalg.matrix_exp(a * 0.25), _well),
+    "eigvals": (torch.linalg.eigvals, _well),
 }
 
 
@@ -449,8 +450,14 @@ def test_complex64_inputs_save_and_differentiate_as_eager(name, shape):
 
 @pytest.mark.parametrize(
     "fn",
-    [lambda a: torch.linalg.svd(a)[0], lambda a: torch.svd(a)[2], lambda a: torch.linalg.eigh(a + a.mH)[1]],
-    ids=["linalg.svd", "torch.svd", "eigh"],
+    [
+        lambda a: torch.linalg.svd(a)[0],
+        lambda a: torch.svd(a)[2],
+        lambda a: torch.linalg.eigh(a + a.mH)[1],
+        lambda a: torch.linalg.eig(a)[1],
+        lambda a: torch.linalg.eig(a.real)[1],
+    ],
+    ids=["linalg.svd", "torch.svd", "eigh", "eig", "eig, real"],
 )
 def test_complex_phase_dependent_losses_raise_eagers_error(fn):
     a = _input(_well, (2, 3, 3), torch.complex128, contiguous=True)
@@ -514,11 +521,12 @@ def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
         assert jit_saved == saved
 
 
-def test_eigenvectors_of_a_real_matrix_save_and_differentiate_as_eager():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=str)
+def test_eigenpairs_save_and_differentiate_as_eager(dtype):
     """``linalg.eig``'s node saves the (complex) eigenvalues and eigenvectors, not the input; the
     backward is eager's formula on them (its real part for a real input), no eig computed again.
     (The eigenvectors' cotangent ``V diag(r)``, r real: a loss that does not depend on their phases.)"""
-    a = _input(_well, (2, 4, 4), torch.float64, contiguous=False)
+    a = _input(_well, (2, 4, 4), dtype, contiguous=False)
 
     def run(f):
         packed = []

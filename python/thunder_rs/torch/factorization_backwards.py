@@ -93,10 +93,13 @@ def eigh_backward(args, kwargs, outputs, cotangents):
 
 
 def eig_backward(args, kwargs, outputs, cotangents):
-    """``linalg_eig``'s node, of a real matrix (its eigenpairs are complex): the real part of
-    ``linalg_eig_backward`` (``handle_r_to_c``)."""
+    """``linalg_eig``'s node: ``linalg_eig_backward``, its real part for a real matrix
+    (``handle_r_to_c``: the eigenpairs are complex either way). The matrix is never read (eager's
+    node does not save it): a real one takes ``outputs_vjp`` (None in its place), a complex one
+    ``saved_vjp`` (its shape in its place: ``UNREAD``, ``REAL_OUTPUTS_ONLY``)."""
     grad = _eig_backward(*cotangents, *outputs, hermitian=False)
-    return (None if grad is None else torch.real(grad),)
+    real = args[0] is None or (isinstance(args[0], torch.Tensor) and not args[0].is_complex())
+    return (torch.real(grad) if real and grad is not None else grad,)
 
 
 def pinv_backward(args, kwargs, outputs, cotangents):
@@ -509,6 +512,7 @@ UNREAD = {
     "linalg_lstsq": ((1, 2, 3), ()),
     "linalg_solve_triangular": ((), (1,)),
     "linalg_matrix_exp": ((0,), ()),
+    "linalg_eig": ((), (0,)),
     "matrix_exp": ((0,), ()),
 }
 
@@ -518,6 +522,12 @@ COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "li
 COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
 COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
 COMPLEX |= {"linalg_pinv", "pinverse", "linalg_lstsq", "linalg_solve_triangular", "linalg_matrix_exp", "matrix_exp"}
+COMPLEX |= {"linalg_eig"}
+
+#: The ops of ``COMPLEX`` whose backward from the outputs alone covers real inputs only (it cannot
+#: tell a complex input's gradient from a real one's: eig's eigenpairs are complex either way); a
+#: complex input takes ``saved_vjp``.
+REAL_OUTPUTS_ONLY = {"linalg_eig"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
