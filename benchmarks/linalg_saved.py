@@ -57,6 +57,8 @@ def _linalg_cases():
         ("lstsq f64", lambda a: torch.linalg.lstsq(a, b).solution, _well(torch.float64)),
         ("solve_triangular", lambda a: torch.linalg.solve_triangular(a, b, upper=True), _well(torch.float64)),
         ("matrix_exp f64", torch.linalg.matrix_exp, _well(torch.float64)),
+        ("eig c128", torch.linalg.eigvals, _well(torch.complex128)),
+        ("pinv c128", torch.linalg.pinv, _well(torch.complex128)),
         ("fft.rfft f64", torch.fft.rfft, _well(torch.float64)),
         ("fft.fftn c128", torch.fft.fftn, _well(torch.complex128)),
     ]
