@@ -375,13 +375,10 @@ MATH_PATH_CALLS = {
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("call", list(MATH_PATH_CALLS))
-def test_the_math_path_the_forward_records_on_cuda_is_eagers_to_the_bit(call, dtype, monkeypatch):
-    """What a differentiated CUDA call torch sends to its math path records (the path op by op,
-    its probabilities kept for the gradients), run here on the CPU: eager's math path under
-    sdpa_kernel(MATH), output and gradients, to the bit."""
-    from thunder_rs.torch import attention as attention_module  # noqa: PLC0415
-
-    monkeypatch.setattr(attention_module, "_pins_the_math_path", lambda query: True)
+def test_the_math_path_the_forward_records_is_eagers_to_the_bit(call, dtype):
+    """What a differentiated call torch sends to its math path records (the path op by op, its
+    probabilities kept for the gradients; on CUDA where torch chose it), here on the CPU: eager's
+    math path under sdpa_kernel(MATH), output and gradients, to the bit."""
     kwargs, mask = MATH_PATH_CALLS[call]
     gen = torch.Generator().manual_seed(0)
     heads = 2 if kwargs.get("enable_gqa") else 4

@@ -52,6 +52,24 @@ OPS = {
     "slogdet, sign and log": (torch.linalg.slogdet, _well),
     "inv_ex": (lambda a: torch.linalg.inv_ex(a)[0], _well),
     "torch.svd, full": (lambda a: torch.svd(a, some=False), _well),
+    "eig, values": (lambda a: torch.linalg.eig(a)[0], _well),
+    "torch.svd, wide": (lambda a: torch.svd(a[..., :3, :]), _well),
+    "matrix_exp": (torch.linalg.matrix_exp, _well),
+    "Tensor.matrix_exp": (lambda a: (a / 4).matrix_exp(), _well),
+    "eigvals": (torch.linalg.eigvals, _well),
+    "pinv": (torch.linalg.pinv, _well),
+    "pinv, tall": (lambda a: torch.linalg.pinv(a[..., :3]), _well),
+    "pinv, wide, hermitian": (lambda a: torch.linalg.pinv(a + a.mT, hermitian=True), _well),
+    "pinverse": (lambda a: torch.pinverse(a[..., :3, :]), _well),
+    # (B a product with a number, whose node saves nothing: eager's exp would save B once more)
+    "lstsq": (lambda a: torch.linalg.lstsq(a, a[..., :2] * 2).solution, _well),
+    "lstsq, vector": (lambda a: torch.linalg.lstsq(a, a[..., 0] * 2).solution, _well),
+    "lstsq, residuals": (lambda a: torch.linalg.lstsq(a[..., :3], a[..., 3:] * 2, driver="gels")[:2], _well),
+    "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2].exp(), upper=True), _well),
+    "solve_triangular, right unit": (
+        lambda a: torch.linalg.solve_triangular(a, a[..., :2, :].exp(), upper=False, left=False, unitriangular=True),
+        _well,
+    ),
 }
 
 
@@ -234,7 +252,26 @@ def test_formulas_run_without_tf32_and_restore_the_flag():
 #: the outputs alone where the formula needs no input).
 SAVING = ["eigh", "eigvalsh", "svd", "svdvals", "qr", "qr, wide", "cholesky", "inv", "inverse", "det", "lu_factor"]
 SAVING += ["lu", "lu, tall U", "slogdet", "slogdet, sign and log", "cholesky, upper", "inv_ex", "torch.svd"]
-SAVING += ["torch.svd, full", "lu_factor_ex, wide"]
+SAVING += [
+    "torch.svd, full",
+    "lu_factor_ex, wide",
+    "eig, values",
+    "eigvals",
+    "pinv",
+    "pinv, tall",
+    "pinv, wide, hermitian",
+]
+SAVING += [
+    "matrix_exp",
+    "Tensor.matrix_exp",
+    "torch.svd, wide",
+    "pinverse",
+    "lstsq",
+    "lstsq, vector",
+    "lstsq, residuals",
+    "solve_triangular",
+    "solve_triangular, right unit",
+]
 
 
 def _saved(fn, a) -> list:
@@ -307,10 +344,10 @@ def test_saved_tensors_hooks_see_eagers_tensors_on_the_first_call_too(name):
 
 
 def test_saved_tensors_hooks_see_no_stand_in_of_a_generic_backward():
-    """An opaque op with torch's backward run again (matrix_exp): the first call's hooks see what
-    the later calls' see, no meta tensor."""
-    a = _input(_well, (2, 4, 4), torch.float64, contiguous=True)
-    jfn = thunder_rs.jit(torch.linalg.matrix_exp)
+    """An opaque op with torch's backward run again (cholesky_inverse): the first call's hooks see
+    what the later calls' see, no meta tensor."""
+    a = _input(_spd, (2, 4, 4), torch.float64, contiguous=True)
+    jfn = thunder_rs.jit(torch.cholesky_inverse)
     first = _hook_calls(jfn, a)
     assert first == _hook_calls(jfn, a)
     assert all(t[2] == a.device for t in first[0] + first[1])
@@ -377,6 +414,12 @@ COMPLEX_OPS = {
     "svd, wide": (lambda a: _product(*torch.linalg.svd(a[..., :3, :], full_matrices=False)), _well),
     "qr": (torch.linalg.qr, _well),
     "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
+    "pinv": (torch.linalg.pinv, _well),
+    "pinv, wide": (lambda a: torch.linalg.pinv(a[..., :3, :]), _well),
+    "lstsq": (lambda a: torch.linalg.lstsq(a, a[..., :2] * 2).solution, _well),
+    "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2] * 2, upper=True), _well),
+    "matrix_exp": (lambda a: torch.linalg.matrix_exp(a * 0.25), _well),
+    "eigvals": (torch.linalg.eigvals, _well),
 }
 
 
@@ -407,8 +450,14 @@ def test_complex64_inputs_save_and_differentiate_as_eager(name, shape):
 
 @pytest.mark.parametrize(
     "fn",
-    [lambda a: torch.linalg.svd(a)[0], lambda a: torch.svd(a)[2], lambda a: torch.linalg.eigh(a + a.mH)[1]],
-    ids=["linalg.svd", "torch.svd", "eigh"],
+    [
+        lambda a: torch.linalg.svd(a)[0],
+        lambda a: torch.svd(a)[2],
+        lambda a: torch.linalg.eigh(a + a.mH)[1],
+        lambda a: torch.linalg.eig(a)[1],
+        lambda a: torch.linalg.eig(a.real)[1],
+    ],
+    ids=["linalg.svd", "torch.svd", "eigh", "eig", "eig, real"],
 )
 def test_complex_phase_dependent_losses_raise_eagers_error(fn):
     a = _input(_well, (2, 3, 3), torch.complex128, contiguous=True)
@@ -456,10 +505,7 @@ def test_complex_singular_and_eigen_vectors_save_and_differentiate_as_eager(name
         jit_outs, jit_grads, jit_saved = run(jfn)
         assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
         assert torch.equal(grads[0], jit_grads[0])
-        if name == "eigh":
-            assert jit_saved == saved
-        else:  # (torch.svd's V is saved where eager's node saves Vh = V^H: the strides are swapped)
-            assert [t[:3] for t in jit_saved] == [t[:3] for t in saved]
+        assert jit_saved == saved  # (torch.svd's node saves Vh = V^H, as LAPACK laid it out)
 
 
 def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
@@ -473,3 +519,36 @@ def test_solve_with_symbolic_sizes_reads_Bs_shape_at_each_call():
         jit_outs, jit_grads, jit_saved, _ = _records(jfn, a, b)
         assert all(torch.equal(x, y) for x, y in zip((*outs, *grads), (*jit_outs, *jit_grads)))
         assert jit_saved == saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=str)
+def test_eigenpairs_save_and_differentiate_as_eager(dtype):
+    """``linalg.eig``'s node saves the (complex) eigenvalues and eigenvectors, not the input; the
+    backward is eager's formula on them (its real part for a real input), no eig computed again.
+    (The eigenvectors' cotangent ``V diag(r)``, r real: a loss that does not depend on their phases.)"""
+    a = _input(_well, (2, 4, 4), dtype, contiguous=False)
+
+    def run(f):
+        packed = []
+
+        def pack(t):
+            packed.append((tuple(t.shape), t.dtype, t.device, t.stride()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            L, V = f(a)
+        gen = torch.Generator().manual_seed(1)
+        gL = torch.randn(L.shape, dtype=L.dtype, generator=gen)
+        gV = V.detach() * torch.randn(V.shape[-1], dtype=torch.float64, generator=gen)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            (grad,) = torch.autograd.grad((L, V), a, (gL, gV))
+        return (L, V), grad, sorted(packed, key=str), _nodes(prof.events())
+
+    outs, grad, saved, _ = run(torch.linalg.eig)
+    jfn = thunder_rs.jit(torch.linalg.eig)
+    for _ in range(2):
+        jit_outs, jit_grad, jit_saved, jit_calls = run(jfn)
+        assert all(torch.equal(x, y) for x, y in zip(outs, jit_outs))
+        assert torch.equal(grad, jit_grad)
+        assert jit_saved == saved
+        assert not jit_calls

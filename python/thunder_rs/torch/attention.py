@@ -1,12 +1,15 @@
 """Scaled dot-product attention (``F.scaled_dot_product_attention``): its decomposition (the
 scores, their mask and softmax, and the weighted sum of the values), the flash-attention kernel
-eager's CPU autograd runs (``sdpa_flash`` and its backward), the math kernel it runs for a mask
-that requires grad (``sdpa_math``) and the grad rule.
+eager's CPU autograd runs (``sdpa_flash`` and its backward), eager's math kernel as one symbol
+(``sdpa_math``) and the grad rule.
 
 The rule calls the kernel eager's autograd would: on the CPU ``sdpa_flash``, on CUDA a symbol of
 ``fused_attention.py`` (the kernel torch chooses), whose forward also returns the statistics the
-backward reuses. It returns the plain forward without asking for a cotangent for calls it does
-not handle (attention with dropout); the VJP pass then differentiates the decomposition.
+backward reuses. Where eager takes its math path (a composite its autograd differentiates op by
+op), the rule records that path op by op and its backward reads the probabilities the forward
+kept, as eager's nodes keep them: the backward computes no attention again. With dropout it
+returns the plain forward without asking for a cotangent; the VJP pass then differentiates the
+decomposition.
 """
 
 import math
@@ -354,36 +357,31 @@ def _math_operands(query, key, value, attn_mask, is_causal: bool, scale, grouped
     return v, *_math_probs(q, k, attn_mask, is_causal, scale)
 
 
-def _pins_the_math_path(query) -> bool:
-    """Whether a differentiated call torch sends to its math path records that path's ops (on CUDA,
-    where the forward's dispatch could choose otherwise)."""
-    return query.device.type == "cuda"
-
-
-def _math_on_cuda(query, key, value, attn_mask, is_causal: bool, scale, grouped: bool):
-    """A differentiated CUDA call torch chose its math path for, without dropout: the path op by op
-    in the forward, its probabilities kept for the backward (as eager's autograd keeps them), the
-    gradients ``_put_math_gradients``'s. (Recorded whole, F.scaled_dot_product_attention ran in the
-    forward, which runs without grad, where torch may choose a fused kernel: cuDNN's backward head
-    sizes on sm90, flash's on sm86-89 and sm120 are asked only of inputs that require grad.)"""
+def _math_recorded(query, key, value, attn_mask, is_causal: bool, scale, grouped: bool):
+    """A differentiated call eager sends to its math path, without dropout (on the CPU: a value of
+    another head size, a last dim that is not dense, a mask that requires grad; on CUDA, where torch
+    chose it): the path op by op in the forward, its probabilities kept for the backward as eager's
+    autograd keeps them (the [B, H, L, S] matrix eager saves; the backward computes no attention
+    again), the gradients ``_put_math_gradients``'s. (Recorded whole, F.scaled_dot_product_attention
+    would run without grad in the forward, where on CUDA torch may choose a fused kernel: cuDNN's
+    backward head sizes on sm90, flash's on sm86-89 and sm120 are asked only of inputs that
+    require grad.)"""
     operands = _math_operands(query, key, value, attn_mask, is_causal, scale, grouped)
     out = cast(ltorch.matmul(operands[-1], operands[0]), query.dtype)
     _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped, operands)
     return out
 
 
-def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, operands=None) -> None:
+def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale, grouped: bool, operands) -> None:
     """The gradients eager's autograd gives its math path (a composite it differentiates op by
     op): from the probabilities of ``_math_probs`` in its compute dtype (float32 for half
     precision: the gradients are computed there and rounded back, as its casts' nodes do), each
     product's gradient a product with the other operand, the softmax's
     ``_softmax_backward_data``. (Each rounding as eager's: the scores scaled after the product, or
     the softmax's gradient written out, were 1 ulp apart.) ``operands``: ``_math_operands`` of the
-    forward, else computed again."""
+    forward."""
     g = cast(g, _math_dtype(query.dtype))
-    v, query_scaled, key_scaled, factor, probs = operands or _math_operands(
-        query, key, value, attn_mask, is_causal, scale, grouped
-    )
+    v, query_scaled, key_scaled, factor, probs = operands
     if value.requires_grad:
         grad = _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped)
         put_grad(value, cast(grad, value.dtype))
@@ -450,6 +448,17 @@ def _last_stride_one(x) -> bool:
     return strides is None or not strides or strides[-1] == 1
 
 
+def _check_math_call(query, key, value, attn_mask, dropout_p, is_causal: bool, grouped: bool) -> None:
+    """The decomposition's checks of a call the grad rule records op by op (its errors, not a
+    product's)."""
+    op = "ltorch.scaled_dot_product_attention"
+    _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal)
+    if grouped:
+        key = _repeat_heads(op, key, query.shape[-3], "key")
+        value = _repeat_heads(op, value, query.shape[-3], "value")
+    clang.broadcast_shapes(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
+
+
 @register_grad(ltorch.scaled_dot_product_attention)
 def scaled_dot_product_attention_grad(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
@@ -462,13 +471,12 @@ def scaled_dot_product_attention_grad(
         mask = attn_mask
         if mask is not None and mask.dtype == torch.bool:  # (eager's convert_boolean_attn_mask)
             mask = ltorch.masked_fill(ltorch.zeros(mask.shape, dtype=query.dtype, device=mask.device), ~mask, -math.inf)
-        out, lse = sdpa_flash(q, k, v, is_causal, scale, mask)
-        out = ltorch.squeeze(out, 0) if batched else out
+        # (the backward reads the kernel's output, which eager's node saves, not the squeezed one)
+        kernel_out, lse = sdpa_flash(q, k, v, is_causal, scale, mask)
+        out = ltorch.squeeze(kernel_out, 0) if batched else kernel_out
         g = get_grad(out)
         g = ltorch.unsqueeze(g, 0) if batched else g
-        grads = sdpa_flash_backward(
-            g, q, k, v, ltorch.unsqueeze(out, 0) if batched else out, lse, is_causal, scale, mask
-        )
+        grads = sdpa_flash_backward(g, q, k, v, kernel_out, lse, is_causal, scale, mask)
         for x, grad in zip((query, key, value), grads):
             if x.requires_grad:
                 put_grad(x, ltorch.squeeze(grad, 0) if batched else grad)
@@ -479,14 +487,7 @@ def scaled_dot_product_attention_grad(
         if out is not None:
             return out
     grouped = enable_gqa and query.ndim >= 3
+    _check_math_call(query, key, value, attn_mask, dropout_p, is_causal, grouped)
     if dropout_p > 0:
         return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)
-    if _pins_the_math_path(query):
-        return _math_on_cuda(query, key, value, attn_mask, is_causal, scale, grouped)
-    if query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad:
-        out = sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    else:
-        attention = ltorch.scaled_dot_product_attention
-        out = attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
-    _put_math_gradients(get_grad(out), query, key, value, attn_mask, is_causal, scale, grouped)
-    return out
+    return _math_recorded(query, key, value, attn_mask, is_causal, scale, grouped)

@@ -54,30 +54,140 @@ def _diagonal(x):
     return x.diagonal(0, -2, -1)
 
 
-def eigh_backward(args, kwargs, outputs, cotangents):
-    """``linalg_eig_backward`` with ``is_hermitian`` (``_linalg_eigh``'s node), real case."""
-    gL, gV = cotangents
-    L, V = outputs
+def _eig_backward(gL, gV, L, V, hermitian: bool):
+    """``linalg_eig_backward``: ``hermitian`` for ``_linalg_eigh``'s node, else ``linalg_eig``'s."""
     if gL is None and gV is None:
-        return (None,)
-    if gV is None:  # (eigvalsh)
-        return (torch.matmul(V * gL.unsqueeze(-2), V.mH),)
+        return None
+    if gV is None:  # (eigvalsh, eigvals)
+        if hermitian:
+            return torch.matmul(V * gL.unsqueeze(-2), V.mH)
+        return torch.linalg.solve(V.mH, gL.unsqueeze(-1) * V.mH)
     VhgV = torch.matmul(V.mH, gV)
+    diag_VhgV = _diagonal(VhgV)
     if V.is_complex():
-        imag = torch.imag(_diagonal(VhgV))
+        imag = torch.imag(diag_VhgV)
         if not torch.allclose(imag, torch.zeros_like(imag), rtol=1e-2, atol=1e-2):
             raise RuntimeError(
-                "linalg_eigh_backward: The eigenvectors in the complex case are specified up to multiplication "
-                "by e^{i phi}. The specified loss function depends on this quantity, so it is ill-defined."
+                f"{'linalg_eigh_backward' if hermitian else 'linalg_eig_backward'}: The eigenvectors in the "
+                "complex case are specified up to multiplication by e^{i phi}. The specified loss function "
+                "depends on this quantity, so it is ill-defined."
             )
-    VhgV = 0.5 * (VhgV - VhgV.mH)
+    if hermitian:
+        VhgV = 0.5 * (VhgV - VhgV.mH)
+    else:  # (projected onto the tangent space of matrices with columns of norm 1)
+        VhgV = VhgV - torch.matmul(V.mH, V * torch.real(diag_VhgV).unsqueeze(-2))
     Lconj = L.conj()
     Econj = Lconj.unsqueeze(-2) - Lconj.unsqueeze(-1)
     _diagonal(Econj).fill_(1.0)
     gA = VhgV.div_(Econj)
     if gL is not None:
         _diagonal(gA).copy_(gL)
-    return (torch.matmul(V, torch.matmul(gA, V.mH)),)
+    if hermitian:
+        return torch.matmul(V, torch.matmul(gA, V.mH))
+    return torch.linalg.solve(V.mH, torch.matmul(gA, V.mH))
+
+
+def eigh_backward(args, kwargs, outputs, cotangents):
+    """``linalg_eig_backward`` with ``is_hermitian`` (``_linalg_eigh``'s node)."""
+    return (_eig_backward(*cotangents, *outputs, hermitian=True),)
+
+
+def eig_backward(args, kwargs, outputs, cotangents):
+    """``linalg_eig``'s node: ``linalg_eig_backward``, its real part for a real matrix
+    (``handle_r_to_c``: the eigenpairs are complex either way). The matrix is never read (eager's
+    node does not save it): a real one takes ``outputs_vjp`` (None in its place), a complex one
+    ``saved_vjp`` (its shape in its place: ``UNREAD``, ``REAL_OUTPUTS_ONLY``)."""
+    grad = _eig_backward(*cotangents, *outputs, hermitian=False)
+    real = args[0] is None or (isinstance(args[0], torch.Tensor) and not args[0].is_complex())
+    return (torch.real(grad) if real and grad is not None else grad,)
+
+
+def pinv_backward(args, kwargs, outputs, cotangents):
+    """``pinv_backward`` (``linalg_pinv``'s node saves the input and the result)."""
+    grad = cotangents[0]
+    if grad is None:
+        return (None,) * len(args)
+    return (_pinv_backward(grad, outputs[0], args[0]), *(None,) * (len(args) - 1))
+
+
+def _pinv_backward(grad, pinvA, A):
+    m, n = A.shape[-2], A.shape[-1]
+    pinvAh, gradh = pinvA.mH, grad.mH
+    if m <= n:
+        K = gradh.matmul(pinvA)
+        KpinvAh = K.matmul(pinvAh)
+        return (
+            -(pinvA.matmul(K)).mH
+            + KpinvAh
+            - (A.matmul(pinvA)).matmul(KpinvAh)
+            + (pinvAh.matmul(pinvA)).matmul(gradh - K.matmul(A))
+        )
+    K = pinvA.matmul(gradh)
+    pinvAhK = pinvAh.matmul(K)
+    return (
+        -(K.matmul(pinvA)).mH
+        + (gradh - A.matmul(K)).matmul(pinvA).matmul(pinvAh)
+        + pinvAhK
+        - pinvAhK.matmul(pinvA).matmul(A)
+    )
+
+
+def lstsq_backward(args, kwargs, outputs, cotangents):
+    """``linalg_lstsq_backward`` (the node saves A, B and the solution; the pseudo-inverse is
+    computed again, as eager's backward computes it)."""
+    gX_, gL_ = cotangents[0], cotangents[1]
+    A, B_, X_ = args[0], args[1], outputs[0]
+    rest = (None,) * (len(args) - 2)
+    if gX_ is None and (gL_ is None or gL_.numel() == 0):
+        return (None, None, *rest)
+    vector = B_.ndim == 1 or (A.ndim - 1 == B_.ndim and B_.shape == A.shape[:-1])
+    B = B_.unsqueeze(-1) if vector else B_
+    gA = gB = None
+    if gX_ is not None:
+        gX = gX_.unsqueeze(-1) if vector else gX_
+        pinvA = torch.linalg.pinv(A)
+        gA = _pinv_backward(gX.matmul(B.mH), pinvA, A)
+        gB = pinvA.mH.matmul(gX)
+        gB = gB.squeeze(-1) if vector else gB
+    if gL_ is not None and gL_.numel():
+        X = X_.unsqueeze(-1) if vector else X_
+        r = A.matmul(X) - B
+        gL = gL_.unsqueeze(-2)
+        gA_L = 2 * (gL * r).matmul(X.mH)
+        gA = gA_L if gA is None else gA + gA_L
+        gB_L = -2 * gL * r
+        gB_L = gB_L.squeeze(-1) if vector else gB_L
+        gB = gB_L if gB is None else gB + gB_L
+    return (gA, gB, *rest)
+
+
+def matrix_exp_backward(args, kwargs, outputs, cotangents):
+    """``linalg_matrix_exp_differential`` with ``adjoint`` (the node saves the input alone): the
+    exponential of the block matrix ``[[A^H, grad], [0, A^H]]``, its upper right block."""
+    grad = cotangents[0]
+    if grad is None:
+        return (None,)
+    A = args[0].mT.conj()
+    n = A.shape[-1]
+    meta_grad = torch.zeros((*A.shape[:-2], 2 * n, 2 * n), dtype=grad.dtype, device=grad.device)
+    meta_grad.narrow(-2, 0, n).narrow(-1, 0, n).copy_(A)
+    meta_grad.narrow(-2, n, n).narrow(-1, n, n).copy_(A)
+    meta_grad.narrow(-2, 0, n).narrow(-1, n, n).copy_(grad)
+    return (torch.linalg.matrix_exp(meta_grad).narrow(-2, 0, n).narrow(-1, n, n),)
+
+
+def solve_triangular_backward(args, kwargs, outputs, cotangents):
+    """``linalg_solve_triangular_backward`` (the node saves A and the result, not B)."""
+    grad = cotangents[0]
+    if grad is None:
+        return (None, None)
+    A, X = args[0], outputs[0]
+    upper, left, unitriangular = kwargs["upper"], kwargs.get("left", True), kwargs.get("unitriangular", False)
+    G_B = torch.linalg.solve_triangular(A.mH, grad, upper=not upper, left=left, unitriangular=unitriangular)
+    X_H = X.mH
+    G_A = -torch.matmul(G_B, X_H) if left else -torch.matmul(X_H, G_B)
+    G_A = G_A.triu(int(unitriangular)) if upper else G_A.tril(-int(unitriangular))
+    return (G_A, G_B)
 
 
 def _svd_backward(gU, gS, gVh, U, S, Vh):
@@ -357,6 +467,13 @@ def lu_factor_backward(args, kwargs, outputs, cotangents):
 #: ltorch name -> its backward from the forward's outputs.
 SAVED_BACKWARDS = {
     "linalg_eigh": eigh_backward,
+    "linalg_eig": eig_backward,
+    "linalg_pinv": pinv_backward,
+    "pinverse": pinv_backward,
+    "linalg_lstsq": lstsq_backward,
+    "linalg_solve_triangular": solve_triangular_backward,
+    "linalg_matrix_exp": matrix_exp_backward,
+    "matrix_exp": matrix_exp_backward,
     "linalg_svd": linalg_svd_backward,
     "svd": svd_backward,
     "linalg_qr": qr_backward,
@@ -392,6 +509,11 @@ UNREAD = {
     "linalg_inv_ex": ((1,), ()),
     "linalg_lu_factor_ex": ((2,), ()),
     "linalg_solve_saving_factors": ((), (1,)),
+    "linalg_lstsq": ((1, 2, 3), ()),
+    "linalg_solve_triangular": ((), (1,)),
+    "linalg_matrix_exp": ((0,), ()),
+    "linalg_eig": ((), (0,)),
+    "matrix_exp": ((0,), ()),
 }
 
 #: The ops whose formulas here are eager's for complex inputs too (the others' complex inputs take
@@ -399,6 +521,13 @@ UNREAD = {
 COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "linalg_inv_ex"}
 COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
 COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
+COMPLEX |= {"linalg_pinv", "pinverse", "linalg_lstsq", "linalg_solve_triangular", "linalg_matrix_exp", "matrix_exp"}
+COMPLEX |= {"linalg_eig"}
+
+#: The ops of ``COMPLEX`` whose backward from the outputs alone covers real inputs only (it cannot
+#: tell a complex input's gradient from a real one's: eig's eigenpairs are complex either way); a
+#: complex input takes ``saved_vjp``.
+REAL_OUTPUTS_ONLY = {"linalg_eig"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
@@ -484,6 +613,7 @@ def _qr_input(outputs):
 #: compiled forward does not save the input.
 OUTPUTS_ONLY = {
     "linalg_eigh": lambda outputs: _square_input(outputs[1:]),
+    "linalg_eig": lambda outputs: _zeros(outputs[1].shape, outputs[1].real),
     "linalg_svd": lambda outputs: _product_input(outputs[0], outputs[2]),
     "linalg_qr": _qr_input,
     "linalg_cholesky": _square_input,

@@ -35,7 +35,8 @@ from thunder_rs.errors import (
     check,
     thunder_error_like,
 )
-from thunder_rs.torch.factorization_backwards import COMPLEX, OUTPUTS_ONLY, SAVED_BACKWARDS, UNREAD
+from thunder_rs.torch.factorization_backwards import COMPLEX, OUTPUTS_ONLY, REAL_OUTPUTS_ONLY, SAVED_BACKWARDS
+from thunder_rs.torch.factorization_backwards import UNREAD
 from thunder_rs.torch.factorization_backwards import outputs_vjp, saved_vjp
 from thunder_rs.torch.linalg_metas import geqrf_meta, lstsq_meta
 from thunder_rs.torch.symbols import ltorch, register, torchsymbol
@@ -194,7 +195,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.saved_vjp", fallback=True)] = saved_vjp(name, func)
     if name in OUTPUTS_ONLY:  # (and this one, for a real input, or a complex one it covers)
         FALLBACK_IMPLS[_core.register_symbol(f"{sym_name}.outputs_vjp", fallback=True)] = outputs_vjp(name, func)
-        if name in COMPLEX:
+        if name in COMPLEX and name not in REAL_OUTPUTS_ONLY:
             _core.register_symbol(f"{sym_name}.outputs_vjp.complex", fallback=True)
     for what, positions in zip(("output", "arg"), UNREAD.get(name, ((), ()))):
         for i in positions:  # (declarations the VJP pass looks up: never called)
@@ -302,6 +303,10 @@ def eigenvalues(A, *, out=None):
     if _differentiated(A):
         return ltorch.linalg_eig(A)[0]
     return ltorch.linalg_eigvals(A)
+
+
+#: (a complex input's backward is eager's formula: ``factorization_backwards.COMPLEX``)
+eigenvalues.complex_grads = True  # type: ignore[attr-defined]
 
 
 def _itself(a):

@@ -215,7 +215,14 @@ def svd_as_eager(input, some=True, compute_uv=True, *, out=None):
     LAPACK's values then differ in their last bits), so they are ``singular_values``'s; U and V are
     still the zeros of the opaque call."""
     kwargs = {} if out is None else {"out": out}
-    if compute_uv or out is not None or not (torch.is_grad_enabled() and input.requires_grad):
+    differentiated = torch.is_grad_enabled() and input.requires_grad
+    if compute_uv and out is None and differentiated:
+        # eager's ``linalg_svd`` and ``V = Vh.mH``, a view: its node saves Vh, laid out as LAPACK
+        # wrote it, which the backward reads (of the opaque torch.svd, V: another layout, and for
+        # a wide input another shape)
+        U, S, Vh = ltorch.linalg_svd(input, full_matrices=not some)
+        return torch.return_types.svd((U, S, Vh.mH))
+    if compute_uv or out is not None or not differentiated:
         return ltorch.svd(input, some, compute_uv, **kwargs)
     U, _, V = ltorch.svd(input, some, compute_uv)
     return U, singular_values(input), V
