@@ -23,6 +23,11 @@ Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0,
 function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
 differentiated argument is first expanded over the active levels, so that every example's
 gradient is its own, and the backward of the batched ops is the batched backward.
+A jacobian (``jacrev``'s ``vmap`` of ``vjp``'s function over a basis of cotangents, ``jacfwd``'s
+of ``jvp`` over a basis of tangents) keeps eager's forward: the function is traced once, outside
+the levels, and its backward is emitted from unbatched stand-ins of the cotangents, then recorded
+again batched over the levels (``_over_levels``, ``passes::batch``), as functorch batches only the
+backward; where the backward has no batching rule the function is traced again under the levels.
 
 What the trace cannot differentiate (a function whose backward runs eager fallbacks, or that
 thunder_rs cannot trace) runs as one eager call instead (``functorch_calls``), as do the transform's
@@ -321,9 +326,10 @@ def _vjp_forward(rec, func, primals: tuple, argnums, has_aux: bool, written: lis
 def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None, wrote=False):
     """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
     the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
-    the program has recorded since; where there is none (or it was traced outside the
-    ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
-    backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
+    the program has recorded since (batched over the ``torch.vmap`` levels now active where it was
+    traced outside them: ``_over_levels``); where there is none (or its backward cannot be
+    batched, or it was traced under other levels), ``func`` traced again on stand-ins of the
+    primals, its backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
     numbers is not traced twice (the draws would differ), nor one that ``wrote`` its arguments
     (the writes would be made again)."""
     rec = active_recorder()
