@@ -289,6 +289,31 @@ mod tests {
         assert_eq!(names, ["prims.broadcast_in_dim", "prims.mul"]);
     }
 
+    /// An elementwise kernel recorded whole is recorded again on its operands broadcast to the
+    /// batched shape (a lower-rank operand right-aligned, as the kernel's broadcasting aligns it);
+    /// one not said to be elementwise is refused.
+    #[test]
+    fn records_an_elementwise_kernel_again_on_broadcast_operands() {
+        let kernel = trace_ir::SymbolTable::register("test.batched_backward_kernel", trace_ir::SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let (g, y, batched_g) = (input(&mut b, &[2, 3]), input(&mut b, &[3]), input(&mut b, &[6, 2, 3]));
+        let mark = b.mark();
+        let out = b.add_value(ValueKind::Tensor(TensorMeta::new(DType::F32, Device::CPU, vec![2, 3])));
+        b.push_bsym(BoundSymbol::new(Symbol::Composite(kernel), vec![Arg::Value(g), Arg::Value(y)], vec![out]));
+        let given = FxHashMap::from_iter([(g, batched_g)]);
+        let refused = batch_since(&mut b, mark, given.clone(), &[Dim::Const(6)], &FxHashSet::default());
+        assert!(refused.unwrap_err().to_string().contains("test.batched_backward_kernel has no batching rule"));
+        b.push_bsym(BoundSymbol::new(Symbol::Composite(kernel), vec![Arg::Value(g), Arg::Value(y)], vec![out]));
+        let done = batch_since(&mut b, mark, given, &[Dim::Const(6)], &FxHashSet::from_iter([kernel])).unwrap();
+        assert_eq!(shape(&b, done[&out]), [6, 2, 3].map(Dim::Const));
+        let calls = b.recorded_since(mark);
+        assert!(
+            matches!(calls[0].symbol.as_prim(), Some(Prim::Shape(Shape::BroadcastInDim { dims, .. })) if dims == &[2])
+        );
+        assert_eq!(calls[1].args[0], Arg::Value(batched_g));
+        assert_eq!(calls[1].outputs, [done[&out]]);
+    }
+
     /// What has no rule is refused, and nothing stays recorded.
     #[test]
     fn refuses_a_prim_without_a_rule_recording_nothing() {
