@@ -394,6 +394,12 @@ def test_a_jacobian_whose_function_writes_an_argument_writes_it_once_as_eager():
     exactly(thunder_rs.jit(program)(x, b1), program(x, b2))
     exactly(b1, torch.full((3,), 2.0))
 
-    made_before = torch.func.jacrev(writes)  # (its vjp is traced: refused where it would write again)
+    # Made before tracing, its vjp is traced: the forward once (writing once, as eager), the
+    # backward batched over the basis (it was refused: the vjp function traced the forward again).
+    made_before = torch.func.jacrev(writes)
+    b1, b2 = torch.zeros(3), torch.zeros(3)
+    exactly(thunder_rs.jit(lambda x, b: (made_before(x, b), b))(x, b1), (made_before(x, b2), b2))
+    # Refused where the backward has no batching rule (cumsum's), so that the forward would be traced again.
+    cumulative = torch.func.jacrev(lambda x, b: writes(x, b).cumsum(0))
     with pytest.raises(NotImplementedError, match=r"torch\.func\.vjp at .*test_func_transforms\.py:\d+: .*writes"):
-        thunder_rs.jit(lambda x, b: made_before(x, b))(x, torch.zeros(3))
+        thunder_rs.jit(lambda x, b: cumulative(x, b))(x, torch.zeros(3))

@@ -220,23 +220,9 @@ def _jitted_once(program, *args):
     return jitted
 
 
-#: Why a jacobian of a forward that does not depend on the vmapped basis is not eager's kernels: the
-#: vjp (jvp) function under ``torch.vmap`` is traced again with the differentiated primal expanded
-#: over the level (``traced_grads._differentiable``), so that each example's gradient is its own,
-#: and the forward is recomputed batched (``x @ w`` a bmm over the basis, ``sin``'s ``cos`` of that
-#: (basis, 2, 3) product) where eager computes it once (one mm, ``cos`` of the (2, 3) product) and
-#: batches only the backward (functorch's rules on the basis cotangents against unbatched saved
-#: values). The Rust VJP pass emits a backward at the recorded shapes only: keeping the forward
-#: unbatched needs a batched backward, which it has no rules for.
-_RECOMPUTED = (
-    "the vmapped vjp recomputes x @ w batched (a bmm over the basis) where eager reuses the forward's mm "
-    "(see the comment on _RECOMPUTED): 1 ulp apart with AVX-512 kernels, bit-equal with AVX2's"
-)
-
-
-@pytest.mark.xfail(torch.backends.cpu.get_cpu_capability() == "AVX512", reason=_RECOMPUTED)
 def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     # jacrev's function calls torch's _vjp_with_argnums, then vmaps the vjp function over a basis.
+    # (Was 1 ulp apart with AVX-512 kernels: the vmapped vjp recomputed x @ w as a bmm over the basis.)
     jac = torch.func.jacrev(lambda x, w: ((x @ w).sin(), x.cos()), argnums=1, has_aux=True)
     unfit = torch.func.jacrev(lambda x: torch.linalg.det(torch.outer(x, x) + torch.eye(3)))
 
@@ -249,23 +235,51 @@ def test_vjp_with_argnums_and_aux_as_a_jacrev_made_before_tracing_calls_it():
     assert thunder_rs.examine(program, x, w).fallbacks == {"torch.func.vmap": 1}
 
 
+#: name -> (program, the forward's nonlinear ops): jacobians whose forward eager computes once.
 _JACOBIANS = {
-    "jacrev": lambda x, w: torch.func.jacrev(lambda w: (x @ w).sin())(w),
-    "jacfwd": lambda x, w: torch.func.jacfwd(lambda w: (x @ w).sin())(w),
-    "hessian": lambda x, w: torch.func.hessian(lambda w: (x @ w).sin().sum())(w),
+    "jacrev": (lambda x, w: torch.func.jacrev(lambda w: (x @ w).sin())(w), "sin|cos"),
+    "jacfwd": (lambda x, w: torch.func.jacfwd(lambda w: (x @ w).sin())(w), "sin|cos"),
+    "hessian": (lambda x, w: torch.func.hessian(lambda w: (x @ w).sin().sum())(w), "sin|cos"),
+    "jacrev-of-two": (
+        lambda x, w: torch.func.jacrev(lambda x, w: (x @ w).sin() * x.sum(), argnums=(0, 1))(x, w),
+        "sin|cos",
+    ),
+    # (relu's backward kernel, recorded whole, batched as an elementwise kernel)
+    "jacrev-mlp": (lambda x, w: torch.func.jacrev(lambda w: torch.relu(x @ w) @ w.T)(w), "relu"),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the forward is recomputed batched over the basis (see _RECOMPUTED)")
+def _computed(jitted, ops: str) -> list[str]:
+    """The shapes the execution trace computes the calls ``ops`` (a regex alternation) at."""
+    lines = str(thunder_rs.last_traces(jitted)[-1]).splitlines()
+    found = [ln for ln in lines if re.search(rf"^ *t\d+ = .*[._ ]({ops})_?\(", ln)]
+    return [re.search(r'f32\[([\d, ]*)\]"$', ln)[1] for ln in found]
+
+
 @pytest.mark.parametrize("name", list(_JACOBIANS))
 def test_a_jacobians_forward_is_computed_once_unbatched_as_eager(name):
+    # functorch computes the forward once, unbatched, and vmaps only the backward (jacrev: the vjp
+    # over the basis of cotangents; jacfwd: the jvp over the basis of tangents) against its values.
+    # thunder_rs traced the vjp (jvp) again under the vmap, the primals expanded over the basis: x @ w
+    # a bmm and sin's cos of a (basis, 2, 3) product, 1 ulp from eager's with AVX-512 kernels.
+    program, nonlinear = _JACOBIANS[name]
     x, w = torch.randn(2, 4), torch.randn(4, 3)
-    jitted = thunder_rs.jit(_JACOBIANS[name])
-    exactly(jitted(x, w), _JACOBIANS[name](x, w))
-    # eager's forward: one mm of (2, 4) and (4, 3), no product of x with w expanded over the basis
-    lines = str(thunder_rs.last_traces(jitted)[-1]).splitlines()
-    products = [re.search(r'f32\[([\d, ]*)\]"$', ln)[1] for ln in lines if re.search(r"^ *t\d+ = .*(matmul|mm)\(", ln)]
-    assert [p for p in products if p.endswith("2, 3")] == ["2, 3"]
+    jitted = thunder_rs.jit(program)
+    exactly(jitted(x, w), program(x, w))
+    assert _computed(jitted, "matmul|mm|bmm").count("2, 3") == 1  # (one x @ w; jacfwd's J t is a product too)
+    assert set(_computed(jitted, nonlinear)) == {"2, 3"}  # (of the one product, and its derivative's)
+    assert traced(program, x, w)
+
+
+def test_a_vmapped_jvp_whose_function_reads_a_batched_value_is_traced_under_the_levels():
+    # The forward of a jvp of unbatched primals under torch.vmap is traced outside the levels (as
+    # jacfwd's, above), but not where the function reads a value the levels batch (its closure's
+    # x): outside them the physical (5, 3) x was read as one unbatched value.
+    def program(xs, w, ts):
+        return torch.vmap(lambda x, t: torch.func.jvp(lambda w: (w * x).sin(), (w,), (t,)))(xs, ts)
+
+    xs, w, ts = torch.randn(5, 3), torch.randn(3), torch.randn(5, 3)
+    exactly(thunder_rs.jit(program)(xs, w, ts), program(xs, w, ts))
 
 
 def test_a_vjp_of_random_draws_is_traced_once_as_eager_draws_them():

@@ -344,6 +344,19 @@ class Recorder:
     ) -> list[RecordedTensor | None]:
         """``differentiate`` of the calls defining the values made from ``first`` to before ``end``
         (a vjp's forward), labelled ``inner`` meanwhile, its backward after all recorded so far."""
+    def batch_since(
+        self,
+        first: int,
+        batched: Sequence[tuple[int, int]],
+        lead: Sequence[int | SymExpr],
+        enabled: bool,
+        elementwise: Sequence[int],
+    ) -> list[tuple[int, RecordedTensor]]:
+        """The last calls, those defining only values from ``first`` on (a backward just emitted),
+        recorded again with the values of ``batched``'s ``(value, batched value)`` pairs batched
+        over the leading sizes ``lead``: ``(value, batched value)`` for each value they define
+        that reads a batched one, requiring grad under ``enabled``; the kernels of the symbols
+        ``elementwise`` batched as elementwise."""
     def dual_labels(self, mark: int, first: int, sources: Sequence[int], cuts: Sequence[int]) -> list[tuple[int, bool]]:
         """Whether each tensor value made from ``first`` on carries a tangent of the dual tensors
         ``sources``: computed from one by a call since ``mark``, but for ``cuts``."""

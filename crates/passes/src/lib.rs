@@ -58,6 +58,7 @@
 #![deny(missing_docs)]
 
 pub mod absent;
+pub mod batch;
 pub mod claim;
 pub mod cse;
 pub mod data_rules;

@@ -414,6 +414,39 @@ impl Recorder {
         grads.into_iter().map(|g| g.map(|g| self.describe(&[g]).map(|mut d| d.remove(0))).transpose()).collect()
     }
 
+    /// The last calls recorded at the current level, those that define only values made from
+    /// `first` on (a backward just emitted: the VJP pass may have decomposed calls before it),
+    /// recorded again with the values of `batched`'s `(value, batched value)` pairs batched over
+    /// the leading sizes `lead` (`passes::batch::batch_since`: the backward of a forward traced
+    /// unbatched, from cotangents batched over a jacobian's basis): `(value, batched value)` for
+    /// every value they define that reads a batched one; they then require grad as the level
+    /// outside sees them, under its grad mode `enabled`. The kernels recorded whole of the symbols
+    /// `elementwise` are batched as elementwise. On an error those calls are dropped.
+    fn batch_since(
+        &mut self,
+        first: usize,
+        batched: Vec<(u32, u32)>,
+        lead: Vec<Bound<'_, PyAny>>,
+        enabled: bool,
+        elementwise: Vec<u32>,
+    ) -> PyResult<Vec<(u32, RecordedTensor)>> {
+        let lead = lead.iter().map(dim_of).collect::<PyResult<Vec<_>>>()?;
+        let elementwise: rustc_hash::FxHashSet<SymbolId> = elementwise.into_iter().map(SymbolId).collect();
+        let given: rustc_hash::FxHashMap<ValueId, ValueId> =
+            batched.iter().map(|&(v, b)| (ValueId(v), ValueId(b))).collect();
+        let builder = self.builder()?;
+        let calls = builder.recorded_since(0);
+        let made_since = |b: &BoundSymbol| b.outputs.iter().all(|v| v.index() >= first);
+        let mark = calls.iter().rposition(|b| !made_since(b)).map_or(0, |i| i + 1);
+        let done = no_panic("batch", || {
+            py_result(passes::batch::batch_since(builder, mark, given.clone(), &lead, &elementwise))
+        })?;
+        py_result(builder.relabel_since(mark, enabled))?;
+        let mut pairs: Vec<(ValueId, ValueId)> = done.into_iter().filter(|(v, _)| !given.contains_key(v)).collect();
+        pairs.sort_by_key(|&(v, _)| v.0);
+        pairs.into_iter().map(|(v, b)| Ok((v.0, self.describe(&[b])?.remove(0)))).collect()
+    }
+
     /// Whether each tensor value made from `first` on carries a tangent of the dual tensors
     /// `sources` (`torch.autograd.forward_ad.make_dual`'s stand-ins): an inexact output of a call
     /// recorded at the current level since `mark` (or in its decomposition) that reads one that

@@ -473,20 +473,20 @@ def _elementwise_backward_meta(grad_output, input, *params):
 # decompositions select on eager's comparisons, so the gradient at the kinks and at NaN is eager's.
 
 
-@torchsymbol(name="threshold_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="threshold_backward", meta=_elementwise_backward_meta, elementwise=True)
 def threshold_backward(grad_output, input, threshold):
     """``grad_output`` where ``input > threshold``, else 0 (NaN passes nothing, as eager's)."""
     return ltorch.where(ltorch.le(input, threshold), 0.0, grad_output)
 
 
-@torchsymbol(name="leaky_relu_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="leaky_relu_backward", meta=_elementwise_backward_meta, elementwise=True)
 def leaky_relu_backward(grad_output, input, negative_slope, self_is_result=False):
     """``grad_output`` where ``input > 0``, else ``grad_output * negative_slope``. From the result of
     an in-place call (``self_is_result``) with a negative slope, eager's kernel raises when run."""
     return ltorch.where(ltorch.gt(input, 0.0), grad_output, grad_output * negative_slope)
 
 
-@torchsymbol(name="hardtanh_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="hardtanh_backward", meta=_elementwise_backward_meta, elementwise=True)
 def hardtanh_backward(grad_output, input, min_val, max_val):
     """``grad_output`` strictly inside (min_val, max_val) and at NaN, else 0."""
     outside = ltorch.bitwise_or(ltorch.le(input, min_val), ltorch.ge(input, max_val))
@@ -498,7 +498,7 @@ def hardtanh_backward(grad_output, input, min_val, max_val):
 # differently, so that a decomposition's gradients were 1 ulp apart from eager's.
 
 
-@torchsymbol(name="softplus_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="softplus_backward", meta=_elementwise_backward_meta, elementwise=True)
 def softplus_backward(grad_output, input, beta, threshold):
     """``g * z / (z + 1)`` with ``z = exp(input * beta)``; ``g`` where ``input * beta > threshold``."""
     g, dtype = in_opmath(grad_output, input)
@@ -511,7 +511,7 @@ def _elu_backward_meta(grad_output, alpha, scale, input_scale, is_result, self_o
     return _elementwise_backward_meta(grad_output, self_or_result)
 
 
-@torchsymbol(name="elu_backward", meta=_elu_backward_meta)
+@torchsymbol(name="elu_backward", meta=_elu_backward_meta, elementwise=True)
 def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
     """``g * input_scale * (alpha * scale) * exp(x * input_scale)`` (from the result ``y``: ``g *
     input_scale * (y + alpha * scale)``) where ``x <= 0``, else ``g * scale``: the coefficients
@@ -527,7 +527,7 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
     return rounded(ltorch.where(x <= 0.0, negative, g * scale), dtype)
 
 
-@torchsymbol(name="silu_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="silu_backward", meta=_elementwise_backward_meta, elementwise=True)
 def silu_backward(grad_output, input):
     """``g * s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``."""
     g, dtype = in_opmath(grad_output, input)
@@ -536,7 +536,7 @@ def silu_backward(grad_output, input):
     return rounded(g * s * (1.0 + x * (1.0 - s)), dtype)
 
 
-@torchsymbol(name="sigmoid_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="sigmoid_backward", meta=_elementwise_backward_meta, elementwise=True)
 def sigmoid_backward(grad_output, output):
     """``g * (1 - y) * y``. The CPU kernel computes bfloat16 in float32 but float16 in float16,
     rounding each product (CUDA's computes both in float32): float32 math gave 1 ulp differences
@@ -548,7 +548,7 @@ def sigmoid_backward(grad_output, output):
     return rounded(g * (1.0 - y) * y, dtype)
 
 
-@torchsymbol(name="mish_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="mish_backward", meta=_elementwise_backward_meta, elementwise=True)
 def mish_backward(grad_output, input):
     """``g * (t + x * sigmoid(x) * (1 - t * t))`` with ``t = tanh(softplus(x))``."""
     g, dtype = in_opmath(grad_output, input)
@@ -557,7 +557,7 @@ def mish_backward(grad_output, input):
     return rounded(g * (t + x * _sigmoid_of(x) * (1.0 - t * t)), dtype)
 
 
-@torchsymbol(name="hardswish_backward", meta=_elementwise_backward_meta)
+@torchsymbol(name="hardswish_backward", meta=_elementwise_backward_meta, elementwise=True)
 def hardswish_backward(grad_output, input):
     """0 up to -3 inclusive, ``g * (x / 3 + 0.5)`` below 3, ``g`` from 3 on."""
     g, dtype = in_opmath(grad_output, input)

@@ -555,7 +555,7 @@ def _tanh_backward_meta(grad_output, output):
     return [(clang.broadcast_shapes("tanh_backward", grad_output.shape, output.shape), grad_output.dtype)]
 
 
-@torchsymbol(name="tanh_backward", meta=_tanh_backward_meta)
+@torchsymbol(name="tanh_backward", meta=_tanh_backward_meta, elementwise=True)
 def tanh_backward(grad_output, output):
     """``g * (1 - y²)``: eager's kernel, one aten call on the torch executor (its vector code
     rounds ``1 - y²`` as one fused multiply-add, 1 ulp from the ops'), computed in float32 for

@@ -17,7 +17,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, SYMBOLS, TORCH_TO_LTORCH
 from thunder_rs.core.lang.devices import indexed, refuse_pinned
 from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES
-from thunder_rs.core.lang.recorder import KERNEL_IDS, record_composite, record_kernel
+from thunder_rs.core.lang.recorder import ELEMENTWISE_KERNEL_IDS, KERNEL_IDS, record_composite, record_kernel
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderError
@@ -157,13 +157,15 @@ def torchsymbol(
     meta=None,
     reads_numbers_from: int | None = None,
     cuda_device_at: int | None = None,
+    elementwise: bool = False,
 ):
     """Registers the decorated decomposition as ``ltorch.<name>`` for ``torch_fns`` (see ``register``).
     A kernel (``layer_norms.native_layer_norm``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
     whole (``record_kernel``). ``reads_numbers_from``: the position from which the op takes sizes
     or numbers that may be given as tensors (``read_numbers``); ``cuda_device_at``: the position of a
-    device that is the current CUDA device when left ``None`` (``indexed_devices``)."""
+    device that is the current CUDA device when left ``None`` (``indexed_devices``); ``elementwise``: the
+    kernel (with ``meta``) computes each element from its operands' broadcast elements."""
 
     def decorate(fn):
         sym_name = f"ltorch.{name or fn.__name__}"
@@ -179,6 +181,8 @@ def torchsymbol(
                 return _or_specialised(record_composite, sym_id, sym_name, fn, args, kwargs)
         else:
             KERNEL_IDS.add(sym_id)
+            if elementwise:
+                ELEMENTWISE_KERNEL_IDS.add(sym_id)
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):

@@ -638,6 +638,9 @@ def _keep_strides(o, strides) -> None:
 
 #: The symbol ids of the kernels (symbols with a meta rule, which ``record_kernel`` records).
 KERNEL_IDS: set[int] = set()
+#: Those of them whose kernel is elementwise, broadcasting its tensor operands (``tanh_backward``):
+#: a backward batched over a jacobian's basis records them again on batched operands.
+ELEMENTWISE_KERNEL_IDS: set[int] = set()
 
 
 def record_kernel(symbol_id: int, name: str, fn, meta, args: tuple, kwargs: dict):

@@ -23,6 +23,11 @@ Under ``torch.vmap`` (per-sample gradients, ``vmap(grad(loss), in_dims=(None, 0,
 function runs on the physical tensors of the batching interpreter (``core.lang.vmap``): each
 differentiated argument is first expanded over the active levels, so that every example's
 gradient is its own, and the backward of the batched ops is the batched backward.
+A jacobian (``jacrev``'s ``vmap`` of ``vjp``'s function over a basis of cotangents, ``jacfwd``'s
+of ``jvp`` over a basis of tangents) keeps eager's forward: the function is traced once, outside
+the levels, and its backward is emitted from unbatched stand-ins of the cotangents, then recorded
+again batched over the levels (``_over_levels``, ``passes::batch``), as functorch batches only the
+backward; where the backward has no batching rule the function is traced again under the levels.
 
 What the trace cannot differentiate (a function whose backward runs eager fallbacks, or that
 thunder_rs cannot trace) runs as one eager call instead (``functorch_calls``), as do the transform's
@@ -31,6 +36,7 @@ errors (a non-scalar output): ``UNTRACED`` says so, and what was recorded is dro
 
 import contextlib
 import contextvars
+import types
 from typing import NamedTuple
 
 import torch
@@ -39,8 +45,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang import vmap_state
+from thunder_rs.core.lang import closures, vmap_state
 from thunder_rs.core.lang.recorder import (
+    ELEMENTWISE_KERNEL_IDS,
     active_recorder,
     grad_mode_cuts,
     lift_captured,
@@ -319,20 +326,34 @@ def _vjp_forward(rec, func, primals: tuple, argnums, has_aux: bool, written: lis
 def vjp_backward(func, primals: tuple, argnums, has_aux: bool, out_spec, cotangents, forward=None, wrote=False):
     """What ``vjp``'s function returns for traced ``cotangents`` (``functorch_calls._vjp_in_trace``):
     the backward of its ``forward`` (``vjp_forward``) from the cotangents, emitted after what
-    the program has recorded since; where there is none (or it was traced outside the
-    ``torch.vmap`` levels now active), ``func`` traced again on stand-ins of the primals, its
-    backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
+    the program has recorded since (batched over the ``torch.vmap`` levels now active where it was
+    traced outside them: ``_over_levels``); where there is none (or its backward cannot be
+    batched, or it was traced under other levels), ``func`` traced again on stand-ins of the
+    primals, its backward from the cotangents; or ``UNTRACED``, nothing recorded. A function that draws random
     numbers is not traced twice (the draws would differ), nor one that ``wrote`` its arguments
     (the writes would be made again)."""
     rec = active_recorder()
-    if forward is not None and forward.recorder is rec and forward.levels == vmap_state.levels.get():
+    levels = vmap_state.levels.get()
+    if forward is not None and forward.recorder is rec and forward.levels in (levels, ()):
         flat_cot, cot_spec = tree_flatten(cotangents)
+        seeds = list(zip(forward.outputs, flat_cot))
         try:
             if cot_spec != out_spec:
                 raise _Untraceable
-            trees = _backward(rec, forward, list(zip(forward.outputs, flat_cot)), forward.aliases, forward.specs, ())
+            if forward.levels == levels:
+                trees = _backward(rec, forward, seeds, forward.aliases, forward.specs, ())
+            else:  # (jacrev's vmap of the vjp function: the forward once, its backward batched, as functorch)
+                trees = _over_levels(
+                    rec,
+                    seeds,
+                    forward.aliases,
+                    forward.specs,
+                    lambda pairs, wrt, enabled: rec.differentiate_values(
+                        forward.first, forward.end, forward.inner, pairs, wrt, enabled
+                    ),
+                )
             return _as_argnums(trees, argnums)
-        except Exception:  # (traced again below)
+        except Exception:  # (traced again below; what the forward's backward recorded is unused)
             pass
     if wrote:
         return UNTRACED
@@ -363,6 +384,33 @@ def _traced_again(rec, mark: int, func, primals: tuple, argnums, has_aux: bool, 
     if spec != out_spec or cot_spec != spec or rec.effects_since(mark):
         raise _Untraceable
     return _backward(rec, mark, list(zip(flat_out, flat_cot)), aliases, specs, out)
+
+
+def _over_levels(rec, seeds: list, aliases: list, specs: list, emit) -> list:
+    """The gradients of ``aliases`` (unbatched: traced outside the active ``torch.vmap`` levels)
+    from ``seeds``, ``(output, cotangent)`` with the outputs unbatched and the cotangents batched
+    over the levels, as functorch computes a jacobian: the backward ``emit((output, stand-in)
+    pairs, alias ids, grad mode)`` records from unbatched stand-ins of the cotangents, recorded
+    again batched over the levels (``Recorder.batch_since``), so that what does not depend on the
+    cotangents (the forward's values, ``cos(x @ w)`` in ``sin``'s backward) is computed once."""
+    sizes = vmap_state.levels.get()
+    flat = [a for group in aliases for a in group]
+    pairs, given = [], []
+    for out, cotangent in seeds:
+        if vmap_state.levels_of(out) or tuple(cotangent.shape) != tuple(out.shape) or cotangent.dtype != out.dtype:
+            raise _Untraceable
+        stand_in = prims.full(tuple(out.shape), 0.0, out.device, out.dtype)
+        pairs.append((out._vid, stand_in._vid))
+        given.append((stand_in._vid, vmap_state.full(cotangent, len(sizes))._vid))
+    first, enabled = rec.num_values, torch.is_grad_enabled()
+    grads = emit(pairs, [a._vid for a in flat], enabled)
+    batched = dict(rec.batch_since(first, given, list(sizes), enabled, list(ELEMENTWISE_KERNEL_IDS)))
+    if any(g is not None and g.vid not in batched for g in grads):
+        raise _Untraceable  # (a gradient that does not depend on the cotangents: none is linear in them)
+    made = [None if g is None else vmap_state.BATCHED[0](proxies([batched[g.vid]])[0], len(sizes)) for g in grads]
+    made = [torch.zeros_like(a) if g is None else g for g, a in zip(made, flat)]
+    it = iter(made)
+    return [tree_unflatten([next(it) for _ in group], spec) for group, spec in zip(aliases, specs)]
 
 
 def _as_argnums(trees: list, argnums):
@@ -403,6 +451,56 @@ def _jvp(rec, func, primals: tuple, tangents, argnums, has_aux: bool, written: l
     flat_primals, primal_spec = tree_flatten(diff)
     if spec != primal_spec or not all(_as_tangent(p, t) for p, t in zip(flat_primals, flat_tangents)):
         raise _Untraceable  # (the eager call raises eager's error)
+    if vmap_state.levels.get() and not _reads_batched(func, primals):
+        mark = rec.mark()
+        try:  # (jacfwd's vmap of jvp over a basis of tangents: functorch computes the forward once)
+            return _jvp_unbatched(rec, func, primals, flat_tangents, argnums, has_aux, written, whole)
+        except Exception:
+            if written:
+                raise
+            rec.rewind(mark)  # (traced batched below)
+    out, aux, out_spec, mark, cotangents, flat_pulled = _transposed(
+        rec, func, primals, argnums, has_aux, written, whole
+    )
+    (tangents_out,) = _backward(
+        rec, mark, list(zip(flat_pulled, flat_tangents)), [[a for _, a in cotangents]], [out_spec], (out, aux)
+    )
+    return (out, tangents_out, aux) if has_aux else (out, tangents_out)
+
+
+def _reads_batched(func, primals: tuple) -> bool:
+    """Whether ``func`` on ``primals`` may read values the active ``torch.vmap`` levels batch: a
+    batched primal, or one in the closures of the functions it holds (another callable, which
+    may hold one elsewhere, counts as reading them)."""
+    if not isinstance(func, types.FunctionType):
+        return True
+    return any(vmap_state.levels_of(x) for x in (*tree_flatten(primals)[0], *closures.traced_values(func)))
+
+
+def _jvp_unbatched(rec, func, primals: tuple, flat_tangents: list, argnums, has_aux: bool, written: list, whole):
+    """``_jvp`` of unbatched ``primals`` under ``torch.vmap`` levels that batch the tangents (a
+    ``jacfwd``): the function and its backward ``J^T u`` traced once, outside the levels, and the
+    backward of that from the tangents batched over them (``_over_levels``)."""
+    token = vmap_state.levels.set(())
+    try:
+        out, aux, out_spec, mark, cotangents, flat_pulled = _transposed(
+            rec, func, primals, argnums, has_aux, written, whole
+        )
+    finally:
+        vmap_state.levels.reset(token)
+    if rec.effects_since(mark) or any(vmap_state.levels_of(x) for x in tree_flatten((out, aux))[0]):
+        raise _Untraceable  # (a draw, or a batched value the function reads: traced under the levels)
+    emit = lambda pairs, wrt, enabled: rec.differentiate(mark, pairs, wrt, enabled)  # noqa: E731
+    seeds = list(zip(flat_pulled, flat_tangents))
+    (tangents_out,) = _over_levels(rec, seeds, [[a for _, a in cotangents]], [out_spec], emit)
+    _as_outside(rec, (out, aux))
+    return (out, tangents_out, aux) if has_aux else (out, tangents_out)
+
+
+def _transposed(rec, func, primals: tuple, argnums, has_aux: bool, written: list, whole: bool):
+    """``func`` traced once on stand-ins of the primals and its backward ``J^T u`` from cotangent
+    stand-ins ``u`` that require grad: ``(output, aux, its tree spec, the mark before the
+    backward, the stand-ins, J^T u flat)``."""
     cuts = list[str]()
     token = grad_mode_cuts.set(cuts)
     try:
@@ -420,10 +518,7 @@ def _jvp(rec, func, primals: tuple, tangents, argnums, has_aux: bool, written: l
         seeds = list(zip(flat_out, [u for u, _ in cotangents]))
         pulled = _backward(rec, forward, seeds, forward.aliases, forward.specs, ())
     flat_pulled = [g for tree in pulled for g in tree_flatten(tree)[0]]
-    (tangents_out,) = _backward(
-        rec, mark, list(zip(flat_pulled, flat_tangents)), [[a for _, a in cotangents]], [out_spec], (out, aux)
-    )
-    return (out, tangents_out, aux) if has_aux else (out, tangents_out)
+    return out, aux, out_spec, mark, cotangents, flat_pulled
 
 
 def _as_tangent(primal, tangent) -> bool:
