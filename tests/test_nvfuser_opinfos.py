@@ -32,10 +32,6 @@ HALF = dict(rtol=3e-2, atol=3e-2)
 #: dtype for some sample, where the torch executor running the same decomposition gives the
 #: region's values (checked): the test accepts those. Not the nvFuser executor's to fix.
 DIFFERS_FROM_EAGER = {
-    # Forward: sampling coordinates rounded at each op of the decomposition pick other pixels.
-    ("grid_sample_nearest", torch.bfloat16): "forward up to 14.2 (samples 0, 4, 6)",
-    # (its gradients are eager's: grid_sampler's backward is eager's kernel on every executor)
-    ("grid_sample_bilinear", torch.bfloat16): "forward up to 0.31",
     # Gradients, measured with the torch executor alone (largest difference, tolerance).
     ("scaled_dot_product_attention", torch.bfloat16): "gradient up to 2.5 (0.03), samples 3-9: issue 23, item 5",
     ("scaled_dot_product_attention", torch.float32): "gradient 1.2e-5 (1e-5), samples 3, 9",

@@ -257,11 +257,13 @@ grid_sampler_eager = OpaqueKernel("grid_sampler_eager", _eager_sampler_meta)
 def grid_sampler(input, grid, interpolation, padding, align_corners):
     """aten's ``grid_sampler`` (the kernel eager's F.grid_sample calls): ``input`` read at the
     ``grid``'s points, a new contiguous tensor. The decomposition, for executors that fuse prims,
-    takes 2-D bilinear and nearest sampling; bicubic and 3-D sampling only eager's kernel runs
-    (``grid_sampler_eager``)."""
+    takes 2-D bilinear and nearest sampling in float32 and float64; bicubic and 3-D sampling, and
+    bfloat16 and float16 (whose kernels round each step of the kernel's own formula in that dtype:
+    the decomposition's rounding picked other pixels, up to 14 off in bfloat16), only eager's kernel
+    runs (``grid_sampler_eager``)."""
     mode = next(name for name, code in INTERPOLATIONS.items() if code == interpolation)
     padding_mode = next(name for name, code in PADDINGS.items() if code == padding)
-    if input.ndim != 4 or mode == "bicubic":
+    if input.ndim != 4 or mode == "bicubic" or input.dtype not in (torch.float32, torch.float64):
         return grid_sampler_eager(input, grid, interpolation, padding, align_corners)[0]
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
