@@ -33,7 +33,10 @@ HALF = dict(rtol=3e-2, atol=3e-2)
 #: region's values (checked): the test accepts those. Not the nvFuser executor's to fix.
 DIFFERS_FROM_EAGER = {
     # Gradients, measured with the torch executor alone (largest difference, tolerance).
-    ("group_norm", torch.float32): "gradient 1.7e-4 (1e-5), sample 3",
+    # Two values a group: the input gradient is zero but for rounding, and eager's CPU kernel's
+    # residue (up to 3.8e-3 where a group's values are close) comes from its own moments and its
+    # ds/db formula; the decomposition's, from its own (eager's formula on them: 3e-5 off).
+    ("group_norm", torch.float32): "gradient 1.7e-4 (1e-5), sample 3: cancellation residue",
 }
 #: The default run's subset: one op of each family and every op the H100 run failed on, each
 #: op's first sample.
