@@ -8,7 +8,8 @@ values and gradients are eager's bit for bit. The kernel's decomposition, for ex
 prims, unnormalises each grid point into input coordinates, applies the padding mode (clip for
 border, fold for reflection), and reads the input at the nearest point or at the four neighbours
 with bilinear weights, one ``take_along_axis`` per neighbour; neighbours outside the input weigh
-zero. Bicubic and 3-D (5-D input) sampling have no decomposition: only eager's kernel runs them.
+zero. Bicubic and 3-D (5-D input) sampling have no decomposition, nor do bfloat16 and float16
+inputs (eager's kernel rounds each step of its formula in that dtype): only eager's kernel runs them.
 """
 
 import math
