@@ -32,21 +32,11 @@ HALF = dict(rtol=3e-2, atol=3e-2)
 #: dtype for some sample, where the torch executor running the same decomposition gives the
 #: region's values (checked): the test accepts those. Not the nvFuser executor's to fix.
 DIFFERS_FROM_EAGER = {
-    # Forward: sampling coordinates rounded at each op of the decomposition pick other pixels.
-    ("grid_sample_nearest", torch.bfloat16): "forward up to 14.2 (samples 0, 4, 6)",
-    # (its gradients are eager's: grid_sampler's backward is eager's kernel on every executor)
-    ("grid_sample_bilinear", torch.bfloat16): "forward up to 0.31",
     # Gradients, measured with the torch executor alone (largest difference, tolerance).
-    ("scaled_dot_product_attention", torch.bfloat16): "gradient up to 2.5 (0.03), samples 3-9: issue 23, item 5",
-    ("scaled_dot_product_attention", torch.float32): "gradient 1.2e-5 (1e-5), samples 3, 9",
-    ("var", torch.bfloat16): "gradient 0.047 (0.03), sample 7",
-    ("baddbmm", torch.bfloat16): "gradient 0.5 (0.03), sample 3",
-    ("quantile", torch.float32): "gradient 3.6 (1e-5), sample 11",
-    ("nanquantile", torch.float32): "gradient 3.6 (1e-5), sample 11",
-    ("group_norm", torch.float32): "gradient 1.7e-4 (1e-5), sample 3",
-    ("masked_fill", torch.float32): "gradient of a 0-dim operand, one ulp (1e-7), sample 8",
-    ("logaddexp2", torch.float32): "gradient of a 0-dim operand, one ulp (1e-7), sample 11",
-    ("hypot", torch.float32): "gradient of a 0-dim operand, one ulp (1e-7), sample 11",
+    # Two values a group: the input gradient is zero but for rounding, and eager's CPU kernel's
+    # residue (up to 3.8e-3 where a group's values are close) comes from its own moments and its
+    # ds/db formula; the decomposition's, from its own (eager's formula on them: 3e-5 off).
+    ("group_norm", torch.float32): "gradient 1.7e-4 (1e-5), sample 3: cancellation residue",
 }
 #: The default run's subset: one op of each family and every op the H100 run failed on, each
 #: op's first sample.

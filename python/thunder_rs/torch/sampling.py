@@ -8,7 +8,8 @@ values and gradients are eager's bit for bit. The kernel's decomposition, for ex
 prims, unnormalises each grid point into input coordinates, applies the padding mode (clip for
 border, fold for reflection), and reads the input at the nearest point or at the four neighbours
 with bilinear weights, one ``take_along_axis`` per neighbour; neighbours outside the input weigh
-zero. Bicubic and 3-D (5-D input) sampling have no decomposition: only eager's kernel runs them.
+zero. Bicubic and 3-D (5-D input) sampling have no decomposition, nor do bfloat16 and float16
+inputs (eager's kernel rounds each step of its formula in that dtype): only eager's kernel runs them.
 """
 
 import math
@@ -257,11 +258,13 @@ grid_sampler_eager = OpaqueKernel("grid_sampler_eager", _eager_sampler_meta)
 def grid_sampler(input, grid, interpolation, padding, align_corners):
     """aten's ``grid_sampler`` (the kernel eager's F.grid_sample calls): ``input`` read at the
     ``grid``'s points, a new contiguous tensor. The decomposition, for executors that fuse prims,
-    takes 2-D bilinear and nearest sampling; bicubic and 3-D sampling only eager's kernel runs
-    (``grid_sampler_eager``)."""
+    takes 2-D bilinear and nearest sampling in float32 and float64; bicubic and 3-D sampling, and
+    bfloat16 and float16 (whose kernels round each step of the kernel's own formula in that dtype:
+    the decomposition's rounding picked other pixels, up to 14 off in bfloat16), only eager's kernel
+    runs (``grid_sampler_eager``)."""
     mode = next(name for name, code in INTERPOLATIONS.items() if code == interpolation)
     padding_mode = next(name for name, code in PADDINGS.items() if code == padding)
-    if input.ndim != 4 or mode == "bicubic":
+    if input.ndim != 4 or mode == "bicubic" or input.dtype not in (torch.float32, torch.float64):
         return grid_sampler_eager(input, grid, interpolation, padding, align_corners)[0]
     n, c, height, width = input.shape
     out_h, out_w = grid.shape[1:3]
