@@ -377,6 +377,11 @@ COMPLEX_OPS = {
     "svd, wide": (lambda a: _product(*torch.linalg.svd(a[..., :3, :], full_matrices=False)), _well),
     "qr": (torch.linalg.qr, _well),
     "qr, wide": (lambda a: torch.linalg.qr(a[..., :3, :]), _well),
+    "lu": (lambda a: torch.linalg.lu(a)[1:], _well),
+    "lu, tall": (lambda a: torch.linalg.lu(a[..., :3])[1:], _well),
+    "lu, wide": (lambda a: torch.linalg.lu(a[..., :3, :])[1:], _well),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a)[0], _well),
+    "lu_factor_ex": (lambda a: torch.linalg.lu_factor_ex(a)[0], _well),
 }
 
 

@@ -299,7 +299,7 @@ def solve_backward(args, kwargs, outputs, cotangents):
 
 
 def _lu_backward(gL, gU, P, L, U, pivot: bool):
-    """``linalg_lu_backward``, real case."""
+    """``linalg_lu_backward`` (its adjoints ``mH`` make it the complex case's too)."""
     if gL is None and gU is None:
         return None
     m, n = L.shape[-2], U.shape[-1]
@@ -399,6 +399,7 @@ UNREAD = {
 COMPLEX = {"linalg_cholesky", "linalg_cholesky_ex", "linalg_inv", "inverse", "linalg_inv_ex"}
 COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogdet", "slogdet"}
 COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
+COMPLEX |= {"linalg_lu", "linalg_lu_factor", "linalg_lu_factor_ex"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
