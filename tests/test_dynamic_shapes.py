@@ -42,6 +42,15 @@ def test_a_changing_length_compiles_once_more():
     assert '"size 5"' in entry.entry.source, entry.entry.source
 
 
+def test_a_lower_rank_after_a_changing_dim_of_a_higher_one_runs_as_eager():
+    """A dim marked symbolic by calls of rank 3 is past the end of a later rank-2 argument (the
+    choice of symbolic sizes indexed its shape there: an IndexError where eager runs)."""
+    jf = thunder_rs.jit(lambda a: a * 2)
+    for shape in [(2, 3, 4), (2, 3, 5), (3, 4), (1, 1), (2, 3, 6)]:
+        x = torch.randn(shape)
+        assert torch.equal(jf(x), x * 2)
+
+
 def test_dynamic_false_compiles_per_size_and_true_from_the_first_call():
     w = torch.randn(4, 4)
     static, eager_dynamic = thunder_rs.jit(softmax_rows, dynamic=False), thunder_rs.jit(softmax_rows, dynamic=True)

@@ -420,6 +420,11 @@ COMPLEX_OPS = {
     "solve_triangular": (lambda a: torch.linalg.solve_triangular(a, a[..., :2] * 2, upper=True), _well),
     "matrix_exp": (lambda a: torch.linalg.matrix_exp(a * 0.25), _well),
     "eigvals": (torch.linalg.eigvals, _well),
+    "lu": (lambda a: torch.linalg.lu(a)[1:], _well),
+    "lu, tall": (lambda a: torch.linalg.lu(a[..., :3])[1:], _well),
+    "lu, wide": (lambda a: torch.linalg.lu(a[..., :3, :])[1:], _well),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a)[0], _well),
+    "lu_factor_ex": (lambda a: torch.linalg.lu_factor_ex(a)[0], _well),
 }
 
 

@@ -409,7 +409,7 @@ def solve_backward(args, kwargs, outputs, cotangents):
 
 
 def _lu_backward(gL, gU, P, L, U, pivot: bool):
-    """``linalg_lu_backward``, real case."""
+    """``linalg_lu_backward`` (its adjoints ``mH`` make it the complex case's too)."""
     if gL is None and gU is None:
         return None
     m, n = L.shape[-2], U.shape[-1]
@@ -528,6 +528,7 @@ COMPLEX |= {"linalg_eig"}
 #: tell a complex input's gradient from a real one's: eig's eigenpairs are complex either way); a
 #: complex input takes ``saved_vjp``.
 REAL_OUTPUTS_ONLY = {"linalg_eig"}
+COMPLEX |= {"linalg_lu", "linalg_lu_factor", "linalg_lu_factor_ex"}
 
 
 def _covered(name: str, args, kwargs) -> bool:

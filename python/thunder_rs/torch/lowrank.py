@@ -25,7 +25,9 @@ def _approximate_basis(A, q: int, niter, M):
     """``torch._lowrank.get_approximate_basis``: an orthonormal basis of ``q`` columns for the
     range of ``A - M``, from a Gaussian draw refined by ``niter`` power iterations."""
     niter = 2 if niter is None else niter
-    dtype = A.dtype if A.dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
+    # eager draws in A's dtype when complex or floating (``_utils.get_floating_dtype``), else float32
+    floating = (torch.float16, torch.float32, torch.float64)
+    dtype = A.dtype if A.dtype.is_complex or A.dtype in floating else torch.float32
 
     def minus_m(x, m, r):
         return x if m is None else _as_eager(torch.sub, x, _matmul(m, r))

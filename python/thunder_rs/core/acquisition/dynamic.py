@@ -113,7 +113,8 @@ def wanted_sizes(mode, key, flat, spec, earlier_keys, marked: set) -> tuple:
         dims.update((i, d) for i, x in tensors.items() for d in range(x.dim()))
     static = _marked_by_torch(tensors, "_dynamo_static_indices")
     ints = [(i, None) for i, d in dims if d is None and i < len(flat) and type(flat[i]) is int and flat[i] >= 2]
-    sized = [(i, d) for i, d in dims if i in tensors and type(d) is int and flat[i].shape[d] >= 2]
+    # (a dim marked by a call of higher rank is past this call's: ``x`` of rank 3, then of rank 2)
+    sized = [(i, d) for i, d in dims if i in tensors and type(d) is int and d < flat[i].dim() and flat[i].shape[d] >= 2]
     strided = [(i, d) for i, d in dims if type(d) is tuple and i in tensors and _stride_symbolic(flat[i], d[1])]
     return (*sorted(at for at in sized if at not in static), *sorted(strided), *sorted(ints))
 

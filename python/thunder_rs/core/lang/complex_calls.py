@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.rng import is_random
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -110,7 +111,7 @@ def _complex_grads(ltorch_fn, args, kwargs) -> bool:
 
 def _eager_with_grad(func, args, kwargs):
     given, kwargs = kwargs, dict(kwargs)
-    out = user_fallback(_with_grad(func, args, kwargs), args, kwargs)
+    out = user_fallback(_with_grad(func, args, kwargs), args, kwargs, effect=is_random(func))
     for link in VIEW_LINKS:
         link(func, args, given, out)
     return out

@@ -60,6 +60,9 @@ RANDOM: frozenset = frozenset(
     # Kernels that draw inside (the dropout between stacked RNN layers): their backward must draw
     # the forward's numbers again, and an unused call must still draw.
     | _callables(torch, "lstm gru rnn_tanh rnn_relu")
+    # Python functions that draw inside (their Gaussian basis): run eagerly (complex values with
+    # gradients, ``complex_calls``), their backward's replay must draw the forward's basis again.
+    | _callables(torch, "svd_lowrank pca_lowrank")
     | _callables(torch._C._nn, "rrelu_with_noise fractional_max_pool2d fractional_max_pool3d")
 )
 
