@@ -523,12 +523,12 @@ COMPLEX |= {"linalg_det", "_linalg_det", "det", "linalg_slogdet", "_linalg_slogd
 COMPLEX |= {"linalg_solve", "linalg_solve_saving_factors", "linalg_svd", "svd", "linalg_eigh", "linalg_qr"}
 COMPLEX |= {"linalg_pinv", "pinverse", "linalg_lstsq", "linalg_solve_triangular", "linalg_matrix_exp", "matrix_exp"}
 COMPLEX |= {"linalg_eig"}
+COMPLEX |= {"linalg_lu", "linalg_lu_factor", "linalg_lu_factor_ex"}
 
 #: The ops of ``COMPLEX`` whose backward from the outputs alone covers real inputs only (it cannot
 #: tell a complex input's gradient from a real one's: eig's eigenpairs are complex either way); a
 #: complex input takes ``saved_vjp``.
 REAL_OUTPUTS_ONLY = {"linalg_eig"}
-COMPLEX |= {"linalg_lu", "linalg_lu_factor", "linalg_lu_factor_ex"}
 
 
 def _covered(name: str, args, kwargs) -> bool:
