@@ -602,3 +602,92 @@ class SizesGuard:
     def term(self, index: int, scope: dict) -> str:
         scope[f"s{index}"] = self.symbolic.check
         return f"s{index}(flat)"
+
+
+#: The class of an int argument's value from 2 up in the keys of ``IntClasses`` (0, 1 and
+#: negative values keep their own: a symbolic entry is specialised there, its check fails them).
+SYMBOLIC_INT = (int, "symbolic")
+
+
+#: (positions, number of leaves) -> their ``class_key`` as a function made for them (it runs on
+#: every hit of a new value: a loop rebuilding the leaves takes ~3 times as long)
+_classers: dict = {}
+
+
+def class_key(positions: tuple, leaves: int):
+    """A function of a call's key of ``leaves`` flat leaves: the key with the int leaves at flat
+    ``positions`` replaced by ``SYMBOLIC_INT``, or None where one is not an int from 2 up (no
+    symbolic entry taking it serves the call)."""
+    found = _classers.get((positions, leaves))
+    if found is not None:
+        return found
+    names = {at: f"a{at}" for at in positions if at < leaves}
+    if len(names) < len(positions):  # (a key of other leaves: no call of it has the ints)
+        return _no_class
+    taken = "".join(f"    {n} = leaves[{at}]\n" for at, n in names.items())
+    failing = "type({0}) is not tuple or len({0}) != 2 or {0}[0] is not int or {0}[1] < 2"
+    tests = " or ".join(failing.format(n) for n in names.values())
+    rebuilt = ", ".join("S" if at in names else f"leaves[{at}]" for at in range(leaves))
+    source = (
+        f"def classed(key):\n    leaves = key[1]\n    if len(leaves) != {leaves}: return None\n"
+        f"{taken}    if {tests or 'False'}: return None\n"
+        f"    return (key[0], ({rebuilt},), *key[2:])\n"
+    )
+    scope = {"S": SYMBOLIC_INT}
+    exec(compile(source, "<thunder_rs int classes>", "exec"), scope)
+    _classers[positions, leaves] = scope["classed"]
+    return scope["classed"]
+
+
+def _no_class(key) -> None:
+    return None
+
+
+class IntClasses:
+    """Symbolic entries found by the class of a call's key (``class_key`` of the int arguments
+    each takes symbolic): a call differing from an entry's key only in those ints (a step counter,
+    a decode position) finds it by one lookup and the entry's checks (``SymbolicEntry.holds``, its
+    guards), with no key of its own stored (one per value would fill the cache, evicting the
+    entries of other shapes). ``tables``: ``((class_key of some positions, {class key: (entries,)}),
+    ...)``, replaced whole on change (read without the lock)."""
+
+    __slots__ = ("tables",)
+
+    def __init__(self):
+        self.tables: tuple = ()
+
+    def add(self, symbolic: SymbolicEntry, key, stored) -> bool:
+        """Adds ``symbolic`` for the calls of ``key``'s class (``stored(class key)`` as stored),
+        where ``key`` differs from its own only in symbolic int arguments; whether it did."""
+        changed = changed_dims(symbolic.key, key)
+        if not changed or any(d is not None for _, d in changed):
+            return False
+        positions = tuple(sorted(at for at, d in symbolic.dims if d is None))
+        classer = class_key(positions, len(key[1]))
+        classed = classer(key)
+        if classed is None:
+            return False
+        tables = dict(self.tables)
+        table = dict(tables.get(classer, {}))
+        found = table.get(classed, ())
+        if symbolic not in found:
+            table[stored(classed)] = (*found, symbolic)
+        tables[classer] = table
+        self.tables = tuple(tables.items())
+        return True
+
+    def find(self, key, flat):
+        """The entry of the first symbolic entry of ``key``'s class whose checks ``flat`` passes, or None."""
+        for classer, table in self.tables:
+            classed = classer(key)
+            if classed is None:
+                continue
+            for symbolic in table.get(classed, ()):
+                entry = symbolic.entry
+                if symbolic.holds(flat) and (entry.check is None or entry.check(flat)):
+                    return entry
+        return None
+
+    def drop(self, dead) -> None:
+        """Drops the classes whose key ``dead(key)``."""
+        self.tables = tuple((at, {k: v for k, v in table.items() if not dead(k)}) for at, table in self.tables)

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
-from thunder_rs.core.acquisition.dynamic import held_alike, symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.dynamic import IntClasses, held_alike, symbolic_labels, wanted_held, wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.acquisition.written_only import written_arguments
 from thunder_rs.core.run.call_paths import call_general, no_tail
@@ -128,6 +128,8 @@ class ThunderFunction:
         #: calls whose output sizes (computed from values) changed: ``{(what, where): groups}``
         self._sized_sites: dict = {}
         self._symbolic: list[SymbolicEntry] = []
+        #: the symbolic entries found by the class of a call's int arguments, with no key per value
+        self._int_classes = IntClasses()
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
@@ -280,8 +282,10 @@ class ThunderFunction:
             for symbolic in self._symbolic:
                 entry = symbolic.entry
                 if symbolic.serves(key, flat) and (entry.check is None or entry.check(flat)):
-                    self._insert(key, entry)
-                    self._stats.cache_hits += 1
+                    # (a call differing only in ints it takes symbolic finds it by their class from now on)
+                    if not self._int_classes.add(symbolic, key, self._stored):
+                        self._insert(key, entry)
+                    entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     return entry
             failed = self._cache.get(key)
             reason = failed.why_not(flat) if failed is not None else None
@@ -509,7 +513,7 @@ class ThunderFunction:
         tree, or a new one; a symbolic entry's variants share its tree, whatever key they serve."""
         if self._dead_keys:
             self._drop_dead_keys()
-        key = stored_key(key, _key_death_marker(self))
+        key = self._stored(key)
         entry.last_used = self._stats.cache_hits
         if entry.reads and entry.tree is None:
             trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None and e.symbolic is None)
@@ -521,10 +525,15 @@ class ThunderFunction:
         if sum(map(len, self._variants.values())) > self._cache_size:
             self._evict()
 
+    def _stored(self, key):
+        """``key`` as stored: its identities held weakly, marking the cache's keys dead when one dies."""
+        return stored_key(key, _key_death_marker(self))
+
     def _drop_dead_keys(self) -> None:
         """Drops the entries of keys whose identity objects died (a KV cache of an earlier
         ``generate``): their guards hold what those objects held."""
         self._dead_keys = False
+        self._int_classes.drop(has_dead)
         for key in [k for k in self._variants if has_dead(k)]:
             del self._variants[key]
             self._cache.pop(key, None)
@@ -547,6 +556,7 @@ class ThunderFunction:
 
     def _clear(self, reason: str) -> None:
         self._cache.clear()
+        self._int_classes = IntClasses()
         self._variants.clear()
         self._cleared_because = reason
 
