@@ -106,3 +106,40 @@ def test_a_counter_in_a_program_that_reads_a_value_keeps_one_variant_per_side():
         torch.testing.assert_close(jf(x, n), reads_a_value(x, n), rtol=0, atol=0)
     assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
     assert stored(jf) == 3 and stats(jf).evictions == 0 and stats(jf).eager_calls == 0
+
+
+def rows(x, y):
+    return (x * 2 + y).sum(0)
+
+
+def test_a_changing_tensor_size_is_served_without_growing_the_cache():
+    jf = thunder_rs.jit(rows)
+    for n in [*range(2, 302), 1, 300, 1]:
+        x, y = torch.randn(n, 3), torch.randn(n, 1)
+        out, want = jf(x, y), rows(x, y)
+        assert out.shape == want.shape and out.stride() == want.stride()
+        torch.testing.assert_close(out, want)
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert stored(jf) == 3 and stats(jf).evictions == 0
+
+
+def test_sizes_the_trace_relates_keep_their_guard_at_new_sizes():
+    jf = thunder_rs.jit(rows)
+    for n in range(2, 200):
+        x, y = torch.randn(n, 3), torch.randn(n, 3)
+        torch.testing.assert_close(jf(x, y), rows(x, y))
+        with pytest.raises(RuntimeError, match="must match the size"):  # (eager's broadcast error)
+            rows(x, torch.randn(n + 1, 3))
+        with pytest.raises(RuntimeError, match="must match the size"):
+            jf(x, torch.randn(n + 1, 3))
+    assert stored(jf) == stats(jf).cache_misses <= 6, stats(jf).miss_reasons
+
+
+def test_a_strided_tensor_of_changing_size_matches_eager():
+    jf = thunder_rs.jit(rows)
+    for n in range(2, 60):
+        x = torch.randn(3, n).t()
+        out, want = jf(x, x), rows(x, x)
+        assert out.stride() == want.stride()
+        torch.testing.assert_close(out, want)
+    assert stats(jf).evictions == 0

@@ -604,39 +604,64 @@ class SizesGuard:
         return f"s{index}(flat)"
 
 
-#: The class of an int argument's value from 2 up in the keys of ``IntClasses`` (0, 1 and
-#: negative values keep their own: a symbolic entry is specialised there, its check fails them).
+#: The class of an int argument's value, or a tensor argument's size, from 2 up in the keys of
+#: ``IntClasses`` (0, 1 and negative values keep their own: a symbolic entry is specialised there,
+#: its check fails them).
 SYMBOLIC_INT = (int, "symbolic")
 
 
-#: (positions, number of leaves) -> their ``class_key`` as a function made for them (it runs on
+#: (classed, number of leaves) -> their ``class_key`` as a function made for them (it runs on
 #: every hit of a new value: a loop rebuilding the leaves takes ~3 times as long)
 _classers: dict = {}
 
 
-def class_key(positions: tuple, leaves: int):
-    """A function of a call's key of ``leaves`` flat leaves: the key with the int leaves at flat
-    ``positions`` replaced by ``SYMBOLIC_INT``, or None where one is not an int from 2 up (no
-    symbolic entry taking it serves the call)."""
-    found = _classers.get((positions, leaves))
+def class_key(classed: tuple, leaves: int):
+    """A function of a call's key of ``leaves`` flat leaves: the key with the int leaves at the flat
+    positions ``(at, None)`` of ``classed``, and dims ``dims`` of the contiguous tensors of rank
+    ``rank`` at ``(at, (rank, dims))``, replaced by ``SYMBOLIC_INT``; None where one is not an int
+    from 2 up, or a tensor's is not a size from 2 up (no symbolic entry taking it serves the call)."""
+    found = _classers.get((classed, leaves))
     if found is not None:
         return found
-    names = {at: f"a{at}" for at in positions if at < leaves}
-    if len(names) < len(positions):  # (a key of other leaves: no call of it has the ints)
+    if any(at >= leaves for at, _ in classed):  # (a key of other leaves: no call of it has them)
         return _no_class
-    taken = "".join(f"    {n} = leaves[{at}]\n" for at, n in names.items())
-    failing = "type({0}) is not tuple or len({0}) != 2 or {0}[0] is not int or {0}[1] < 2"
-    tests = " or ".join(failing.format(n) for n in names.values())
-    rebuilt = ", ".join("S" if at in names else f"leaves[{at}]" for at in range(leaves))
+    lines, names = [], {}
+    for at, spec in classed:
+        a = names[at] = f"a{at}"
+        lines.append(f"{a} = leaves[{at}]")
+        if spec is None:
+            lines.append(f"if type({a}) is not tuple or len({a}) != 2 or {a}[0] is not int or {a}[1] < 2: return None")
+            names[at] = "S"
+            continue
+        rank, dims = spec
+        small = "".join(f" or s[{d}] < 2" for d in dims)
+        shape = ", ".join("S" if d in dims else f"s[{d}]" for d in range(rank))
+        lines.append(f"if type({a}) is not tuple or len({a}) < 5 or {a}[4] is not True: return None")
+        lines.append(f"s = {a}[2]")
+        lines.append(f"if type(s) is not Size or len(s) != {rank}{small}: return None")
+        lines.append(f"{a} = ({a}[0], {a}[1], ({shape},), *{a}[3:])")
+    rebuilt = ", ".join(names.get(at, f"leaves[{at}]") for at in range(leaves))
+    body = "".join(f"    {line}\n" for line in lines)
     source = (
         f"def classed(key):\n    leaves = key[1]\n    if len(leaves) != {leaves}: return None\n"
-        f"{taken}    if {tests or 'False'}: return None\n"
-        f"    return (key[0], ({rebuilt},), *key[2:])\n"
+        f"{body}    return (key[0], ({rebuilt},), *key[2:])\n"
     )
-    scope = {"S": SYMBOLIC_INT}
+    scope = {"S": SYMBOLIC_INT, "Size": torch.Size}
     exec(compile(source, "<thunder_rs int classes>", "exec"), scope)
-    _classers[positions, leaves] = scope["classed"]
+    _classers[classed, leaves] = scope["classed"]
     return scope["classed"]
+
+
+def _classed(symbolic, leaves: tuple) -> tuple:
+    """What ``class_key`` replaces for ``symbolic``'s calls of the key with ``leaves``: its int
+    arguments, and the dims of its contiguous tensors (the sizes of a strided one stay in the key)."""
+    dims: dict = {}
+    for at, d in symbolic.dims:
+        if d is None:
+            dims[at] = None
+        elif type(d) is int and at < len(leaves) and is_tensor_key(leaves[at]) and leaves[at][4] is True:
+            dims.setdefault(at, set()).add(d)
+    return tuple(sorted((at, d if d is None else (len(leaves[at][2]), tuple(sorted(d)))) for at, d in dims.items()))
 
 
 def _no_class(key) -> None:
@@ -658,13 +683,15 @@ class IntClasses:
 
     def add(self, symbolic: SymbolicEntry, key, stored) -> bool:
         """Adds ``symbolic`` for the calls of ``key``'s class (``stored(class key)`` as stored),
-        where ``key`` differs from its own only in symbolic int arguments; whether it did."""
+        where ``key`` differs from its own only in symbolic sizes; whether it did."""
         changed = changed_dims(symbolic.key, key)
-        if not changed or any(d is not None for _, d in changed):
+        if not changed or any(type(d) is tuple for _, d in changed):
             return False
-        positions = tuple(sorted(at for at, d in symbolic.dims if d is None))
-        classer = class_key(positions, len(key[1]))
-        classed = classer(key)
+        classed = _classed(symbolic, key[1])
+        if not classed:
+            return False
+        classer = class_key(classed, len(key[1]))
+        classed = classer(key)  # (the call's key, as its class)
         if classed is None:
             return False
         tables = dict(self.tables)

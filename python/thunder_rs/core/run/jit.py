@@ -196,7 +196,12 @@ class ThunderFunction:
                 self._general_structure = _general_structure(args)
             return self._call_general(args, kwargs, None if module is None else (params, binding, state))
         entry = self._cache.get(key)
-        if entry is None or (entry.check is not None and not entry.check(args)):
+        if entry is None:
+            if self._int_classes.tables:  # (a new size of a symbolic entry: ``IntClasses``)
+                entry = self._int_classes.find(key, args)
+        elif entry.check is not None and not entry.check(args):
+            entry = None
+        if entry is None:
             entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
             if module is not None:
                 params = self._module_tensors()
