@@ -715,6 +715,16 @@ class IntClasses:
                     return entry
         return None
 
+    def first(self, key):
+        """The entry of the first symbolic entry of ``key``'s class, whatever its checks (the entry
+        whose failed guard a miss of ``key`` names), or None."""
+        for classer, table in self.tables:
+            classed = classer(key)
+            found = table.get(classed, ()) if classed is not None else ()
+            if found:
+                return found[0].entry
+        return None
+
     def drop(self, dead) -> None:
         """Drops the classes whose key ``dead(key)``."""
         self.tables = tuple((at, {k: v for k, v in table.items() if not dead(k)}) for at, table in self.tables)

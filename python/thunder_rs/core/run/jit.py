@@ -292,7 +292,7 @@ class ThunderFunction:
                         self._insert(key, entry)
                     entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     return entry
-            failed = self._cache.get(key)
+            failed = self._cache.get(key) or self._int_classes.first(key)
             reason = failed.why_not(flat) if failed is not None else None
             declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
