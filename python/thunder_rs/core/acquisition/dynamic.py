@@ -651,3 +651,129 @@ class SizesGuard:
     def term(self, index: int, scope: dict) -> str:
         scope[f"s{index}"] = self.symbolic.check
         return f"s{index}(flat)"
+
+
+#: The class of an int argument's value, or a tensor argument's size, from 2 up in the keys of
+#: ``IntClasses`` (0, 1 and negative values keep their own: a symbolic entry is specialised there,
+#: its check fails them).
+SYMBOLIC_INT = (int, "symbolic")
+
+
+#: (classed, number of leaves) -> their ``class_key`` as a function made for them (it runs on
+#: every hit of a new value: a loop rebuilding the leaves takes ~3 times as long)
+_classers: dict = {}
+
+
+def class_key(classed: tuple, leaves: int):
+    """A function of a call's key of ``leaves`` flat leaves: the key with the int leaves at the flat
+    positions ``(at, None)`` of ``classed``, and dims ``dims`` of the contiguous tensors of rank
+    ``rank`` at ``(at, (rank, dims))``, replaced by ``SYMBOLIC_INT``; None where one is not an int
+    from 2 up, or a tensor's is not a size from 2 up (no symbolic entry taking it serves the call)."""
+    found = _classers.get((classed, leaves))
+    if found is not None:
+        return found
+    if any(at >= leaves for at, _ in classed):  # (a key of other leaves: no call of it has them)
+        return _no_class
+    lines, names = [], {}
+    for at, spec in classed:
+        a = names[at] = f"a{at}"
+        lines.append(f"{a} = leaves[{at}]")
+        if spec is None:
+            lines.append(f"if type({a}) is not tuple or len({a}) != 2 or {a}[0] is not int or {a}[1] < 2: return None")
+            names[at] = "S"
+            continue
+        rank, dims = spec
+        small = "".join(f" or s[{d}] < 2" for d in dims)
+        shape = ", ".join("S" if d in dims else f"s[{d}]" for d in range(rank))
+        lines.append(f"if type({a}) is not tuple or len({a}) < 5 or {a}[4] is not True: return None")
+        lines.append(f"s = {a}[2]")
+        lines.append(f"if type(s) is not Size or len(s) != {rank}{small}: return None")
+        lines.append(f"{a} = ({a}[0], {a}[1], ({shape},), *{a}[3:])")
+    rebuilt = ", ".join(names.get(at, f"leaves[{at}]") for at in range(leaves))
+    body = "".join(f"    {line}\n" for line in lines)
+    source = (
+        f"def classed(key):\n    leaves = key[1]\n    if len(leaves) != {leaves}: return None\n"
+        f"{body}    return (key[0], ({rebuilt},), *key[2:])\n"
+    )
+    scope = {"S": SYMBOLIC_INT, "Size": torch.Size}
+    exec(compile(source, "<thunder_rs int classes>", "exec"), scope)
+    _classers[classed, leaves] = scope["classed"]
+    return scope["classed"]
+
+
+def _classed(symbolic, leaves: tuple) -> tuple:
+    """What ``class_key`` replaces for ``symbolic``'s calls of the key with ``leaves``: its int
+    arguments, and the dims of its contiguous tensors (the sizes of a strided one stay in the key)."""
+    dims: dict = {}
+    for at, d in symbolic.dims:
+        if d is None:
+            dims[at] = None
+        elif type(d) is int and at < len(leaves) and is_tensor_key(leaves[at]) and leaves[at][4] is True:
+            dims.setdefault(at, set()).add(d)
+    return tuple(sorted((at, d if d is None else (len(leaves[at][2]), tuple(sorted(d)))) for at, d in dims.items()))
+
+
+def _no_class(key) -> None:
+    return None
+
+
+class IntClasses:
+    """Symbolic entries found by the class of a call's key (``class_key`` of the int arguments
+    each takes symbolic): a call differing from an entry's key only in those ints (a step counter,
+    a decode position) finds it by one lookup and the entry's checks (``SymbolicEntry.holds``, its
+    guards), with no key of its own stored (one per value would fill the cache, evicting the
+    entries of other shapes). ``tables``: ``((class_key of some positions, {class key: (entries,)}),
+    ...)``, replaced whole on change (read without the lock)."""
+
+    __slots__ = ("tables",)
+
+    def __init__(self):
+        self.tables: tuple = ()
+
+    def add(self, symbolic: SymbolicEntry, key, stored) -> bool:
+        """Adds ``symbolic`` for the calls of ``key``'s class (``stored(class key)`` as stored),
+        where ``key`` differs from its own only in symbolic sizes; whether it did."""
+        changed = changed_dims(symbolic.key, key)
+        if not changed or any(type(d) is tuple for _, d in changed):
+            return False
+        classed = _classed(symbolic, key[1])
+        if not classed:
+            return False
+        classer = class_key(classed, len(key[1]))
+        classed = classer(key)  # (the call's key, as its class)
+        if classed is None:
+            return False
+        tables = dict(self.tables)
+        table = dict(tables.get(classer, {}))
+        found = table.get(classed, ())
+        if symbolic not in found:
+            table[stored(classed)] = (*found, symbolic)
+        tables[classer] = table
+        self.tables = tuple(tables.items())
+        return True
+
+    def find(self, key, flat):
+        """The entry of the first symbolic entry of ``key``'s class whose checks ``flat`` passes, or None."""
+        for classer, table in self.tables:
+            classed = classer(key)
+            if classed is None:
+                continue
+            for symbolic in table.get(classed, ()):
+                entry = symbolic.entry
+                if symbolic.holds(flat) and (entry.check is None or entry.check(flat)):
+                    return entry
+        return None
+
+    def first(self, key):
+        """The entry of the first symbolic entry of ``key``'s class, whatever its checks (the entry
+        whose failed guard a miss of ``key`` names), or None."""
+        for classer, table in self.tables:
+            classed = classer(key)
+            found = table.get(classed, ()) if classed is not None else ()
+            if found:
+                return found[0].entry
+        return None
+
+    def drop(self, dead) -> None:
+        """Drops the classes whose key ``dead(key)``."""
+        self.tables = tuple((at, {k: v for k, v in table.items() if not dead(k)}) for at, table in self.tables)

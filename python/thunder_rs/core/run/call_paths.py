@@ -55,9 +55,8 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         key, flat = keyed
         if jfn._floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
             key = jfn._floats.key(key)
-        entry = jfn._cache.get(key)
-        if entry is not None and (entry.check is None or entry.check(flat)):
-            entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
+        entry = _found(jfn, key, flat)
+        if entry is not None:
             return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
     return _flattened(jfn, args, kwargs, state, params, binding, keyed_call)
 
@@ -71,8 +70,8 @@ def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
     key = (global_key(state, tensor_aliases(flat), flat), tuple(map(leaf_key, flat)), spec)
     if jfn._floats.wide:
         key = jfn._floats.key(key)
-    entry = jfn._cache.get(key)
-    if entry is None or (entry.check is not None and not entry.check(flat)):
+    entry = _found(jfn, key, flat)
+    if entry is None:
         torch_spec = compile_spec(*keyed_call, flat)
         if torch_spec is None:  # a node type optree does not know: torch's pytree from now on
             return jfn._call_general(args, kwargs)
@@ -85,9 +84,24 @@ def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):
             params = jfn._module_tensors()
             if jfn._binding is not binding:  # (another thread changed the module's structure)
                 return jfn._call_general(args, kwargs)
-    else:
-        entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
     return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
+
+
+def _found(jfn, key, flat):
+    """The entry of ``key`` whose checks the call of ``flat`` passes, counted as a hit, or None (a
+    miss). A key not stored may be of a class a symbolic entry serves (an int argument it takes
+    symbolic, at a new value: ``dynamic.IntClasses``)."""
+    entry = jfn._cache.get(key)
+    if entry is None:
+        if not jfn._int_classes.tables:
+            return None
+        entry = jfn._int_classes.find(key, flat)
+        if entry is None:
+            return None
+    elif entry.check is not None and not entry.check(flat):
+        return None
+    entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
+    return entry
 
 
 def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):

@@ -19,7 +19,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from thunder_rs.core.acquisition.dynamic import SizesGuard, SymbolicEntry, has_held, symbolic_entry, trace_guards
-from thunder_rs.core.acquisition.dynamic import held_alike, held_grown, symbolic_labels, wanted_held, wanted_sizes
+from thunder_rs.core.acquisition.dynamic import IntClasses, held_alike, held_grown, symbolic_labels, wanted_held
+from thunder_rs.core.acquisition.dynamic import wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.acquisition.written_only import written_arguments
 from thunder_rs.core.run.call_paths import call_general, no_tail
@@ -128,6 +129,8 @@ class ThunderFunction:
         #: calls whose output sizes (computed from values) changed: ``{(what, where): groups}``
         self._sized_sites: dict = {}
         self._symbolic: list[SymbolicEntry] = []
+        #: the symbolic entries found by the class of a call's int arguments, with no key per value
+        self._int_classes = IntClasses()
         self._dynamic_off: str | None = None
         self._passes = checked_passes(passes)
         #: The jit's executors in priority order, or None for the defaults at each compilation.
@@ -194,7 +197,12 @@ class ThunderFunction:
                 self._general_structure = _general_structure(args)
             return self._call_general(args, kwargs, None if module is None else (params, binding, state))
         entry = self._cache.get(key)
-        if entry is None or (entry.check is not None and not entry.check(args)):
+        if entry is None:
+            if self._int_classes.tables:  # (a new size of a symbolic entry: ``IntClasses``)
+                entry = self._int_classes.find(key, args)
+        elif entry.check is not None and not entry.check(args):
+            entry = None
+        if entry is None:
             entry = self._miss(list(args), tree_flatten((args, {}))[1], key)
             if module is not None:
                 params = self._module_tensors()
@@ -280,10 +288,12 @@ class ThunderFunction:
             for symbolic in self._symbolic:
                 entry = symbolic.entry
                 if symbolic.serves(key, flat) and (entry.check is None or entry.check(flat)):
-                    self._insert(key, entry)
-                    self._stats.cache_hits += 1
+                    # (a call differing only in ints it takes symbolic finds it by their class from now on)
+                    if not self._int_classes.add(symbolic, key, self._stored):
+                        self._insert(key, entry)
+                    entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     return entry
-            failed = self._cache.get(key)
+            failed = self._cache.get(key) or self._int_classes.first(key)
             reason = failed.why_not(flat) if failed is not None else None
             declined = self._why_not_symbolic(key, flat, spec)
             mode = self._dynamic if self._dynamic_off is None else False
@@ -514,7 +524,7 @@ class ThunderFunction:
         tree, or a new one; a symbolic entry's variants share its tree, whatever key they serve."""
         if self._dead_keys:
             self._drop_dead_keys()
-        key = stored_key(key, _key_death_marker(self))
+        key = self._stored(key)
         entry.last_used = self._stats.cache_hits
         if entry.reads and entry.tree is None:
             trees = (e.tree for e in self._variants.get(key, ()) if e.tree is not None and e.symbolic is None)
@@ -526,10 +536,15 @@ class ThunderFunction:
         if sum(map(len, self._variants.values())) > self._cache_size:
             self._evict()
 
+    def _stored(self, key):
+        """``key`` as stored: its identities held weakly, marking the cache's keys dead when one dies."""
+        return stored_key(key, _key_death_marker(self))
+
     def _drop_dead_keys(self) -> None:
         """Drops the entries of keys whose identity objects died (a KV cache of an earlier
         ``generate``): their guards hold what those objects held."""
         self._dead_keys = False
+        self._int_classes.drop(has_dead)
         for key in [k for k in self._variants if has_dead(k)]:
             del self._variants[key]
             self._cache.pop(key, None)
@@ -552,6 +567,7 @@ class ThunderFunction:
 
     def _clear(self, reason: str) -> None:
         self._cache.clear()
+        self._int_classes = IntClasses()
         self._variants.clear()
         self._cleared_because = reason
 
