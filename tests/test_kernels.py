@@ -188,19 +188,6 @@ def attention(causal: bool, backward=False, query_len=5, key_len=3, strided_valu
     return inputs
 
 
-def math_attention(causal: bool, gqa: bool = False):
-    def inputs(dtype):
-        q, k, v = (
-            randn(2, 4, 5, 8, dtype=dtype),
-            randn(2, 2 if gqa else 4, 3, 8, dtype=dtype),
-            randn(2, 2 if gqa else 4, 3, 6, dtype=dtype),
-        )
-        mask = None if causal else randn(1, 4, 5, 3, dtype=dtype)
-        return (q, k, v, mask), lambda q, k, v, m: ltorch.sdpa_math(q, k, v, m, causal, 0.3, gqa)
-
-    return inputs
-
-
 def softmax_backward(symbol, log: bool, dim: int):
     def inputs(dtype):
         x = randn(3, 4, 5, dtype=dtype)
@@ -381,8 +368,6 @@ CASES = [
     Case("sdpa_flash_backward_grouped_heads", ltorch.sdpa_flash_backward, attention(False, backward=True, kv_heads=1)),
     Case("sdpa_flash_backward_masked", ltorch.sdpa_flash_backward, attention(False, backward=True, masked=True)),
     Case("sdpa_flash_backward_strided_value", ltorch.sdpa_flash_backward, attention(False, True, strided_value=True)),
-    Case("sdpa_math", ltorch.sdpa_math, math_attention(False)),
-    Case("sdpa_math_causal_grouped", ltorch.sdpa_math, math_attention(True, gqa=True)),
     Case(
         "sdpa_flash_backward_causal",
         ltorch.sdpa_flash_backward,

@@ -399,7 +399,7 @@ def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(q, k, v, attn_mask=fully_masked)  # eager gives zeros for a fully masked row
     yield SampleInput(q, k, v, attn_mask=t(2, 1, 3, 5))
     # A bias per head shared by the batch (T5's learned positions): differentiated, eager's CPU
-    # dispatch takes the math kernel for it (ltorch.sdpa_math).
+    # dispatch takes the math path for it (recorded op by op).
     yield SampleInput(q, k, v, attn_mask=t(1, 2, 3, 5), is_causal=False)
     yield SampleInput(q, k, v, scale=0.5)
     yield SampleInput(t(2, 3, 8), t(2, 5, 8), t(2, 5, 8))  # no head dim

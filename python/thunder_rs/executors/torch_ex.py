@@ -532,15 +532,9 @@ def _pdist_backward(grad, input, p, pdist):
     return _aten._pdist_backward.default(grad, input.contiguous(), p, pdist.contiguous())
 
 
-def _sdpa_math(q, k, v, mask, is_causal, scale, enable_gqa):
-    return _aten._scaled_dot_product_attention_math.default(
-        q, k, v, mask, 0.0, is_causal, None, scale=scale, enable_gqa=enable_gqa
-    )[0]
-
-
 def _sdpa_not_math(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs) -> bool:
     """Whether eager's dispatch of the call is F.scaled_dot_product_attention's on tensors that
-    require no grad: on the CPU a mask that requires grad takes the math kernel (``sdpa_math``)."""
+    require no grad: on the CPU a mask that requires grad takes the math path (recorded op by op)."""
     return not (query.device.type == "cpu" and attn_mask is not None and attn_mask.requires_grad and dropout_p == 0)
 
 
@@ -586,7 +580,6 @@ _KERNELS = {
     "pdist_backward": (_pdist_backward, None),
     "sdpa_flash": (_sdpa_flash, _on_cpu),
     "sdpa_flash_backward": (_sdpa_flash_backward, _on_cpu),
-    "sdpa_math": (_sdpa_math, _on_cpu),
     "native_batch_norm": (_batch_norm_functional, _numeric_momentum),
     "native_batch_norm_no_stats": (_batch_norm_no_stats, None),
     "native_batch_norm_backward": (_defined(_batch_norm_backward), None),

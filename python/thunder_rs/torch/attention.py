@@ -1,7 +1,6 @@
 """Scaled dot-product attention (``F.scaled_dot_product_attention``): its decomposition (the
 scores, their mask and softmax, and the weighted sum of the values), the flash-attention kernel
-eager's CPU autograd runs (``sdpa_flash`` and its backward), eager's math kernel as one symbol
-(``sdpa_math``) and the grad rule.
+eager's CPU autograd runs (``sdpa_flash`` and its backward) and the grad rule.
 
 The rule calls the kernel eager's autograd would: on the CPU ``sdpa_flash``, on CUDA a symbol of
 ``fused_attention.py`` (the kernel torch chooses), whose forward also returns the statistics the
@@ -46,7 +45,7 @@ from thunder_rs.core.lang.symint import same_shape
 T = torch.Tensor
 
 
-__all__ = ["scaled_dot_product_attention", "sdpa_flash", "sdpa_flash_backward", "sdpa_math"]
+__all__ = ["scaled_dot_product_attention", "sdpa_flash", "sdpa_flash_backward"]
 
 
 # -- attention -------------------------------------------------------------------------------------
@@ -259,24 +258,6 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, is_causal, 
     grad_query = ltorch.matmul(dscores, key)
     grad_key = ltorch.matmul(ltorch.transpose(dscores, -1, -2), query)
     return grad_query, _unrepeat(grad_key, shared[0], True), _unrepeat(grad_value, shared[1], True)
-
-
-def _sdpa_math_meta(query, key, value, attn_mask, is_causal, scale, enable_gqa):
-    """The output's shape where key and value have the query's batch (and, but with grouped heads,
-    head) sizes; else None: the decomposition is recorded."""
-    batch = -3 if enable_gqa else -2
-    if not all(x.ndim == query.ndim >= 3 and same_shape(x.shape[:batch], query.shape[:batch]) for x in (key, value)):
-        return None
-    return [((*query.shape[:-1], value.shape[-1]), query.dtype)]
-
-
-@torchsymbol(name="sdpa_math", meta=_sdpa_math_meta)
-def sdpa_math(query, key, value, attn_mask, is_causal, scale, enable_gqa):
-    """Attention without dropout as eager's math kernel computes it, which eager's CPU dispatch
-    takes for a mask that requires grad (its flash kernel, for one that does not, rounds otherwise)."""
-    # scale and enable_gqa by keyword, as F.scaled_dot_product_attention takes them (run whole)
-    attention = ltorch.scaled_dot_product_attention
-    return attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 # -- grad rule -------------------------------------------------------------------------------------

@@ -19,6 +19,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.acquisition.returned_objects import LEAVES, children
+from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.guards import InputSource, Item, attributes_of
 
 #: Objects walked at most in what a program stored (``stored_places``).
@@ -158,4 +161,10 @@ class Identities:
             return place[1]
         made = self.made_objects
         found = made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)
-        return o if found else None
+        return o if found and not _traced_tuple(o) else None
+
+
+def _traced_tuple(o) -> bool:
+    """Whether ``o`` is a tuple holding a traced value: made while tracing, whatever its reference
+    count says (a proxy keeps its ``stride()`` tuple), since a tuple found in state cannot change."""
+    return isinstance(o, tuple) and any(isinstance(c, (TensorProxy, SymInt, SymFloat)) for c in o)
