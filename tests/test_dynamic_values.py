@@ -167,3 +167,65 @@ def test_padding_by_amounts_given_as_tensors_is_eager_s():
     assert dynamic_off(jmodel) is None
     # the first length, then symbolic ones; an extra length of 0 (symbolic sizes start at 2) once
     assert stats(jmodel).cache_misses == 3, stats(jmodel).miss_reasons
+
+
+class SinCalls(torch.overrides.TorchFunctionMode):
+    """Counts the calls of ``sin`` made under it (torch's or an entry's): a decode step's work."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", None) == "sin"
+        return func(*args, **(kwargs or {}))
+
+
+class KeyCache:
+    def __init__(self):
+        self.keys = None
+
+
+WINDOW = 4
+
+
+def windowed_step(x, mask, cache: KeyCache):
+    cache.keys = x if cache.keys is None else torch.cat([cache.keys, x], 1)  # written before the branch
+    h = torch.sin(x).sum(1)
+    if bool(mask[:, -WINDOW:].all()):  # (transformers' ``fast_all``: the padding left the window)
+        return cache.keys.sum(1) + h
+    return (cache.keys * mask[:, :, None]).sum(1) + h
+
+
+def decoded(step, steps: int, calls: SinCalls, lookups=lambda: (0, 0)) -> tuple:
+    """A prompt of 5 tokens, the second row's first 4 padding, then ``steps`` - 1 one-token steps:
+    the outputs, the cache, and the ``torch.sin`` calls and cache lookups (``lookups()``: hits and
+    misses so far) of each step that compiled nothing."""
+    cache, outs, work = KeyCache(), [], []
+    mask = torch.ones(2, 5)
+    mask[1, :4] = 0
+    x = torch.arange(40.0).reshape(2, 5, 4)
+    for _ in range(steps):
+        before, (hits, misses) = calls.count, lookups()
+        outs.append(step(x, mask, cache))
+        if lookups()[1] == misses:
+            work.append((calls.count - before, lookups()[0] - hits))
+        x = outs[-1][:, None] * 0.1
+        mask = torch.cat([mask, torch.ones(2, 1)], 1)
+    return outs, cache, work
+
+
+def test_a_branch_that_flipped_for_good_runs_its_variant_at_once_on_new_lengths():
+    # From the fourth step the window holds no padding: the variant of the other branch serves every
+    # later step, each of a new length. The symbolic entry of the first branch was looked up first
+    # and ran up to the read on every one, then handed over: sin twice a step, two lookups a call.
+    with SinCalls() as calls:
+        expected, eager_cache, eager_work = decoded(windowed_step, 14, calls)
+    jf = thunder_rs.jit(windowed_step)
+    with SinCalls() as calls:
+        got, cache, work = decoded(jf, 14, calls, lambda: (stats(jf).cache_hits, stats(jf).cache_misses))
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert torch.equal(cache.keys, eager_cache.keys)  # (the keys written once a step, not again)
+    assert stats(jf).cache_misses == 3, stats(jf).miss_reasons
+    assert [sins for sins, _ in eager_work] == [1] * 14
+    assert work == [(1, 1)] * 11  # (the steps that compiled nothing: as eager, one lookup each)

@@ -99,6 +99,11 @@ def test_a_window_the_decode_fills_compiles_once_per_regime(name):
     assert "cache.layers[0].keys.shape[2]" in stats.miss_reasons[1]
     assert "in get_mask_sizes" in stats.miss_reasons[2]
     assert all("does not serve it" in reason for reason in stats.miss_reasons[2:4])
+    # One lookup a forward: a step after Gemma-3's mask turned all true runs the variant of that
+    # branch at once, not the entry before it up to the read (its embedding and mask twice a step).
+    # (The forward whose read diverged looked up that entry, then compiled.)
+    diverged = sum("the value read by" in reason for reason in stats.miss_reasons)
+    assert stats.cache_hits + stats.cache_misses == TOKENS + diverged
 
 
 class Cache:

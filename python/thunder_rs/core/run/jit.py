@@ -285,7 +285,12 @@ class ThunderFunction:
                     self._cache[key] = entry
                     entry.last_used = self._stats.cache_hits = self._stats.cache_hits + 1
                     return entry
-            for symbolic in self._symbolic:
+            # The symbolic entry that served a call last first: once a branch on values flipped for
+            # good (a mask all true from some step on), the variant of its new side, not the entry
+            # it diverged from, which would run up to the read on every new length, then hand over.
+            # (Of entries that served last alike, the one compiled last: a variant compiled by the
+            # call that diverged.)
+            for symbolic in sorted(reversed(self._symbolic), key=_last_served, reverse=True):
                 entry = symbolic.entry
                 if symbolic.serves(key, flat) and (entry.check is None or entry.check(flat)):
                     # (a call differing only in ints it takes symbolic finds it by their class from now on)
@@ -602,6 +607,11 @@ def _general_structure(args) -> tuple | None:
     call of them (a tensor's refusal, a sparse one's, depends on the tensor), else None."""
     structure = tuple(map(type, args))
     return None if all(issubclass(t, torch.Tensor) for t in structure) else structure
+
+
+def _last_served(symbolic: SymbolicEntry) -> int:
+    """When ``symbolic``'s entry last served a call (its ``last_used``: the hit count then)."""
+    return symbolic.entry.last_used
 
 
 _WRAPPER_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
