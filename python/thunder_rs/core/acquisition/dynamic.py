@@ -730,11 +730,12 @@ class IntClasses:
     def __init__(self):
         self.tables: tuple = ()
 
-    def add(self, symbolic: SymbolicEntry, key, stored) -> bool:
+    def add(self, symbolic: SymbolicEntry, key, stored, first: bool = False) -> bool:
         """Adds ``symbolic`` for the calls of ``key``'s class (``stored(class key)`` as stored),
-        where ``key`` differs from its own only in symbolic sizes; whether it did."""
+        where ``key`` differs from its own only in symbolic sizes, ``first`` of them: tried before
+        the others; whether it did."""
         changed = changed_dims(symbolic.key, key)
-        if not changed or any(type(d) is tuple for _, d in changed):
+        if not (changed or first) or any(type(d) is tuple for _, d in changed):
             return False
         classed = _classed(symbolic, key[1])
         if not classed:
@@ -746,7 +747,9 @@ class IntClasses:
         tables = dict(self.tables)
         table = dict(tables.get(classer, {}))
         found = table.get(classed, ())
-        if symbolic not in found:
+        if first:
+            table[stored(classed)] = (symbolic, *(f for f in found if f is not symbolic))
+        elif symbolic not in found:
             table[stored(classed)] = (*found, symbolic)
         tables[classer] = table
         self.tables = tuple(tables.items())

@@ -66,6 +66,11 @@ def other_path(jfn, diverged: Diverged, entry: Entry, key, flat, spec, run, eage
             return None, _run_eagerly(jfn, diverged, eager)
         entry = found
         tried.add(id(entry))
+        if found.symbolic is not None:
+            # (the calls of the key's class, found by it, try this variant first from now on, as
+            # ``_found_or_compiled`` tries the entry served last first)
+            with jfn._lock:
+                jfn._int_classes.add(found.symbolic, key, jfn._stored, first=True)
         try:
             return entry, run(entry)
         except Diverged as again:
