@@ -584,6 +584,11 @@ def write(op: str, dst, value, requires_grad: bool, through=None, overwrite: boo
     """
     link = dst._view
     root = dst if link is None else link.root
+    if root._old_memory is not None:
+        raise ThunderNotImplementedError(
+            f"{op} at {user_location()}: writes memory a tensor was given up by Tensor.data = value at "
+            f"{root._old_memory}, which a traced program no longer holds; clone() the view before the assignment"
+        )
     if root._strides is not None and overlaps(root.shape, root._strides):
         # An expanded input: the trace's value of it has an element for each index, which the
         # copy back after the call cannot write into shared memory as eager's op wrote it.

@@ -61,6 +61,10 @@ class WriteBacks:
     #: the module binding's ``MetadataCheck``, which holds the tensors of its last calls: the written
     #: tensors are checked against them without reading each (``module_memory``); None for a function
     memory: object = field(default=None, compare=False)
+    #: (trace input index, ("output", trace output index) or ("input", trace input index)): inputs
+    #: given the memory of a value by ``t.data = value`` (``torch.data_setter``), given it as eager
+    #: does, after the copies: their old memory, which other tensors may share, is left as it was
+    rebinds: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -71,6 +75,7 @@ class WriteBacks:
     def non_differentiable(self) -> frozenset:
         """Trace outputs written back without autograd: not differentiable outputs of the call."""
         untracked = [j for _, j, grad in self.copies if not grad]
+        untracked += [j for _, (kind, j) in self.rebinds if kind == "output" and j >= self.num_outputs]
         untracked += [j for _, _, j, grad in self.slots if j is not None and not grad]
         return frozenset(untracked)
 
@@ -98,9 +103,12 @@ def plan(
     leaves = [out] if out_kind == "single" else list(out)
     extra: list = []
     copies = []
+    rebinds = _rebinds(written, inputs, leaves, extra)
+    rebound = {k for k, _ in rebinds}
     for k, p in written:
-        copies.append((k, len(leaves) + len(extra), bool(p.requires_grad) and not p._leaf))
-        extra.append(p)
+        if k not in rebound:
+            copies.append((k, len(leaves) + len(extra), bool(p.requires_grad) and not p._leaf))
+            extra.append(p)
     slots: list = []
     for d, n, v in reassigned:
         if v is not None and not isinstance(v, TensorProxy):
@@ -132,8 +140,36 @@ def plan(
         views,
         tuple(sizes),
         tuple(module),
+        rebinds=rebinds,
     )
     return wb, tuple(leaves + extra)
+
+
+def _rebinds(written: list, inputs: list, leaves: list, extra: list) -> tuple:
+    """``WriteBacks.rebinds`` of the ``written`` inputs given a value's memory: the value an output
+    of the trace (the program's own where it returns it, so that the two share memory as in eager,
+    else one added to ``extra``) or the input it is. Refused, naming the line, where the input or
+    the value was written in place after."""
+    rebinds = []
+    for k, p in written:
+        if p._rebound is None:
+            continue
+        source, source_vid, own_vid, where = p._rebound
+        p._rebound = None  # (read once: no computed tensor stays on the input's proxy)
+        if p._vid != own_vid or source._vid != source_vid:
+            raise ThunderNotImplementedError(
+                f"Tensor.data = value at {where}: the tensor or the value is written in place (or given other "
+                "memory) after, which eager makes in memory the two share and a traced program cannot; write the "
+                "values in instead (with torch.no_grad(): tensor.copy_(value))"
+            )
+        if source._input_vid is not None:
+            rebinds.append((k, ("input", next(m for m, q in enumerate(inputs) if q is source))))
+        elif any(o is source for o in leaves):
+            rebinds.append((k, ("output", next(i for i, o in enumerate(leaves) if o is source))))
+        else:
+            rebinds.append((k, ("output", len(leaves) + len(extra))))
+            extra.append(source)
+    return tuple(rebinds)
 
 
 def replayable_view(o, sizes: tuple):
@@ -264,6 +300,7 @@ def with_writebacks(fn, wb: WriteBacks):
     viewed = {i for i, _, _ in wb.views}  # taken of the caller's tensor after the copies instead
     values = [j for j in wb.tensor_outputs if j not in aliased and j not in viewed]
     values += [j for _, j, _ in wb.copies] + [j for _, _, j, _ in wb.slots if j is not None]
+    values += [j for _, (kind, j) in wb.rebinds if kind == "output" and j not in values]
     for j in values:
         lines.append(f"    o{j} = outs[{j}]")
     if wb.copies:
@@ -283,6 +320,8 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append("    else:")
         lines.extend(f"        inputs[{k}].copy_(o{j})" for k, j in untracked)
     lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
+    for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
+        lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")

@@ -154,6 +154,13 @@ class TensorProxy(torch.Tensor):
     #: for a trace input: where its tensor started in its storage when traced (a call's tensor may
     #: start elsewhere: only a decision that depends on it guards it, ``torch.offsets``)
     _offset: int = 0
+    #: for a trace input given another tensor's memory by ``t.data = value`` (``torch.data_setter``):
+    #: ``(source, source's value id, own value id, user's line)``, which the call gives it by ``.data =``
+    _rebound: tuple | None = None
+    #: for a view of a tensor taken before ``t.data = value`` gave the tensor other memory: the line
+    #: of that assignment. It keeps the old values, as eager's keeps the old memory; a write to it
+    #: (memory the trace no longer holds) is refused (``views.write``)
+    _old_memory: str | None = None
     #: for a trace input that an argument object holds (``_source`` None): its
     #: ``reached.ArgumentTensor``, where each call's tensor is found
     _held = None
