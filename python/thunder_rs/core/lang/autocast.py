@@ -4,7 +4,10 @@ Under ``torch.autocast`` eager PyTorch casts the floating inputs of some ops bef
 (matmuls to the autocast dtype, precision-sensitive ops to float32). Tracing never reaches
 torch's dispatcher, so the language context applies the same policy to each torch call the
 program makes (``cast_inputs``): the casts are recorded as ``convert_element_type`` prims, so
-proxies carry the dtypes eager gives and the backward casts gradients back as eager's does.
+proxies carry the dtypes eager gives and the backward casts gradients back as eager's does. A
+float32 leaf that requires grad (a parameter) is cast to the autocast dtype once per autocast
+region, as eager's cache of casts does (``_cached_cast``): the backward sums its uses' gradients
+in that dtype and casts the sum once, as eager's does.
 
 The table follows ``aten/src/ATen/autocast_mode.cpp`` (CPU lists, ``TORCH_LIBRARY_IMPL(aten,
 AutocastCPU, m)``) and ``aten/src/ATen/autocast_mode.h`` (the ``AT_FORALL_*`` lists registered for
@@ -262,8 +265,9 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
     per autocast region while torch's cache is enabled (not in inference mode), and every op of the
     region reads that cast, so its backward sums the uses' gradients in the autocast dtype and
     casts the sum once. The cache is keyed by the tensor alone, as torch's: a nested region with
-    another autocast dtype reads the cast of the outer one. The cast is made with grad mode on
-    (torch's since 2.10), so a use under ``no_grad`` first still carries gradients to later ones."""
+    another autocast dtype reads the cast of the outer one. The cast is made with grad mode on, as
+    torch makes it (pytorch#158232), so a use under ``no_grad`` first still carries gradients to
+    the uses after it."""
     casts = _casts.get()
     leaf = (
         casts is not None
@@ -277,7 +281,7 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
     observer = thread_state.observer
     if leaf and observer is not None:
         observer.autocast_cache_read()
-    if not leaf or not torch.is_autocast_cache_enabled():
+    if casts is None or not leaf or not torch.is_autocast_cache_enabled():
         return prims.convert_element_type(x, dtype)
     rec, region = current(), _region()
     key = (id(rec), id(x))
