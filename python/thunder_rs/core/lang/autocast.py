@@ -242,11 +242,11 @@ def _region():
     """The autocast region whose casts torch's cache holds now: the autograd node of its cached cast
     of ``_SENTINEL``, the same object until torch clears the cache (``torch.autocast`` does as the
     outermost region is left, and the program may enter and leave regions while it is traced)."""
-    if not _SENTINEL:
-        _SENTINEL.append(torch.ones(1, 1, requires_grad=True))
-    sentinel = _SENTINEL[0]
     enabled, dtype, grad = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()
     with torch._C.DisableTorchFunction():
+        if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
+            _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
+        sentinel = _SENTINEL[0]
         torch.set_autocast_enabled("cpu", True)
         torch.set_autocast_dtype("cpu", torch.bfloat16)
         torch._C._set_grad_enabled(True)
