@@ -38,7 +38,7 @@ from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
-from thunder_rs.core.lang import inner_leaves
+from thunder_rs.core.lang import autocast, inner_leaves
 from thunder_rs.core.lang.dual_tensors import refuse_returned_duals
 from thunder_rs.core.state.observe import Observer
 from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_plain, is_size
@@ -221,6 +221,7 @@ def _trace_program(
             reading(reads),
             noting_input_hooks(prints),
             inner_leaves.noting() as leaves,
+            autocast.caching_casts(),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures

@@ -4,7 +4,10 @@ Under ``torch.autocast`` eager PyTorch casts the floating inputs of some ops bef
 (matmuls to the autocast dtype, precision-sensitive ops to float32). Tracing never reaches
 torch's dispatcher, so the language context applies the same policy to each torch call the
 program makes (``cast_inputs``): the casts are recorded as ``convert_element_type`` prims, so
-proxies carry the dtypes eager gives and the backward casts gradients back as eager's does.
+proxies carry the dtypes eager gives and the backward casts gradients back as eager's does. A
+float32 leaf that requires grad (a parameter) is cast to the autocast dtype once per autocast
+region, as eager's cache of casts does (``_cached_cast``): the backward sums its uses' gradients
+in that dtype and casts the sum once, as eager's does.
 
 The table follows ``aten/src/ATen/autocast_mode.cpp`` (CPU lists, ``TORCH_LIBRARY_IMPL(aten,
 AutocastCPU, m)``) and ``aten/src/ATen/autocast_mode.h`` (the ``AT_FORALL_*`` lists registered for
@@ -214,12 +217,95 @@ def _promoted(op: str, device_type: str, lower: torch.dtype, args, kwargs) -> to
     return current
 
 
+#: Per acquisition: ``(id of the recorder, id of a proxy)`` -> ``(recorder, proxy, its cast, the
+#: autocast region it was cast in)`` of the casts eager's autocast caches (``_cached_cast``).
+_casts: contextvars.ContextVar[dict | None] = contextvars.ContextVar("thunder_rs_autocast_casts", default=None)
+
+
+@contextlib.contextmanager
+def caching_casts():
+    """Casts of leaves that require grad are made once per autocast region while the block traces
+    a program, as eager's autocast cache makes them (``_cached_cast``)."""
+    token = _casts.set({})
+    try:
+        yield
+    finally:
+        _casts.reset(token)
+
+
+#: A float32 leaf that requires grad, of thunder_rs's own: torch's cache of autocast casts holds a
+#: cast of it until the cache is cleared (``_region``).
+_SENTINEL: list[torch.Tensor] = []
+
+
+def _region():
+    """The autocast region whose casts torch's cache holds now: the autograd node of its cached cast
+    of ``_SENTINEL``, the same object until torch clears the cache (``torch.autocast`` does as the
+    outermost region is left, and the program may enter and leave regions while it is traced)."""
+    enabled, dtype, grad = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()
+    with torch._C.DisableTorchFunction():
+        if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
+            _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
+        sentinel = _SENTINEL[0]
+        torch.set_autocast_enabled("cpu", True)
+        torch.set_autocast_dtype("cpu", torch.bfloat16)
+        torch._C._set_grad_enabled(True)
+        try:
+            out = torch.mm(sentinel, sentinel)
+        finally:
+            torch._C._set_grad_enabled(grad)
+            torch.set_autocast_dtype("cpu", dtype)
+            torch.set_autocast_enabled("cpu", enabled)
+    return out.grad_fn.next_functions[0][0]
+
+
+def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
+    """``x`` cast to ``dtype`` as ``at::autocast::cached_cast`` casts it: a float32 leaf that
+    requires grad (a parameter, an input leaf; not a view) cast to the autocast dtype is cast once
+    per autocast region while torch's cache is enabled (not in inference mode), and every op of the
+    region reads that cast, so its backward sums the uses' gradients in the autocast dtype and
+    casts the sum once. The cache is keyed by the tensor alone, as torch's: a nested region with
+    another autocast dtype reads the cast of the outer one. The cast is made with grad mode on, as
+    torch makes it (pytorch#158232), so a use under ``no_grad`` first still carries gradients to
+    the uses after it."""
+    casts = _casts.get()
+    leaf = (
+        casts is not None
+        and dtype == lower
+        and x.dtype == torch.float32
+        and x.requires_grad
+        and x._leaf
+        and x._view_grad is None
+        and not torch.is_inference_mode_enabled()
+    )
+    observer = thread_state.observer
+    if leaf and observer is not None:
+        observer.autocast_cache_read()
+    if casts is None or not leaf or not torch.is_autocast_cache_enabled():
+        return prims.convert_element_type(x, dtype)
+    rec, region = current(), _region()
+    key = (id(rec), id(x))
+    hit = casts.get(key)
+    if hit is not None and hit[3] is region:
+        return hit[2]
+    grad = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(True)
+    try:
+        cast = prims.convert_element_type(x, dtype)
+    finally:
+        torch._C._set_grad_enabled(grad)
+    casts[key] = (rec, x, cast, region)
+    return cast
+
+
 def _cast_all(args, kwargs, device_type: str, dtype: torch.dtype):
+    lower = torch.get_autocast_dtype(device_type)
+
     def cast(x):
         if type(x) in (list, tuple):
             return type(x)(cast(y) for y in x)
         if _eligible(x, device_type) and x.dtype != dtype:
-            return prims.convert_element_type(x, dtype)
+            return _cached_cast(x, dtype, lower)
         return x
 
     return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}

@@ -179,6 +179,7 @@ class Observer(AttributeReads):
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
         self._autocast_at_entry = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES}
+        self._autocast_cache_at_entry = torch.is_autocast_cache_enabled()
         self._parametrizations_cached_at_entry = parametrizations_cached()
         self._outer = thread_state.observer
         self.entry = sys._getframe(1)
@@ -255,6 +256,14 @@ class Observer(AttributeReads):
         if not enabled:
             read = functools.partial(torch.get_autocast_dtype, device_type)
             self.guard_state(StateGuard(f"torch.get_autocast_dtype({device_type!r})", read, dtype))
+
+    def autocast_cache_read(self) -> None:
+        """The program cast a leaf that torch's autocast cache would hold: whether the cache is on
+        decides the trace (``autocast._cached_cast``), and a region the program enters inherits the
+        caller's ``torch.is_autocast_cache_enabled()`` (``torch.autocast(cache_enabled=None)``), so
+        a call with the cache switched must recompile."""
+        read = torch.is_autocast_cache_enabled
+        self.guard_state(StateGuard("torch.is_autocast_cache_enabled()", read, self._autocast_cache_at_entry))
 
     def refuse_unread_global_stores(self) -> None:
         """Refuses a program that set (or deleted) a global of a module whose code it ran, which it
