@@ -32,7 +32,7 @@ import torch
 
 from thunder_rs.core.acquisition.cache import is_runtime_generator
 from thunder_rs.core.acquisition.effects import TracedValue
-from thunder_rs.core.acquisition.outputs import RebuiltOutput
+from thunder_rs.core.acquisition.outputs import MadeAgain, RebuiltOutput
 from thunder_rs.core.lang.recorder import backward_draws
 from thunder_rs.core.lang.rng import check_generators
 from thunder_rs.core.lang.tensor_hooks import Hooks, InputHook
@@ -92,7 +92,7 @@ class StandIns:
         later = [c for c in acquired.consts if type(c) is Hooks]
         later += [e.hooks for e in acquired.effects if type(e) is InputHook]
         later += acquired.out_spec.shared() if type(acquired.out_spec) is RebuiltOutput else []
-        stored.update(id(x) for f in later for x in _captured(f, 4))
+        stored.update(id(x) for f in later for x in (f, *_captured(f, 4)))  # (a rebuilt closure's cells: themselves)
         return frozenset(id(g) for _, g, s in self.places if id(g) in named or id(s) in stored)
 
     def drawn(self, consts: list) -> None:
@@ -173,8 +173,9 @@ def _captured(obj, depth: int) -> list:
 def _values_of(effect) -> list:
     """The leaves of the values an effect (``effects``: an attribute or item write, a print)
     stores or prints on each call."""
-    values = (getattr(effect, field, None) for field in ("value", "key", "arguments"))
-    return [leaf for v in values if type(v) is TracedValue for leaf in v.leaves]
+    values = [v for field in ("value", "key", "arguments") if type(v := getattr(effect, field, None)) is TracedValue]
+    made = [o for v in values for _, o in v.outputs if type(o) is MadeAgain]  # (made anew per call)
+    return [leaf for v in values for leaf in v.leaves] + [x for o in made for x in o.shared()]
 
 
 def acquired_with_stand_ins(acquire, flat: list, names: list):

@@ -327,6 +327,10 @@ class MadeAgain:
     def get(self, extras):
         return _build(self.node, extras, (), {})
 
+    def shared(self) -> list:
+        """The objects each call's object holds as the call traced them (``RebuiltOutput.shared``)."""
+        return _shared_of([self.node])
+
 
 class PlainOutput:
     """The output structure of a trace whose outputs are tensors and constants in containers."""
@@ -355,23 +359,29 @@ class RebuiltOutput:
 
     def shared(self) -> list:
         """The objects every call returns as the call traced returned them (holding no traced tensor)."""
-        found: list = []
-        seen: set = set()
+        return _shared_of(self._leaves)
 
-        def walk(node):
-            if isinstance(node, _Rebuilt):
-                if id(node) not in seen:  # (a made object that refers to itself is one node)
-                    seen.add(id(node))
-                    for part in _parts_of(node):
-                        walk(part)
-            elif isinstance(node, _Copied):
-                found.append(node.value)
-            elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
-                found.append(node)
 
-        for leaf in self._leaves:
-            walk(leaf)
-        return found
+def _shared_of(templates) -> list:
+    """The objects that ``templates`` build as the call traced them, in every call: those they
+    hold as they are or copy (a function rebuilt per call holds its cells' contents so)."""
+    found: list = []
+    seen: set = set()
+
+    def walk(node):
+        if isinstance(node, _Rebuilt):
+            if id(node) not in seen:  # (a made object that refers to itself is one node)
+                seen.add(id(node))
+                for part in _parts_of(node):
+                    walk(part)
+        elif isinstance(node, _Copied):
+            found.append(node.value)
+        elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
+            found.append(node)
+
+    for template in templates:
+        walk(template)
+    return found
 
 
 def _parts_of(node: _Rebuilt) -> tuple:
