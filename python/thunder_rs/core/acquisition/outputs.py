@@ -414,8 +414,11 @@ def flatten_output(out, inputs: list, made: MadeObjects | None = None, arguments
     the containers that keep their identity (``returned_identities``), templated apart."""
     # A torch.Size is kept whole (torch's pytree would rebuild it as a plain tuple); the shapes of
     # a cache entry are fixed, so it is returned as the trace found it.
-    special = identities.special if identities is not None else None
-    leaves, spec = tree_flatten(out, is_leaf=is_size if special is None else lambda x: is_size(x) or special(x))
+    # (torch's flatten keeps its ``is_leaf`` in a reference cycle until a collection: the identities,
+    # which hold the traced output, are dropped from it after, or the escape check finds its proxies held)
+    held = [identities.special] if identities is not None else []
+    leaves, spec = tree_flatten(out, is_leaf=is_size if not held else lambda x: is_size(x) or held[0](x))
+    held.clear()
     if not any(_is_proxy_holder(leaf) or is_size(leaf) for leaf in leaves):
         return tuple(leaves), PlainOutput(spec)
     given = {id(x): i for i, x in enumerate(inputs) if _is_proxy_holder(x)}
