@@ -735,7 +735,7 @@ class IntClasses:
         where ``key`` differs from its own only in symbolic sizes, ``first`` of them: tried before
         the others; whether it did."""
         changed = changed_dims(symbolic.key, key)
-        if not (changed or first) or any(type(d) is tuple for _, d in changed):
+        if changed is None or not (changed or first) or any(type(d) is tuple for _, d in changed):
             return False
         classed = _classed(symbolic, key[1])
         if not classed:
