@@ -344,10 +344,16 @@ def _walked(args, kwargs, keyed: tuple | None, unkeyed: list):
             continue
         if type(x) in WRITTEN:
             yield x, path
-        elif type(x) is not tuple and type(x) is not torch.Size and not hasattr(type(x), "_fields"):
+        elif type(x) is not tuple and not _opened_by_pytree(x):
             unkeyed.append(path)
         items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
         stack.extend((value, (*path, key)) for key, value in items if not _is_tensor(value))
+
+
+def _opened_by_pytree(x) -> bool:
+    """Whether torch's pytree flattens the tuple ``x`` (a namedtuple, a ``torch.return_types``
+    tuple, a registered type): its items are in the cache key."""
+    return type(x) in pytree.SUPPORTED_NODES or pytree.is_namedtuple_instance(x) or pytree.is_structseq_instance(x)
 
 
 def _is_tensor(x) -> bool:

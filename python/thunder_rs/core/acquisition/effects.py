@@ -26,7 +26,8 @@ from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.core.acquisition.outputs import MadeAgain, Unwritten, ValueSource, is_size, written_unflatten
+from thunder_rs.core.acquisition.outputs import MOST_WRITTEN_LEAVES, MadeAgain, Unwritten, ValueSource, is_size
+from thunder_rs.core.acquisition.outputs import written_unflatten
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
@@ -231,7 +232,7 @@ def _written_writes(source: ArgumentContainer, contents: TracedValue):
     found, the values made (as ``contents.get`` makes them), then each write ``written_only.replay``
     makes of them (``container.append(v)``) or each item ``merge_contents`` sets (``Old`` items
     read before the first is set); None for another ``made`` or node type."""
-    if source.made is not replay and source.made is not merge_contents or contents.spec.num_leaves > 256:
+    if source.made not in (replay, merge_contents) or contents.spec.num_leaves > MOST_WRITTEN_LEAVES:
         return None
     values = ValueSource(contents.leaves, contents.outputs, TracedValue)
     steps = "".join(f"[{values.named(step)}]" for step in source.path)

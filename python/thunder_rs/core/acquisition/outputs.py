@@ -355,7 +355,7 @@ class PlainOutput:
 
 #: The most leaves and levels of nesting a value ``written_unflatten`` writes out has (past them,
 #: ``tree_unflatten``: the source would cost more to compile than the calls it saves).
-_MOST_LEAVES = 256
+MOST_WRITTEN_LEAVES = 256
 _MOST_LEVELS = 16
 
 
@@ -420,7 +420,7 @@ def written_unflatten(spec, leaves: list, outputs: list, sized: type | None = No
     makes with each of ``outputs`` put in (``ValueSource``), written as one display where the nodes
     are tuples, lists and dicts (what every call rebuilds, returns, prints or writes into an
     argument container: torch's unflatten costs ~1 us a node); None for another node type."""
-    if spec.num_leaves > _MOST_LEAVES:
+    if spec.num_leaves > MOST_WRITTEN_LEAVES:
         return None
     source = ValueSource(leaves, outputs, sized)
     try:
