@@ -226,3 +226,26 @@ def test_a_backward_waits_for_a_blocks_stream_only_where_it_runs_kernels_there_a
         ran = {s for _, s in expected_streams}  # (the streams eager's backward ran kernels on)
         switched = {e[2] if e[0] == "set_stream" else e[1] for e in compiled}  # (entered, or made to wait)
         assert switched <= ran and (3 in switched) == (3 in ran) == (fn is not _side_block_without_gradients)
+
+
+def test_calls_under_no_grad_keep_nothing_for_a_backward_they_never_run(monkeypatch):
+    """An inference loop (``torch.no_grad()``) of programs making a stream and computing on it:
+    their calls have no backward, so the streams they made are not kept on the thread for one
+    (each call noted its streams there and nothing took them: the notes of every program the
+    loop compiled stayed, holding their last calls' streams). Values as eager's; a call with grad
+    after it still runs its backward on the stream it made."""
+    import fake_cuda_runtime  # noqa: PLC0415 (without fake tensors: the values are compared)
+    from thunder_rs.core.lang import queue_values  # noqa: PLC0415
+
+    runtime = fake_cuda_runtime.install(monkeypatch)
+    _Streams(monkeypatch)
+    programs = [thunder_rs.jit(_makes_its_stream) for _ in range(3)]
+    with torch.no_grad():
+        for k in range(30):
+            x = torch.randn(3)
+            assert torch.equal(programs[k % 3](x), _makes_its_stream(x))
+    assert not queue_values._local.__dict__.get("notes")
+    compiled = _two_calls_backward_in_turn(programs[0], runtime, False, _on_this_thread)
+    for k, out, grad, streams in compiled:
+        assert {s for _, s in streams} == {0, f"call {k}"} and grad is not None
+    assert not queue_values._local.__dict__.get("notes")

@@ -48,6 +48,8 @@ _SEQUENCES = (list, collections.deque)
 _OPENED = (tuple, *WRITTEN)
 
 _call = threading.local()
+#: (``hold_call``'s: the arguments of the call whose effects run, as ``held_call.arguments``)
+held_call = _call
 #: Where a program's own error carries what makes its changes of argument containers again
 #: (``failed_state``), a callable of the call's ``(args, kwargs)``.
 ARGUMENTS_MADE = "_thunder_rs_arguments_made"
@@ -287,8 +289,41 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
     changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
     call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
     not walked (a log of every step's loss), those read at constant keys only at the items read.
-    (On every call of such a program: the places are named only for the error.)"""
+    (The places are named only for the error: a hit compares the containers at its entry's
+    ``container_places``.)"""
     seen: dict = {}
+    for container, path in _walked(args, kwargs, keyed, []):
+        _seen(seen, container, path)
+
+
+def container_places(args, kwargs, keyed: tuple | None = None) -> tuple | None:
+    """Where ``refuse_aliased`` finds the containers of the call, as paths into ``(args, kwargs)``:
+    the same for every call of one entry, whose key holds the structure of what it walks (the
+    pytree spec of the keyed call). None where the walk opens a tuple that torch's pytree keeps
+    whole (a subclass, not a namedtuple): what it holds is not in the key."""
+    unkeyed: list = []
+    places = tuple(path for _, path in _walked(args, kwargs, keyed, unkeyed))
+    return None if unkeyed else places
+
+
+def refuse_aliased_at(places: tuple, args, kwargs, keyed: tuple | None = None) -> None:
+    """``refuse_aliased`` of a call whose containers are at ``places`` (``container_places``)."""
+    if len(places) < 2:
+        return
+    call = (args, kwargs)
+    found = set()
+    for path in places:
+        node = call
+        for step in path:
+            node = node[step]
+        found.add(id(node))
+    if len(found) < len(places):
+        refuse_aliased(args, kwargs, keyed)
+
+
+def _walked(args, kwargs, keyed: tuple | None, unkeyed: list):
+    """``(container, path)`` of each list or dict of the call (``refuse_aliased``), the path where
+    its argument had it; a tuple opened that torch's pytree keeps whole is noted in ``unkeyed``."""
     walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
     stack: collections.deque[tuple[Any, tuple]] = collections.deque(
         (value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value)
@@ -301,16 +336,24 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
             container = (args, kwargs)
             for step in marker.path:
                 container = container[step]
-            _seen(seen, container, path)
+            yield container, path
             if marker.projected:
                 stack.extend((value, (*path, key)) for key, value in x[1].items())
             continue
         if type(x) not in _OPENED and not isinstance(x, tuple):
             continue
         if type(x) in WRITTEN:
-            _seen(seen, x, path)
+            yield x, path
+        elif type(x) is not tuple and not _opened_by_pytree(x):
+            unkeyed.append(path)
         items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
         stack.extend((value, (*path, key)) for key, value in items if not _is_tensor(value))
+
+
+def _opened_by_pytree(x) -> bool:
+    """Whether torch's pytree flattens the tuple ``x`` (a namedtuple, a ``torch.return_types``
+    tuple, a registered type): its items are in the cache key."""
+    return type(x) in pytree.SUPPORTED_NODES or pytree.is_namedtuple_instance(x) or pytree.is_structseq_instance(x)
 
 
 def _is_tensor(x) -> bool:

@@ -139,6 +139,8 @@ def leaf_key(x):
         return {meta_source("x")}
     if type(x) is _Generator and is_runtime_generator(x):
         return (_Generator, x.device)
+    if type(x) is Written:
+        return (Written, x)
     if is_simple(x):
         return freeze(x)
     if not isinstance(x, _BY_IDENTITY) and _read_by_attributes(x):
@@ -155,6 +157,7 @@ def _leaf_key():
         "_Generator": _Generator,
         "_BY_IDENTITY": _BY_IDENTITY,
         "_Identity": _Identity,
+        "Written": Written,
         "refuse_unlike_strided": refuse_unlike_strided,
         "is_runtime_generator": is_runtime_generator,
         "is_simple": is_simple,
@@ -170,7 +173,8 @@ leaf_key.__doc__ = """A tensor's metadata (``TENSOR_FIELDS``: ``tensor_guards.te
     each call draws from by its device (``is_runtime_generator``); a simple value itself (type-exact,
     NaN equal to NaN); an object read only through attributes by its type alone, as the attributes
     the program reads from it are guarded (a fresh config object each call hits the cache when its
-    values are the same); any other object (a function, a module, a set, a NumPy array) by identity."""
+    values are the same); a container the program only writes into (``written_only.Written``,
+    kept for the process) by itself; any other object (a function, a module, a set, a NumPy array) by identity."""
 
 
 #: What a tensor's key holds, in order (``tensor_guards.META_EXPRESSION``). Whether it is an inference tensor

@@ -15,16 +15,19 @@ printed (``print(f"T={x.shape[1]}")``) holds placeholders that every call fills 
 import builtins
 import contextvars
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
 
-from thunder_rs.core.acquisition.argument_containers import ArgumentContainer
+from thunder_rs.core.acquisition.argument_containers import ArgumentContainer, Old, held_call, merge_contents
+from thunder_rs.core.acquisition.written_only import replay
 from thunder_rs.core.state.guards import MISSING, InputSource
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
-from thunder_rs.core.acquisition.outputs import MadeAgain, is_size
+from thunder_rs.core.acquisition.outputs import MOST_WRITTEN_LEAVES, MadeAgain, Unwritten, ValueSource, is_size
+from thunder_rs.core.acquisition.outputs import written_unflatten
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
@@ -86,9 +89,11 @@ class TracedValue:
     tuples, dicts): each is an extra output of the trace, and ``get(extras)`` rebuilds the value
     with a call's tensors and sizes."""
 
-    __slots__ = ("leaves", "spec", "outputs")
+    __slots__ = ("leaves", "spec", "outputs", "rebuild")
 
     def __init__(self, value, extras: list, kept: dict | None = None, made=None):
+        #: ``rebuild(extras)``: what ``get`` returns, written on its first call (``written_unflatten``)
+        self.rebuild: Callable | None = None
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
         self.outputs: list[tuple[int, "int | TracedValue | TracedText | MadeAgain"]] = []
         for i, leaf in enumerate(leaves):
@@ -114,6 +119,13 @@ class TracedValue:
         self.leaves = leaves
 
     def get(self, extras):
+        rebuild = self.rebuild
+        if rebuild is None:
+            rebuild = written_unflatten(self.spec, self.leaves, self.outputs, TracedValue)
+            rebuild = self.rebuild = rebuild or self._unflattened
+        return rebuild(extras)
+
+    def _unflattened(self, extras):
         if not self.outputs:
             return pytree.tree_unflatten(self.leaves, self.spec)
         leaves = list(self.leaves)
@@ -193,17 +205,91 @@ class ItemWrite:
 
 class ContentsWrite:
     """The new contents of a list or dict passed as an argument (``argument_containers``), given
-    after every call to that call's container; ``contents`` a ``TracedValue``."""
+    after every call to that call's container; ``contents`` a ``TracedValue``. The writes into a
+    container only written into, and the items set in a dict read at constant keys, are written
+    out as Python on the first call (``_written_writes``)."""
 
-    __slots__ = ("source", "contents")
+    __slots__ = ("source", "contents", "written")
     #: (``Entry.call_args``)
     changes_arguments = True
 
     def __init__(self, source, contents):
         self.source, self.contents = source, contents
+        self.written: Callable | None = None
 
     def apply(self, extras, flat) -> None:
-        self.source.made(self.source.object(flat), self.contents.get(extras))
+        written = self.written
+        if written is None:
+            written = self.written = _written_writes(self.source, self.contents) or self._made
+        written(extras)
+
+    def _made(self, extras) -> None:
+        self.source.made(self.source.object(None), self.contents.get(extras))
+
+
+def _written_writes(source: ArgumentContainer, contents: TracedValue):
+    """``ContentsWrite.apply`` as a function of a call's extras, written out: the call's container
+    found, the values made (as ``contents.get`` makes them), then each write ``written_only.replay``
+    makes of them (``container.append(v)``) or each item ``merge_contents`` sets (``Old`` items
+    read before the first is set); None for another ``made`` or node type."""
+    if source.made not in (replay, merge_contents) or contents.spec.num_leaves > MOST_WRITTEN_LEAVES:
+        return None
+    values = ValueSource(contents.leaves, contents.outputs, TracedValue)
+    steps = "".join(f"[{values.named(step)}]" for step in source.path)
+    lines = [f"container = {values.named(held_call)}.arguments{steps}"]
+    try:
+        writes = (_replayed if source.made is replay else _merged)(values, contents.spec, lines)
+    except Unwritten:
+        return None
+    return values.function(lines + writes)
+
+
+def _replayed(values: ValueSource, spec, lines: list) -> list:
+    """The writes of ``written_only.WriteLog`` ops (``spec``: a list of ``(method, value)``),
+    their values made into locals on ``lines``."""
+    if spec.type is not list:
+        raise Unwritten
+    writes = []
+    for op in spec.children():
+        if op.type is not tuple or op.num_children != 2:
+            raise Unwritten
+        method, value = values.constant(op.child(0)), op.child(1)
+        values.next += 1
+        if method == "setitem":  # (``(key, value)``)
+            if value.type is not tuple or value.num_children != 2:
+                raise Unwritten
+            key = _local(lines, values.expression(value.child(0)))
+            writes.append(f"container[{key}] = {_local(lines, values.expression(value.child(1)))}")
+        elif method in ("append", "extend", "appendleft", "extendleft"):
+            writes.append(f"container.{method}({_local(lines, values.expression(value))})")
+        else:
+            raise Unwritten
+    return writes
+
+
+def _merged(values: ValueSource, spec, lines: list) -> list:
+    """The items ``merge_contents`` sets of ``spec`` (a dict), in its order, their values made into
+    locals on ``lines``, then the items moved (``Old`` of another key) read as the container held them."""
+    if spec.type is not dict:
+        raise Unwritten
+    items, moved = [], []
+    for key, value in zip(spec.context, spec.children()):
+        held = values.constant(value)
+        if type(held) is not Old:
+            items.append((values.named(key), _local(lines, values.expression(value))))
+            continue
+        values.next += 1
+        if held.key != key:  # (an item kept under its key is left as it is)
+            moved.append(f"container[{values.named(held.key)}]")
+            items.append((values.named(key), f"m{len(moved) - 1}"))
+    lines.extend(f"m{i} = {read}" for i, read in enumerate(moved))
+    return [f"container[{key}] = {value}" for key, value in items]
+
+
+def _local(lines: list, expression: str) -> str:
+    """A local on ``lines`` holding ``expression``."""
+    lines.append(f"v{len(lines)} = {expression}")
+    return f"v{len(lines) - 1}"
 
 
 def item_writes(writes, extras: list, kept: dict | None = None) -> list:

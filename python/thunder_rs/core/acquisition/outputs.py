@@ -22,6 +22,7 @@ one object per call, the state's own, or the one the call stored.
 """
 
 import collections
+from collections.abc import Callable
 import copy
 import types
 
@@ -337,9 +338,95 @@ class PlainOutput:
 
     def __init__(self, spec):
         self._spec = spec
+        #: what ``unflatten`` returns of the flat outputs, written on its first call
+        self._rebuild: Callable | None = None
 
     def unflatten(self, flat, inputs):
+        rebuild = self._rebuild
+        if rebuild is None:
+            count = self._spec.num_leaves
+            rebuild = written_unflatten(self._spec, [None] * count, [(i, i) for i in range(count)])
+            rebuild = self._rebuild = rebuild or self._unflattened
+        return rebuild(flat)
+
+    def _unflattened(self, flat):
         return self._spec.unflatten(list(flat))
+
+
+#: The most leaves and levels of nesting a value ``written_unflatten`` writes out has (past them,
+#: ``tree_unflatten``: the source would cost more to compile than the calls it saves).
+MOST_WRITTEN_LEAVES = 256
+_MOST_LEVELS = 16
+
+
+class Unwritten(Exception):
+    """A value ``ValueSource`` does not write out: a node of another type, or too deep."""
+
+
+class ValueSource:
+    """Python source making the value torch's ``tree_unflatten`` makes of ``leaves`` with each of
+    ``outputs`` put in (``(leaf index, where a call's values e hold it)``, or ``(leaf index, an
+    object whose get(e) makes it)``; a torch.Size of those of type ``sized``): ``expression(spec)``
+    as one display of tuples, lists and dicts, the leaves taken in order, the constants it names
+    in ``scope``."""
+
+    def __init__(self, leaves: list, outputs: list, sized: type | None = None):
+        self.leaves, self.at, self.sized = leaves, dict(outputs), sized
+        self.scope: dict = {"Size": torch.Size}
+        #: the index of the next leaf
+        self.next = 0
+
+    def named(self, value) -> str:
+        name = f"c{len(self.scope)}"
+        self.scope[name] = value
+        return name
+
+    def constant(self, node):
+        """The constant the leaf ``node`` (the next) holds, or ``Unwritten`` where it is none (an
+        output, or not a leaf), not taken then."""
+        if not node.is_leaf() or self.next in self.at:
+            return Unwritten
+        return self.leaves[self.next]
+
+    def expression(self, node, level: int = 0) -> str:
+        if node.is_leaf():
+            i = self.next
+            self.next += 1
+            if i not in self.at:
+                return self.named(self.leaves[i])
+            output = self.at[i]
+            if type(output) is int:
+                return f"e[{output}]"
+            got = f"{self.named(output)}.get(e)"
+            return f"Size({got})" if type(output) is self.sized else got
+        if level >= _MOST_LEVELS or node.type not in (tuple, list, dict):
+            raise Unwritten
+        items = [self.expression(child, level + 1) for child in node.children()]
+        if node.type is dict:  # (torch's unflatten: ``dict(zip(keys, values))``, in the spec's key order)
+            return "{" + ", ".join(f"{self.named(k)}: {v}" for k, v in zip(node.context, items)) + "}"
+        if node.type is list:
+            return f"[{', '.join(items)}]"
+        return f"({', '.join(items)},)" if items else "()"
+
+    def function(self, lines: list):
+        """The function ``lines`` (its body) make of a call's values ``e``."""
+        source = "def written(e):\n" + "".join(f"    {line}\n" for line in lines)
+        exec(compile(source, "<thunder_rs written value>", "exec"), self.scope)
+        return self.scope["written"]
+
+
+def written_unflatten(spec, leaves: list, outputs: list, sized: type | None = None):
+    """A function of a call's values ``e`` that makes what torch's ``tree_unflatten(leaves, spec)``
+    makes with each of ``outputs`` put in (``ValueSource``), written as one display where the nodes
+    are tuples, lists and dicts (what every call rebuilds, returns, prints or writes into an
+    argument container: torch's unflatten costs ~1 us a node); None for another node type."""
+    if spec.num_leaves > MOST_WRITTEN_LEAVES:
+        return None
+    source = ValueSource(leaves, outputs, sized)
+    try:
+        return source.function([f"return {source.expression(spec)}"])
+    except Unwritten:
+        return None
 
 
 class RebuiltOutput:

@@ -236,35 +236,38 @@ def _is_method_load(ins) -> bool:
 
 class WrittenArguments:
     """The parameters of a jitted function that its code only writes into (``written_uses``), by
-    position and by name; ``keyed`` puts ``Written`` in place of the containers passed there."""
+    position and by name; ``keyed`` puts ``Written`` in place of the containers passed there.
+    Each place holds ``(the Written of each container type it takes, by type; the items read)``,
+    made once: a call looks up its container's type (``_places``)."""
 
     __slots__ = ("positions", "names")
 
     def __init__(self, uses: dict, names: tuple, posonly: int):
         split = {n: _split(u) for n, u in uses.items()}
-        self.positions = tuple((i, *split[n]) for i, n in enumerate(names) if n in split)
+        self.positions = tuple((i, *_places(*split[n], (0, i))) for i, n in enumerate(names) if n in split)
         #: (a positional-only parameter's name passed as a keyword goes to ``**kwargs``)
-        self.names = {n: u for n, u in split.items() if n not in names[:posonly]}
+        self.names = {n: _places(*u, (1, n)) for n, u in split.items() if n not in names[:posonly]}
 
     def keyed(self, args, kwargs) -> tuple:
         """``(args, kwargs)`` with each container the program only writes into as its ``Written``,
         each dict it reads only at constant keys as ``(Written, a dict of the items read)``."""
         new_args = None
-        for i, writes, reads in self.positions:
-            if i < len(args) and _takes(args[i], writes, reads):
+        for i, markers, reads in self.positions:
+            if i < len(args) and (marker := markers.get(type(args[i]))) is not None:
                 new_args = new_args if new_args is not None else list(args)
-                new_args[i] = _stand_in(args[i], (0, i), reads)
+                new_args[i] = (marker, _items_read(args[i], reads)) if reads else marker
         new_kwargs = None
         for name in kwargs.keys() & self.names.keys() if kwargs else ():
-            if _takes(kwargs[name], *self.names[name]):
+            markers, reads = self.names[name]
+            if (marker := markers.get(type(kwargs[name]))) is not None:
                 new_kwargs = new_kwargs if new_kwargs is not None else dict(kwargs)
-                new_kwargs[name] = _stand_in(kwargs[name], (1, name), self.names[name][1])
+                new_kwargs[name] = (marker, _items_read(kwargs[name], reads)) if reads else marker
         if new_args is None and new_kwargs is None:
             return args, kwargs
         return (args if new_args is None else tuple(new_args)), (kwargs if new_kwargs is None else new_kwargs)
 
 
-def _split(uses: frozenset) -> tuple:
+def _split(uses: frozenset) -> tuple[frozenset, tuple]:
     """``(writes, items read)`` of a parameter's uses: each item read ``(key, None)``, or ``(key,
     the writes made into it)`` where the program only writes into it; in an order kept for the process."""
     read = {u[1] for u in uses if type(u) is tuple and u[0] == "getitem"}
@@ -276,23 +279,27 @@ def _split(uses: frozenset) -> tuple:
     return frozenset(u for u in uses if type(u) is str), tuple(sorted(reads, key=lambda r: repr(r[0])))
 
 
-def _takes(container, writes: frozenset, reads: tuple) -> bool:
-    """Whether ``container`` takes the ``writes`` a parameter gets (a plain dict only, where the
-    program reads items of it: another's reads may insert, ``defaultdict``, or reorder)."""
-    takes = _TAKES.get(type(container))
-    return takes is not None and writes <= takes and (not reads or type(container) is dict)
+def _places(writes: frozenset, reads: tuple, path: tuple) -> tuple:
+    """``({container type: its Written}, items read)`` of the parameter at ``path`` (``(0, i)``,
+    ``(1, name)``) given ``writes`` and ``reads`` (``_split``): the types that take the writes (a
+    plain dict only, where the program reads items of it: another's reads may insert,
+    ``defaultdict``, or reorder), each item read as ``(key, None)`` or, where the program only
+    writes into it, ``(key, {type: Written} of the types that take those writes)``."""
+    kinds = [kind for kind, takes in _TAKES.items() if writes <= takes and (not reads or kind is dict)]
+    markers = {kind: _marker(kind, path, bool(reads)) for kind in kinds}
+    items = tuple((key, None if into is None else _places(into, (), (*path, key))[0]) for key, into in reads)
+    return markers, items
 
 
-def _stand_in(container, path: tuple, reads: tuple):
-    if not reads:
-        return _marker(type(container), path)
+def _items_read(container: dict, reads: tuple) -> dict:
+    """The items of ``container`` the program reads (``_places``), each it only writes into as its
+    ``Written`` where it is of a type that takes those writes."""
     items = {}
     for key, into in reads:
         if key in container:
             item = container[key]
-            written = into is not None and _takes(item, into, ())
-            items[key] = _marker(type(item), (*path, key)) if written else item
-    return (_marker(dict, path, True), items)
+            items[key] = item if into is None else into.get(type(item), item)
+    return items
 
 
 def written_arguments(fn) -> WrittenArguments | None:

@@ -7,28 +7,41 @@ forward took, not the one made or current last.
 
 The forward notes what each of those arguments was in the call (``note``); the autograd function
 keeps the notes of its call (``take``, on its ``ctx``) and puts them in place while its backward
-runs (``running``), where the backward's effects find them (``of``). Per thread.
+runs (``running``), where the backward's effects find them (``of``). Per thread. Only a forward an
+autograd function runs notes (``start`` to ``take``): one run without (under ``no_grad``, or with
+no input requiring grad) has no backward, and its notes would stay on the thread, holding its
+streams and events (of every program an inference loop compiles) until a backward's forward took them.
 """
 
 import threading
 
-__all__ = ["note", "of", "running", "take"]
+__all__ = ["note", "of", "running", "start", "take"]
 
 _local = threading.local()
 
 
+def start() -> dict | None:
+    """Opens the notes of the forward an autograd function runs next on this thread; returns those
+    of a forward running around it (for ``take``)."""
+    outer = _local.__dict__.get("notes")
+    _local.notes = {}
+    return outer
+
+
 def note(held, value) -> None:
     """Notes that the effect argument ``held`` (a ``Made``, a stream taken again) is ``value`` in
-    the call running on this thread."""
+    the call running on this thread, where its backward may run (``start``)."""
     notes = _local.__dict__.get("notes")
-    if notes is None:
-        notes = _local.notes = {}
-    notes[held] = value
+    if notes is not None:
+        notes[held] = value
 
 
-def take() -> dict | None:
-    """The notes made on this thread since the last ``take`` (the forward just run), or None."""
-    return _local.__dict__.pop("notes", None)
+def take(outer: dict | None) -> dict | None:
+    """The notes made on this thread since ``start`` (the forward just run), or None where none
+    were; ``outer``: what ``start`` returned, put back."""
+    notes = _local.__dict__.get("notes")
+    _local.notes = outer
+    return notes or None
 
 
 def running(notes: dict | None):

@@ -261,8 +261,11 @@ def _run_forward(ctx, inputs, forward, program, single, viewable, keeping):
         program.keep(ctx, inputs)  # before the forward draws from the generators
     else:
         ctx.inputs = None  # see _differentiated
-    outputs, residuals = forward(*inputs)
-    ctx.queue_values = queue_values.take()  # (the streams it switched to, for its backward; or None)
+    outer = queue_values.start()
+    try:
+        outputs, residuals = forward(*inputs)
+    finally:
+        ctx.queue_values = queue_values.take(outer)  # (the streams it switched to, for its backward; or None)
     flat = (outputs,) if single else tuple(outputs)
     may = None if _function_modes() else viewable  # (a mode may answer any call with a view)
     if may != ():  # (none of them may be a view: nothing to read)

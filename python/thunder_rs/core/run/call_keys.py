@@ -28,6 +28,7 @@ from thunder_rs.core.acquisition.cache import (
     tensor_aliases,
     tensor_key_source,
 )
+from thunder_rs.core.acquisition.written_only import Written
 from thunder_rs.core.run import callflat
 
 #: Containers a key function opens (exact types: a subclass may be a namedtuple, a node of its own).
@@ -43,6 +44,7 @@ _INLINE_LEAVES = {
     str: "(str, {})",
     type(None): "(NoneType, {})",
     float: "(float, {}.hex())",
+    Written: "(Written, {})",
 }
 #: The most tensor and generator leaves whose aliases a key function finds by ``is`` inline
 #: (``_aliases_source``: a pair each); past them, ``tensor_aliases`` where two are one object.
@@ -174,6 +176,7 @@ def key_function(args, kwargs, other=_general):
         "spec": spec,
         "other": other,
         "NoneType": type(None),
+        "Written": Written,
     }
     return compiled_key(_written(source, keyed), "key", **namespace, **source.constants)
 

@@ -10,7 +10,7 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 from thunder_rs.core.acquisition.argument_containers import arguments_made_again, hold_call, release_call
-from thunder_rs.core.acquisition.argument_containers import refuse_aliased
+from thunder_rs.core.acquisition.argument_containers import container_places, refuse_aliased, refuse_aliased_at
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
@@ -19,6 +19,8 @@ from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
 from thunder_rs.errors import runtime_error
 
+#: The ``Entry.container_places`` of an entry whose calls ``refuse_aliased`` walks each time.
+_WALKED = ("walked",)
 #: True only while Dynamo traces (it answers the call itself): eager returns False.
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
@@ -114,7 +116,14 @@ def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
     if entry.call_args:
-        refuse_aliased(args, kwargs, keyed_call)
+        places = entry.container_places
+        if places is None:  # (found on its first call)
+            places = container_places(args, kwargs, keyed_call)
+            places = entry.container_places = _WALKED if places is None else places
+        if places is _WALKED:
+            refuse_aliased(args, kwargs, keyed_call)
+        else:
+            refuse_aliased_at(places, args, kwargs, keyed_call)
     try:
         out = entry.fn(*inputs)
     except Exception as e:

@@ -42,6 +42,9 @@ class Entry:
     #: whether ``post`` changes containers of the call's arguments (``argument_containers``),
     #: found from the call ``hold_call`` notes
     call_args: bool = False
+    #: for such an entry, where its calls hold the containers one must not pass twice
+    #: (``argument_containers.container_places``), found on its first call
+    container_places: Any = None
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
     #: the write epoch at which module guards last held, and the hooks seen then
