@@ -34,8 +34,9 @@ from torch.utils import _pytree as pytree
 from thunder_rs.core.base.proxies import SymbolicSize
 
 from thunder_rs.core.acquisition.written_only import Written, replay
-from thunder_rs.core.state.containers import _repeatable
-from thunder_rs.core.state.guards import is_simple
+from thunder_rs.core.base.userframe import read_site
+from thunder_rs.core.state.containers import ContainerAt, _repeatable
+from thunder_rs.core.state.guards import CellSource, is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -282,13 +283,44 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
         again(args, kwargs)
 
 
-def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
+def state_held(places: list, inputs, items: list) -> tuple | None:
+    """What ``refuse_aliased`` checks a call's arguments against: ``({id: (container, where, origin,
+    name, changed)}, the paths of the arguments' containers the program changes)``, where the
+    program reads lists or dicts of lasting state (``places``: ``StateContainers.lasting``: globals,
+    attributes, closure variables; no copy tracing made of an argument's, ``inputs.argument_copies``)
+    and changes one of them (``items``: the trace's item writes, ``ContainerAt`` those of state) or
+    an argument's (``inputs.argument_writes``); else None. Each container is held: its id stays its
+    own while the entry lives."""
+    changed = {(id(at.source), at.name) for at, _, _ in items if type(at) is ContainerAt}
+    held = {
+        id(p.container): (
+            p.container,
+            p.source.describe(p.name),
+            p.origin,
+            p.source.label if type(p.source) is CellSource else p.name,  # (as ``StateContainers.sites``)
+            (id(p.source), p.name) in changed,
+        )
+        for p in places
+        if id(p.container) not in inputs.argument_copies
+    }
+    written = frozenset(w[0].path for w in inputs.argument_writes)
+    return (held, written) if held and (changed or written) else None
+
+
+_NO_STATE: tuple = ({}, frozenset())
+
+
+def refuse_aliased(args, kwargs, keyed: tuple | None = None, state: tuple | None = None, twice: bool = True) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
-    changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
-    call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
-    not walked (a log of every step's loss), those read at constant keys only at the items read.
-    (On every call of such a program: the places are named only for the error.)"""
+    changes such containers (``twice``): tracing changed a copy of each, as if they were two; and
+    one passing a list or dict the program also reads as state (``state``: ``state_held``), where
+    it changes the one or the other: tracing took them apart, and its reads of the one would miss
+    its writes into the other. ``keyed``: the call's ``(args,
+    kwargs)`` as keyed (``written_only``), whose containers only written into are not walked (a log
+    of every step's loss), those read at constant keys only at the items read. (On every call of
+    such a program: the places are named only for the error.)"""
     seen: dict = {}
+    state = state or _NO_STATE
     walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
     stack: collections.deque[tuple[Any, tuple]] = collections.deque(
         (value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value)
@@ -301,14 +333,14 @@ def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
             container = (args, kwargs)
             for step in marker.path:
                 container = container[step]
-            _seen(seen, container, path)
+            _seen(seen, container, path, state, twice)
             if marker.projected:
                 stack.extend((value, (*path, key)) for key, value in x[1].items())
             continue
         if type(x) not in _OPENED and not isinstance(x, tuple):
             continue
         if type(x) in WRITTEN:
-            _seen(seen, x, path)
+            _seen(seen, x, path, state, twice)
         items = enumerate(x) if isinstance(x, (tuple, *_SEQUENCES)) else x.items()
         stack.extend((value, (*path, key)) for key, value in items if not _is_tensor(value))
 
@@ -317,7 +349,22 @@ def _is_tensor(x) -> bool:
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
-def _seen(seen: dict, x, path: tuple) -> None:
+def _refuse_state_alias(held: tuple, path: tuple) -> None:
+    container, where, origin, name, _ = held
+    raise ThunderNotImplementedError(
+        f"thunder_rs.jit: the {type(container).__name__} at {_place(path)} is also {where}, which the program reads "
+        f"at {read_site(origin, name)}; thunder_rs traces an argument's list or dict apart from the state the "
+        "program reads, so the program's reads of the one would miss its writes into the other (eager changes one "
+        "object). Pass a distinct container, or reach it one way only"
+    )
+
+
+def _seen(seen: dict, x, path: tuple, state: tuple, twice: bool) -> None:
+    held = state[0].get(id(x))
+    if held is not None and (held[4] or path in state[1]):
+        _refuse_state_alias(held, path)
+    if not twice:
+        return
     if id(x) in seen:
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: the {type(x).__name__} at {_place(path)} is also passed at {_place(seen[id(x)])}, to a "

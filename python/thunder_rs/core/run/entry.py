@@ -42,6 +42,9 @@ class Entry:
     #: whether ``post`` changes containers of the call's arguments (``argument_containers``),
     #: found from the call ``hold_call`` notes
     call_args: bool = False
+    #: the lists and dicts of state the program read that no call may pass as an argument
+    #: (``argument_containers.state_held``), or None
+    state_aliases: tuple | None = None
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
     #: the write epoch at which module guards last held, and the hooks seen then

@@ -265,6 +265,10 @@ class StateContainers:
         """The noted containers (``_Place``: the container, its items when first read, where)."""
         return list(self._places.values())
 
+    def lasting(self) -> list:
+        """The noted containers of lasting state (``_Place``) still where the program found them."""
+        return [p for p in self._places.values() if p.replayed and self._lasting(p.container)]
+
     def undo(self) -> None:
         """Puts back the items every noted container had when first read (a failed trace)."""
         for place in self._places.values():
