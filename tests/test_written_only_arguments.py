@@ -419,6 +419,20 @@ def _appends_to_the_global(x, log):
     return x * len(log)
 
 
+_NESTED = [[0]]  # (plain values: read whole, its item unseen)
+_QUEUE = collections.deque([0])
+
+
+def _reads_a_held_list(x, log):
+    log.append(x.sum())
+    return x * len(_NESTED[0])
+
+
+def _reads_a_global_deque(x, q):
+    q.append(x.sum())
+    return x * len(_QUEUE)
+
+
 _READS_CLOSURE, _CLOSED = _closure_reading()
 #: ``(program, the arguments after x, what the error names, the text of the line it names)``
 _ALSO_STATE = [
@@ -429,7 +443,17 @@ _ALSO_STATE = [
     (_logs_into_an_item, lambda: ({"log": _ALIASED},), r"1\['log'\] is also global '_ALIASED'", "len(_ALIASED)"),
     (_reads_its_length, lambda: (_ALIASED,), "global '_ALIASED'", "len(_ALIASED)"),
     (_appends_to_the_global, lambda: (_ALIASED,), "global '_ALIASED'", "_ALIASED.append"),
+    (_reads_a_held_list, lambda: (_NESTED[0],), "an item of global '_NESTED'", "len(_NESTED[0])"),
+    (_reads_a_global_deque, lambda: (_QUEUE,), "deque at positional argument 1 is also global '_QUEUE'", "len(_QUEUE)"),
 ]
+
+
+def _state_as_found() -> list:
+    """The state the programs of ``_ALSO_STATE`` read, each container holding one 0 (a 1 in _STATS)."""
+    for held in (_ALIASED, _HOLDER.hist, _CLOSED, _NESTED[0], _QUEUE):
+        held.clear(), held.append(0)
+    _STATS.clear(), _STATS.update(n=1)
+    return [list(_ALIASED), list(_HOLDER.hist), list(_CLOSED), dict(_STATS), [list(_NESTED[0])], list(_QUEUE)]
 
 
 def _line_of(fn, text: str) -> str:
@@ -444,14 +468,13 @@ def test_a_list_or_dict_argument_the_program_also_reaches_as_state_is_refused_na
     # (a global, an attribute, a closure variable, a dict read at constant keys, an item of an argument).
     program, arguments, named, line = _ALSO_STATE[case]
     jfn, x = thunder_rs.jit(program), torch.ones(2)
-    _ALIASED[:], _HOLDER.hist[:], _CLOSED[:] = [0], [0], [0]
-    _STATS.clear(), _STATS.update(n=1)
-    before = (list(_ALIASED), list(_HOLDER.hist), list(_CLOSED), dict(_STATS))
+    before = _state_as_found()
     for _ in range(2):  # (compiled at the first call, found at the second)
         with pytest.raises(ThunderNotImplementedError, match=named) as refused:
             jfn(x, *arguments())
         assert _line_of(program, line) in str(refused.value)
-        assert (_ALIASED, _HOLDER.hist, _CLOSED, _STATS) == before  # (nothing of the call made)
+        now = [list(_ALIASED), list(_HOLDER.hist), list(_CLOSED), dict(_STATS), _NESTED, list(_QUEUE)]
+        assert now == before  # (nothing of the call made)
 
 
 def test_a_new_log_each_call_hits_and_the_global_passed_later_is_refused():

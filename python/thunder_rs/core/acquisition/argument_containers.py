@@ -286,23 +286,25 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
 def state_held(places: list, inputs, items: list) -> tuple | None:
     """What ``refuse_aliased`` checks a call's arguments against: ``({id: (container, where, origin,
     name, changed)}, the paths of the arguments' containers the program changes)``, where the
-    program reads lists or dicts of lasting state (``places``: ``StateContainers.lasting``: globals,
-    attributes, closure variables; no copy tracing made of an argument's, ``inputs.argument_copies``)
-    and changes one of them (``items``: the trace's item writes, ``ContainerAt`` those of state) or
-    an argument's (``inputs.argument_writes``); else None. Each container is held: its id stays its
-    own while the entry lives."""
+    program reads lists, dicts or deques of lasting state (``places``: ``StateContainers.lasting``:
+    globals, attributes, closure variables; no copy tracing made of an argument's,
+    ``inputs.argument_copies``) and changes one of them (``items``: the trace's item writes,
+    ``ContainerAt`` those of state) or an argument's (``inputs.argument_writes``); else None. The
+    containers they hold count as theirs (a list of plain values is read whole, its items unseen).
+    Each container is held: its id stays its own while the entry lives."""
     changed = {(id(at.source), at.name) for at, _, _ in items if type(at) is ContainerAt}
-    held = {
-        id(p.container): (
-            p.container,
-            p.source.describe(p.name),
-            p.origin,
-            p.source.label if type(p.source) is CellSource else p.name,  # (as ``StateContainers.sites``)
-            (id(p.source), p.name) in changed,
-        )
-        for p in places
-        if id(p.container) not in inputs.argument_copies
-    }
+    held: dict = {}
+    for container, source, name, origin in places:
+        label = source.label if type(source) is CellSource else name  # (as ``StateContainers.sites``)
+        read = (source.describe(name), origin, label, (id(source), name) in changed)
+        stack = [(container, read)]
+        while stack:
+            x, (where, *rest) = stack.pop()
+            if id(x) in held or id(x) in inputs.argument_copies:
+                continue
+            held[id(x)] = (x, where, *rest)
+            items_of = x.values() if isinstance(x, dict) else x
+            stack.extend((v, (f"an item of {where}", *rest)) for v in items_of if type(v) in WRITTEN)
     written = frozenset(w[0].path for w in inputs.argument_writes)
     return (held, written) if held and (changed or written) else None
 
