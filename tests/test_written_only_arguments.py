@@ -524,3 +524,28 @@ def test_a_modules_list_passed_to_its_own_forward_that_changes_the_argument_is_r
     with pytest.raises(ThunderNotImplementedError, match=r"is also _Logged.hist, which the program reads at"):
         jfn(x, module.hist)
     assert module.hist == []
+
+
+class _Box:
+    def __init__(self):
+        self.log: list = []
+
+
+def _reads_the_box(x, log, box):
+    log.append(x.sum())
+    return x * len(box.log)
+
+
+def test_a_log_an_argument_object_also_holds_is_refused_as_one_passed_twice():
+    # Silently x * 0 where eager's len(box.log) saw the append (x * 1): the object's list is read as it is.
+    jfn, x = thunder_rs.jit(_reads_the_box), torch.ones(2)
+    for i in range(2):
+        box, eager_box = _Box(), _Box()  # (a new box, with a new list, each call)
+        log, eager = [], []
+        _assert_same(jfn(x, log, box), _reads_the_box(x, eager, eager_box))
+        _assert_same((log, box.log), (eager, eager_box.log))
+        held = _Box()
+        with pytest.raises(ThunderNotImplementedError, match=r"positional argument 1 is also passed at box.log"):
+            jfn(x, held.log, held)
+        assert held.log == []
+    assert thunder_rs.cache_misses(jfn) == 1

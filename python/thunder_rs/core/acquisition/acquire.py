@@ -589,12 +589,12 @@ def _kept_tensors(captures: Captures, inputs) -> dict:
     return kept
 
 
-def _observed_facts(observer, inputs, items: list) -> tuple:
+def _observed_facts(observer, inputs, items: list, reached: ArgumentObjects) -> tuple:
     """The modules called, size checks, container sites and interruption the observer saw while tracing,
-    and the lists and dicts of state it read that no call may pass as an argument (``state_held``:
-    ``inputs`` the trace's, ``items`` the item writes it made)."""
+    and the lists and dicts of state it read, or argument objects hold, that no call may pass as an
+    argument (``state_held``: ``inputs`` the trace's, ``items`` the item writes it made)."""
     state = observer.state
-    aliases = state_held(state.containers.lasting(), inputs, items)
+    aliases = state_held(state.containers.lasting(), inputs, items, reached.containers)
     return (
         list(observer.modules_called.values()),
         observer.size_checks,
@@ -643,7 +643,7 @@ def acquire(
         _hint_compiler_disable(e)
         raise
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
-    modules_called, size_checks, sites, interrupted, aliases = _observed_facts(observer, inputs, repeated[2])
+    modules_called, size_checks, sites, interrupted, aliases = _observed_facts(observer, inputs, repeated[2], reached)
     del observer
     kept, out = _kept_tensors(captures, inputs), as_written(out, captures.written())  # (a written capture: its value)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(

@@ -283,16 +283,20 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
         again(args, kwargs)
 
 
-def state_held(places: list, inputs, items: list) -> tuple | None:
-    """What ``refuse_aliased`` checks a call's arguments against: ``({id: (container, where, origin,
-    name, changed)}, the paths of the arguments' containers the program changes)``, where the
-    program reads lists, dicts or deques of lasting state (``places``: ``StateContainers.lasting``:
-    globals, attributes, closure variables; no copy tracing made of an argument's,
-    ``inputs.argument_copies``) and changes one of them (``items``: the trace's item writes,
-    ``ContainerAt`` those of state) or an argument's (``inputs.argument_writes``); else None. The
-    containers they hold count as theirs (a list of plain values is read whole, its items unseen).
-    Each container is held: its id stays its own while the entry lives."""
+def state_held(places: list, inputs, items: list, objects_hold: list) -> tuple | None:
+    """What ``refuse_aliased`` checks a call's arguments against, where the program changes lists,
+    dicts or deques of lasting state it read (``items``: the trace's item writes, ``ContainerAt``
+    those of state) or of its arguments (``inputs.argument_writes``): ``({id: (container, where,
+    origin, name, changed)}, the paths of the arguments' containers the program changes, the
+    sources of the containers argument objects hold)``; else None. ``places``:
+    ``StateContainers.lasting`` (globals, attributes, closure variables; none a copy tracing made
+    of an argument's, ``inputs.argument_copies``), with the containers they hold (a list of plain
+    values is read whole, its items unseen); ``objects_hold``: ``ArgumentObjects.containers``,
+    found again on every call. Each container is held: its id stays its own while the entry lives."""
     changed = {(id(at.source), at.name) for at, _, _ in items if type(at) is ContainerAt}
+    written = frozenset(w[0].path for w in inputs.argument_writes)
+    if not changed and not written:
+        return None
     held: dict = {}
     for container, source, name, origin in places:
         label = source.label if type(source) is CellSource else name  # (as ``StateContainers.sites``)
@@ -305,24 +309,29 @@ def state_held(places: list, inputs, items: list) -> tuple | None:
             held[id(x)] = (x, where, *rest)
             items_of = x.values() if isinstance(x, dict) else x
             stack.extend((v, (f"an item of {where}", *rest)) for v in items_of if type(v) in WRITTEN)
-    written = frozenset(w[0].path for w in inputs.argument_writes)
-    return (held, written) if held and (changed or written) else None
+    sources = tuple(source for x, _, source in objects_hold if type(x) in WRITTEN) if written else ()
+    return (held, written, sources) if held or sources else None
 
 
-_NO_STATE: tuple = ({}, frozenset())
+_NO_STATE: tuple = ({}, frozenset(), ())
 
 
-def refuse_aliased(args, kwargs, keyed: tuple | None = None, state: tuple | None = None, twice: bool = True) -> None:
+def refuse_aliased(args, kwargs, keyed=None, state: tuple | None = None, twice: bool = True, flat=None) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
     changes such containers (``twice``): tracing changed a copy of each, as if they were two; and
     one passing a list or dict the program also reads as state (``state``: ``state_held``), where
     it changes the one or the other: tracing took them apart, and its reads of the one would miss
-    its writes into the other. ``keyed``: the call's ``(args,
-    kwargs)`` as keyed (``written_only``), whose containers only written into are not walked (a log
-    of every step's loss), those read at constant keys only at the items read. (On every call of
-    such a program: the places are named only for the error.)"""
+    its writes into the other (``flat``: the call's, where argument objects hold containers).
+    ``keyed``: the call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only
+    written into are not walked (a log of every step's loss), those read at constant keys only at
+    the items read. (On every call of such a program: the places are named only for the error.)"""
     seen: dict = {}
     state = state or _NO_STATE
+    if twice and state[2] and flat is not None:  # (the containers argument objects hold, as this call's hold them)
+        for source in state[2]:
+            x = _held_at(source, flat)
+            if type(x) in WRITTEN:
+                seen.setdefault(id(x), f"{source.label}, reached from the arguments")
     walked_args, walked_kwargs = keyed if keyed is not None else (args, kwargs)
     stack: collections.deque[tuple[Any, tuple]] = collections.deque(
         (value, (0, i)) for i, value in enumerate(walked_args) if not _is_tensor(value)
@@ -351,6 +360,14 @@ def _is_tensor(x) -> bool:
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
+def _held_at(source, flat):
+    """The object at ``source`` (an ``InputSource``) in the call of ``flat``, or None."""
+    try:
+        return source.object(flat)
+    except (LookupError, AttributeError, TypeError):
+        return None
+
+
 def _refuse_state_alias(held: tuple, path: tuple) -> None:
     container, where, origin, name, _ = held
     raise ThunderNotImplementedError(
@@ -376,7 +393,10 @@ def _seen(seen: dict, x, path: tuple, state: tuple, twice: bool) -> None:
     seen[id(x)] = path
 
 
-def _place(path: tuple) -> str:
-    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call."""
+def _place(path: tuple | str) -> str:
+    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call (a string:
+    said already)."""
+    if type(path) is str:
+        return path
     where = f"positional argument {path[1]}" if path[0] == 0 else f"argument {path[1]}"
     return where + "".join(f"[{step!r}]" for step in path[2:])

@@ -114,7 +114,7 @@ def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
     if entry.call_args or entry.state_aliases is not None:  # (a list or dict passed twice, or also read as state)
-        refuse_aliased(args, kwargs, keyed_call, entry.state_aliases, entry.call_args)
+        refuse_aliased(args, kwargs, keyed_call, entry.state_aliases, entry.call_args, flat)
     try:
         out = entry.fn(*inputs)
     except Exception as e:
