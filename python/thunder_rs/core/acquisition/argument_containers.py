@@ -20,7 +20,11 @@ list is (its ``maxlen`` kept). A copy the program returns is returned as the cal
 A change no call can make again is refused naming the argument and the line: a container of the
 arguments stored into another (a compiled call would store a copy), values no compiled call can
 store again (an object made in the call), keys that are no plain values; so is a call passing one
-container in two places to such a program (``refuse_aliased``), traced as two.
+container in two places to such a program (``refuse_aliased``), traced as two, or one that an
+argument object holds, or one the program also reads as state (a global, an attribute, a closure
+variable, or a container one holds) where it changes the one or the other (``state_held``): the
+argument was traced apart from the state, and the program's reads of the one would miss its
+writes into the other.
 """
 
 import collections
@@ -290,8 +294,8 @@ def state_held(places: list, inputs, items: list, objects_hold: list) -> tuple |
     origin, name, changed)}, the paths of the arguments' containers the program changes, the
     sources of the containers argument objects hold)``; else None. ``places``:
     ``StateContainers.lasting`` (globals, attributes, closure variables; none a copy tracing made
-    of an argument's, ``inputs.argument_copies``), with the containers they hold (a list of plain
-    values is read whole, its items unseen); ``objects_hold``: ``ArgumentObjects.containers``,
+    of an argument's, ``inputs.argument_copies``), with the lists in a list of plain values (read
+    whole, its items unseen); ``objects_hold``: ``ArgumentObjects.containers``,
     found again on every call. Each container is held: its id stays its own while the entry lives."""
     changed = {(id(at.source), at.name) for at, _, _ in items if type(at) is ContainerAt}
     written = frozenset(w[0].path for w in inputs.argument_writes)
@@ -307,8 +311,8 @@ def state_held(places: list, inputs, items: list, objects_hold: list) -> tuple |
             if id(x) in held or id(x) in inputs.argument_copies:
                 continue
             held[id(x)] = (x, where, *rest)
-            items_of = x.values() if isinstance(x, dict) else x
-            stack.extend((v, (f"an item of {where}", *rest)) for v in items_of if type(v) in WRITTEN)
+            if is_simple(x):  # (read whole: the lists in it are read unseen; they hold plain values only)
+                stack.extend((v, (f"an item of {where}", *rest)) for v in x if type(v) in WRITTEN)
     sources = tuple(source for x, _, source in objects_hold if type(x) in WRITTEN) if written else ()
     return (held, written, sources) if held or sources else None
 
