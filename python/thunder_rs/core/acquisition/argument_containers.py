@@ -372,13 +372,17 @@ def _held_at(source, flat):
         return None
 
 
+class StateAliased(ThunderNotImplementedError):
+    """A call passing a list, dict or deque the program also reads as state (``refuse_aliased``),
+    which the call then runs as eager code (``call_paths``)."""
+
+
 def _refuse_state_alias(held: tuple, path: tuple) -> None:
     container, where, origin, name, _ = held
-    raise ThunderNotImplementedError(
-        f"thunder_rs.jit: the {type(container).__name__} at {_place(path)} is also {where}, which the program reads "
-        f"at {read_site(origin, name)}; thunder_rs traces an argument's list or dict apart from the state the "
-        "program reads, so the program's reads of the one would miss its writes into the other (eager changes one "
-        "object). Pass a distinct container, or reach it one way only"
+    raise StateAliased(
+        f"the {type(container).__name__} at {_place(path)} is also {where}, which the program reads at "
+        f"{read_site(origin, name)}; thunder_rs traces an argument's list, dict or deque apart from the state the "
+        "program reads, so its reads of the one would miss its writes into the other (eager changes one object)"
     )
 
 

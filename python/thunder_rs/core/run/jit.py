@@ -102,6 +102,9 @@ class CompileStats:
     evictions: int = 0
     #: Calls run eagerly because their values took a path none of ``VALUE_VARIANT_LIMIT`` variants has.
     eager_calls: int = 0
+    #: Calls run eagerly because they passed a list or dict the program also reads as state
+    #: (``argument_containers.StateAliased``).
+    aliased_calls: int = 0
 
     @property
     def calls(self) -> int:
