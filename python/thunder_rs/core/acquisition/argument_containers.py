@@ -21,10 +21,10 @@ A change no call can make again is refused naming the argument and the line: a c
 arguments stored into another (a compiled call would store a copy), values no compiled call can
 store again (an object made in the call), keys that are no plain values; so is a call passing one
 container in two places to such a program (``refuse_aliased``), traced as two, or one that an
-argument object holds, or one the program also reads as state (a global, an attribute, a closure
-variable, or a container one holds) where it changes the one or the other (``state_held``): the
-argument was traced apart from the state, and the program's reads of the one would miss its
-writes into the other.
+argument object holds. A call passing one the program also reads as state (a global, an
+attribute, a closure variable, or a list held in one) where it changes the one or the other
+(``state_held``) runs as eager code (``StateAliased``): the argument was traced apart from the
+state, and the program's reads of the one would miss its writes into the other.
 """
 
 import collections

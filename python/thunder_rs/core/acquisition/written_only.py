@@ -20,9 +20,10 @@ An item the code reads only to write into it (``m["grads"].append(g)``,
 ``m.setdefault("losses", []).append(loss)``) is keyed as a write-only container itself.
 
 A container the call also passes otherwise (twice, inside another argument, held by an argument
-object) or that the program also reaches as state (a global, an attribute, a closure variable)
-is refused on every call that passes it (``argument_containers.refuse_aliased``): the program's
-reads of the one would miss its writes into the stand-in.
+object) is refused on every call that passes it (``argument_containers.refuse_aliased``); one the
+program also reaches as state (a global, an attribute, a closure variable) makes the call run as
+eager code, warned once (``call_paths``): the program's reads of the one would miss its writes
+into the stand-in.
 
 A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` with a key
 computed, passed to another function, stored, returned, captured by an inner
