@@ -12,7 +12,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core.acquisition.argument_containers import TracedContainers
+from thunder_rs.core.acquisition.argument_containers import TracedContainers, state_held
 from thunder_rs.core.acquisition.written_only import unprojected, write_logs
 from thunder_rs.core.acquisition.cache import input_names
 from thunder_rs.core.acquisition.failed_state import note_attributes_made, note_made_before_error, put_back_refused
@@ -146,6 +146,9 @@ class Acquired:
     made_outputs: dict = field(default_factory=dict)
     #: the reentrant activation checkpoints the program ran with grad (``torch_overrides.noting_checkpoints``)
     checkpoints: tuple = ()
+    #: the lists and dicts of state the program read, where it changes one or an argument's, that
+    #: no call may pass as an argument (``argument_containers.state_held``), or None
+    state_aliases: tuple | None = None
 
 
 def _reject_generators(fn, out) -> None:
@@ -586,10 +589,19 @@ def _kept_tensors(captures: Captures, inputs) -> dict:
     return kept
 
 
-def _observed_facts(observer) -> tuple:
-    """The modules called, size checks, container sites and interruption the observer saw while tracing."""
+def _observed_facts(observer, inputs, items: list, reached: ArgumentObjects) -> tuple:
+    """The modules called, size checks, container sites and interruption the observer saw while tracing,
+    and the lists and dicts of state it read, or argument objects hold, that no call may pass as an
+    argument (``state_held``: ``inputs`` the trace's, ``items`` the item writes it made)."""
     state = observer.state
-    return list(observer.modules_called.values()), observer.size_checks, state.containers.sites(), state.interrupted
+    aliases = state_held(state.containers.lasting(), inputs, items, reached.containers)
+    return (
+        list(observer.modules_called.values()),
+        observer.size_checks,
+        state.containers.sites(),
+        state.interrupted,
+        aliases,
+    )
 
 
 def _place_stale(stale_saves, traced) -> None:
@@ -631,7 +643,7 @@ def acquire(
         _hint_compiler_disable(e)
         raise
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
-    modules_called, size_checks, sites, interrupted = _observed_facts(observer)
+    modules_called, size_checks, sites, interrupted, aliases = _observed_facts(observer, inputs, repeated[2], reached)
     del observer
     kept, out = _kept_tensors(captures, inputs), as_written(out, captures.written())  # (a written capture: its value)
     trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(
@@ -643,8 +655,7 @@ def acquire(
     detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
     _place_stale(stale_saves, traced)
     del out, writes, repeated, inputs, traced
-    stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
-    captured = captures.release()
+    captured, stand_ins = _released(captures)
     _check_no_escape(made, trace, sites, (placed, stand_ins))  # first: a stored tensor is the more precise reason
     guards = _check_guards_still_hold(guards, flat_inputs, interrupted)
     ints = _int_sources(size_inputs)
@@ -677,7 +688,14 @@ def acquire(
         leaf_outputs=leaf_outputs,
         made_outputs=made_outputs,
         checkpoints=tuple(checkpoints),
+        state_aliases=aliases,
     )
+
+
+def _released(captures: Captures) -> tuple:
+    """``(captures.release(), the captured tensors by the id of their proxies)``."""
+    stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
+    return captures.release(), stand_ins
 
 
 def _int_sources(size_inputs: SizeInputs) -> tuple:

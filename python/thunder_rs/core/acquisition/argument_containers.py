@@ -20,7 +20,11 @@ list is (its ``maxlen`` kept). A copy the program returns is returned as the cal
 A change no call can make again is refused naming the argument and the line: a container of the
 arguments stored into another (a compiled call would store a copy), values no compiled call can
 store again (an object made in the call), keys that are no plain values; so is a call passing one
-container in two places to such a program (``refuse_aliased``), traced as two.
+container in two places to such a program (``refuse_aliased``), traced as two, or one that an
+argument object holds. A call passing one the program also reads as state (a global, an
+attribute, a closure variable, or a list held in one) where it changes the one or the other
+(``state_held``) runs as eager code (``StateAliased``): the argument was traced apart from the
+state, and the program's reads of the one would miss its writes into the other.
 """
 
 import collections
@@ -34,8 +38,9 @@ from torch.utils import _pytree as pytree
 from thunder_rs.core.base.proxies import SymbolicSize
 
 from thunder_rs.core.acquisition.written_only import Written, replay
-from thunder_rs.core.state.containers import _repeatable
-from thunder_rs.core.state.guards import is_simple
+from thunder_rs.core.base.userframe import read_site
+from thunder_rs.core.state.containers import ContainerAt, _repeatable
+from thunder_rs.core.state.guards import CellSource, is_simple
 from thunder_rs.core.state.reached import _changed, _items, _restore
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -284,16 +289,57 @@ def arguments_made_again(error: BaseException, args, kwargs) -> None:
         again(args, kwargs)
 
 
-def refuse_aliased(args, kwargs, keyed: tuple | None = None) -> None:
+def state_held(places: list, inputs, items: list, objects_hold: list) -> tuple | None:
+    """What ``refuse_aliased`` checks a call's arguments against, where the program changes lists,
+    dicts or deques of lasting state it read (``items``: the trace's item writes, ``ContainerAt``
+    those of state) or of its arguments (``inputs.argument_writes``): ``({id: (container, where,
+    origin, name, changed)}, the paths of the arguments' containers the program changes, the
+    sources of the containers argument objects hold)``; else None. ``places``:
+    ``StateContainers.lasting`` (globals, attributes, closure variables; none a copy tracing made
+    of an argument's, ``inputs.argument_copies``), with the lists in a list of plain values (read
+    whole, its items unseen); ``objects_hold``: ``ArgumentObjects.containers``,
+    found again on every call. Each container is held: its id stays its own while the entry lives."""
+    changed = {(id(at.source), at.name) for at, _, _ in items if type(at) is ContainerAt}
+    written = frozenset(w[0].path for w in inputs.argument_writes)
+    if not changed and not written:
+        return None
+    held: dict = {}
+    for container, source, name, origin in places:
+        label = source.label if type(source) is CellSource else name  # (as ``StateContainers.sites``)
+        read = (source.describe(name), origin, label, (id(source), name) in changed)
+        stack = [(container, read)]
+        while stack:
+            x, (where, *rest) = stack.pop()
+            if id(x) in held or id(x) in inputs.argument_copies:
+                continue
+            held[id(x)] = (x, where, *rest)
+            if is_simple(x):  # (read whole: the lists in it are read unseen; they hold plain values only)
+                stack.extend((v, (f"an item of {where}", *rest)) for v in x if type(v) in WRITTEN)
+    sources = tuple(source for x, _, source in objects_hold if type(x) in WRITTEN) if written else ()
+    return (held, written, sources) if held or sources else None
+
+
+_NO_STATE: tuple = ({}, frozenset(), ())
+
+
+def refuse_aliased(args, kwargs, keyed=None, state: tuple | None = None, twice: bool = True, flat=None) -> None:
     """Refuses a call passing one list or dict in two places of its arguments to a program that
-    changes such containers: tracing changed a copy of each, as if they were two. ``keyed``: the
-    call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only written into are
-    not walked (a log of every step's loss), those read at constant keys only at the items read.
-    (The places are named only for the error: a hit compares the containers at its entry's
-    ``container_places``.)"""
+    changes such containers (``twice``): tracing changed a copy of each, as if they were two; and
+    one passing a list or dict the program also reads as state (``state``: ``state_held``), where
+    it changes the one or the other: tracing took them apart, and its reads of the one would miss
+    its writes into the other (``flat``: the call's, where argument objects hold containers).
+    ``keyed``: the call's ``(args, kwargs)`` as keyed (``written_only``), whose containers only
+    written into are not walked (a log of every step's loss), those read at constant keys only at
+    the items read. (On every call of such a program: the places are named only for the error.)"""
     seen: dict = {}
+    state = state or _NO_STATE
+    if twice and state[2] and flat is not None:  # (the containers argument objects hold, as this call's hold them)
+        for source in state[2]:
+            x = _held_at(source, flat)
+            if type(x) in WRITTEN:
+                seen.setdefault(id(x), f"{source.label}, reached from the arguments")
     for container, path in _walked(args, kwargs, keyed, []):
-        _seen(seen, container, path)
+        _seen(seen, container, path, state, twice)
 
 
 def container_places(args, kwargs, keyed: tuple | None = None) -> tuple | None:
@@ -318,7 +364,7 @@ def refuse_aliased_at(places: tuple, args, kwargs, keyed: tuple | None = None) -
             node = node[step]
         found.add(id(node))
     if len(found) < len(places):
-        refuse_aliased(args, kwargs, keyed)
+        refuse_aliased(args, kwargs, keyed)  # (raises, naming the places)
 
 
 def _walked(args, kwargs, keyed: tuple | None, unkeyed: list):
@@ -360,7 +406,34 @@ def _is_tensor(x) -> bool:
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
-def _seen(seen: dict, x, path: tuple) -> None:
+def _held_at(source, flat):
+    """The object at ``source`` (an ``InputSource``) in the call of ``flat``, or None."""
+    try:
+        return source.object(flat)
+    except (LookupError, AttributeError, TypeError):
+        return None
+
+
+class StateAliased(ThunderNotImplementedError):
+    """A call passing a list, dict or deque the program also reads as state (``refuse_aliased``),
+    which the call then runs as eager code (``call_paths``)."""
+
+
+def _refuse_state_alias(held: tuple, path: tuple) -> None:
+    container, where, origin, name, _ = held
+    raise StateAliased(
+        f"the {type(container).__name__} at {_place(path)} is also {where}, which the program reads at "
+        f"{read_site(origin, name)}; thunder_rs traces an argument's list, dict or deque apart from the state the "
+        "program reads, so its reads of the one would miss its writes into the other (eager changes one object)"
+    )
+
+
+def _seen(seen: dict, x, path: tuple, state: tuple, twice: bool) -> None:
+    held = state[0].get(id(x))
+    if held is not None and (held[4] or path in state[1]):
+        _refuse_state_alias(held, path)
+    if not twice:
+        return
     if id(x) in seen:
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: the {type(x).__name__} at {_place(path)} is also passed at {_place(seen[id(x)])}, to a "
@@ -370,7 +443,10 @@ def _seen(seen: dict, x, path: tuple) -> None:
     seen[id(x)] = path
 
 
-def _place(path: tuple) -> str:
-    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call."""
+def _place(path: tuple | str) -> str:
+    """``positional argument 1['log']``, ``argument log[0]``: where ``path`` is in a call (a string:
+    said already)."""
+    if type(path) is str:
+        return path
     where = f"positional argument {path[1]}" if path[0] == 0 else f"argument {path[1]}"
     return where + "".join(f"[{step!r}]" for step in path[2:])

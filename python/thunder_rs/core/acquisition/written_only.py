@@ -19,6 +19,12 @@ key. An int read there is an int input as any: a counter compiles as a plain int
 An item the code reads only to write into it (``m["grads"].append(g)``,
 ``m.setdefault("losses", []).append(loss)``) is keyed as a write-only container itself.
 
+A container the call also passes otherwise (twice, inside another argument, held by an argument
+object) is refused on every call that passes it (``argument_containers.refuse_aliased``); one the
+program also reaches as state (a global, an attribute, a closure variable) makes the call run as
+eager code, warned once (``call_paths``): the program's reads of the one would miss its writes
+into the stand-in.
+
 A parameter the code reads in any other way (``len(p)``, ``for v in p``, ``p[k]`` with a key
 computed, passed to another function, stored, returned, captured by an inner
 function) keeps its contents in the key, as before. So does every parameter of a function that reads its

@@ -10,8 +10,10 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 from thunder_rs.core.acquisition.argument_containers import arguments_made_again, hold_call, release_call
-from thunder_rs.core.acquisition.argument_containers import container_places, refuse_aliased, refuse_aliased_at
+from thunder_rs.core.acquisition.argument_containers import StateAliased, container_places, refuse_aliased
+from thunder_rs.core.acquisition.argument_containers import refuse_aliased_at
 from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf_key, tensor_aliases
+from thunder_rs.core.base.userframe import callable_name, warn_at_user_frame
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.call_keys import call_key
@@ -115,7 +117,12 @@ def _run(jfn, entry, key, flat, params, args, kwargs, keyed_call):
     tail = entry.tail
     if tail is not None and tail is not no_tail:  # tensors argument objects hold (a KV cache's), read per call
         inputs.extend(tail(flat))
-    if entry.call_args:
+    if entry.state_aliases is not None:  # (a list or dict passed twice, or also read as state)
+        try:
+            refuse_aliased(args, kwargs, keyed_call, entry.state_aliases, entry.call_args, flat)
+        except StateAliased as aliased:
+            return _aliased_eagerly(jfn, aliased, args, kwargs)
+    elif entry.call_args:
         places = entry.container_places
         if places is None:  # (found on its first call)
             places = container_places(args, kwargs, keyed_call)
@@ -140,6 +147,18 @@ def _posted(entry, out, flat, args, kwargs):
         return entry.post(out, flat)
     finally:
         release_call()
+
+
+def _aliased_eagerly(jfn, aliased: StateAliased, args, kwargs):
+    """A call passing a list or dict the program also reads as state (``aliased`` says where): the
+    program runs as eager code, its reads of the one seeing its writes into the other. Warns once."""
+    jfn._stats.aliased_calls += 1
+    if jfn._stats.aliased_calls == 1:
+        warn_at_user_frame(
+            f"thunder_rs: {callable_name(jfn._fn)} runs eagerly the calls that pass a list, dict or deque it also "
+            f"reads as state: {aliased}. Pass a distinct container, or reach it one way only, to run it compiled"
+        )
+    return jfn._fn(*args, **kwargs)
 
 
 def no_tail(flat) -> tuple:

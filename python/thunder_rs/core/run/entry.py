@@ -45,6 +45,9 @@ class Entry:
     #: for such an entry, where its calls hold the containers one must not pass twice
     #: (``argument_containers.container_places``), found on its first call
     container_places: Any = None
+    #: the lists and dicts of state the program read that no call may pass as an argument
+    #: (``argument_containers.state_held``), or None
+    state_aliases: tuple | None = None
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
     #: the write epoch at which module guards last held, and the hooks seen then

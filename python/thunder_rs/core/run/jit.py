@@ -102,6 +102,9 @@ class CompileStats:
     evictions: int = 0
     #: Calls run eagerly because their values took a path none of ``VALUE_VARIANT_LIMIT`` variants has.
     eager_calls: int = 0
+    #: Calls run eagerly because they passed a list or dict the program also reads as state
+    #: (``argument_containers.StateAliased``).
+    aliased_calls: int = 0
 
     @property
     def calls(self) -> int:
@@ -418,9 +421,7 @@ class ThunderFunction:
             entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
         entry.post = entries.make_post(acquired.out_spec, acquired.effects, acquired.num_outputs)
-        entry.call_args = getattr(acquired.out_spec, "takes_call", False) or any(
-            getattr(e, "changes_arguments", False) for e in acquired.effects
-        )
+        entry.call_args, entry.state_aliases = _argument_checks(acquired)
         if acquired.inference_outputs:
             entry.post = making_inference(entry.post, acquired.inference_outputs)
         self._record_miss(key, names[0], start, {"acquire": acquiring, **stages}, traces, backward_traces, guard_reason)
@@ -607,6 +608,14 @@ def _general_structure(args) -> tuple | None:
     call of them (a tensor's refusal, a sparse one's, depends on the tensor), else None."""
     structure = tuple(map(type, args))
     return None if all(issubclass(t, torch.Tensor) for t in structure) else structure
+
+
+def _argument_checks(acquired) -> tuple:
+    """``(Entry.call_args, Entry.state_aliases)`` of an entry made from ``acquired``: whether its
+    ``post`` changes containers of the call's arguments, and the lists and dicts of state no call
+    may pass as an argument (``argument_containers.refuse_aliased``)."""
+    changes = any(getattr(e, "changes_arguments", False) for e in acquired.effects)
+    return getattr(acquired.out_spec, "takes_call", False) or changes, acquired.state_aliases
 
 
 def _last_served(symbolic: SymbolicEntry) -> int:

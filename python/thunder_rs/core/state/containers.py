@@ -20,6 +20,7 @@ every new size.
 Containers reached through the arguments (``core.state.reached``) are not replayed here.
 """
 
+import collections
 import types
 
 import torch
@@ -148,6 +149,8 @@ class StateContainers:
         self.key_uses = KeyUses()
         #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
         self.cached_calls: list = []
+        #: the deques of state read, by id: ``(deque, source, name, origin)`` (for ``lasting`` only)
+        self._deques: dict = {}
 
     def note(self, value, source, name, origin: str) -> None:
         """Notes ``value``, read as ``name`` at ``source`` by the function defined at ``origin``."""
@@ -158,6 +161,8 @@ class StateContainers:
             self._paths.setdefault(id(value), (value, source, name))
         if (type(value) is list or type(value) in DICTS) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
+        if type(value) is collections.deque and rooted:
+            self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
@@ -264,6 +269,12 @@ class StateContainers:
     def places(self) -> list:
         """The noted containers (``_Place``: the container, its items when first read, where)."""
         return list(self._places.values())
+
+    def lasting(self) -> list:
+        """The lists, dicts and deques of lasting state the program read that are still where it
+        found them: ``(container, source, name, origin)`` each."""
+        places = [(p.container, p.source, p.name, p.origin) for p in self._places.values() if p.replayed]
+        return [p for p in places + list(self._deques.values()) if self._lasting(p[0])]
 
     def undo(self) -> None:
         """Puts back the items every noted container had when first read (a failed trace)."""
