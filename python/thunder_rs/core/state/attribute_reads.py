@@ -19,7 +19,7 @@ from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
 from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, library_module
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, library_module, returned_chain
 from thunder_rs.core.base.userframe import read_site
 from thunder_rs.core.state.generator_states import is_random_generator, note_generator
 from thunder_rs.core.state.guards import (
@@ -322,6 +322,8 @@ class AttributeReads:
             # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
+        if type(value) is property and (chain := returned_chain(value.fget)) is not None:
+            return self._through_property(obj, chain, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
             if program_method(value) or isinstance(value, (staticmethod, classmethod)):
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
@@ -340,6 +342,16 @@ class AttributeReads:
         else:
             self.state.read(obj, attr, origin, self._guards)
         return self._keep(ClassSource(type(obj)), attr, value, origin)
+
+    def _through_property(self, obj, chain: tuple, origin: str):
+        """``obj.holder`` for a property whose getter is ``return self._holder``: what ``obj._holder``
+        reaches, followed on (``self.holder.scale``: the getter's code guards ``_holder``, the read
+        after its call is guarded here)."""
+        for attr in chain:
+            obj = self._step(obj, attr, origin)
+            if obj is MISSING:
+                break
+        return obj
 
     def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
         if isinstance(obj, torch.nn.Module):

@@ -237,6 +237,24 @@ def _chains(code) -> tuple:
     return chains | _class_chains(listed), whole
 
 
+_NO_OPS = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
+
+
+def returned_chain(fn) -> tuple | None:
+    """The attributes of its first argument that the function ``fn`` returns when its whole code
+    is ``return self.a.b`` (a property's getter): ``("a", "b")``; else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount != 1:
+        return None
+    listed = [ins for ins in instructions(code) if ins.opname not in _NO_OPS]
+    if len(listed) < 3 or listed[0].opname not in _LOAD_LOCAL or listed[0].argval != code.co_varnames[0]:
+        return None
+    *reads, last = listed[1:]
+    if last.opname != "RETURN_VALUE" or any(ins.opname != "LOAD_ATTR" for ins in reads):
+        return None
+    return tuple(ins.argval for ins in reads)
+
+
 def _class_chains(listed: list) -> set:
     """The chains ``type(x).attr...`` read on a local or cell ``x``, as ``x.__class__.attr...``
     (``type(self).calls += 1``, ``type(cfg).scale``: class attributes, guarded as class reads)."""
