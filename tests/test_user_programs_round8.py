@@ -23,11 +23,13 @@ whose every layer was skipped (the program returns its input) raised thunder_rs'
 ``Diverged`` under grad mode: the first call took the traced call's outputs, None, for none
 computed, and ran the program again with the generators past its draws (``snapshots.NOT_TAKEN``).
 
-Attributes of what a property returns (``self.holder.scale``) kept the first call's values too:
-a getter that returns a chain of ``self`` (``return self._holder``) is followed now
-(``AttributeReads._through_property``). Left as they are, pinned as strict xfails: a getter doing
-more (a branch) is not followed, and a list a program makes, passes to an op and returns
-(``x.split(sizes)``) is the same list on every call.
+A generator passed in and walked (``for s in scales``) was refused naming its position among the
+flat inputs and no line; it names the argument and the line that resumed it
+(``Observer._note_resumed``). Attributes of what a property returns (``self.holder.scale``) kept
+the first call's values too: a getter that returns a chain of ``self`` (``return self._holder``)
+is followed now (``AttributeReads._through_property``). Left as they are, pinned as strict
+xfails: a getter doing more (a branch) is not followed, and a list a program makes, passes to an
+op and returns (``x.split(sizes)``) is the same list on every call.
 
 Dynamo itself traces through an ``lru_cache`` (its cache stays empty under ``torch.compile``, as
 with ``backend="eager"``) and does not guard ``os.environ``: those are left to it."""
@@ -141,13 +143,15 @@ REFUSED = [
     (programs.perf_counter_timings, programs.Timed.forward, "# times", "time.perf_counter"),
     (programs.global_iterator, programs._scheduled, "# takes the next scale", "next"),
     (programs.class_attribute_counter, programs.Counted.forward, "# counts", "class attribute 'calls' of Counted"),
+    (programs.generator_argument, programs._scaled_by, "# walks the generator", "generator 'scales'"),
 ]
-REFUSED_IDS = ["numpy_random", "perf_counter", "global_iterator", "class_counter"]
+REFUSED_IDS = ["numpy_random", "perf_counter", "global_iterator", "class_counter", "generator_argument"]
 
 
 @pytest.mark.parametrize("program, code, marker, what", REFUSED, ids=REFUSED_IDS)
 def test_state_a_compiled_call_cannot_read_again_is_refused_naming_the_users_line(program, code, marker, what):
-    # The class counter: counted the traced call alone (1 where eager counts 3), silently.
+    # The class counter: counted the traced call alone (1 where eager counts 3), silently. The
+    # generator: refused naming its position among the flat inputs, without a line.
     line = line_of(code, marker)
     with pytest.raises(ThunderNotImplementedError, match=rf"(?s)(?=.*{what})(?=.*{line}\b)"):
         program(thunder_rs.jit)

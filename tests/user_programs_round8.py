@@ -746,3 +746,14 @@ def class_attribute_counter(compile_it) -> list:
     Counted.calls = 0
     run = compile_it(Counted())
     return [run(torch.ones(2)) for _ in range(3)] + [Counted.calls]
+
+
+def _scaled_by(x, scales):
+    for s in scales:  # walks the generator
+        x = x * s
+    return x
+
+
+def generator_argument(compile_it) -> list:
+    run = compile_it(_scaled_by)
+    return [run(torch.ones(2), (s for s in scales)) for scales in ([2.0], [2.0, 3.0], [0.5, 0.5, 4.0])]
