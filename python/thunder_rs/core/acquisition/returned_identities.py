@@ -161,10 +161,14 @@ class Identities:
             return place[1]
         made = self.made_objects
         found = made is not None and o not in made and id(o) not in self._arguments and _is_kept_type(o)
-        return o if found and not _traced_tuple(o) else None
+        return o if found and not _made_while_tracing(o) else None
 
 
-def _traced_tuple(o) -> bool:
-    """Whether ``o`` is a tuple holding a traced value: made while tracing, whatever its reference
-    count says (a proxy keeps its ``stride()`` tuple), since a tuple found in state cannot change."""
-    return isinstance(o, tuple) and any(isinstance(c, (TensorProxy, SymInt, SymFloat)) for c in o)
+def _made_while_tracing(o) -> bool:
+    """Whether ``o`` holds a traced value that shows it was made while tracing, whatever its
+    reference count says: a tuple (a proxy keeps its ``stride()`` tuple; one found in state cannot
+    change), or a list of per-call numbers (``counts = t.tolist()`` then ``x.split(counts)``: the
+    recording holds the list among the op's arguments), which no list in state holds."""
+    if isinstance(o, tuple):
+        return any(isinstance(c, (TensorProxy, SymInt, SymFloat)) for c in o)
+    return type(o) is list and any(type(c) in (SymInt, SymFloat) for c in o)

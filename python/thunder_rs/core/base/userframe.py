@@ -112,6 +112,8 @@ def read_site(origin: str, name) -> str:
         if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript))
         and isinstance(node.ctx, ast.Load)
         and _named(node, name)
+        or isinstance(node, ast.AugAssign)  # (``type(self).calls += 1`` reads it too)
+        and _named(node.target, name)
     ]
     return f"{path}:{min(lines)}" if lines else origin
 

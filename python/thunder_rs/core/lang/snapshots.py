@@ -142,11 +142,17 @@ def _hint(value):
     return value if type(value) is float else value.hint
 
 
+#: What ``FirstOutputs.take`` returns where the call is to run the program.
+NOT_TAKEN = object()
+
+
 class FirstOutputs:
     """The outputs of a compiled call for the call that was traced, computed while tracing it
     (``Snapshots.last``): its first call returns them rather than running the program a second
     time. ``take(inputs)`` returns them once, for the tensors they were computed from (the same
-    objects, not written since), leaving the generators as the program leaves them; else None."""
+    objects, not written since), leaving the generators as the program leaves them; else
+    ``NOT_TAKEN`` (outputs may be None: a program returning only its inputs, whose recording
+    returns nothing)."""
 
     def __init__(self, inputs: list, outputs, generators: list):
         self._inputs = [(t, _version(t)) for t in inputs]
@@ -156,12 +162,12 @@ class FirstOutputs:
         try:
             outputs, generators = self._outputs.pop()  # (atomic: one call takes them)
         except IndexError:
-            return None
+            return NOT_TAKEN
         mine = self._inputs
         self._inputs = []
         written = (a is not t or v is None or a._version != v for a, (t, v) in zip(inputs, mine))
         if len(inputs) < len(mine) or any(written):
-            return None
+            return NOT_TAKEN
         restore_generators(generators)
         return outputs
 
@@ -170,7 +176,7 @@ class FirstOutputs:
 
         def first(*inputs):
             outputs = self.take(inputs)
-            return computation(*inputs) if outputs is None else outputs
+            return computation(*inputs) if outputs is NOT_TAKEN else outputs
 
         return first
 

@@ -9,6 +9,7 @@ import contextvars
 import functools
 import sys
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
 from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, library_module
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, library_module, returned_chain
 from thunder_rs.core.base.userframe import read_site
 from thunder_rs.core.state.generator_states import is_random_generator, note_generator
 from thunder_rs.core.state.guards import (
@@ -225,6 +226,10 @@ class AttributeReads:
             return MISSING
         if is_a(self.state, obj, (type, types.ModuleType)):
             return self._module_global(obj, attr, origin)
+        if attr == "__class__":  # (``self.__class__.calls``, ``type(self).scale``: its class's attributes)
+            return type(obj)
+        if attr == CALLED:
+            return self._referent(obj)
         mapping = attributes_of(obj)
         if mapping is None:
             return MISSING
@@ -237,6 +242,19 @@ class AttributeReads:
         if type(mapping) is dict and type(type(obj).__getattribute__) is not types.FunctionType:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
+
+    def _referent(self, ref):
+        """What the ``weakref.ref`` ``ref`` refers to now (``self.parent_ref().scale``), its
+        attributes read as state's (the ref itself is guarded by identity where it was read);
+        MISSING for any other call, or a dead reference."""
+        if type(ref) is not weakref.ref:
+            return MISSING
+        value = ref()
+        if value is None or is_simple(value) or isinstance(value, (torch.Tensor, types.ModuleType)):
+            return MISSING
+        if value not in self.state and not isinstance(value, (torch.nn.Module, type)):
+            self.state.add(value, ObjectSource(value, f"{type(value).__name__} (a weakref's referent)"))
+        return value
 
     def _instance_read(self, obj, mapping, module: bool, source, attr: str, origin: str):
         """``obj.attr`` for an object with instance attributes (``mapping``) whose guards apply at
@@ -304,6 +322,8 @@ class AttributeReads:
             # Absent: ``getattr(self, "scale", 1.0)`` or ``hasattr(config, "w")`` read the absence,
             # which setting the attribute later changes.
             self._guard_absent(obj, source, attr, origin)
+        if type(value) is property and (chain := returned_chain(value.fget)) is not None:
+            return self._through_property(obj, chain, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
             if program_method(value) or isinstance(value, (staticmethod, classmethod)):
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the
@@ -322,6 +342,16 @@ class AttributeReads:
         else:
             self.state.read(obj, attr, origin, self._guards)
         return self._keep(ClassSource(type(obj)), attr, value, origin)
+
+    def _through_property(self, obj, chain: tuple, origin: str):
+        """``obj.holder`` for a property whose getter is ``return self._holder``: what ``obj._holder``
+        reaches, followed on (``self.holder.scale``: the getter's code guards ``_holder``, the read
+        after its call is guarded here)."""
+        for attr in chain:
+            obj = self._step(obj, attr, origin)
+            if obj is MISSING:
+                break
+        return obj
 
     def _guard_absent(self, obj, source, attr: str, origin: str) -> None:
         if isinstance(obj, torch.nn.Module):

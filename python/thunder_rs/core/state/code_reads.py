@@ -57,6 +57,9 @@ _READS_WHOLE = frozenset({"vars", "__dict__", "fields", "asdict", "astuple", "re
 #: The last step of every chain of a code that reads objects whole (``_READS_WHOLE``, or
 #: ``getattr(cfg, name)`` by a computed name): the object the chain reaches is guarded whole.
 ALL_ATTRIBUTES = "<all attributes>"
+#: The step of a chain that calls what it reached with no arguments (``self.parent_ref().scale``):
+#: followed only through a ``weakref.ref``, whose call runs no code of the program.
+CALLED = "()"
 
 
 def _is_subscript(ins) -> bool:
@@ -198,6 +201,10 @@ def _chains(code) -> tuple:
         if op in _LOAD_ATTR and root is not None:
             attrs.append(ins.argval)
             continue
+        if op in ("PRECALL", "CALL") and ins.arg == 0 and root is not None and attrs and attrs[-1] != CALLED:
+            if op == "CALL":  # (3.11's ``PRECALL 0`` before it: passed over)
+                attrs.append(CALLED)
+            continue
         # A subscript right on a local (``kwargs["x"]``) is not followed: a local is state only
         # through attribute reads, and reading locals has a cost (``frame.f_locals``).
         if (
@@ -227,7 +234,52 @@ def _chains(code) -> tuple:
             root = ("LOAD_FAST", ins.argval[1])
     if root is not None:
         chains.add((root, tuple(attrs)))
-    return chains, whole
+    return chains | _class_chains(listed), whole
+
+
+_NO_OPS = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
+
+
+def returned_chain(fn) -> tuple | None:
+    """The attributes of its first argument that the function ``fn`` returns when its whole code
+    is ``return self.a.b`` (a property's getter): ``("a", "b")``; else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount != 1:
+        return None
+    listed = [ins for ins in instructions(code) if ins.opname not in _NO_OPS]
+    if len(listed) < 3 or listed[0].opname not in _LOAD_LOCAL or listed[0].argval != code.co_varnames[0]:
+        return None
+    *reads, last = listed[1:]
+    if last.opname != "RETURN_VALUE" or any(ins.opname != "LOAD_ATTR" for ins in reads):
+        return None
+    return tuple(ins.argval for ins in reads)
+
+
+def _class_chains(listed: list) -> set:
+    """The chains ``type(x).attr...`` read on a local or cell ``x``, as ``x.__class__.attr...``
+    (``type(self).calls += 1``, ``type(cfg).scale``: class attributes, guarded as class reads)."""
+    found = set()
+    for i, ins in enumerate(listed[:-3]):
+        if ins.opname not in ("LOAD_GLOBAL", "LOAD_NAME") or ins.argval != "type":
+            continue
+        operand = listed[i + 1]
+        if operand.opname not in _LOAD_LOCAL and operand.opname != "LOAD_DEREF":
+            continue
+        j = i + 2
+        while j < len(listed) and listed[j].opname == "PRECALL":
+            j += 1
+        if j >= len(listed) or listed[j].opname not in ("CALL", "CALL_FUNCTION") or listed[j].arg != 1:
+            continue
+        attrs = ["__class__"]
+        for after in listed[j + 1 :]:
+            if after.opname in _COPIES:
+                continue
+            if after.opname not in _LOAD_ATTR:
+                break
+            attrs.append(after.argval)
+        if len(attrs) > 1:
+            found.add((("LOAD_FAST" if operand.opname != "LOAD_DEREF" else "LOAD_DEREF", operand.argval), tuple(attrs)))
+    return found
 
 
 _UNCONDITIONAL = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"})

@@ -19,6 +19,7 @@ library modules are matched against torch's global flags (``torch_flags.py``). W
 """
 
 import functools
+import inspect
 import sys
 import types
 
@@ -128,6 +129,9 @@ class Observer(AttributeReads):
                 self.state.add(x, InputSource(i, (), names[i], not isinstance(attributes_of(x), dict)))
         for obj, source, under_container in reached.objects if reached is not None else ():
             self.state.add(obj, source, whole=under_container)
+        #: ``(generator, its name)`` of the generators passed in, and where the program first resumed each, by id
+        self._input_generators = [(x, names[i]) for i, x in enumerate(inputs) if type(x) is types.GeneratorType]
+        self._resumed_at: dict[int, str] = {}
         #: ids of the non-tensor inputs (an iterator passed in is not the program's to consume)
         self._input_ids = {id(x) for x in inputs if not isinstance(x, torch.Tensor) and not is_simple(x)}
         self._functions: dict = {}
@@ -314,6 +318,13 @@ class Observer(AttributeReads):
                     "compiled call would neither take the next ones nor see them. Take the items outside the jitted "
                     "function and pass them in"
                 )
+        for gen, name in self._input_generators:
+            if (site := self._resumed_at.get(id(gen))) is not None:
+                raise ThunderNotImplementedError(
+                    f"thunder_rs.jit: the program consumed the generator {name!r} it was given, at {site} (a for loop, "
+                    "list() or next() over it); tracing took its items once, and a compiled call would neither take "
+                    "them again nor see them. Pass the items (a list or a tensor) instead"
+                )
         refuse_drawn_generators(self._generators.values())
 
     def guard_of(self, obj):
@@ -433,10 +444,19 @@ class Observer(AttributeReads):
         if self._cached and code in self._cached:
             cached_call(self._cached[code], frame, self.state.containers.cached_calls)
         refuse_handed_clocks(frame)
+        if self._input_generators and code.co_flags & inspect.CO_GENERATOR:
+            self._note_resumed(frame)
         self._on_code(code, frame.f_globals, frame, 1)
         if types := code_reads(code).types:
             read_types(types, frame.f_locals, frame.f_globals, code.co_filename)
         return self.state.containers.returns_wanted(code)
+
+    def _note_resumed(self, frame) -> None:
+        """Notes where the program first resumed a generator it was given (``for s in scales``)."""
+        back = frame.f_back
+        for gen, _ in self._input_generators:
+            if gen.gi_frame is frame and back is not None and id(gen) not in self._resumed_at:
+                self._resumed_at[id(gen)] = f"{back.f_code.co_filename}:{back.f_lineno}"
 
     def _on_code(self, code, g, frame, live: int) -> None:
         """Evaluates the reads of ``code`` against its globals and, when ``live``, the frame's
