@@ -146,6 +146,8 @@ class Acquired:
     made_outputs: dict = field(default_factory=dict)
     #: the reentrant activation checkpoints the program ran with grad (``torch_overrides.noting_checkpoints``)
     checkpoints: tuple = ()
+    #: the casts torch's autocast cache holds that the trace takes as inputs (``Captures.cast_positions``)
+    cached_casts: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -592,10 +594,13 @@ def _observed_facts(observer) -> tuple:
     return list(observer.modules_called.values()), observer.size_checks, state.containers.sites(), state.interrupted
 
 
-def _place_stale(stale_saves, traced) -> None:
-    """Tells each stale save the trace input whose version eager's error counts from."""
+def _placed(stale_saves, traced: tuple, captures: Captures) -> tuple:
+    """Tells each stale save the trace input whose version eager's error counts from; returns the
+    positions of the trace inputs no gradient is recorded through (``TensorProxy._view_grad``)
+    and of the autocast casts taken as inputs (``Captures.cast_positions``)."""
     for stale, _ in stale_saves:
         stale.place({p._input_vid: k for k, p in enumerate(traced)})
+    return tuple(k for k, p in enumerate(traced) if p._view_grad is False), captures.cast_positions(traced)
 
 
 def acquire(
@@ -640,8 +645,7 @@ def acquire(
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
     positions, traced, placed = inputs.positions, (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
-    detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
-    _place_stale(stale_saves, traced)
+    detached, cached_casts = _placed(stale_saves, traced, captures)
     del out, writes, repeated, inputs, traced
     stand_ins = {id(p): t for p, t in zip(captures.proxies, captures.tensors) if isinstance(t, torch.Tensor)}
     captured = captures.release()
@@ -677,6 +681,7 @@ def acquire(
         leaf_outputs=leaf_outputs,
         made_outputs=made_outputs,
         checkpoints=tuple(checkpoints),
+        cached_casts=cached_casts,
     )
 
 

@@ -1,0 +1,149 @@
+"""The casts torch's autocast cache holds, read from Python.
+
+Inside ``torch.autocast`` eager casts a float32 leaf that requires grad to the autocast dtype
+once per region (``at::autocast::cached_cast``): every op of the region, in any compiled call or
+outside them, reads that one tensor, so the backward sums the uses' gradients in the autocast
+dtype at its ``ToCopyBackward0`` and casts the sum once. A compiled call takes such a cast of its
+input as an input of its own (``autocast._lifted``), looked up here as the call begins.
+
+torch binds no lookup of its cache (``_autocast_to_reduced_precision`` casts anew each time), so
+an op autocast casts through the cache runs on the tensor and an empty partner, with autocast,
+its dtype and grad mode set as the lookup needs, and the cast is read back from what its
+backward saved. The cache holds the cast until torch clears it (as the outermost region is left,
+or ``torch.clear_autocast_cache()``); the lookups are remembered until then, told by a cast of a
+sentinel that only torch's cache holds, which dies as it is cleared (``generation``).
+"""
+
+import weakref
+from typing import Any
+
+import torch
+
+from thunder_rs.errors import ThunderRuntimeError
+
+_set_grad_enabled = torch._C._set_grad_enabled
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+
+
+_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
+
+
+def _same(x):
+    return x
+
+
+#: Empty float32 leaves that require grad, the partners of the lookups, by ``(shape, device)``.
+_partners: dict = {}
+
+
+def _partner(t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    key = (shape, t.device)
+    z = _partners.get(key)
+    if z is None:
+        z = torch.empty(shape, device=t.device, requires_grad=True)
+        if type(z) is torch.Tensor:  # (not one a mode made: a fake tensor is of its mode only)
+            _partners[key] = z
+    return z
+
+
+def _saved_cast(t: torch.Tensor) -> torch.Tensor:
+    """The cast of ``t`` the op autocast casts through its cache saves for its backward: ``t``
+    times an empty partner that requires grad (so that the cast of ``t`` is saved), ``mm`` by a
+    ``(k, 0)`` matrix for a matrix, else ``linalg.vecdot`` with ``t.ndim + 1`` dims of size 0 or 1.
+    Under the caller's saved-tensor hooks the tensor packed is taken (an unpacked one is another)."""
+    if _top_hooks(False) is not None and _hooks_enabled():
+        packed: list = []
+
+        def pack(x):
+            packed.append(x)
+            return x
+
+        _push_hooks(pack, _same)
+        try:
+            torch.linalg.vecdot(t, _partner(t, (0,) + (1,) * t.ndim))
+        finally:
+            _pop_hooks()
+        return next(x for x in packed if x.ndim == t.ndim)  # (the partner's cast has one dim more)
+    node: Any
+    if t.ndim == 2:
+        node = torch.mm(t, _partner(t, (t.shape[1], 0))).grad_fn
+    else:
+        node = torch.linalg.vecdot(t, _partner(t, (0,) + (1,) * t.ndim)).grad_fn.next_functions[0][0]
+    return node._saved_self
+
+
+def _looked_up(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.Tensor:
+    """The cast of ``t`` to ``dtype`` torch's cache holds, made and cached if it holds none."""
+    grad, enabled = torch.is_grad_enabled(), torch.is_autocast_enabled(device_type)
+    lower = torch.get_autocast_dtype(device_type)
+    _set_grad_enabled(True)
+    torch.set_autocast_enabled(device_type, True)
+    torch.set_autocast_dtype(device_type, dtype)
+    try:
+        with torch._C.DisableTorchFunction():
+            return _saved_cast(t)
+    finally:
+        torch.set_autocast_dtype(device_type, lower)
+        torch.set_autocast_enabled(device_type, enabled)
+        _set_grad_enabled(grad)
+
+
+#: A float32 leaf that requires grad, of thunder_rs's own, whose cast torch's cache holds until
+#: it is cleared; and a weak reference to that cast, as last looked up.
+_SENTINEL: list[torch.Tensor] = []
+_generation: list = [None]
+#: ``id(leaf) -> (weak references to the leaf and to its cast, generation)`` of the casts looked
+#: up (weak: eager frees the casts as the region is left).
+_looked: dict = {}
+
+
+def generation() -> weakref.ref:
+    """The contents of torch's cache now: a weak reference to its cast of ``_SENTINEL``, the same
+    object until torch clears the cache (only the cache holds that cast)."""
+    ref = _generation[0]
+    if ref is not None and ref() is not None:
+        return ref
+    if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
+        _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
+    _looked.clear()
+    ref = _generation[0] = weakref.ref(_looked_up(_SENTINEL[0], "cpu", torch.bfloat16))
+    return ref
+
+
+_REFUSED = (
+    "autocast: torch's cache of autocast casts holds a {} cast of a weight that a thunder_rs-compiled call, traced "
+    "where it held none, casts to {} (an enclosing region of another dtype cast it first); eager would read the {} "
+    "cast. Use one autocast dtype per region, or torch.autocast(..., cache_enabled=False)"
+)
+
+
+def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.Tensor:
+    """The cast of the leaf ``t`` that eager's ops of this autocast region read: the one torch's
+    cache holds (made now where it holds none, with grad mode on, as torch >= 2.10 makes it)."""
+    now = generation()
+    hit = _looked.get(id(t))
+    if hit is not None and hit[2] is now and hit[0]() is t:
+        cast = hit[1]()
+        if cast is not None:
+            return cast
+    cast = _looked_up(t, device_type, dtype)
+    if cast.dtype != dtype:
+        raise ThunderRuntimeError(_REFUSED.format(cast.dtype, dtype, cast.dtype))
+    _looked[id(t)] = (weakref.ref(t), weakref.ref(cast), now)
+    return cast
+
+
+def with_cached_casts(fn, casts: tuple):
+    """``fn`` given, at each position ``at`` of ``casts`` (``(at, leaf position, device type,
+    dtype)``, in the trace's input order), torch's cached cast of its input at the leaf position,
+    in place of the stand-in the captured inputs hold there."""
+
+    def call(*inputs):
+        given = list(inputs)
+        for at, leaf, device_type, dtype in casts:
+            given[at] = cached_cast(given[leaf], device_type, dtype)
+        return fn(*given)
+
+    return call
