@@ -269,3 +269,28 @@ def _reached(t: torch.Tensor) -> list:
         order.append(node)
         todo.extend(n for n, _ in node.next_functions)
     return order
+
+
+def test_an_entry_traced_inside_a_region_casts_anew_when_called_outside_any():
+    """Traced where the caller's region (autocast off in it) outlives the call, the call is later
+    made outside any region: the program's own region is then the outermost, whose casts eager
+    drops as it is left, so each training step casts the updated weights again."""
+
+    def program(lin, x):
+        with torch.autocast("cpu", dtype=BF16):
+            return lin(x)
+
+    def step(lin, jit, x1, x2):
+        f = jit(program)
+        with torch.autocast("cpu", dtype=BF16), torch.autocast("cpu", enabled=False):
+            first = f(lin, x1)
+        outs = [first]
+        for _ in range(2):
+            out = f(lin, x2) * f(lin, x1)
+            out.float().sum().backward()
+            with torch.no_grad():
+                lin.weight.sub_(0.5 * lin.weight.grad)
+            outs.append(out)
+        return torch.cat(outs)
+
+    _eager_and_compiled(lambda: nn.Linear(16, 16), step)

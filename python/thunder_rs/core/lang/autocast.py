@@ -24,6 +24,7 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import torch_casts
+from thunder_rs.core.lang.torch_casts import nesting
 from thunder_rs.core.lang.recorder import active_captures, current, real_inputs
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderRuntimeError
@@ -223,14 +224,6 @@ def _promoted(op: str, device_type: str, lower: torch.dtype, args, kwargs) -> to
 #: under ``ENTRY`` the region the call began in (None outside any region, or with the cache off).
 _casts: contextvars.ContextVar[dict | None] = contextvars.ContextVar("thunder_rs_autocast_casts", default=None)
 ENTRY = "entry"
-
-
-def nesting() -> int:
-    """How many autocast regions are entered (torch clears its cache of casts when the count
-    returns to 0); torch reads it only as it changes it."""
-    level = torch.autocast_decrement_nesting()
-    torch.autocast_increment_nesting()
-    return level + 1
 
 
 @contextlib.contextmanager

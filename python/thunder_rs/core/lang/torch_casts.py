@@ -34,6 +34,14 @@ def _same(x):
     return x
 
 
+def nesting() -> int:
+    """How many autocast regions are entered (torch clears its cache of casts when the count
+    returns to 0); torch reads it only as it changes it."""
+    level = torch.autocast_decrement_nesting()
+    torch.autocast_increment_nesting()
+    return level + 1
+
+
 #: Empty float32 leaves that require grad, the partners of the lookups, by ``(shape, device)``.
 _partners: dict = {}
 
@@ -135,15 +143,29 @@ def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.
     return cast
 
 
+def _cast_anew(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` cast to ``dtype`` with grad mode on, as torch's cache makes its casts."""
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(True)
+    try:
+        with torch._C.DisableTorchFunction():
+            return t.to(dtype)
+    finally:
+        _set_grad_enabled(grad)
+
+
 def with_cached_casts(fn, casts: tuple):
     """``fn`` given, at each position ``at`` of ``casts`` (``(at, leaf position, device type,
     dtype)``, in the trace's input order), torch's cached cast of its input at the leaf position,
-    in place of the stand-in the captured inputs hold there."""
+    in place of the stand-in the captured inputs hold there. Called outside any region (traced in
+    one the caller entered with autocast off, the program entering its own), a cast of its own:
+    the program's region is the outermost, whose casts eager's cache drops as it is left."""
 
     def call(*inputs):
         given = list(inputs)
+        outside = nesting() == 0
         for at, leaf, device_type, dtype in casts:
-            given[at] = cached_cast(given[leaf], device_type, dtype)
+            given[at] = _cast_anew(given[leaf], dtype) if outside else cached_cast(given[leaf], device_type, dtype)
         return fn(*given)
 
     return call
