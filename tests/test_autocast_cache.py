@@ -247,8 +247,9 @@ def test_cuda_autocast_casts_a_leaf_once(low):
         torch.clear_autocast_cache()
         torch.set_autocast_enabled("cuda", was)
         torch.set_autocast_dtype("cuda", previous)
-    trace = str(thunder_rs.last_traces(jfn)[0])
-    assert trace.count("convert_element_type") == copies.count
+    trace = thunder_rs.last_traces(jfn)[0]
+    # (inside a region entered before the call, the weight's cast is torch's cached one, an input)
+    assert str(trace).count("convert_element_type") + trace.num_inputs - 2 == copies.count
 
 
 def test_switching_the_cache_recompiles():

@@ -149,6 +149,8 @@ class Acquired:
     #: the lists and dicts of state the program read, where it changes one or an argument's, that
     #: no call may pass as an argument (``argument_containers.state_held``), or None
     state_aliases: tuple | None = None
+    #: the casts torch's autocast cache holds that the trace takes as inputs (``Captures.cast_positions``)
+    cached_casts: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -604,10 +606,13 @@ def _observed_facts(observer, inputs, items: list, reached: ArgumentObjects) -> 
     )
 
 
-def _place_stale(stale_saves, traced) -> None:
-    """Tells each stale save the trace input whose version eager's error counts from."""
+def _placed(stale_saves, traced: tuple, captures: Captures) -> tuple:
+    """Tells each stale save the trace input whose version eager's error counts from; returns the
+    positions of the trace inputs no gradient is recorded through (``TensorProxy._view_grad``)
+    and of the autocast casts taken as inputs (``Captures.cast_positions``)."""
     for stale, _ in stale_saves:
         stale.place({p._input_vid: k for k, p in enumerate(traced)})
+    return tuple(k for k, p in enumerate(traced) if p._view_grad is False), captures.cast_positions(traced)
 
 
 def acquire(
@@ -652,8 +657,7 @@ def acquire(
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
     positions, traced, placed = inputs.positions, (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
-    detached = tuple(k for k, p in enumerate(traced) if p._view_grad is False)
-    _place_stale(stale_saves, traced)
+    detached, cached_casts = _placed(stale_saves, traced, captures)
     del out, writes, repeated, inputs, traced
     captured, stand_ins = _released(captures)
     _check_no_escape(made, trace, sites, (placed, stand_ins))  # first: a stored tensor is the more precise reason
@@ -689,6 +693,7 @@ def acquire(
         made_outputs=made_outputs,
         checkpoints=tuple(checkpoints),
         state_aliases=aliases,
+        cached_casts=cached_casts,
     )
 
 

@@ -23,7 +23,9 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.lang.recorder import current
+from thunder_rs.core.lang import torch_casts
+from thunder_rs.core.lang.torch_casts import nesting
+from thunder_rs.core.lang.recorder import active_captures, current, real_inputs
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderRuntimeError
 
@@ -218,45 +220,29 @@ def _promoted(op: str, device_type: str, lower: torch.dtype, args, kwargs) -> to
 
 
 #: Per acquisition: ``(id of the recorder, id of a proxy)`` -> ``(recorder, proxy, its cast, the
-#: autocast region it was cast in)`` of the casts eager's autocast caches (``_cached_cast``).
+#: autocast region it was cast in)`` of the casts eager's autocast caches (``_cached_cast``), and
+#: under ``ENTRY`` the region the call began in (None outside any region, or with the cache off).
 _casts: contextvars.ContextVar[dict | None] = contextvars.ContextVar("thunder_rs_autocast_casts", default=None)
+ENTRY = "entry"
 
 
 @contextlib.contextmanager
 def caching_casts():
     """Casts of leaves that require grad are made once per autocast region while the block traces
     a program, as eager's autocast cache makes them (``_cached_cast``)."""
-    token = _casts.set({})
+    entry = _region() if nesting() > 0 and torch.is_autocast_cache_enabled() else None
+    token = _casts.set({ENTRY: entry})
     try:
         yield
     finally:
         _casts.reset(token)
 
 
-#: A float32 leaf that requires grad, of thunder_rs's own: torch's cache of autocast casts holds a
-#: cast of it until the cache is cleared (``_region``).
-_SENTINEL: list[torch.Tensor] = []
-
-
 def _region():
-    """The autocast region whose casts torch's cache holds now: the autograd node of its cached cast
-    of ``_SENTINEL``, the same object until torch clears the cache (``torch.autocast`` does as the
+    """The autocast region whose casts torch's cache holds now: a weak reference to its cast of a
+    sentinel of ours, the same object until torch clears the cache (``torch.autocast`` does as the
     outermost region is left, and the program may enter and leave regions while it is traced)."""
-    enabled, dtype, grad = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()
-    with torch._C.DisableTorchFunction():
-        if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
-            _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
-        sentinel = _SENTINEL[0]
-        torch.set_autocast_enabled("cpu", True)
-        torch.set_autocast_dtype("cpu", torch.bfloat16)
-        torch._C._set_grad_enabled(True)
-        try:
-            out = torch.mm(sentinel, sentinel)
-        finally:
-            torch._C._set_grad_enabled(grad)
-            torch.set_autocast_dtype("cpu", dtype)
-            torch.set_autocast_enabled("cpu", enabled)
-    return out.grad_fn.next_functions[0][0]
+    return torch_casts.generation()
 
 
 def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
@@ -267,7 +253,8 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
     casts the sum once. The cache is keyed by the tensor alone, as torch's: a nested region with
     another autocast dtype reads the cast of the outer one. The cast is made with grad mode on, as
     torch makes it (pytorch#158232), so a use under ``no_grad`` first still carries gradients to
-    the uses after it."""
+    the uses after it. A cast of a trace input in the region the call began in outlives the call:
+    it is torch's cached tensor itself, looked up per call (``_lifted``)."""
     casts = _casts.get()
     leaf = (
         casts is not None
@@ -288,14 +275,34 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
     hit = casts.get(key)
     if hit is not None and hit[3] is region:
         return hit[2]
-    grad = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(True)
-    try:
-        cast = prims.convert_element_type(x, dtype)
-    finally:
-        torch._C._set_grad_enabled(grad)
+    cast = _lifted(x, dtype) if region is casts[ENTRY] else None
+    if cast is None:
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(True)
+        try:
+            cast = prims.convert_element_type(x, dtype)
+        finally:
+            torch._C._set_grad_enabled(grad)
     casts[key] = (rec, x, cast, region)
     return cast
+
+
+def _lifted(x: TensorProxy, dtype: torch.dtype) -> TensorProxy | None:
+    """A trace input standing for torch's cached cast of the trace input ``x``, which every call
+    looks up in torch's cache as it begins (``torch_casts.with_cached_casts``): the region the
+    call began in outlives it, so eager's later ops and calls in that region read that same cast,
+    and their gradients are summed in ``dtype`` at its ``ToCopyBackward0`` and cast once (a
+    siamese pass, a model called on two inputs). None where ``x`` is not such an input as it was
+    passed (written since, made per call, of symbolic sizes)."""
+    captures = active_captures()
+    if captures is None or x._input_vid != x._vid or x._per_call or x._symbolic or x._rebound is not None:
+        return None
+    real = real_inputs()
+    at = getattr(x, "_real_at", None)
+    if real is not None and at is None:
+        return None
+    cast = None if real is None else torch_casts.cached_cast(real[at], x.device.type, dtype)
+    return captures.cast_input(x, dtype, cast)
 
 
 def _cast_all(args, kwargs, device_type: str, dtype: torch.dtype):

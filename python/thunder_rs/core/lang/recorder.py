@@ -35,6 +35,8 @@ _real_inputs: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_real_i
 active_recorder = _current.get
 #: The ``Captures`` of the acquisition in progress in this thread, or None.
 active_captures = _captures.get
+#: The tensors the trace inputs stand for, in input order (``_real_inputs``), or None.
+real_inputs = _real_inputs.get
 
 
 def current() -> "_core.Recorder":
@@ -108,9 +110,10 @@ def input_proxy(
     shape = tuple(t.shape) if not sizes else tuple(sizes.get(d, s) for d, s in enumerate(t.shape))
     vid = rec.tensor_input(dtype, str(t.device), shape, requires_grad)
     real = _real_inputs.get()
-    if real is not None:
-        real.append(t)
     proxy = make_proxy(vid, shape, dtype, str(t.device), requires_grad)
+    if real is not None:
+        proxy.__dict__["_real_at"] = len(real)
+        real.append(t)
     proxy._input_vid = vid
     proxy._source = weakref.ref(t) if position is None else position
     proxy._inference = t.is_inference()
@@ -160,6 +163,9 @@ class Captures:
         #: tensors the program created from Python values while traced (``torch.tensor([1., 2.])``),
         #: by id: kept alive while the trace may still take them
         self._created: dict[int, torch.Tensor] = {}
+        #: ``(leaf proxy, proxy of its cast, device type, dtype)`` of the autocast casts taken as
+        #: inputs (``cast_input``)
+        self.casts: list = []
 
     def note_created(self, result) -> None:
         """Notes tensors a call without tensor arguments returned: eager makes them anew on every
@@ -178,7 +184,7 @@ class Captures:
     def release(self) -> list:
         """The captured tensors, in trace-input order; drops the proxies standing for them."""
         self._proxies.clear()
-        self.proxies = []
+        self.proxies, self.casts = [], []
         return self.tensors
 
     def proxy(self, t: torch.Tensor, sizes: dict | None = None, strides: dict | None = None) -> TensorProxy:
@@ -201,6 +207,35 @@ class Captures:
                 self._proxies[id(t)] = copy
                 return copy
         return p
+
+    def cast_input(self, leaf: TensorProxy, dtype: torch.dtype, cast: torch.Tensor | None) -> TensorProxy:
+        """A trace input standing for torch's cached autocast cast of the trace input ``leaf`` to
+        ``dtype`` (``autocast._lifted``; ``cast``: the tensor now, where reads of values need it).
+        Among the captured tensors it holds an empty stand-in, which every call replaces by the cast
+        of its own leaf (``torch_casts.with_cached_casts``, placed by ``cast_positions``)."""
+        stand_in = torch.empty(0, dtype=dtype, requires_grad=True)
+        vid = self._rec.tensor_input(CODES[dtype], str(leaf.device), tuple(leaf.shape), True)
+        p = make_proxy(vid, tuple(leaf.shape), CODES[dtype], str(leaf.device), True)
+        p._input_vid, p._source, p._inference = vid, weakref.ref(stand_in), False
+        if leaf._strides is not None:  # (torch's cast keeps a dense layout)
+            p._strides = leaf._strides
+        real = _real_inputs.get()
+        if real is not None:
+            real.append(cast)
+        made = _made.get()
+        if made is not None:
+            made.append(p)
+        self._proxies[id(stand_in)] = p
+        self.tensors.append(stand_in)
+        self.proxies.append(p)
+        self.casts.append((leaf, p, leaf.device.type, dtype))
+        return p
+
+    def cast_positions(self, traced: tuple) -> tuple:
+        """``(position, leaf position, device type, dtype)`` of each cast input among the trace's
+        inputs ``traced`` (``with_cached_casts``)."""
+        at = {id(p): k for k, p in enumerate(traced)}
+        return tuple((at[id(p)], at[id(leaf)], device, dtype) for leaf, p, device, dtype in self.casts)
 
     def written(self) -> dict:
         """The proxies of the captured tensors the program wrote in place, by the id of the tensor

@@ -15,6 +15,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_dumps
 from thunder_rs.core.base.proxies import make_proxy
 from thunder_rs.core.lang.fallback import CALL_EFFECTS, QUEUE_EFFECTS, absent_as_none
+from thunder_rs.core.lang.torch_casts import with_cached_casts
 from thunder_rs.core.lang.values import abandonable
 from thunder_rs.core.run import codes
 from thunder_rs.core.lang.executor_api import (
@@ -348,6 +349,8 @@ def _called(computation, acquired, modes: RecordedModes, differentiable: bool):
         computation = _WRITEBACK.load().with_writebacks(computation, acquired.writebacks)
     if acquired.views is not None:
         computation = _OUTPUT_VIEWS.load().with_views(computation, acquired.views)
+    if acquired.cached_casts:  # (read as the call begins, under the caller's modes)
+        computation = with_cached_casts(computation, acquired.cached_casts)
     captured = tuple(acquired.captured) if acquired.tail is None else ()
     if acquired.sizes:
         readers = size_readers(acquired.sizes, acquired.tensor_positions)

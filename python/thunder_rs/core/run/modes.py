@@ -17,20 +17,12 @@ acting on it a second time:
 import torch
 
 from thunder_rs.core.lang import autocast
-from thunder_rs.core.lang.autocast import AutocastState
+from thunder_rs.core.lang.autocast import AutocastState, nesting as _autocast_nesting
 from thunder_rs.errors import ThunderNotImplementedError
 
 _is_grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _set_autocast_enabled = torch.set_autocast_enabled
-
-
-def _autocast_nesting() -> int:
-    """How many autocast regions are entered (torch clears its cache of casts when the count
-    returns to 0); torch reads it only as it changes it."""
-    level = torch.autocast_decrement_nesting()
-    torch.autocast_increment_nesting()
-    return level + 1
 
 
 def _with_grad_mode(fn, mode: bool):
