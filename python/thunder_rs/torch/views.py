@@ -198,13 +198,22 @@ class ViewLink:
     eager strides are worked out when asked for (a write through it, ``contiguous()``, a reshape
     of it): most views are never asked."""
 
-    __slots__ = ("root", "steps", "_strides", "no_grad")
+    __slots__ = ("root", "steps", "_strides", "no_grad", "rebased", "written_at")
 
-    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0):
+    def __init__(
+        self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0, rebased: int = 0
+    ):
         self.root, self.steps, self._strides = root, steps, strides
         #: eager's creation meta NO_GRAD_MODE: ``MADE_WITHOUT_GRAD`` (the view was taken under
         #: ``no_grad``), ``OF_ONE_MADE_WITHOUT_GRAD`` (taken with grad of such a view), else 0
         self.no_grad = no_grad
+        #: how many of ``steps`` (the first) took a view whose memory was written since (its
+        #: version counter bumped: ``note_version_bump``): eager's autograd makes that view's node
+        #: again as an ``AsStridedBackward0`` of the base, which a returned view is taken by
+        #: (``core.acquisition.output_views``)
+        self.rebased = rebased
+        #: the user's line of the last such write
+        self.written_at: str | None = None
 
     @property
     def strides(self) -> tuple:
@@ -310,7 +319,9 @@ def attach(parent, view, steps) -> bool:
     if not any(getattr(step, "detached", False) for step in steps):  # (``detach()``: no view to autograd)
         inherited = OF_ONE_MADE_WITHOUT_GRAD if link is not None and link.no_grad else 0
         no_grad = inherited if torch.is_grad_enabled() else MADE_WITHOUT_GRAD
-    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad)
+    rebased = 0 if link is None else link.rebased  # (a view of a view written since: ``ViewLink.rebased``)
+    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad, rebased)
+    view._view.written_at = None if link is None else link.written_at
     if root._views is None:
         root._views = []
     root._views.append(weakref.ref(view))
@@ -619,6 +630,17 @@ def write(op: str, dst, value, requires_grad: bool, through=None, overwrite: boo
         new = _unseen(through, new, root)
     rebind(root, new, requires_grad)
     refresh(root, requires_grad, dst if through is None else None, value)
+
+
+def note_version_bump(dst) -> None:
+    """A write that bumps eager's version counter of ``dst``'s memory: each live view of it was
+    taken before the write (``ViewLink.rebased``), as eager's autograd sees at the view's next use."""
+    line = None
+    for ref in root_of(dst)._views or ():
+        view = ref()
+        if view is not None:
+            line = line or user_location()
+            view._view.rebased, view._view.written_at = len(view._view.steps), line
 
 
 def same_memory(a, b) -> bool:
