@@ -199,6 +199,13 @@ def _split_before(x):
     return a
 
 
+def _unbind_of_memory_requiring_no_grad(x):  # (eager: "A view was created in no_grad mode ...")
+    y = torch.zeros(4, 3)
+    v = y.unbind(0)[1]
+    y.add_(x)
+    return v
+
+
 def _no_grad_view(x):
     y = x * 1
     with torch.no_grad():
@@ -207,7 +214,7 @@ def _no_grad_view(x):
     return v
 
 
-@pytest.mark.parametrize("fn", [_unbind_before, _split_before, _no_grad_view])
+@pytest.mark.parametrize("fn", [_unbind_before, _split_before, _unbind_of_memory_requiring_no_grad, _no_grad_view])
 def test_a_view_whose_use_eager_refuses_raises_eagers_error(fn):
     x = torch.randn(4, 3, requires_grad=True) * 1
     v = fn(x)
@@ -219,7 +226,7 @@ def test_a_view_whose_use_eager_refuses_raises_eagers_error(fn):
     assert "test_rebased_view_grad_fns.py" in str(jitted.value)  # (the line of the write)
 
 
-@pytest.mark.parametrize("fn", [_unbind_before, _split_before, _no_grad_view])
+@pytest.mark.parametrize("fn", [_unbind_before, _split_before, _unbind_of_memory_requiring_no_grad, _no_grad_view])
 def test_a_refused_view_runs_where_no_output_requires_grad(fn):
     x = torch.randn(4, 3)
     torch.testing.assert_close(thunder_rs.jit(fn)(x), fn(x))
@@ -236,3 +243,18 @@ def test_a_view_of_several_taken_after_the_write_is_eagers():
     assert jseen == seen and seen[0][0] == "UnbindBackward0"
     assert all(torch.equal(a, b) for a, b in zip(jouts, outs))
     torch.testing.assert_close(jgrad, grad)
+
+
+def test_views_of_symbolic_sizes_are_eagers_at_each_size():
+    def f(x):
+        y = x * 1
+        v, w = y[1:], y.view(-1)[2:]
+        y.mul_(2)
+        return v, w
+
+    jf = thunder_rs.jit(f)
+    for n in (3, 4, 5):  # (the second size compiles with symbolic sizes, the third reuses it)
+        leaf = torch.randn(n, 3, dtype=torch.float64, requires_grad=True)
+        seen, jseen = _seen(f(leaf * 1), leaf), _seen(jf(leaf * 1), leaf)
+        assert jseen == seen and seen[0][0] == "AsStridedBackward0"
+    assert thunder_rs.compile_stats(jf).cache_misses == 2

@@ -37,7 +37,7 @@ def written(dst, op: str, value=None, tracked: bool = True) -> None:
         node = None if not grad else "call" if link is None else "view"
     version_tracking.written(dst, op, counted, node)
     if counted:
-        views.note_version_bump(dst)
+        views.note_version_bump(dst, value)
 
 
 def _data_view(detach):

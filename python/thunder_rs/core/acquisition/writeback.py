@@ -280,7 +280,7 @@ def refuse_rebased(o, link, rebased: int) -> None:
     the view taken of a meta tensor whose version is bumped."""
     why = o._history_error
     if why is None and any(getattr(s, "group", None) is not None for s in link.steps[:rebased]):
-        why = _eager_refusal(link.root, link.steps[:rebased])
+        why = _eager_refusal(link.root, link.steps[:rebased], getattr(link, "root_grad", True))
     if why is not None:
         raise ThunderNotImplementedError(
             f"Tensor view: the program returns a view whose memory it wrote in place at {link.written_at}, and "
@@ -289,16 +289,21 @@ def refuse_rebased(o, link, rebased: int) -> None:
         )
 
 
-def _eager_refusal(root, steps) -> str | None:
-    """Eager's error at the ``grad_fn`` of the view ``steps`` take of a tensor like ``root`` once
-    its memory is written, or None (also where the steps' sizes are symbolic)."""
+def _eager_refusal(root, steps, root_grad: bool) -> str | None:
+    """Eager's error at the ``grad_fn`` of the view ``steps`` take of a tensor like ``root`` (one
+    that requires grad where ``root_grad``, else written with a value that does) once its memory is
+    written, or None (also where the steps' sizes are symbolic)."""
     try:
         shape = tuple(int(getattr(n, "hint", n)) for n in root.shape)
-        base = torch.empty(shape, dtype=root.dtype, device="meta", requires_grad=True) * 1
+        base = torch.empty(shape, dtype=root.dtype, device="meta", requires_grad=root_grad)
+        base = base * 1 if root_grad else base
         view = view_taker(steps)(base, ())
+        if root_grad:
+            torch.autograd.graph.increment_version(base)
+        else:
+            base.add_(torch.empty(shape, dtype=root.dtype, device="meta", requires_grad=True))
     except Exception:  # (a symbolic size among the steps' parameters)
         return None
-    torch.autograd.graph.increment_version(base)
     try:
         view.grad_fn
     except RuntimeError as e:
