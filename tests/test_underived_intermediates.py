@@ -6,7 +6,8 @@ computes the others' (``autograd.grad(out, q)``, ``backward(inputs=[q])``).
 
 What differed: the compiled backward computed the gradient of every argument the trace computed,
 and raised eager's error also where only ``q``'s was asked for (``fallback._grads``: only the
-caller's own tensors were asked whether the engine takes their gradient)."""
+caller's own tensors were asked whether the engine takes their gradient); a double backward's
+(``create_graph=True``) asked for the gradient of every input that requires grad."""
 
 import pytest
 import torch
@@ -27,6 +28,8 @@ ASKED = {
     "grad of both": lambda out, x, q: torch.autograd.grad(out.sum(), (x, q)),
     "backward": lambda out, x, q: (out.sum().backward(), x.grad, q.grad)[1:],
     "backward(inputs=[q])": lambda out, x, q: (out.sum().backward(inputs=[q]), x.grad, q.grad)[1:],
+    "grad of q, create_graph": lambda out, x, q: torch.autograd.grad(out.sum(), q, create_graph=True),
+    "grad of both, create_graph": lambda out, x, q: torch.autograd.grad(out.sum(), (x, q), create_graph=True),
 }
 
 
@@ -56,4 +59,5 @@ def test_a_gradient_through_a_call_without_a_derivative_raises_or_computes_as_ea
         for a, b in zip(jgrads, grads):
             assert (a is None) == (b is None)
             if b is not None:
-                torch.testing.assert_close(a, b)
+                torch.testing.assert_close(a.detach(), b.detach())
+                assert a.requires_grad == b.requires_grad

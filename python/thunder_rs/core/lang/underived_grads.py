@@ -43,11 +43,11 @@ def raise_where_reached(errors: list, calls: list, trace) -> None:
     for call, k, error in errors:
         if call >= len(calls) or k >= len(calls[call]):
             raise error
-        if any(_executes(node, p) for p in trace.absent_outputs([calls[call][k]], 0, [])):
+        if any(executes(node, p) for p in trace.absent_outputs([calls[call][k]], 0, [])):
             raise error
 
 
-def _executes(node, position: int) -> bool:
+def executes(node, position: int) -> bool:
     """Whether the engine running takes the gradient of ``node``'s input ``position``; True where
     torch does not say (a leaf under ``torch.autograd.grad``)."""
     edges = () if node is None else node.next_functions
