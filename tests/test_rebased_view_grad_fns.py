@@ -258,3 +258,18 @@ def test_views_of_symbolic_sizes_are_eagers_at_each_size():
         seen, jseen = _seen(f(leaf * 1), leaf), _seen(jf(leaf * 1), leaf)
         assert jseen == seen and seen[0][0] == "AsStridedBackward0"
     assert thunder_rs.compile_stats(jf).cache_misses == 2
+
+
+def test_a_view_of_a_written_argument_at_another_offset_is_eagers():
+    """The view's layout, kept per layout of the tensor it is taken of, follows each call's offset."""
+    jf = thunder_rs.jit(_of_written_input)
+    for start in (0, 1, 2):
+        leaf = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+        x, jx = (leaf * 1)[start : start + 3], (leaf * 1)[start : start + 3]
+        v, jv = _of_written_input(x), jf(jx)
+        assert (jv.storage_offset(), jv.stride(), type(jv.grad_fn).__name__) == (
+            v.storage_offset(),
+            v.stride(),
+            type(v.grad_fn).__name__,
+        )
+        assert torch.equal(jv, v) and jv._base is jx._base

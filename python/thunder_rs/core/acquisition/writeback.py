@@ -257,14 +257,23 @@ def _rebased_taker(steps, sizes: tuple, rebased: int):
     replays the view ops up to it and takes ``as_strided`` of that, as here."""
     replays = [view_taker(steps[:k], sizes) for k in range(rebased + 1)]  # (a step alone may be part of an op)
     rest = view_taker(steps[rebased:], sizes)
+    symbolic = bool(_symbolic([eager_calls(steps[:rebased])]))
+    layouts: dict = {}  # (of a base with constant sizes: its layout -> the view's, offset relative to it)
 
     def take(t, inputs):
+        key = None if symbolic else (t.dtype, t.is_conj(), t.is_neg(), t.shape, t.stride())
+        known = layouts.get(key) if key is not None else None
+        if known is not None:
+            size, stride, offset = known
+            return rest(t.as_strided(size, stride, t.storage_offset() + offset), inputs)
         last, at = 0, t
         with torch.no_grad():
             for k in range(1, rebased + 1):
                 before, at = at, replays[k](t, inputs)
                 if at.dtype != before.dtype or at.is_conj() != before.is_conj() or at.is_neg() != before.is_neg():
                     last = k
+        if key is not None and not last and len(layouts) < 8:
+            layouts[key] = (at.size(), at.stride(), at.storage_offset() - t.storage_offset())
         base = replays[last](t, inputs) if last else t
         return rest(base.as_strided(at.size(), at.stride(), at.storage_offset()), inputs)
 
