@@ -36,6 +36,8 @@ def written(dst, op: str, value=None, tracked: bool = True) -> None:
             grad = views.root_of(dst).requires_grad or getattr(value, "requires_grad", False)
         node = None if not grad else "call" if link is None else "view"
     version_tracking.written(dst, op, counted, node)
+    if counted:
+        views.note_version_bump(dst, value)
 
 
 def _data_view(detach):

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_map
 from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.langctx import user_location
-from thunder_rs.core.base.proxies import TensorProxy, make_proxy
+from thunder_rs.core.base.proxies import TensorProxy, make_proxy, requires_grad_of
 from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang import version_tracking
@@ -198,13 +198,25 @@ class ViewLink:
     eager strides are worked out when asked for (a write through it, ``contiguous()``, a reshape
     of it): most views are never asked."""
 
-    __slots__ = ("root", "steps", "_strides", "no_grad")
+    __slots__ = ("root", "steps", "_strides", "no_grad", "rebased", "written_at", "root_grad")
 
-    def __init__(self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0):
+    def __init__(
+        self, root: TensorProxy, steps: tuple, strides: tuple | None = None, no_grad: int = 0, rebased: int = 0
+    ):
         self.root, self.steps, self._strides = root, steps, strides
         #: eager's creation meta NO_GRAD_MODE: ``MADE_WITHOUT_GRAD`` (the view was taken under
         #: ``no_grad``), ``OF_ONE_MADE_WITHOUT_GRAD`` (taken with grad of such a view), else 0
         self.no_grad = no_grad
+        #: how many of ``steps`` (the first) took a view whose memory was written since (its
+        #: version counter bumped: ``note_version_bump``): eager's autograd makes that view's node
+        #: again as an ``AsStridedBackward0`` of the base, which a returned view is taken by
+        #: (``core.acquisition.output_views``)
+        self.rebased = rebased
+        #: the user's line of the last such write
+        self.written_at: str | None = None
+        #: whether the root required grad when the first view of the chain was taken (eager's
+        #: refusal of one of several views written since says so: ``writeback.refuse_rebased``)
+        self.root_grad = True
 
     @property
     def strides(self) -> tuple:
@@ -310,7 +322,10 @@ def attach(parent, view, steps) -> bool:
     if not any(getattr(step, "detached", False) for step in steps):  # (``detach()``: no view to autograd)
         inherited = OF_ONE_MADE_WITHOUT_GRAD if link is not None and link.no_grad else 0
         no_grad = inherited if torch.is_grad_enabled() else MADE_WITHOUT_GRAD
-    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad)
+    rebased = 0 if link is None else link.rebased  # (a view of a view written since: ``ViewLink.rebased``)
+    view._view = ViewLink(root, steps if link is None else link.steps + steps, strides, no_grad, rebased)
+    view._view.written_at = None if link is None else link.written_at
+    view._view.root_grad = requires_grad_of(root) if link is None else link.root_grad
     if root._views is None:
         root._views = []
     root._views.append(weakref.ref(view))
@@ -619,6 +634,22 @@ def write(op: str, dst, value, requires_grad: bool, through=None, overwrite: boo
         new = _unseen(through, new, root)
     rebind(root, new, requires_grad)
     refresh(root, requires_grad, dst if through is None else None, value)
+
+
+def note_version_bump(dst, value=None) -> None:
+    """A write (of ``value``) that bumps eager's version counter of ``dst``'s memory: each live view
+    of it was taken before the write (``ViewLink.rebased``), as eager's autograd sees at the view's
+    next use; one that may require grad after it notes the write's line (a refusal of the view
+    returned names it: ``writeback.refuse_rebased``)."""
+    line, grad = None, isinstance(value, TensorProxy) and requires_grad_of(value)
+    for ref in root_of(dst)._views or ():
+        view = ref()
+        if view is None:
+            continue
+        view._view.rebased = len(view._view.steps)
+        if grad or view._view.no_grad or requires_grad_of(view):
+            line = line or user_location()
+            view._view.written_at = line
 
 
 def same_memory(a, b) -> bool:

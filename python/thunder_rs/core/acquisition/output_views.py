@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from thunder_rs.core.acquisition.writeback import replayable_view, view_taker
+from thunder_rs.core.acquisition.writeback import refuse_rebased, replayable_view, view_taker
 from thunder_rs.core.base.proxies import TensorProxy
 
 
@@ -30,7 +30,8 @@ class OutputViews:
     out_kind: str
     #: (output position, whether its root is a trace input (None: the program's output at the
     #: position given, returned again), the position of that input or of the trace output
-    #: holding the root, view steps, whether the view is taken under ``no_grad``)
+    #: holding the root, view steps, whether the view is taken under ``no_grad``, how many of the
+    #: steps took a view whose memory the program wrote since: ``views.ViewLink.rebased``)
     views: tuple
     #: the names of the trace's size inputs (``writeback.WriteBacks.sizes``)
     sizes: tuple = ()
@@ -62,28 +63,32 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     for i, o in enumerate(leaves):
         if id(o) in taken:  # (``return v, v``: eager's one tensor twice)
             leaves[i] = None
-            views.append((i, None, taken[id(o)], (), False))
+            views.append((i, None, taken[id(o)], (), False, 0))
             continue
         planned = len(views)
         if id(o) in inputs:
             if trained and o._vid == o._input_vid:  # the input itself (a written one is the write-backs')
                 leaves[i] = None
-                views.append((i, True, inputs[id(o)], (), False))
+                views.append((i, True, inputs[id(o)], (), False, 0))
             continue
         link = replayable_view(o, sizes)
         if link is None or not (trained or link.folds_away(o)):
             continue
         k = inputs.get(id(link.root))
-        if k is None and is_read is not None and not is_read(link.root._vid):
+        rebased = getattr(link, "rebased", 0) if trained and o.requires_grad else 0
+        # (a root the program wrote since is its own tensor, though only the write reads its value)
+        if k is None and is_read is not None and not is_read(link.root._vid) and not rebased:
             continue
         detached = link.root.requires_grad and not o.requires_grad
+        if rebased:
+            refuse_rebased(o, link, rebased)
         if k is None:
             at = held.setdefault(id(link.root), i)
             leaves[i] = link.root if at == i else None
-            views.append((i, False, at, link.steps, detached))
+            views.append((i, False, at, link.steps, detached, rebased))
         elif link.root._vid == link.root._input_vid:  # (a view of a written input is the write-backs')
             leaves[i] = None
-            views.append((i, True, k, link.steps, detached))
+            views.append((i, True, k, link.steps, detached, rebased))
         if len(views) > planned:
             taken[id(o)] = i
     if not views:
@@ -96,9 +101,9 @@ def _same_output(t, inputs):
     return t
 
 
-def _taker(steps, sizes: tuple, detached: bool):
-    """``view_taker``'s function, run under ``no_grad`` where ``detached``."""
-    take = view_taker(steps, sizes)
+def _taker(steps, sizes: tuple, detached: bool, rebased: int = 0):
+    """``view_taker``'s function (``rebased``: see there), run under ``no_grad`` where ``detached``."""
+    take = view_taker(steps, sizes, rebased)
     if not detached:
         return take
 
@@ -114,8 +119,8 @@ def with_views(fn, plan: OutputViews):
     others as ``fn`` returns them."""
     same = _same_output  # (a position returned again: no view to take)
     takes = [
-        (i, of_input, at, same if of_input is None else _taker(steps, plan.sizes, detached))
-        for i, of_input, at, steps, detached in plan.views
+        (i, of_input, at, same if of_input is None else _taker(steps, plan.sizes, detached, rebased))
+        for i, of_input, at, steps, detached, rebased in plan.views
     ]
     if plan.out_kind == "single":
         _, of_input, k, take = takes[0]

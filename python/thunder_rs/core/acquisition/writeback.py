@@ -49,7 +49,8 @@ class WriteBacks:
     #: tensors, and where one of those is written, the module's parameters and buffers too (an
     #: argument may be a view of one: eager's read of the buffer after the write sees it)
     separate: tuple = ()
-    #: (output position, trace input index, view steps): outputs that are a view of a written
+    #: (output position, trace input index, view steps, how many of them eager's autograd takes
+    #: again as ``as_strided``: ``views.ViewLink.rebased``): outputs that are a view of a written
     #: input (``cache[pos] = new; return cache[: pos + 1]``), taken of the caller's tensor after
     #: the copies, so they alias it as in eager
     views: tuple = ()
@@ -124,7 +125,7 @@ def plan(
     position = {id(p): k for k, p in written}
     aliases = tuple((i, position[id(o)]) for i, o in enumerate(leaves) if id(o) in position)
     views = tuple(
-        (i, position[id(link.root)], link.steps)
+        (i, position[id(link.root)], link.steps, _rebased(o, link))
         for i, o in enumerate(leaves)
         if (link := replayable_view(o, sizes)) is not None and id(link.root) in position and id(o) not in position
     )
@@ -143,6 +144,17 @@ def plan(
         rebinds=rebinds,
     )
     return wb, tuple(leaves + extra)
+
+
+def _rebased(o, link) -> int:
+    """``link.rebased`` of a returned view ``o`` that requires grad (refused where eager's autograd
+    refuses its use: ``refuse_rebased``), else 0."""
+    with torch._C.DisableTorchFunctionSubclass():
+        grad = o.requires_grad
+    rebased = getattr(link, "rebased", 0) if grad else 0
+    if rebased:
+        refuse_rebased(o, link, rebased)
+    return rebased
 
 
 def _rebinds(written: list, inputs: list, leaves: list, extra: list) -> tuple:
@@ -208,10 +220,13 @@ def _evaluator(params, names: tuple):
     return lambda values: sized(dict(zip(names, values)))
 
 
-def view_taker(steps, sizes: tuple = ()):
+def view_taker(steps, sizes: tuple = (), rebased: int = 0):
     """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
     take of its proxy; symbolic sizes among their parameters are computed from the size inputs
-    (``sizes``, the call's last inputs) of the call."""
+    (``sizes``, the call's last inputs) of the call. The first ``rebased`` steps (a view of memory
+    the program wrote since it was taken) by ``_rebased_taker``."""
+    if rebased:
+        return _rebased_taker(steps, sizes, rebased)
     calls = eager_calls(steps)
     if not any(_symbolic(params) for _, params in calls):
 
@@ -231,6 +246,78 @@ def view_taker(steps, sizes: tuple = ()):
         return t
 
     return take_sized
+
+
+def _rebased_taker(steps, sizes: tuple, rebased: int):
+    """Takes the view ``steps[:rebased]`` as eager's autograd makes a view's node again after a
+    write to its memory: ``as_strided`` of the base at the view's sizes, strides and offset (an
+    ``AsStridedBackward0``, ``_base`` the base), then the other steps by their own ops (a view taken
+    of it after the write: ``y.mul_(2); v.t()`` a TBackward0 of the AsStridedBackward0). Where a
+    step changes what ``as_strided`` cannot (the dtype, ``view_as_real``; a conjugate), eager
+    replays the view ops up to it and takes ``as_strided`` of that, as here."""
+    replays = [view_taker(steps[:k], sizes) for k in range(rebased + 1)]  # (a step alone may be part of an op)
+    rest = view_taker(steps[rebased:], sizes)
+    symbolic = bool(_symbolic([eager_calls(steps[:rebased])]))
+    layouts: dict = {}  # (of a base with constant sizes: its layout -> the view's, offset relative to it)
+
+    def take(t, inputs):
+        key = None if symbolic else (t.dtype, t.is_conj(), t.is_neg(), t.shape, t.stride())
+        known = layouts.get(key) if key is not None else None
+        if known is not None:
+            size, stride, offset = known
+            return rest(t.as_strided(size, stride, t.storage_offset() + offset), inputs)
+        last, at = 0, t
+        with torch.no_grad():
+            for k in range(1, rebased + 1):
+                before, at = at, replays[k](t, inputs)
+                if at.dtype != before.dtype or at.is_conj() != before.is_conj() or at.is_neg() != before.is_neg():
+                    last = k
+        if key is not None and not last and len(layouts) < 8:
+            layouts[key] = (at.size(), at.stride(), at.storage_offset() - t.storage_offset())
+        base = replays[last](t, inputs) if last else t
+        return rest(base.as_strided(at.size(), at.stride(), at.storage_offset()), inputs)
+
+    return take
+
+
+def refuse_rebased(o, link, rebased: int) -> None:
+    """Refuses a returned view that requires grad whose memory the program wrote since it was
+    taken, where eager's autograd refuses any use of the view it sees, which no tensor a call
+    returns can do: a view taken under ``no_grad`` (``views._refuse_history``), and one of several
+    views an op made (``unbind``, ``split``, ``chunk``, or a view of one: "Output 1 of Unbind is a
+    view and its base or another view of its base has been modified inplace"), as eager answers for
+    the view taken of a meta tensor whose version is bumped."""
+    why = o._history_error
+    if why is None and any(getattr(s, "group", None) is not None for s in link.steps[:rebased]):
+        why = _eager_refusal(link.root, link.steps[:rebased], getattr(link, "root_grad", True))
+    if why is not None:
+        raise ThunderNotImplementedError(
+            f"Tensor view: the program returns a view whose memory it wrote in place at {link.written_at}, and "
+            f"eager's autograd refuses any use of the view: {why} A tensor a compiled call returns cannot do that; "
+            "clone() the view before the write, or take it after the write"
+        )
+
+
+def _eager_refusal(root, steps, root_grad: bool) -> str | None:
+    """Eager's error at the ``grad_fn`` of the view ``steps`` take of a tensor like ``root`` (one
+    that requires grad where ``root_grad``, else written with a value that does) once its memory is
+    written, or None (also where the steps' sizes are symbolic)."""
+    try:
+        shape = tuple(int(getattr(n, "hint", n)) for n in root.shape)
+        base = torch.empty(shape, dtype=root.dtype, device="meta", requires_grad=root_grad)
+        base = base * 1 if root_grad else base
+        view = view_taker(steps)(base, ())
+        if root_grad:
+            torch.autograd.graph.increment_version(base)
+        else:
+            base.add_(torch.empty(shape, dtype=root.dtype, device="meta", requires_grad=True))
+    except Exception:  # (a symbolic size among the steps' parameters)
+        return None
+    try:
+        view.grad_fn
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def eager_calls(steps) -> list:
@@ -297,7 +384,7 @@ def with_writebacks(fn, wb: WriteBacks):
     }
     lines = ["def call(*inputs):", "    outs = fn(*inputs)"]
     aliased = dict(wb.aliases)
-    viewed = {i for i, _, _ in wb.views}  # taken of the caller's tensor after the copies instead
+    viewed = {i for i, _, _, _ in wb.views}  # taken of the caller's tensor after the copies instead
     values = [j for j in wb.tensor_outputs if j not in aliased and j not in viewed]
     values += [j for _, j, _ in wb.copies] + [j for _, _, j, _ in wb.slots if j is not None]
     values += [j for _, (kind, j) in wb.rebinds if kind == "output" and j not in values]
@@ -329,8 +416,8 @@ def with_writebacks(fn, wb: WriteBacks):
         f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
         for i in range(wb.num_outputs)
     ]
-    for i, k, steps in wb.views:
-        namespace[f"view{i}"] = view_taker(steps, wb.sizes)
+    for i, k, steps, rebased in wb.views:
+        namespace[f"view{i}"] = view_taker(steps, wb.sizes, rebased)
         results[i] = f"view{i}(inputs[{k}], inputs)"
     if wb.out_kind == "single":
         lines.append(f"    return {results[0]}")

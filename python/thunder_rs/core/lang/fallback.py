@@ -16,11 +16,10 @@ from collections.abc import Callable
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
-from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from thunder_rs import _core
-from thunder_rs.core.lang import autocast
+from thunder_rs.core.lang import autocast, underived_grads
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
 from thunder_rs.core.lang.devices import indexed, refuse_pinned
@@ -293,10 +292,14 @@ def absent_as_none(backward, trace, num_cotangents: int):
     @functools.wraps(backward)
     def run(*args):
         outer, _absent_log.calls = _absent_log.calls, []
+        deferred = underived_grads.start()
         try:
             grads = backward(*args)
         finally:
             logged, _absent_log.calls = _absent_log.calls, outer
+            errors = underived_grads.finish(deferred)
+        if errors:
+            underived_grads.raise_where_reached(errors, calls, trace)
         if not any(any(m) for m in logged):
             return grads
         if len(logged) != len(calls):  # (backwards the trace does not show: only the zeros themselves)
@@ -326,80 +329,6 @@ def materialized(g):
     return fallback(_materialize, (g,), {})
 
 
-def _taken(w: torch.Tensor) -> bool | None:
-    """Whether the backward running takes a gradient of ``w``: not where ``w`` is a tensor of the
-    caller's (an input of the call's node running) whose gradient edge, the node's own, the engine
-    does not execute (``torch.autograd.grad`` of other inputs); None where torch does not say (a
-    leaf under ``torch.autograd.grad``). (An input written since has another edge: taken.)"""
-    node = torch._C._current_autograd_node()
-    if not w.requires_grad or node is None:
-        return True
-    try:
-        edge = get_gradient_edge(w)
-    except (RuntimeError, AssertionError):  # (a view the backward took of a leaf: no edge of its own)
-        return True
-    if not any(n is edge.node and k == edge.output_nr for n, k in node.next_functions):
-        return True
-    try:
-        return torch._C._will_engine_execute_node(edge.node)
-    except RuntimeError:
-        return None
-
-
-def _grads(outs: list, wanted: list, copies: dict) -> list:
-    """The gradients of ``outs`` (``(output, cotangent)`` pairs) for the leaves ``copies`` holds of
-    ``wanted`` (None: not asked), as eager's backward computes them: only of the inputs the backward
-    takes a gradient of (``_taken``), so that an op with no derivative in one (``zeta``'s ``x``)
-    raises eager's error only where that one is asked for. Where torch does not say, an input
-    whose derivative raises gets zeros and the error where the engine hands them on
-    (``_raising_where_taken``)."""
-    taken = [_taken(w) for w in wanted]
-    asked = [k for k, t in enumerate(taken) if t is not False]
-    unsure = [k for k in asked if taken[k] is None]
-    found: list = [None] * len(wanted)
-
-    def grad(ks: list) -> None:
-        tensors, cotangents = [o for o, _ in outs], [c for _, c in outs]
-        inputs = [copies[id(wanted[k])] for k in ks]
-        for k, g in zip(ks, torch.autograd.grad(tensors, inputs, cotangents, allow_unused=True, retain_graph=True)):
-            found[k] = g
-
-    if not outs or not asked:
-        return found
-    try:
-        grad(asked)
-    except (NotImplementedError, RuntimeError):  # (eager's: "derivative for aten::bernoulli ...")
-        if not unsure:
-            raise
-        sure = [k for k in asked if taken[k]]
-        if sure:
-            grad(sure)
-        for k in unsure:
-            try:
-                grad([k])
-            except (NotImplementedError, RuntimeError) as its:
-                found[k] = _raising_where_taken(wanted[k], its)
-    return found
-
-
-def _raising_where_taken(w: torch.Tensor, error: Exception) -> torch.Tensor:
-    """Zeros for the gradient of ``w`` (a tensor of the caller's), with a hook on it that raises
-    ``error`` where the engine hands the gradient on (captures it for ``torch.autograd.grad``), and
-    is removed at the end of the backward otherwise."""
-
-    def hook(grad):
-        handle.remove()
-        raise type(error)(*error.args)
-
-    handle = w.register_hook(hook)
-    try:
-        torch.autograd.Variable._execution_engine.queue_callback(handle.remove)
-    except RuntimeError:  # (no backward of the engine's running: eager's error now)
-        handle.remove()
-        raise error from None
-    return torch.zeros_like(w)
-
-
 def _vjp_of(func):
     """The backward of a fallback: runs ``func`` again under torch.autograd on the saved inputs
     and returns the gradients of ``wanted`` (inputs that require grad in the trace)."""
@@ -411,7 +340,9 @@ def _vjp_of(func):
         with torch.enable_grad():
             outs = _tensor_leaves(func(*args, **kwargs))
         pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
-        grads = _grads(pairs, wanted, copies)
+        grads = underived_grads.grads(
+            pairs, wanted, copies, None if _absent_log.calls is None else len(_absent_log.calls)
+        )
         # Values of the trace that are one tensor when it runs (a cast to its own dtype returns its
         # input) are one leaf here: its gradient, the sum of their uses, goes to the first of them
         # (it was given to each, and the program's backward added them up again: twice eager's).

@@ -29,6 +29,7 @@ import threading
 
 import torch
 
+from thunder_rs.core.lang.underived_grads import executes
 from thunder_rs.errors import ThunderNotImplementedError
 
 _version_of = operator.attrgetter("_version")
@@ -134,7 +135,10 @@ class DifferentiableProgram:
                 "input of a thunder_rs-compiled call, which a double backward (create_graph=True) computes the call "
                 "again from, was written in place after the call. Hint: run the in-place operation after the backward"
             )
-        wanted = [i for i, needed in enumerate(ctx.needs_input_grad) if needed]
+        # (only those the engine takes: an input whose derivative eager lacks, ``zeta(x * 2, q)``'s
+        # ``x``, raises only where its gradient is asked for, as eager's engine runs no node towards it)
+        node = torch._C._current_autograd_node()
+        wanted = [i for i, needed in enumerate(ctx.needs_input_grad) if needed and executes(node, i)]
         for k, copy in (ctx.copies or {}).items():
             if k in wanted:
                 raise ThunderNotImplementedError(
