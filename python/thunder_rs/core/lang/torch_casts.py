@@ -28,6 +28,7 @@ _pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 
 
 _hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
+_function_modes = torch._C._is_torch_function_mode_enabled
 
 
 def _same(x):
@@ -56,7 +57,7 @@ def _partner(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     return z
 
 
-def _saved_casts(t: torch.Tensor) -> tuple:
+def _saved_casts(t: torch.Tensor, marker: bool = True) -> tuple:
     """The casts of ``t`` and of its partner that an op autocast casts through its cache saves for
     its backward: ``t`` times an empty partner that requires grad (so that the cast of ``t`` is
     saved), ``mm`` by a ``(k, 0)`` matrix for a matrix, ``mv`` of a ``(0, k)`` matrix by a vector,
@@ -78,25 +79,29 @@ def _saved_casts(t: torch.Tensor) -> tuple:
         return next(x for x in packed if x.ndim == t.ndim), next(x for x in packed if x.ndim > t.ndim)
     if t.ndim == 2:
         node: Any = torch.mm(t, _partner(t, (t.shape[1], 0))).grad_fn
-        return node._saved_self, node._saved_mat2
+        return node._saved_self, node._saved_mat2 if marker else None
     if t.ndim == 1:  # (an ``mv``: twice as fast as ``vecdot``'s ops)
         node = torch.matmul(_partner(t, (0, t.shape[0])), t).grad_fn
-        return node._saved_vec, node._saved_self
+        return node._saved_vec, node._saved_self if marker else None
     node = torch.linalg.vecdot(t, _partner(t, (0,) + (1,) * t.ndim)).grad_fn.next_functions[0][0]
     return node._saved_self, node._saved_other
 
 
-def _looked_up(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> tuple:
+def _looked_up(t: torch.Tensor, device_type: str, dtype: torch.dtype, marker: bool) -> tuple:
     """The cast of ``t`` to ``dtype`` torch's cache holds, made and cached if it holds none, and
-    that of an empty partner, which only the cache holds (``generation``)."""
+    (``marker``) that of an empty partner, which only the cache holds (``generation``). Grad mode,
+    autocast and its dtype are set as the lookup needs only where they differ (inside the
+    caller's region they are as it needs)."""
     grad, enabled = torch.is_grad_enabled(), torch.is_autocast_enabled(device_type)
     lower = torch.get_autocast_dtype(device_type)
+    if grad and enabled and lower == dtype and not _function_modes():
+        return _saved_casts(t, marker)
     _set_grad_enabled(True)
     torch.set_autocast_enabled(device_type, True)
     torch.set_autocast_dtype(device_type, dtype)
     try:
         with torch._C.DisableTorchFunction():
-            return _saved_casts(t)
+            return _saved_casts(t, marker)
     finally:
         torch.set_autocast_dtype(device_type, lower)
         torch.set_autocast_enabled(device_type, enabled)
@@ -132,7 +137,7 @@ def generation() -> weakref.ref:
         return ref
     if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
         _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
-    return _new_generation(_looked_up(_SENTINEL[0], "cpu", torch.bfloat16)[1])
+    return _new_generation(_looked_up(_SENTINEL[0], "cpu", torch.bfloat16, True)[1])
 
 
 _REFUSED = (
@@ -151,7 +156,7 @@ def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.
         cast = hit[1]()
         if cast is not None:
             return cast
-    cast, marker = _looked_up(t, device_type, dtype)
+    cast, marker = _looked_up(t, device_type, dtype, now is None)
     if now is None:  # (the first lookup since torch cleared its cache: its partner's cast marks it)
         now = _new_generation(marker)
     if cast.dtype != dtype:
