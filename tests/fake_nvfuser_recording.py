@@ -28,6 +28,8 @@ class Val:
     (``ids``, ``reduced``) and its allocation domain (``alloc``: logical dims, outermost first)."""
 
     deps, ids, reduced, alloc = frozenset(), (), (), None
+    #: A constant of ``define_scalar``'s (``Val::isConst``).
+    const = False
 
     def __init__(self, fd, meta, symbolic=False, sample=None):
         #: ``sample``: a scalar's value while defining (a constant's own, a symbolic one's stand-in).

@@ -66,6 +66,7 @@ from thunder_rs.core.lang.symfloat import SymFloat, text
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
+from thunder_rs.executors.nvfuser_powers import translate_pow
 from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -169,6 +170,7 @@ def _var(cx, a, dims, correction):
 TRANSLATIONS = {
     **{name: _unary(name) for name in UNARY},
     **{name: _binary(name) for name in BINARY},
+    "pow": translate_pow,
     "where": lambda cx, pred, a, b: cx.ops.where(pred, *cx.operands(a, b)),
     "convert_element_type": lambda cx, a, dtype: cx.ops.cast(a, cx.data_type(dtype)),
     "broadcast_in_dim": lambda cx, a, shape, dims: cx.ops.broadcast_in_dim(a, list(shape), list(dims)),

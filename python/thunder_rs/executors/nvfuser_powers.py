@@ -1,0 +1,39 @@
+"""The nvFuser translation of ``prims.pow``: torch's ``pow(tensor, number)`` kernel computes some
+exponents with other functions than ``pow`` (PowKernel.cpp and PowKernel.cu), and nvFuser's
+generated code calls ``pow`` (CUDA's ``powf``) for them; the region computes those as torch does."""
+
+import torch
+
+#: Reduced-precision floats, whose squares torch's kernels round to their dtype.
+HALF = (torch.float16, torch.bfloat16)
+
+#: Exponents torch's ``pow(tensor, number)`` computes otherwise than ``pow`` (``pow_tensor_scalar_kernel``):
+#: sqrt, rsqrt and reciprocal, and ``x * x``, ``x * x * x`` and ``1 / (x * x)``, a half tensor's square
+#: rounded to its dtype first (CUDA's kernels in Half and BFloat16, CPU's in BFloat16). nvFuser's
+#: generated code calls ``pow`` but for constant exponents 1, 2 and 3 (codegen.cpp
+#: ``genPowerWithMul``), whose ``x * x * x`` of a half computes in Float and rounds once.
+POW_KERNELS = {
+    0.5: lambda cx, a: cx.ops.sqrt(a),
+    -0.5: lambda cx, a: cx.ops.rsqrt(a),
+    -1.0: lambda cx, a: cx.ops.reciprocal(a),
+    2.0: lambda cx, a: cx.ops.mul(a, a),
+    3.0: lambda cx, a: cx.ops.mul(_square(cx, a), a),
+    -2.0: lambda cx, a: cx.ops.reciprocal(_square(cx, a)),
+}
+
+
+def _square(cx, a):
+    """``a * a`` rounded to ``a``'s dtype, as torch's kernels keep it (a half's is exact in Float)."""
+    square = cx.ops.mul(a, a)
+    dtype = cx.dtype_of(a)
+    return cx.ops.cast(square, cx.data_type(dtype)) if dtype in HALF else square
+
+
+def translate_pow(cx, a, b):
+    """``pow``, as torch's kernel computes it: a floating tensor to a number torch special-cases
+    is that kernel's ops (``x ** 0.5`` a sqrt, bit for bit: nvFuser's ``pow`` is CUDA's ``powf``);
+    other powers nvFuser's ``pow``. (A float of sizes is not a number here: it changes per call.)"""
+    special = None
+    if type(b) in (int, float) and cx._is_tensor(a) and cx.dtype_of(a).is_floating_point:
+        special = POW_KERNELS.get(float(b))
+    return special(cx, a) if special is not None else cx.ops.pow(*cx.operands(a, b))
