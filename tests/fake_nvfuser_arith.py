@@ -170,9 +170,11 @@ def _reduction(name, fn, identity_dtype):
     result's dtype (``sum``/``prod``: the given dtype, else Int for integers and bools, else the
     input's; ``max``/``min``: the input's, and no dtype may be given)."""
 
-    def op(arg, dims=None, keepdim=False, dtype=DataType.Null):
+    def op(arg, dims=None, keepdim=False, dtype=DataType.Null, dim=None):
         if isinstance(dims, DataType):
             dims, dtype = None, dims
+        if dim is not None:  # the int overload's keyword (ops.cpp: py::arg("dim"))
+            dims = dim
         out_dtype = identity_dtype(arg.meta.dtype, dtype.value)
         init = _INITS.get(name, lambda d: None)(out_dtype)
         # (the overload without dims names all of them: none of a 0-dim tensor)

@@ -55,6 +55,9 @@ class TensorView(Val):
     def shape(self):  # the (maybe expanded) extents as scalar values (python_direct ir.cpp)
         return self.fd.ops.shape(self)
 
+    def size(self, dim):  # the (maybe expanded) extent at dim, as ``ops.size`` (python_direct ir.cpp:206)
+        return self.fd.ops.size(self, dim)
+
 
 # -- type promotion (csrc/type_promotion.cpp: ``fake_nvfuser_promotion``) ------------------------------
 

@@ -15,7 +15,9 @@ Divergences this file pins (each failed on the stand-in before it was fixed):
   internal asserts); the stand-in took them;
 - ``pow`` of a constant exponent 1, 2 or 3 the op does not cast is multiplications in the generated
   code (csrc/codegen.cpp:1028 ``genPowerWithMul``); the stand-in called torch's pow of two tensors
-  (``std::pow``: ``x ** 3.0`` not ``x * x * x``).
+  (``std::pow``: ``x ** 3.0`` not ``x * x * x``);
+- the reductions' ``dim=`` keyword (ops.cpp:307) and the values pybind11 converts (a keepdim of
+  None, a dim of True), and ``TensorView.size`` (ir.cpp:206): the stand-in refused them.
 """
 
 import warnings
@@ -116,6 +118,36 @@ def test_the_stand_in_takes_what_the_source_takes():
 @pytest.mark.gpu
 def test_the_real_bindings_take_it(real_nvfuser):
     _taken(real_nvfuser, "cuda")
+
+
+def _converted_as_pybind11(module, device):
+    """The reductions' int overload by its keyword (ops.cpp:307, ``py::arg("dim")``: the stand-in
+    had one Python signature, of ``dims``, and refused ``dim=``); values pybind11's casters convert
+    for the C++ parameters: a keepdim of None is False (``type_caster<bool>``'s conversion pass), a
+    dim of True is 1 (the ``int`` caster takes a bool: ``PyLong_Check``; the stand-in handed
+    both to torch, which refused them); ``TensorView.size`` (ir.cpp:206)."""
+    with module.FusionDefinition() as fd:
+        x = _tensor(module, fd)
+        fd.add_output(fd.ops.sum(x, dim=0))
+        fd.add_output(fd.ops.max(x, dim=1, keepdim=True))
+        fd.add_output(fd.ops.prod(x, dim=-1, dtype=module.DataType.Double))
+        fd.add_output(fd.ops.sum(x, [0], None))
+        fd.add_output(fd.ops.sum(x, True))
+        fd.add_output(fd.ops.iota(x.size(-1), 0, 1, module.DataType.Int))
+    x = torch.arange(6.0, device=device).reshape(2, 3)
+    outputs = fd.execute([x])
+    expected = (x.sum(0), x.amax(1, keepdim=True), x.double().prod(-1), x.sum(0), x.sum(1), torch.arange(3))
+    for got, want in zip(outputs, expected):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want.cpu())
+
+
+def test_the_stand_in_takes_keywords_and_converts_values_as_pybind11():
+    _converted_as_pybind11(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_take_keywords_and_convert_values(real_nvfuser):
+    _converted_as_pybind11(real_nvfuser, "cuda")
 
 
 # -- pow: what the generated code computes ------------------------------------------------------------
