@@ -185,8 +185,10 @@ def test_the_real_bindings_multiply_constant_powers(real_nvfuser):
 
 
 #: Exponents torch's pow kernel computes as another op (PowKernel.cpp/.cu pow_tensor_scalar_kernel):
-#: sqrt, rsqrt, reciprocal, and x * x, x * x * x, 1 / (x * x); and two it does not.
-EXPONENTS = (0.5, -0.5, -1, -1.0, 2, 2.0, 3, -2, 1.5, -3)
+#: sqrt, rsqrt, reciprocal, and x * x, x * x * x, 1 / (x * x); and others, which it rounds to a
+#: half tensor's dtype first (0.1 of a bfloat16 is 0.10009765625, 2.001 is 2: a square, 0.5001 is
+#: 0.5 but not a sqrt).
+EXPONENTS = (0.5, -0.5, -1, -1.0, 2, 2.0, 3, -2, 1.5, -3, 0.1, 1.3, 2.001, 0.5001)
 #: float32 and float64, and bfloat16 (CPU's kernel squares in it; CUDA's Half too). CPU's float16
 #: kernel calls std::pow in Half for every exponent, where CUDA's special-cases them: not compared.
 POW_DTYPES = (torch.float32, torch.float64, torch.bfloat16)

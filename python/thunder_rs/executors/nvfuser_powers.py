@@ -29,11 +29,22 @@ def _square(cx, a):
     return cx.ops.cast(square, cx.data_type(dtype)) if dtype in HALF else square
 
 
+#: The exponents torch tests before it rounds the exponent to the tensor's dtype.
+UNROUNDED = (0.5, -0.5, -1.0)
+
+
 def translate_pow(cx, a, b):
     """``pow``, as torch's kernel computes it: a floating tensor to a number torch special-cases
     is that kernel's ops (``x ** 0.5`` a sqrt, bit for bit: nvFuser's ``pow`` is CUDA's ``powf``);
-    other powers nvFuser's ``pow``. (A float of sizes is not a number here: it changes per call.)"""
-    special = None
-    if type(b) in (int, float) and cx._is_tensor(a) and cx.dtype_of(a).is_floating_point:
-        special = POW_KERNELS.get(float(b))
-    return special(cx, a) if special is not None else cx.ops.pow(*cx.operands(a, b))
+    other powers nvFuser's ``pow``, of the exponent rounded to a half tensor's dtype as torch's
+    kernels round it (``exp_scalar.to<scalar_t>()``; ``x ** 0.1`` of a bfloat16 x is ``x **
+    0.10009765625``, and one that rounds to 2 squares). A float of sizes is not a number here."""
+    if type(b) not in (int, float) or not cx._is_tensor(a) or not cx.dtype_of(a).is_floating_point:
+        return cx.ops.pow(*cx.operands(a, b))
+    dtype = cx.dtype_of(a)
+    exponent = float(b) if dtype not in HALF else float(torch.tensor(float(b), dtype=dtype))
+    if float(b) in UNROUNDED:
+        return POW_KERNELS[float(b)](cx, a)
+    if exponent in POW_KERNELS and exponent not in UNROUNDED:  # (0.5001 of a bfloat16 is a pow of 0.5)
+        return POW_KERNELS[exponent](cx, a)
+    return cx.ops.pow(*cx.operands(a, exponent))
