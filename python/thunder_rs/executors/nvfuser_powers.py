@@ -29,6 +29,11 @@ def _square(cx, a):
     return cx.ops.cast(square, cx.data_type(dtype)) if dtype in HALF else square
 
 
+def _rounded(number, dtype: torch.dtype) -> float:
+    """``number`` rounded to ``dtype``, as torch rounds a number it reads in a half dtype."""
+    return float(torch.tensor(float(number), dtype=dtype))
+
+
 #: The exponents torch tests before it rounds the exponent to the tensor's dtype.
 UNROUNDED = (0.5, -0.5, -1.0)
 
@@ -39,10 +44,14 @@ def translate_pow(cx, a, b):
     other powers nvFuser's ``pow``, of the exponent rounded to a half tensor's dtype as torch's
     kernels round it (``exp_scalar.to<scalar_t>()``; ``x ** 0.1`` of a bfloat16 x is ``x **
     0.10009765625``, and one that rounds to 2 squares). A float of sizes is not a number here."""
+    if type(a) in (int, float) and cx._is_tensor(b) and cx.dtype_of(b) in HALF:
+        # A number base is a 0-dim tensor of the exponent's dtype (Pow.cpp pow_Scalar_out's
+        # wrapped_scalar_tensor): 1.3 ** x of a bfloat16 x is 1.296875 ** x.
+        return cx.ops.pow(*cx.operands(_rounded(a, cx.dtype_of(b)), b))
     if type(b) not in (int, float) or not cx._is_tensor(a) or not cx.dtype_of(a).is_floating_point:
         return cx.ops.pow(*cx.operands(a, b))
     dtype = cx.dtype_of(a)
-    exponent = float(b) if dtype not in HALF else float(torch.tensor(float(b), dtype=dtype))
+    exponent = float(b) if dtype not in HALF else _rounded(b, dtype)
     if float(b) in UNROUNDED:
         return POW_KERNELS[float(b)](cx, a)
     if exponent in POW_KERNELS and exponent not in UNROUNDED:  # (0.5001 of a bfloat16 is a pow of 0.5)
