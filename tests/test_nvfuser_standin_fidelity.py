@@ -225,3 +225,38 @@ def test_on_cuda_powers_torch_special_cases_match_eager_bit_for_bit(real_nvfuser
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     _translated_powers(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda")
+
+
+# -- numbers torch reads in a half tensor's dtype ----------------------------------------------------
+
+
+def _remainders(executor, device):
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = (torch.randn(2048, device=device) * 4).to(dtype)
+        for number in (0.3, -0.7, 1.1):
+
+            def program(a, n=number):
+                return (a % n) * 1, (n % a) * 1
+
+            expected = program(x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a region running eagerly warns
+                actual = thunder_rs.jit(program, executors=[executor])(x)
+            for got, want in zip(actual, expected):
+                assert got.dtype == want.dtype and torch.equal(got, want), (dtype, number)
+    assert executor.stats["failures"] == 0, executor.fallbacks
+
+
+def test_a_remainder_by_a_number_matches_eager_bit_for_bit(fake_ex):
+    """torch's remainder kernels read a number in a half tensor's dtype (CUDA's
+    BinaryRemainderKernel.cu ``gpu_kernel_with_scalars`` of ``scalar_t``, CPU's too): ``x % 0.3`` of
+    a bfloat16 x is ``x % 0.30078125``. The region passed a Float 0.3."""
+    _remainders(fake_ex, "cpu")
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_remainder_by_a_number_matches_eager_bit_for_bit(real_nvfuser):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _remainders(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda")

@@ -110,9 +110,10 @@ def _unary(name):
 
 #: Binary prims whose torch implementation reads a number operand in the tensor's dtype: the
 #: torch executor makes it a tensor of that dtype (``maximum``, ``minimum``, ``fmod``, ``atan2``),
-#: and torch's comparison kernels read it as one (``scalar_value<scalar_t>``, CompareKernels.cu).
+#: and torch's comparison and remainder kernels read it as one (``scalar_value<scalar_t>``,
+#: CompareKernels.cu; ``gpu_kernel_with_scalars`` of ``scalar_t``, BinaryRemainderKernel.cu).
 #: Their numbers are rounded to it (``x > 0.8`` of a bfloat16 0.8 is false).
-ROUNDED_NUMBER = {"maximum", "minimum", "fmod", "atan2", "eq", "ne", "lt", "le", "gt", "ge"}
+ROUNDED_NUMBER = {"maximum", "minimum", "fmod", "remainder", "atan2", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
 def _binary(name):
