@@ -260,3 +260,53 @@ def test_on_cuda_a_remainder_by_a_number_matches_eager_bit_for_bit(real_nvfuser)
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     _remainders(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda")
+
+
+# -- division by a number: CUDA's kernel multiplies by its reciprocal ----------------------------------
+
+DIVISORS = (0.3, 3, 7.0, -1e-3)
+
+
+def _divisions(a):
+    return tuple((a / d) * 1 for d in DIVISORS)
+
+
+def test_on_fake_cuda_a_division_by_a_number_is_a_product_with_its_reciprocal(monkeypatch, fake_cuda):
+    """CUDA's div kernel computes a tensor divided by a CPU scalar as ``a * (1 / b)`` in opmath
+    (BinaryDivTrueKernel.cu div_true_kernel_cuda: "may lose one bit of precision"), nvFuser's
+    ``div`` divides: on CUDA tensors the region multiplies by the reciprocal (it divided)."""
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    fake.definitions.clear()
+    executor = NvFuserExecutor("nvfuser_fake_cuda", module=fake)
+    # (not float64: the stand-in's Double constants fail on fake CUDA tensors, "Found no NVIDIA driver")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(64, device="cuda", dtype=dtype)
+        out = thunder_rs.jit(_divisions, executors=[executor])(x)
+        assert [(o.dtype, o.device) for o in out] == [(x.dtype, x.device)] * len(DIVISORS)
+    recorded = [op for d in fake.definitions for op in d.recorded]
+    assert "mul" in recorded and "div" not in recorded, recorded  # (the reciprocal computed on the host)
+    assert executor.stats["failures"] == 0, executor.fallbacks
+
+
+def test_on_the_cpu_a_division_by_a_number_divides_as_torchs_cpu_kernel(fake_ex):
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = torch.randn(2048, dtype=dtype)
+        actual, expected = thunder_rs.jit(_divisions, executors=[fake_ex])(x), _divisions(x)
+        assert all(torch.equal(a, e) for a, e in zip(actual, expected))
+    assert "div" in {op for d in fake.definitions for op in d.recorded}
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_division_by_a_number_matches_eager_bit_for_bit(real_nvfuser):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    executor = NvFuserExecutor("nvfuser_real", module=real_nvfuser)
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = (torch.randn(1 << 16, device="cuda") * 100).to(dtype)
+        actual, expected = thunder_rs.jit(_divisions, executors=[executor])(x), _divisions(x)
+        for a, e, d in zip(actual, expected, DIVISORS):
+            assert a.dtype == e.dtype and torch.equal(a, e), (dtype, d)
+    assert executor.stats["failures"] == 0, executor.fallbacks

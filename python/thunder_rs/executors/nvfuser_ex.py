@@ -66,7 +66,7 @@ from thunder_rs.core.lang.symfloat import SymFloat, text
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
-from thunder_rs.executors.nvfuser_powers import translate_pow
+from thunder_rs.executors.nvfuser_numbers import translate_div, translate_pow
 from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -172,6 +172,7 @@ TRANSLATIONS = {
     **{name: _unary(name) for name in UNARY},
     **{name: _binary(name) for name in BINARY},
     "pow": translate_pow,
+    "div": translate_div,
     "where": lambda cx, pred, a, b: cx.ops.where(pred, *cx.operands(a, b)),
     "convert_element_type": lambda cx, a, dtype: cx.ops.cast(a, cx.data_type(dtype)),
     "broadcast_in_dim": lambda cx, a, shape, dims: cx.ops.broadcast_in_dim(a, list(shape), list(dims)),
@@ -356,6 +357,7 @@ class _Definition:
 
     def __init__(self, module, fd, region: Region):
         self.module, self.fd, self.ops, self.region = module, fd, fd.ops, region
+        self.cuda = True  #: whether the region's tensors are CUDA ones (not the stand-in's CPU ones)
         self._torch_dtypes = {getattr(module.DataType, name): dtype for dtype, name in DTYPES.items()}
         #: id(nvFuser scalar) -> (the scalar, kept alive so that its id stays its own; its dtype),
         #: for the number inputs and constants (only a TensorView has ``dtype()``).
@@ -546,6 +548,8 @@ def define(module, region: Region, args, orders=None):
 def _define_in(module, fd, region: Region, args, orders) -> _Definition:
     """Defines ``region`` in the open ``fd`` (``define``)."""
     cx = _Definition(module, fd, region)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]  # (CUDA's kernels read numbers as eager's CUDA ones)
+    cx.cuda = (tensors[0].device if tensors else factory_device(region, args) or torch.device("cuda")).type == "cuda"
     shapes = region.input_shapes or (None,) * len(args)
     inputs = [cx.input(a, dims) for a, dims in zip(args, symbolic_dims(shapes))]
     env = dict(zip(region.inputs, inputs))

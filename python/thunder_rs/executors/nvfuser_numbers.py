@@ -1,8 +1,14 @@
-"""The nvFuser translation of ``prims.pow``: torch's ``pow(tensor, number)`` kernel computes some
-exponents with other functions than ``pow`` (PowKernel.cpp and PowKernel.cu), and nvFuser's
-generated code calls ``pow`` (CUDA's ``powf``) for them; the region computes those as torch does."""
+"""The nvFuser translations of prims whose torch kernels compute otherwise with a number operand:
+``pow`` (PowKernel.cpp and PowKernel.cu compute some exponents with other functions than ``pow``,
+where nvFuser's generated code calls ``pow``, CUDA's ``powf``) and ``div`` (CUDA's kernel multiplies
+by the number's reciprocal). The region computes them as torch does."""
+
+import math
 
 import torch
+
+from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.executors.nvfuser_symbolic import _float32
 
 #: Reduced-precision floats, whose squares torch's kernels round to their dtype.
 HALF = (torch.float16, torch.bfloat16)
@@ -57,3 +63,25 @@ def translate_pow(cx, a, b):
     if exponent in POW_KERNELS and exponent not in UNROUNDED:  # (0.5001 of a bfloat16 is a pow of 0.5)
         return POW_KERNELS[exponent](cx, a)
     return cx.ops.pow(*cx.operands(a, exponent))
+
+
+def translate_div(cx, a, b):
+    """``div``; on CUDA a floating tensor by a number (a float of sizes too) is, as torch's CUDA
+    kernel computes it (BinaryDivTrueKernel.cu ``div_true_kernel_cuda``: a CPU scalar divisor),
+    ``a * (1 / b)``, the reciprocal in the tensor's opmath dtype (float32 for halves), where nvFuser
+    divides. CPU tensors (the stand-in's) divide, as torch's CPU kernel does."""
+    if not (cx.cuda and type(b) in (int, float, SymFloat) and cx._is_tensor(a) and cx.dtype_of(a).is_floating_point):
+        return cx.ops.div(*cx.operands(a, b))
+    if type(b) is SymFloat:
+        a, b = cx.operands(a, b)
+        return cx.ops.mul(a, cx.ops.reciprocal(b))
+    return cx.ops.mul(*cx.operands(a, _reciprocal(float(b), cx.dtype_of(a) == torch.float64)))
+
+
+def _reciprocal(b: float, double: bool) -> float:
+    """``1 / b`` as torch's CUDA kernel computes it: in double, or in float32 of ``b`` in float32."""
+    if not double:
+        b = _float32(b)
+    if b == 0:
+        return math.copysign(math.inf, b)
+    return 1.0 / b if double else _float32(1.0 / b)
