@@ -271,6 +271,10 @@ def _divisions(a):
     return tuple((a / d) * 1 for d in DIVISORS)
 
 
+def _divisions_by_values(a, k, s):
+    return (a / a.shape[0]) * 1, (a / k) * 1, (a / s) * 1, (a / a.shape[0] ** 0.5) * 1
+
+
 def test_on_fake_cuda_a_division_by_a_number_is_a_product_with_its_reciprocal(monkeypatch, fake_cuda):
     """CUDA's div kernel computes a tensor divided by a CPU scalar as ``a * (1 / b)`` in opmath
     (BinaryDivTrueKernel.cu div_true_kernel_cuda: "may lose one bit of precision"), nvFuser's
@@ -285,8 +289,12 @@ def test_on_fake_cuda_a_division_by_a_number_is_a_product_with_its_reciprocal(mo
         x = torch.randn(64, device="cuda", dtype=dtype)
         out = thunder_rs.jit(_divisions, executors=[executor])(x)
         assert [(o.dtype, o.device) for o in out] == [(x.dtype, x.device)] * len(DIVISORS)
+    # A size, an int and a float argument and a float of sizes as divisors: reciprocals in the definition.
+    sized = thunder_rs.jit(_divisions_by_values, executors=[executor], dynamic=True)
+    for n in (3, 5, 7):
+        sized(torch.randn(n, 4, device="cuda"), 3, 0.7)
     recorded = [op for d in fake.definitions for op in d.recorded]
-    assert "mul" in recorded and "div" not in recorded, recorded  # (the reciprocal computed on the host)
+    assert {"mul", "reciprocal"} <= set(recorded) and "div" not in recorded, recorded
     assert executor.stats["failures"] == 0, executor.fallbacks
 
 

@@ -66,16 +66,21 @@ def translate_pow(cx, a, b):
 
 
 def translate_div(cx, a, b):
-    """``div``; on CUDA a floating tensor by a number (a float of sizes too) is, as torch's CUDA
+    """``div``; on CUDA a floating tensor by a number (a float of sizes, a size too) is, as torch's CUDA
     kernel computes it (BinaryDivTrueKernel.cu ``div_true_kernel_cuda``: a CPU scalar divisor),
     ``a * (1 / b)``, the reciprocal in the tensor's opmath dtype (float32 for halves), where nvFuser
     divides. CPU tensors (the stand-in's) divide, as torch's CPU kernel does."""
-    if not (cx.cuda and type(b) in (int, float, SymFloat) and cx._is_tensor(a) and cx.dtype_of(a).is_floating_point):
+    if not (cx.cuda and type(b) is not bool and cx._is_tensor(a) and cx.dtype_of(a).is_floating_point):
         return cx.ops.div(*cx.operands(a, b))
-    if type(b) is SymFloat:
-        a, b = cx.operands(a, b)
-        return cx.ops.mul(a, cx.ops.reciprocal(b))
-    return cx.ops.mul(*cx.operands(a, _reciprocal(float(b), cx.dtype_of(a) == torch.float64)))
+    double = cx.dtype_of(a) == torch.float64
+    if type(b) in (int, float):
+        return cx.ops.mul(*cx.operands(a, _reciprocal(float(b), double)))
+    if not isinstance(b, SymFloat) and cx._is_tensor(b):
+        return cx.ops.div(a, b)
+    # A float of sizes, a size, a number input: its reciprocal in opmath, in the definition.
+    a, b = cx.operands(a, b)
+    opmath = cx.data_type(torch.float64 if double else torch.float32)
+    return cx.ops.mul(a, cx.ops.reciprocal(cx.ops.cast(b, opmath)))
 
 
 def _reciprocal(b: float, double: bool) -> float:
