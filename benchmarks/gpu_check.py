@@ -112,7 +112,7 @@ TESTS = [
 #: test_nvfuser_contracts.py; the calls the stand-in refuses as the 0.2.36 bindings do,
 #: test_nvfuser_api.py, and its define_tensor of sizes and strides and complex parts,
 #: test_nvfuser_define_tensor.py; dims out of range, iota's constants and constant powers as the
-#: source decides them, and torch's special-cased powers bit for bit, test_nvfuser_standin_fidelity.py)
+#: source decides them; powers, remainders and divisions by numbers as eager's, test_nvfuser_standin_fidelity.py)
 #: and the other paths where sizes change between calls on CUDA. Entries of
 #: files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [

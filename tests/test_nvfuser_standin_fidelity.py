@@ -18,6 +18,10 @@ Divergences this file pins (each failed on the stand-in before it was fixed):
   (``std::pow``: ``x ** 3.0`` not ``x * x * x``);
 - the reductions' ``dim=`` keyword (ops.cpp:307) and the values pybind11 converts (a keepdim of
   None, a dim of True), and ``TensorView.size`` (ir.cpp:206): the stand-in refused them.
+
+And the translator's, against eager (torch's kernels): ``pow`` of the exponents torch special-cases
+(sqrt, rsqrt, reciprocal, products) and of numbers rounded to a half tensor's dtype, ``remainder``
+by a number rounded so, and, on CUDA, ``div`` by a number as a product with its reciprocal.
 """
 
 import warnings
