@@ -6,10 +6,12 @@ csrc/ops/composite.cpp, csrc/ops/normalization.cpp; the type rules in ``fake_nvf
 import torch
 
 import fake_nvfuser_allocation as allocation
+import fake_nvfuser_checks as checks
 import fake_nvfuser_layouts as layouts
 from fake_nvfuser_ops import BITWISE, DEFAULT_BINARY, FLOAT_UNARY, IS_OPS, LOGICAL_BINARY, NO_HALF_KERNEL, SAME_DTYPE
 from fake_nvfuser_promotion import DEFAULT, FLOAT_ONLY, FLOAT_OP, HALF, DataType
-from fake_nvfuser_recording import _as, _check, _device, _elementwise, _fd, _operand, _record, compute_types
+from fake_nvfuser_recording import TensorView, Val, _as, _check, _device, _elementwise, _fd, _operand, _record
+from fake_nvfuser_recording import compute_types
 
 # -- unary, binary and ternary ops (csrc/ops/arith.cpp, csrc/ops/composite.cpp) ------------------------
 
@@ -43,6 +45,36 @@ def _promoting_binary(name, fn, config, out_dtype=None):
         return _elementwise(name, fn, (lhs, rhs), compute_types(config, (lhs, rhs)), out_dtype)
 
     return op
+
+
+def _constant_exponent(rhs, dtype):
+    """The value of a ``pow`` exponent the generated code sees as a constant (``Val::isConst``): a
+    Python number or a ``define_scalar`` constant that ``promoteValues`` leaves uncast
+    (``optionalCast``, type_promotion.cpp: a scalar of the op's dtype or of its kind, not a Bool),
+    else None."""
+    is_val = isinstance(rhs, Val)
+    if is_val and not rhs.const:
+        return None
+    kind = _operand(rhs)[1]
+    uncast = kind == dtype or (kind != torch.bool and kind.is_floating_point == dtype.is_floating_point)
+    return (rhs.sample if is_val else rhs) if uncast else None
+
+
+def _pow(lhs, rhs):
+    """``pow`` (default_op_config); codegen.cpp ``genPowerWithMul`` writes a constant exponent of
+    1, 2 or 3 as that many multiplications (``x * x * x``, in the op's dtype), others call ``pow``."""
+    dtype = compute_types(DEFAULT, (lhs, rhs))
+    exponent = None if isinstance(rhs, TensorView) else _constant_exponent(rhs, dtype)
+    if exponent is None or exponent not in (1, 2, 3):
+        return _elementwise("pow", torch.pow, (lhs, rhs), dtype)
+
+    def product(a, b):
+        a = out = a.to(dtype)  # (not the Double a Double exponent would compute in: it is not read)
+        for _ in range(int(exponent) - 1):
+            out = out * a
+        return out
+
+    return _elementwise("pow", product, (lhs, rhs), dtype)
 
 
 def _bitwise(name, fn, logical):
@@ -95,6 +127,7 @@ def _complex_part(name, fn):
 def _binary_ops(ops_):
     for name, fn in DEFAULT_BINARY.items():
         setattr(ops_, name, _promoting_binary(name, fn, DEFAULT))
+    ops_.pow = _pow
     ops_.div = _promoting_binary("div", _div, DEFAULT)
     ops_.truediv = _promoting_binary("truediv", torch.true_divide, FLOAT_OP)
     ops_.atan2 = _promoting_binary("atan2", torch.atan2, FLOAT_OP)
@@ -110,8 +143,10 @@ def _binary_ops(ops_):
 
 
 def _reduce_dims(rank, dims):
+    """The axes a reduction of a rank-``rank`` tensor reduces: ``canonicalizeAxes`` (ops/utils.cpp),
+    each dim wrapped or refused (``wrapDim``); none of a 0-dim tensor (``reductionOpZeroDimTensor``)."""
     dims = range(rank) if dims is None else [dims] if isinstance(dims, int) else dims
-    return sorted({d % rank for d in dims}) if rank else []
+    return sorted({checks.wrap_dim(d, rank) for d in dims}) if rank else []
 
 
 def _reduced(arg, axes, keepdim):
@@ -135,9 +170,11 @@ def _reduction(name, fn, identity_dtype):
     result's dtype (``sum``/``prod``: the given dtype, else Int for integers and bools, else the
     input's; ``max``/``min``: the input's, and no dtype may be given)."""
 
-    def op(arg, dims=None, keepdim=False, dtype=DataType.Null):
+    def op(arg, dims=None, keepdim=False, dtype=DataType.Null, dim=None):
         if isinstance(dims, DataType):
             dims, dtype = None, dims
+        if dim is not None:  # the int overload's keyword (ops.cpp: py::arg("dim"))
+            dims = dim
         out_dtype = identity_dtype(arg.meta.dtype, dtype.value)
         init = _INITS.get(name, lambda d: None)(out_dtype)
         # (the overload without dims names all of them: none of a 0-dim tensor)

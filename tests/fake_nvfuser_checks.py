@@ -2,9 +2,12 @@
 ``nvfuser_direct`` 0.2.36 bindings make them (``python/python_direct/ops.cpp``: ``NVF_CHECK``, a
 ``RuntimeError`` "Expected <condition> . <message>", ``fake_nvfuser_binding.nvf_check``)."""
 
+import math
+
 import torch
 
 from fake_nvfuser_binding import nvf_check as _check
+from fake_nvfuser_binding import nvf_error
 from fake_nvfuser_promotion import DataType
 
 
@@ -125,11 +128,28 @@ def indexing(arg, index, dim):
     )
 
 
+def wrap_dim(dim: int, ndim: int) -> int:
+    """``wrapDim`` (csrc/base.h): a dim in [-ndim, ndim), wrapped; else nvFuser's RuntimeError."""
+    wrapped = dim + ndim if dim < 0 else dim
+    _check(
+        0 <= wrapped < ndim,
+        "dim >= 0 && dim < ndim",
+        f"Tried to access out of boundary index {wrapped}. total index: {ndim}",
+    )
+    return wrapped
+
+
 def permute(ndim, dims):
     _check(
         len(dims) == ndim,
         "(num_dims)==(std::ssize(dims))",
         f"Found {ndim} vs {len(dims)}. Operator permute expects `dims` argument to have the same length as input!",
+    )
+    # ir/utils.cpp normalizeNew2Old (past permute's early return for a 0-dim tensor)
+    _check(
+        all(0 <= (d + ndim if d < 0 else d) < ndim for d in dims),
+        "std::ranges::none_of(new2old, [ndims](int64_t entry) { return entry < 0 || entry >= ndims; })",
+        f"New2Old axes are not within the number of dimensions of the provided domain.\t{list(dims)}",
     )
 
 
@@ -152,12 +172,17 @@ def pad(ndim, widths, dtype, value_dtype):
     )
 
 
-def cat(dtypes):
+def cat(dtypes, ranks, dim):
+    """``cat`` (alias.cpp): some tensors, of one dtype and one rank, ``dim`` in range."""
+    _check(len(dtypes) > 0, "!inputs.empty()", "No input tensor given")
     _check(
         all(d == dtypes[0] for d in dtypes),
         "inp->getDataType() == dtype",
         "Can't concatenate tensors with different data types: " + ", ".join(DataType(d).name for d in dtypes),
     )
+    _check(all(r == ranks[0] for r in ranks), "ndims == i_ndims", f"Unexpected number of dimensions: {ranks}")
+    wrapped = dim + ranks[0] if dim < 0 else dim
+    _check(0 <= wrapped < ranks[0], "cat_dim >= 0 && cat_dim < ndims", f"Invalid dimension to cat: {wrapped}")
 
 
 def iota(length, start, step, dtype):
@@ -173,4 +198,21 @@ def iota(length, start, step, dtype):
             got is None or got.is_floating_point == dtype.value.is_floating_point,
             f"isIntegralType({what}->getDataType()) == isIntegralType(dtype) && ...",
             f"iota: {what} dtype does not match specified dtype argument, should be {dtype.name} but get {got}",
+        )
+
+
+def iota_constants(start, step) -> None:
+    """``iota``'s checks of its constant start and step (arith.cpp, ``NVF_ERROR``: internal asserts):
+    a floating one finite, a step not zero. ``None``: not a constant (a scalar input or computed)."""
+    for what, value, line in (("start", start, 427), ("step", step, 433)):
+        if isinstance(value, float) and not math.isfinite(value):
+            condition = f"std::isfinite({what}->value().as<double>())"
+            message = "iota: length, start, step must be finite numbers."
+            nvf_error(False, condition, message, at=f"csrc/ops/arith.cpp:{line}")
+    if step is not None and step == 0:
+        nvf_error(
+            False,
+            "!step->isConstScalar() || !step->isZero()",
+            "iota: step value must not equal zero.",
+            at="csrc/ops/arith.cpp:438",
         )

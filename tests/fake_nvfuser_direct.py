@@ -116,6 +116,7 @@ class _Ops:
 
     def size(self, arg, dim):
         """``size``: the (maybe expanded) extent of ``arg`` at ``dim`` (csrc/ops/arith.cpp), an Int scalar."""
+        dim = checks.wrap_dim(dim, arg.ndim)  # arith.cpp size: wrapDim
         return _record("size", lambda a: torch.tensor(a.shape[dim]), (arg,), tensor_out=False)
 
     def shape(self, arg):
@@ -148,6 +149,7 @@ class _Ops:
         return _record("squeeze", layouts.squeezed, (arg, dims), lambda out: kept, ids=rule)
 
     def index_select(self, arg, index, dim):
+        dim = checks.wrap_dim(dim, arg.ndim)  # indexing.cpp indexSelect: wrapDim
         # indexing.cpp indexSelect: the index's IterDomain at dim, arg's elsewhere.
         expanded = [index.expanded[0] if d == dim % arg.ndim else e for d, e in enumerate(arg.expanded)]
         out = _record(
@@ -305,7 +307,9 @@ class FusionDefinition:
         # tries the variant's double, then int64_t, which takes a bool) unless told; castToDtype
         # turns it into the dtype's kind (0 with Double is 0.0).
         dtype = dtype or DataType(PYTHON_TYPES[type(value)])
-        return _record("define_scalar", lambda: torch.tensor(value, dtype=dtype.value), (), tensor_out=False)
+        constant = _record("define_scalar", lambda: torch.tensor(value, dtype=dtype.value), (), tensor_out=False)
+        constant.const = True  # ``Val::isConst``: a value and no definition (what ops compute has one)
+        return constant
 
     def add_output(self, output):
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"

@@ -9,7 +9,8 @@ import fake_nvfuser_allocation as allocation
 import fake_nvfuser_checks as checks
 import fake_nvfuser_layouts as layouts
 from fake_nvfuser_promotion import HALF, DataType
-from fake_nvfuser_recording import SYMBOLIC_EXTENT, _as, _defined_by_scalars, _device, _fd, _ints, _operand, _record
+from fake_nvfuser_recording import SYMBOLIC_EXTENT, Val, _as, _defined_by_scalars, _device, _fd, _ints, _operand
+from fake_nvfuser_recording import _record
 
 # -- data movement and factories (csrc/ops/alias.cpp, indexing.cpp, arith.cpp) -------------------------
 
@@ -63,13 +64,21 @@ def _pad(arg, pad_widths, value=None):
 
 
 def _cat(tensors, dim=0, manual_padding=False):
-    checks.cat([t.meta.dtype for t in tensors])
+    checks.cat([t.meta.dtype for t in tensors], [t.ndim for t in tensors], dim)
     rule = allocation.catted(list(tensors), dim)
     return _record("cat", lambda ts: torch.cat(ts, dim), (list(tensors),), expanded=layouts.none_expanded, ids=rule)
 
 
+def _constant(value):
+    """A Python number's value or a ``define_scalar`` constant's (``Val::isConst``), else None."""
+    if isinstance(value, Val):
+        return value.sample if value.const else None
+    return value
+
+
 def _iota(length, start=None, step=None, dtype=DataType.Int):
     checks.iota(*(None if v is None else _operand(v)[1] for v in (length, start, step)), dtype)
+    checks.iota_constants(*(_constant(v) for v in (start, step)))
     fd = _fd()
 
     def run(n, s, st):

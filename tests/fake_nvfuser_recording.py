@@ -28,6 +28,8 @@ class Val:
     (``ids``, ``reduced``) and its allocation domain (``alloc``: logical dims, outermost first)."""
 
     deps, ids, reduced, alloc = frozenset(), (), (), None
+    #: A constant of ``define_scalar``'s (``Val::isConst``).
+    const = False
 
     def __init__(self, fd, meta, symbolic=False, sample=None):
         #: ``sample``: a scalar's value while defining (a constant's own, a symbolic one's stand-in).
@@ -52,6 +54,9 @@ class TensorView(Val):
 
     def shape(self):  # the (maybe expanded) extents as scalar values (python_direct ir.cpp)
         return self.fd.ops.shape(self)
+
+    def size(self, dim):  # the (maybe expanded) extent at dim, as ``ops.size`` (python_direct ir.cpp:206)
+        return self.fd.ops.size(self, dim)
 
 
 # -- type promotion (csrc/type_promotion.cpp: ``fake_nvfuser_promotion``) ------------------------------

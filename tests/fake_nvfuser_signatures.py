@@ -23,6 +23,7 @@ Parameter kinds, as pybind11's casters load them:
 
 import functools
 import numbers
+import operator
 
 import torch
 
@@ -237,10 +238,30 @@ def checked(name: str, fn, overloads=None):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        check_call(name, overloads, args, kwargs)
-        return fn(*args, **kwargs)
+        overload = overloads[check_call(name, overloads, args, kwargs)]
+        return fn(*_converted(overload, args), **_converted(overload, kwargs))
 
     return call
+
+
+#: What pybind11's casters hand the C++ function for a value they took: ``bool`` (None is False:
+#: ``type_caster<bool>``'s conversion pass), ``int64_t`` (a bool is 1 or 0: ``PyLong_Check``).
+_CONVERSIONS = {"BOOL": bool, "INT": operator.index, "INTS": lambda v: [operator.index(i) for i in v]}
+
+
+def _converted(overload, given):
+    """``given`` (positional arguments, or keyword ones) as the overload's C++ parameters receive them."""
+    kinds = {name if name is not None else i: kind for i, (name, kind, _) in enumerate(overload)}
+    kinds.update(enumerate(kind for _, kind, _ in overload))
+
+    def convert(key, value):
+        kind = kinds[key]
+        conversion = _CONVERSIONS.get(kind.rstrip("?"))
+        return value if conversion is None or (value is None and kind.endswith("?")) else conversion(value)
+
+    if isinstance(given, dict):
+        return {key: convert(key, value) for key, value in given.items()}
+    return tuple(convert(i, value) for i, value in enumerate(given))
 
 
 def enforce(ops) -> None:

@@ -66,6 +66,7 @@ from thunder_rs.core.lang.symfloat import SymFloat, text
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
+from thunder_rs.executors.nvfuser_numbers import translate_div, translate_pow
 from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -109,9 +110,10 @@ def _unary(name):
 
 #: Binary prims whose torch implementation reads a number operand in the tensor's dtype: the
 #: torch executor makes it a tensor of that dtype (``maximum``, ``minimum``, ``fmod``, ``atan2``),
-#: and torch's comparison kernels read it as one (``scalar_value<scalar_t>``, CompareKernels.cu).
+#: and torch's comparison and remainder kernels read it as one (``scalar_value<scalar_t>``,
+#: CompareKernels.cu; ``gpu_kernel_with_scalars`` of ``scalar_t``, BinaryRemainderKernel.cu).
 #: Their numbers are rounded to it (``x > 0.8`` of a bfloat16 0.8 is false).
-ROUNDED_NUMBER = {"maximum", "minimum", "fmod", "atan2", "eq", "ne", "lt", "le", "gt", "ge"}
+ROUNDED_NUMBER = {"maximum", "minimum", "fmod", "remainder", "atan2", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
 def _binary(name):
@@ -169,6 +171,8 @@ def _var(cx, a, dims, correction):
 TRANSLATIONS = {
     **{name: _unary(name) for name in UNARY},
     **{name: _binary(name) for name in BINARY},
+    "pow": translate_pow,
+    "div": translate_div,
     "where": lambda cx, pred, a, b: cx.ops.where(pred, *cx.operands(a, b)),
     "convert_element_type": lambda cx, a, dtype: cx.ops.cast(a, cx.data_type(dtype)),
     "broadcast_in_dim": lambda cx, a, shape, dims: cx.ops.broadcast_in_dim(a, list(shape), list(dims)),
@@ -353,6 +357,7 @@ class _Definition:
 
     def __init__(self, module, fd, region: Region):
         self.module, self.fd, self.ops, self.region = module, fd, fd.ops, region
+        self.cuda = True  #: whether the region's tensors are CUDA ones (not the stand-in's CPU ones)
         self._torch_dtypes = {getattr(module.DataType, name): dtype for dtype, name in DTYPES.items()}
         #: id(nvFuser scalar) -> (the scalar, kept alive so that its id stays its own; its dtype),
         #: for the number inputs and constants (only a TensorView has ``dtype()``).
@@ -543,6 +548,8 @@ def define(module, region: Region, args, orders=None):
 def _define_in(module, fd, region: Region, args, orders) -> _Definition:
     """Defines ``region`` in the open ``fd`` (``define``)."""
     cx = _Definition(module, fd, region)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]  # (CUDA's kernels read numbers as eager's CUDA ones)
+    cx.cuda = (tensors[0].device if tensors else factory_device(region, args) or torch.device("cuda")).type == "cuda"
     shapes = region.input_shapes or (None,) * len(args)
     inputs = [cx.input(a, dims) for a, dims in zip(args, symbolic_dims(shapes))]
     env = dict(zip(region.inputs, inputs))
