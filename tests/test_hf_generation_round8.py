@@ -9,12 +9,18 @@ static caches and continued generates, and the loops a user writes: a ``DynamicC
 ``cache_position``, a ``StaticCache``, the cache reordered (``index_select``) or cropped inside
 the jitted step, a seeded ``torch.Generator`` drawn inside it. Each: eager's tokens, scores and
 logits bit for bit, the cache after the call as eager's (its layers' tensors, strides and counts),
-the global RNG state as eager's, and the compiles counted (``COMPILES``, measured: a recipe that
+the global RNG state as eager's, and the compiles counted (in each table of recipes, measured: a recipe that
 compiles more than that is a regression to explain). Tiny configs built in code.
 
-A ``DynamicCache()`` made without the model's config makes its layers in the first call: refused,
-naming the construct, the cache left as it was (``test_kv_cache``); the test here pins the
-refusal's message for the recipe of transformers' documentation that makes it."""
+Some with the forward compiled by ``torch.compile(backend="thunder_rs")``, next to Dynamo's own
+``backend="eager"``: each of Dynamo's graphs compiled once.
+
+What differed: a chat continued outside ``torch.inference_mode()`` from the cache a generate
+filled under it compiled every token (its keys are inference tensors: the check for eager's
+inference-tensor errors made meta tensors of the symbolic sizes, which failed, and symbolic
+compiles stopped for the model). A ``DynamicCache()`` made without the model's config, which
+makes its layers in the first call, stays refused naming it (``test_kv_cache``).
+"""
 
 import copy
 
@@ -164,6 +170,23 @@ def chat(call, model):
     return first, second
 
 
+def chat_four_turns(call, model):
+    """Four turns, each continuing the last's text and cache with 0, 3, 2 and 4 new tokens."""
+    outs, cache = [], None
+    ids, mask = prompts().values()
+    for more in (0, 3, 2, 4):
+        if more:
+            tail = torch.randint(3, VOCAB, (3, more), generator=torch.Generator().manual_seed(more))
+            ids = torch.cat([outs[-1].sequences, tail], 1)
+            mask = torch.cat([mask, torch.ones(3, ids.shape[1] - mask.shape[1], dtype=torch.long)], 1)
+        outs.append(
+            call.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4, **NO_EOS)
+        )
+        cache = outs[-1].past_key_values
+        mask = torch.cat([mask, torch.ones(3, outs[-1].sequences.shape[1] - mask.shape[1], dtype=torch.long)], 1)
+    return outs
+
+
 def chat_after_inference_mode(call, model):
     """A first turn under ``torch.inference_mode()`` (its cache of inference tensors), the second
     outside it continuing that cache. The second turn compiled every step: a symbolic compile of
@@ -264,6 +287,9 @@ RECIPES = {
     "chat": ("llama", chat, 4),  # + the second turn's prompt, and its steps: generate set cache._is_user_defined
     "chat_sliding": ("mistral", chat, 5),  # + the window's count symbolic from the second step
     "chat_hybrid": ("gemma2", chat, 5),
+    "chat_four_turns": ("llama", chat_four_turns, 4),  # (as two: the later turns are served)
+    "chat_four_turns_sliding": ("mistral", chat_four_turns, 5),
+    "chat_four_turns_hybrid": ("gemma2", chat_four_turns, 5),
     # + the second turn's first step (its keys inference tensors), then its steps
     "chat_after_inference_mode": ("llama", chat_after_inference_mode, 4),
     "static_chat": ("llama", static_chat, 3),
@@ -318,6 +344,10 @@ DEFAULT_RUN = {
     "sampled",
     "assisted",
     "hybrid",
+    "prefix_cache",
+    "static_reused",
+    "chat_four_turns_hybrid",
+    "stopping_criteria",
 }
 
 
@@ -363,6 +393,13 @@ def seq2seq_assisted(call, model):
                          **RETURNED)  # fmt: skip
 
 
+def seq2seq_after_inference_mode(call, model):
+    """A generate under ``torch.inference_mode()``, then beams outside it."""
+    with torch.inference_mode():
+        first = call.generate(**source(model), max_new_tokens=4, **RETURNED)
+    return first, call.generate(**source(model), max_new_tokens=6, num_beams=2, **RETURNED)
+
+
 def seq2seq(**options):
     return lambda call, model: call.generate(**source(model), **options, **RETURNED)
 
@@ -380,12 +417,17 @@ SEQ2SEQ_RECIPES = {
     "t5_chat": ("t5", seq2seq_chat, 5),
     "bart_chat": ("bart", seq2seq_chat, 5),
     "t5_loop": ("t5", seq2seq_loop, 3),
+    "t5_after_inference_mode": ("t5", seq2seq_after_inference_mode, 6),  # three under it, three outside
+    "whisper_after_inference_mode": ("whisper", seq2seq_after_inference_mode, 6),
     "bart_assisted": ("bart", seq2seq_assisted, 3),
 }
 
 
+SEQ2SEQ_DEFAULT_RUN = {"t5_chat", "bart_sampled", "t5_after_inference_mode"}
+
+
 @pytest.mark.parametrize(
-    "recipe", [r if r in ("t5_chat", "bart_sampled") else pytest.param(r, marks=SLOW) for r in SEQ2SEQ_RECIPES]
+    "recipe", [r if r in SEQ2SEQ_DEFAULT_RUN else pytest.param(r, marks=SLOW) for r in SEQ2SEQ_RECIPES]
 )
 def test_an_encoder_decoders_generate_recipe_is_eagers_in_few_compiles(recipe):
     name, run, compiles = SEQ2SEQ_RECIPES[recipe]
@@ -513,3 +555,36 @@ def test_a_jitted_decoding_loop_making_its_own_cache_is_eagers_in_one_compile():
         assert_same(jdecode(model, prompts()["input_ids"]), expected)
     stats = thunder_rs.compile_stats(jdecode)
     assert (stats.cache_misses, stats.cache_hits) == (1, 1), stats.miss_reasons
+
+
+def dynamo_as_eager(name: str, recipe) -> list:
+    """``recipe`` with the model's forward compiled by Dynamo for thunder_rs, then for Dynamo's
+    own ``backend="eager"`` (transformers takes other paths when it is told it is compiled): the
+    same results, caches and RNG state. How often thunder_rs compiled each of Dynamo's graphs."""
+    results, compiles = [], []
+    for backend in ("thunder_rs", "eager"):
+        torch._dynamo.reset()
+        model = tiny(name)
+        model.forward = torch.compile(model.forward, backend=backend)
+        torch.manual_seed(7)
+        results.append((recipe(model, model), torch.get_rng_state()))
+        if backend == "thunder_rs":
+            compiles = [thunder_rs.compile_stats(g.jitted).cache_misses for g in thunder_rs.dynamo.compiled_graphs()]
+    assert_same(*results)
+    return compiles
+
+
+#: recipe -> (model, the recipe, how many graphs Dynamo made; thunder_rs compiles each once)
+DYNAMO_RECIPES = {
+    "chat": ("llama", chat, 4),
+    "eos_in_the_middle": RECIPES["eos_in_the_middle"][:2] + (3,),
+    "cache_position_loop": ("llama", cache_position_loop, 3),
+}
+
+
+@SLOW  # (Dynamo's tracing of each graph: 25 to 60 s a recipe for both backends)
+@pytest.mark.parametrize("recipe", DYNAMO_RECIPES)
+def test_a_recipe_with_the_forward_compiled_by_dynamo_is_dynamos_eager(recipe):
+    name, run, graphs = DYNAMO_RECIPES[recipe]
+    compiles = dynamo_as_eager(name, run)
+    assert compiles == [1] * graphs, compiles
