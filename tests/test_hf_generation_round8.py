@@ -241,6 +241,26 @@ def static_reused(call, model):
     ]
 
 
+def trained_through_the_cache(call, model):
+    """Four forwards with grad mode on, each reading the cache the last wrote (its tensors outputs
+    of the last compiled call), then one backward through all of them: eager's gradients."""
+    cache, total, logits = T.DynamicCache(config=model.config), 0, []
+    ids, mask = prompts().values()
+    for _ in range(4):
+        out = call(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+        total = total + out.logits[:, -1].logsumexp(-1).sum()
+        ids = out.logits[:, -1:].argmax(-1)
+        mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
+    total.backward()
+    return logits, total, [p.grad for p in model.parameters()], cache
+
+
+def under_autocast(call, model):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return call.generate(**prompts(), max_new_tokens=6, **NO_EOS)
+
+
 class EndsOnMultiplesOf7(T.StoppingCriteria):
     def __call__(self, input_ids, scores, **kwargs):
         return input_ids[:, -1] % 7 == 0
@@ -292,6 +312,8 @@ RECIPES = {
     "chat_four_turns_hybrid": ("gemma2", chat_four_turns, 5),
     # + the second turn's first step (its keys inference tensors), then its steps
     "chat_after_inference_mode": ("llama", chat_after_inference_mode, 4),
+    "trained_through_the_cache": ("llama", trained_through_the_cache, 2),
+    "under_autocast": ("llama", under_autocast, 2),
     "static_chat": ("llama", static_chat, 3),
     "static_chat_hybrid": ("gemma3", static_chat, 3),
     "prefix_cache": ("llama", prefix_cache, 4),  # the forward, the prompts of 2 and 3 tokens, the steps
@@ -346,6 +368,7 @@ DEFAULT_RUN = {
     "hybrid",
     "prefix_cache",
     "static_reused",
+    "trained_through_the_cache",
     "chat_four_turns_hybrid",
     "stopping_criteria",
 }
