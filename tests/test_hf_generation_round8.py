@@ -19,7 +19,8 @@ What differed: a chat continued outside ``torch.inference_mode()`` from the cach
 filled under it compiled every token (its keys are inference tensors: the check for eager's
 inference-tensor errors made meta tensors of the symbolic sizes, which failed, and symbolic
 compiles stopped for the model). A ``DynamicCache()`` made without the model's config, which
-makes its layers in the first call, stays refused naming it (``test_kv_cache``).
+makes its layers in the first call, stays refused naming it (``test_kv_cache``), and now the
+user's line that made the call.
 """
 
 import copy
@@ -611,3 +612,14 @@ def test_a_recipe_with_the_forward_compiled_by_dynamo_is_dynamos_eager(recipe):
     name, run, graphs = DYNAMO_RECIPES[recipe]
     compiles = dynamo_as_eager(name, run)
     assert compiles == [1] * graphs, compiles
+
+
+def test_a_loop_with_a_dynamic_cache_made_without_the_config_is_refused_naming_the_users_call():
+    # transformers' documented loop makes ``DynamicCache()``, whose layers its first update makes
+    # in the call: refused (``test_kv_cache``), now naming the user's line that made the call.
+    model = tiny("llama")
+    cache = T.DynamicCache()
+    with torch.no_grad(), pytest.raises(Exception, match=r"DynamicCache\(config=model.config\)") as refused:
+        thunder_rs.jit(model)(**prompts(), past_key_values=cache, use_cache=True)
+    assert f"{__file__}:{refused.tb.tb_lineno}" in str(refused.value)
+    assert cache.layers == []  # as it was
