@@ -159,3 +159,35 @@ def test_a_value_read_from_inference_inputs_while_tracing_is_eagers():
         for _ in range(2):
             torch.testing.assert_close(jitted(x, mask), program(x, mask), rtol=0, atol=0)
             mask[0] = False
+
+
+class Held:
+    def __init__(self, keys):
+        self.keys = keys
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["argument", "argument_object"])
+def test_inference_inputs_of_growing_lengths_compile_one_symbolic_entry(held):
+    # A cache of inference tensors (filled under inference mode) read by a call outside it, one
+    # longer each call: the second call compiles the length symbolic. The meta tensors standing for
+    # them in the check for eager's errors were made of the symbolic sizes, which failed (torch's
+    # SymNode.wrap_int): symbolic compiles stopped for the function, which compiled every length.
+    def grown(k, x):
+        return torch.cat([k, x], 1) * 2
+
+    def grown_held(cache, x):
+        return grown(cache.keys, x)
+
+    fn = grown_held if held else grown
+    jfn = thunder_rs.jit(fn)
+    for n in range(3, 8):
+        keys, x = _inference(2, n, 4), torch.randn(2, 1, 4)
+        first = Held(keys) if held else keys
+        got, expected = jfn(first, x), fn(first, x)
+        assert torch.equal(got, expected) and got.is_inference() == expected.is_inference()
+    assert thunder_rs.compile_stats(jfn).cache_misses == 2, thunder_rs.compile_stats(jfn).miss_reasons
+    # eager's error for a write to one, raised by the symbolic compile too (the second length)
+    written = thunder_rs.jit(lambda k, x: torch.cat([k.add_(1), x], 1))
+    for n in (3, 4):
+        with pytest.raises(RuntimeError, match=WRITTEN):
+            written(_inference(2, n, 4), torch.randn(2, 1, 4))

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang.symint import SymInt, hint
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 _is_inference_mode_enabled = torch.is_inference_mode_enabled
@@ -71,9 +72,17 @@ def is_inference(p: TensorProxy) -> bool:
 
 
 def _to_meta(x, inference: bool):
+    """A meta tensor standing for ``x`` (an inference tensor where ``inference``), of its sizes at
+    their hints where they are symbolic: whether torch raises for inference tensors does not
+    depend on them (a symbolic size made the check fail, and symbolic compiles stop for good)."""
     with torch.inference_mode(inference):
-        t = torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+        t = torch.empty(tuple(hint(s) for s in x.shape), dtype=x.dtype, device="meta")
     return t if inference or not _requires_grad(x) else t.requires_grad_(True)
+
+
+def _hinted(x):
+    """A symbolic size argument (``x.view(B, -1)``) at its hint, as its tensors are (``_to_meta``)."""
+    return hint(x) if isinstance(x, SymInt) else x
 
 
 def check_call(func, args, kwargs) -> None:
@@ -89,7 +98,7 @@ def check_call(func, args, kwargs) -> None:
         return
     if torch.is_grad_enabled() and any(m and _requires_grad(x) for x, m in zip(flat, marks)):
         _refuse_inference_requiring_grad(func)
-    meta = [_to_meta(x, bool(m)) if isinstance(x, TensorProxy) else x for x, m in zip(flat, marks)]
+    meta = [_to_meta(x, bool(m)) if isinstance(x, TensorProxy) else _hinted(x) for x, m in zip(flat, marks)]
     meta_args, meta_kwargs = tree_unflatten(meta, spec)
     try:
         with torch._C.DisableTorchFunctionSubclass():

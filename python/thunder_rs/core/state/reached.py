@@ -406,7 +406,8 @@ def _container_error(container, source: InputSource) -> ThunderNotImplementedErr
     return ThunderNotImplementedError(
         f"thunder_rs.jit: the traced program changed the {type(container).__name__} {source.label}, which it reached "
         "through its arguments, leaving objects in it (not plain values or tensors) that a compiled call would not "
-        "put there again. Make such objects before the call (a cache's layers: DynamicCache(config=model.config))"
+        f"put there again (the call at {user_location()}). Make such objects before the call (a cache's layers: "
+        "DynamicCache(config=model.config))"
     )
 
 
