@@ -4,14 +4,15 @@ scheduler, clipping, a ``GradScaler``) under ``torch.compile(backend="thunder_rs
 with their line under ``thunder_rs.jit``; EMAs, weight decay and SGD by hand in jitted functions;
 parametrizations trained; ``functional_call`` with a parameter dict per step and MAML's inner
 step; training and evaluation alternating; losses with every target ignored; ``retain_graph``,
-``inputs=`` and gradient penalties; ``detach_``, tensor and module hooks; ``checkpoint_sequential``;
+``inputs=`` and gradient penalties; ``detach_`` of an activation, tensor and module hooks; ``checkpoint_sequential``;
 parameter groups added and layers frozen mid-training; accumulation with a sync flag; a teacher
 switched to evaluation inside the forward; tied weights.
 
 What differed from eager before: a WGAN-GP critic's gradients (LayerNorm, GELU, dropout) in the
 last bits at the first step: the double backward's recomputation summed, through one alias per
 argument, every gradient it sends a parameter before the parameter's other gradients (the
-critic's loss on real and fake samples) were added, where eager adds each as it comes.
+critic's loss on real and fake samples) were added, where eager adds each as it comes. And
+``detach_`` of an activation (a stop-gradient in the forward) was refused.
 """
 
 import pytest
@@ -409,23 +410,38 @@ def test_module_backward_hooks_on_a_layer_the_jitted_model_calls_are_refused_nam
         thunder_rs.jit(model)(torch.randn(2, 4))
 
 
-def test_detach_in_place_of_an_activation_is_refused_naming_its_line_and_compiled_is_eagers():
-    class Detaching(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 3)
+class Detaching(nn.Module):
+    """Stop-gradients: an activation detached in place, and a copy made a leaf of its own."""
 
-        def forward(self, x):
-            h = self.a(x).relu()
-            stopped = h * 2
-            stopped.detach_()
-            leaf = h.detach().requires_grad_()
-            return self.b(stopped + leaf) + self.b(h)
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 3)
 
-    make = forward_step(Detaching, lambda ps: torch.optim.SGD(ps, 0.1))
-    trains_as_eager(make, classify, modes=("compile",))
+    def forward(self, x):
+        h = self.a(x).relu()
+        stopped = h * 2
+        stopped.detach_()
+        leaf = h.detach().requires_grad_()
+        return self.b(stopped + leaf) + self.b(h), stopped.requires_grad
+
+
+def test_an_activation_detached_in_place_trains_as_eager():
+    """``detach_`` was refused as changing a tensor's autograd state; on a tensor the program
+    computed that no view shares, the proxy now stands for its ``detach()``."""
+
+    def step(world, i):
+        x, y = batch()
+        out, stopped_requires_grad = world["step"](x)
+        return optimize(world, F.cross_entropy(out, y)), torch.tensor(stopped_requires_grad)
+
+    trains_as_eager(forward_step(Detaching, lambda ps: torch.optim.SGD(ps, 0.1)), step)
+
+
+def test_detaching_in_place_an_input_or_a_view_is_refused_naming_the_line():
     with pytest.raises(ThunderNotImplementedError, match=r"detach_: .* \(at .*round5.py:\d+\)"):
-        run(make, classify, "jit")
+        thunder_rs.jit(lambda x: x.detach_() * 2)(torch.randn(3, requires_grad=True))
+    with pytest.raises(ThunderNotImplementedError, match=r"detach_: .* \(at .*round5.py:\d+\)"):
+        thunder_rs.jit(lambda x: (x * 2)[1:].detach_())(torch.randn(3, requires_grad=True))
 
 
 def test_checkpoint_sequential_with_dropout_trains_as_eager():
