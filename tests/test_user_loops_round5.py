@@ -437,7 +437,16 @@ def test_an_activation_detached_in_place_trains_as_eager():
     trains_as_eager(forward_step(Detaching, lambda ps: torch.optim.SGD(ps, 0.1)), step)
 
 
-def test_detaching_in_place_an_input_or_a_view_is_refused_naming_the_line():
+def saved_then_detached(x, w):
+    h = x @ w
+    y = h * w  # (eager's mul saves h: its backward raises on h detached in place)
+    h.detach_()
+    return (y + h).sum()
+
+
+def test_detaching_in_place_an_input_a_view_or_a_tensor_a_call_read_is_refused_naming_the_line():
+    with pytest.raises(ThunderNotImplementedError, match=r"detach_: of a tensor the program's calls read .*round5"):
+        thunder_rs.jit(saved_then_detached)(torch.randn(3, 3), torch.randn(3, 3, requires_grad=True))
     with pytest.raises(ThunderNotImplementedError, match=r"detach_: .* \(at .*round5.py:\d+\)"):
         thunder_rs.jit(lambda x: x.detach_() * 2)(torch.randn(3, requires_grad=True))
     with pytest.raises(ThunderNotImplementedError, match=r"detach_: .* \(at .*round5.py:\d+\)"):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
-from thunder_rs.core.lang import inner_leaves, traced_grads
+from thunder_rs.core.lang import inner_leaves, traced_grads, version_tracking
 from thunder_rs.core.lang.complex_calls import differentiates_complex
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.eager_layouts import take_layouts
@@ -415,17 +415,22 @@ def _redimensioned(name: str, reason: str):
 
 
 def _detached_in_place(reason: str):
-    """``detach_``: on a tensor the program computed, not a view and with no live view, the proxy
-    stands for its ``detach()`` from now on, as eager's tensor then requires no grad (an activation
-    cut from the graph by a stop-gradient); on any other (an input, whose caller's tensor a trace
-    cannot detach; a view or one with views, which eager detaches otherwise or refuses) the call
-    is refused with ``reason``."""
+    """``detach_``: on a tensor the program computed, not a view and with no live view, not read by
+    a call since, the proxy stands for its ``detach()`` from now on, as eager's tensor then requires
+    no grad (an activation cut from the graph by a stop-gradient); on any other (an input, whose
+    caller's tensor a trace cannot detach; a view or one with views, which eager detaches otherwise
+    or refuses; one a call may have saved) the call is refused."""
     refused = _refuse("detach_", reason)
 
     def detached(a):
         alone = isinstance(a, TensorProxy) and not any(ref() is not None for ref in a._views or ())
         if not (alone and a._view is None and a._input_vid is None and a._strides is None):
             return refused(a)
+        if a.requires_grad and version_tracking.read_since_made(a):
+            raise ThunderNotImplementedError(
+                f"detach_: of a tensor the program's calls read since it was made (at {user_location()}): eager's "
+                "backward of a call that saved it rejects it; detach it before its use, or use detach()"
+            )
         if a.requires_grad:
             a._vid = detach(a)._vid
             inner_leaves.forget(a)
