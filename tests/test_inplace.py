@@ -566,8 +566,8 @@ def test_casts_eager_refuses(fn, exc):
 
 @pytest.mark.parametrize(
     "call",
-    [lambda x: x[1:].unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x.detach_()],
-    ids=["unsqueeze_of_a_view", "t_", "resize_", "detach_"],
+    [lambda x: x[1:].unsqueeze_(0), lambda x: x.t_(), lambda x: x.resize_(12), lambda x: x[1:].detach_()],
+    ids=["unsqueeze_of_a_view", "t_", "resize_", "detach_of_a_view"],
 )
 def test_in_place_changes_of_what_a_tensor_is_are_refused(call):
     with pytest.raises(NotImplementedError, match=r"test_inplace.py:\d+") as info:

@@ -2,7 +2,7 @@
 
 What differed: under ``torch.compile(backend="thunder_rs")``, a graph that writes state under
 ``torch.no_grad()`` (an EMA codebook, a momentum encoder) holds ``torch._C._set_grad_enabled(False)``
-... ``(True)`` as calls; one thunder_rs refused between them (``.data``, ``detach_``) left grad
+... ``(True)`` as calls; one thunder_rs refused between them (``.data``, ``t_``) left grad
 mode off for the eager run of the graph that followed, so its outputs had no gradient: the loss
 did not require grad (``backward()`` raised) or the parameters before the ``no_grad`` block got
 none, silently (``RecordedModes.restore``). ``t.data`` in such a graph, which Dynamo writes as
@@ -55,8 +55,8 @@ class EmaCodebook(nn.Module):
 
 
 class DetachedInPlace(nn.Module):
-    """A layer keeping a statistic of its output under ``no_grad``, made by ``detach_`` (which
-    thunder_rs refuses: its graph runs eagerly)."""
+    """A layer keeping a statistic of its output under ``no_grad``, made by ``t_`` (which
+    thunder_rs refuses: its graph runs eagerly; ``detach_`` was, and is traced now)."""
 
     def __init__(self):
         super().__init__()
@@ -66,7 +66,7 @@ class DetachedInPlace(nn.Module):
     def forward(self, x):
         z = self.lin(x)
         with torch.no_grad():
-            self.seen.add_(z.mul(2).detach_().sum(0))
+            self.seen.add_(z.mul(2).t_().sum(1))
         return z.sum()
 
 
@@ -112,7 +112,7 @@ def test_a_vq_codebook_averaged_through_data_under_no_grad_trains_as_eager(compi
 def test_a_graph_refused_inside_no_grad_runs_eagerly_under_the_callers_grad_mode():
     # The loss did not require grad: backward() raised.
     batches = [(torch.randn(2, 3),) for _ in range(3)]
-    with pytest.warns(UserWarning, match="runs eagerly: .*detach_"):
+    with pytest.warns(UserWarning, match="runs eagerly: .*t_: changes"):
         _train_next_to_eager(
             DetachedInPlace, batches, lambda out: out, lambda m: torch.compile(m, backend="thunder_rs")
         )
@@ -126,7 +126,7 @@ class AutocastStatistic(DetachedInPlace):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             z = self.lin(x)
             with torch.no_grad():
-                self.seen.add_(z.float().mul(2).detach_().sum(0))
+                self.seen.add_(z.float().mul(2).t_().sum(1))
             y = self.lin(z)
         return y.float().sum()
 
@@ -142,7 +142,7 @@ def test_a_graph_refused_inside_autocast_leaves_later_autocast_regions_casting_t
     for _ in range(3):
         x = torch.randn(2, 3)
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "thunder_rs backend: graph .* runs eagerly: .*detach_")
+            warnings.filterwarnings("ignore", "thunder_rs backend: graph .* runs eagerly: .*t_: changes")
             out = compiled(x)
         expected = eager(x)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
@@ -158,7 +158,7 @@ def test_a_graph_refused_inside_autocast_leaves_later_autocast_regions_casting_t
 
 
 class InferenceTargets(nn.Module):
-    """A layer whose targets are made under ``torch.inference_mode()`` with ``detach_`` (which
+    """A layer whose targets are made under ``torch.inference_mode()`` with ``t_`` (which
     thunder_rs refuses: its graph runs eagerly)."""
 
     def __init__(self):
@@ -168,7 +168,7 @@ class InferenceTargets(nn.Module):
     def forward(self, x):
         z = self.lin(x)
         with torch.inference_mode():
-            target = x.flip(0).mul(2).detach_()
+            target = x.flip(0).mul(2).t_().t_()
         return (z - target).square().mean()
 
 
@@ -176,7 +176,7 @@ def test_a_graph_refused_inside_inference_mode_leaves_inference_mode_as_it_found
     # Inference mode stayed on after the call: the loss had no gradient (backward() raised), and
     # every tensor the program made after was an inference tensor.
     batches = [(torch.randn(2, 3),) for _ in range(3)]
-    with pytest.warns(UserWarning, match="runs eagerly: .*detach_"):
+    with pytest.warns(UserWarning, match="runs eagerly: .*t_: changes"):
         _train_next_to_eager(
             InferenceTargets, batches, lambda out: out, lambda m: torch.compile(m, backend="thunder_rs")
         )

@@ -13,7 +13,8 @@ The mapping is one rule, applied to every in-place callable torch has (``Tensor.
 ``torch.name_``, ``Tensor.__iname__``, functions with an ``inplace`` argument): its out-of-place
 form ``name`` when torch has one, else the in-place op itself run on a copy. In-place calls that
 change a tensor's shape, storage or autograd flags (``unsqueeze_``, ``resize_``, ``set_``,
-``detach_``) are refused with an error naming the call and the user's line. Indexed assignment
+``detach_``) are refused with an error naming the call and the user's line, but on a tensor the
+program computed that no view shares (``squeeze_``, ``unsqueeze_``, ``detach_``). Indexed assignment
 is ``setitem.py``'s, the forwards that write their arguments (batch norm's running statistics,
 embedding's ``max_norm``) are ``forward_writes.py``'s: both ``assign`` as these do.
 """
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
-from thunder_rs.core.lang import traced_grads
+from thunder_rs.core.lang import inner_leaves, traced_grads, version_tracking
 from thunder_rs.core.lang.complex_calls import differentiates_complex
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.eager_layouts import take_layouts
@@ -48,6 +49,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import complex_views, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
+from thunder_rs.torch.autograd import detach
 from thunder_rs.torch.common import is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.random import DRAWN_IN_PLACE, IN_PLACE_SAMPLERS
@@ -412,6 +414,33 @@ def _redimensioned(name: str, reason: str):
     return redimensioned
 
 
+def _detached_in_place(reason: str):
+    """``detach_``: on a tensor the program computed, not a view and with no live view, not read by
+    a call since, the proxy stands for its ``detach()`` from now on, as eager's tensor then requires
+    no grad (an activation cut from the graph by a stop-gradient); on any other (an input, whose
+    caller's tensor a trace cannot detach; a view or one with views, which eager detaches otherwise
+    or refuses; one a call may have saved) the call is refused."""
+    refused = _refuse("detach_", reason)
+
+    def detached(a):
+        alone = isinstance(a, TensorProxy) and not any(ref() is not None for ref in a._views or ())
+        if not (alone and a._view is None and a._input_vid is None and a._strides is None):
+            return refused(a)
+        if a.requires_grad and version_tracking.read_since_made(a):
+            raise ThunderNotImplementedError(
+                f"detach_: of a tensor the program's calls read since it was made (at {user_location()}): eager's "
+                "backward of a call that saved it rejects it; detach it before its use, or use detach()"
+            )
+        if a.requires_grad:
+            a._vid = detach(a)._vid
+            inner_leaves.forget(a)
+            with torch._C.DisableTorchFunctionSubclass():
+                torch.Tensor.requires_grad_(a, False)
+        return a
+
+    return detached
+
+
 def _refuse(name: str, reason: str):
     def refused(*args, **kwargs):
         raise ThunderNotImplementedError(f"{name}: {reason} (at {user_location()})")
@@ -491,6 +520,8 @@ def _register_in_place() -> None:
                 continue
             if name in _REDIMENSIONED and namespace is torch.Tensor:
                 handler = _redimensioned(name, _REFUSED[name])
+            elif name == "detach_" and namespace is torch.Tensor:
+                handler = _detached_in_place(_REFUSED[name])
             elif name in _REFUSED:
                 handler = _refuse(name, _REFUSED[name])
             elif name in _SPECIAL:

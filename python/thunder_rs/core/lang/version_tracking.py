@@ -279,6 +279,20 @@ def note_saved(name: str, saved: tuple, outs: tuple) -> None:
     state.calls.append(_Call(None, saved, outs, tuple(o._vid for o in outs), kept, name))
 
 
+def read_since_made(t) -> bool:
+    """Whether a call of the program other than the one that made ``t`` took ``t``'s memory since
+    it was made or last written (with grad on; True when no acquisition notes calls). ``detach_``
+    of it is then refused: eager's backward of a call that saved it rejects a tensor detached in
+    place ("Trying to use a saved tensor that has been detached in-place")."""
+    state = _active.get()
+    if state is None:
+        return True
+    state.index()
+    key = id(_root(t))
+    maker = state.makers.get(key)
+    return any(maker is None or call is not maker[0] for call in state.pending.get(key, ()))
+
+
 def written(dst, op: str, counted: bool = True, node: str | None = None) -> None:
     """An in-place write into ``dst``, which bumps eager's version counter of its memory unless
     not ``counted`` (a write through ``.data``: eager's backward then reads the new values), and

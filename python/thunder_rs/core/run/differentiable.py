@@ -150,7 +150,7 @@ class DifferentiableProgram:
         for k in self._unread_writes:
             inputs[k] = inputs[k].detach().clone()
         with _RecomputeModes(self._generators, ctx.generator_states):
-            for i in wanted:  # one alias per argument: an input passed twice gets each use's gradient
+            for i in _passed_twice(inputs, wanted):  # one alias per use: each gets that use's gradient
                 inputs[i] = inputs[i].view_as(inputs[i])
             outs = self.flat(*inputs)
         pairs = [
@@ -178,6 +178,17 @@ class DifferentiableProgram:
         if now == ctx.input_versions:
             return False
         return any(a != b and k not in unread for k, a, b in zip(self._unsaved_at, now, ctx.input_versions))
+
+
+def _passed_twice(inputs: list, wanted: list) -> list:
+    """The positions in ``wanted`` of tensors passed at more than one of them. Only those get an
+    alias: through one, all the gradients the recomputation sends a tensor would reach it summed
+    as one, where eager's graph sends each use's on its own, so that a parameter also used outside
+    the call (a critic's loss next to its gradient penalty) summed its parts in another order."""
+    seen: dict[int, int] = {}
+    for i in wanted:
+        seen[id(inputs[i])] = seen.get(id(inputs[i]), 0) + 1
+    return [i for i in wanted if seen[id(inputs[i])] > 1]
 
 
 class _RecomputeModes:
