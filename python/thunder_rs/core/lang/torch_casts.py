@@ -135,9 +135,12 @@ def generation() -> weakref.ref:
     ref = _current()
     if ref is not None:
         return ref
-    if not _SENTINEL:  # (a CPU tensor, whatever default device a mode sets)
-        _SENTINEL.append(torch.ones(1, 1, device="cpu", requires_grad=True))
-    return _new_generation(_looked_up(_SENTINEL[0], "cpu", torch.bfloat16, True)[1])
+    sentinel = (
+        _SENTINEL[0] if _SENTINEL else torch.ones(1, 1, device="cpu", requires_grad=True)
+    )  # (on the CPU, whatever default device a mode sets)
+    if not _SENTINEL and type(sentinel) is torch.Tensor:  # (not one a mode made: a fake tensor is of its mode only)
+        _SENTINEL.append(sentinel)
+    return _new_generation(_looked_up(sentinel, "cpu", torch.bfloat16, True)[1])
 
 
 _REFUSED = (
