@@ -7,7 +7,8 @@ processes hold the cores: a loaded machine moves ``bench_overhead.py``'s wall-cl
 more than a key field costs. Reports the key and its lookup for one and two tensor arguments
 (``fast_key_fn``), and per call under ``no_grad``, jitted and eager and their ratio: two small
 functions and a ``Linear`` called with tensors (the positional fast path), then calls the general
-path keys (``call_paths``): a keyword bool, an int, None, a tuple of tensor pairs, the ``Linear``
+path keys (``call_paths``): a keyword bool, an int (the same, and one changing every call: symbolic,
+found by its class), None, a float, a bool, a list of two tensors, a tuple of tensor pairs, the ``Linear``
 by keyword, a module of 100 parameters using one ``Linear`` (the per-call reads and checks of its
 parameters), one writing a KV cache passed as an argument in place
 (``k_cache[:, pos] = k``: the write-back's check that no parameter or buffer shares the cache's
@@ -18,6 +19,7 @@ checkout of the Python package (``PYTHONPATH=<other>/python``) to compare before
 """
 
 import argparse
+import itertools
 import statistics
 import time
 import timeit
@@ -46,6 +48,18 @@ def _flagged(a, *, flag):
 
 def _times(a, n):
     return a * n
+
+
+def _scaled(a, lr):
+    return a * lr
+
+
+def _gated(a, flag):
+    return a * 2 if flag else a
+
+
+def _summed(a, items):
+    return a + items[0] * items[1]
 
 
 def _masked(a, mask):
@@ -125,12 +139,17 @@ def main() -> None:
         ("keyword bool", _flagged, (a,), {"flag": True}),
         ("int arg", _times, (a, 3), {}),
         ("None arg", _masked, (a, None), {}),
+        ("float arg", _scaled, (a, 0.5), {}),
+        ("bool arg", _gated, (a, True), {}),
+        ("list of 2 tensors", _summed, (a, [a, b]), {}),
         ("tuple of 2 pairs", _pairs, (a, ((a, b), (b, a))), {}),
         ("Linear by keyword", lin, (), {"input": a}),
         ("module of 100 params", _Params100(), (a,), {}),
         ("KV cache, 100 params", _KVCacheWriter(), (a, torch.zeros(4, 8, 4)), {}),
         ("KV cache, 100 params, pos", _KVCacheWriter(), (a, torch.zeros(4, 8, 4), 3), {}),
     ]
+    steps = itertools.count(5)  # (an int changing every call: symbolic after two values, ``IntClasses``)
+    cases.append(("int arg, changing", _times, (a, 3), {}))
     llama = _llama()
     if llama is not None:
         cases.append(("HF Llama 2 layers, keywords", llama[0], (), llama[1]))
@@ -138,6 +157,14 @@ def main() -> None:
         jfn = thunder_rs.jit(fn)
         with torch.no_grad():
             jfn(*args, **kwargs)
+            if name.endswith("changing"):
+                jfn(args[0], 4)
+        if name.endswith("changing"):
+            table[name] = {
+                "jit ns": lambda jfn=jfn, a=args[0]: jfn(a, next(steps)),
+                "eager ns": lambda fn=fn, a=args[0]: fn(a, next(steps)),
+            }
+            continue
         table[name] = {
             "jit ns": lambda jfn=jfn, args=args, kwargs=kwargs: jfn(*args, **kwargs),
             "eager ns": lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs),

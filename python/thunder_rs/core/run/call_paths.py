@@ -16,7 +16,7 @@ from thunder_rs.core.acquisition.cache import forward_ad_duals, global_key, leaf
 from thunder_rs.core.base.userframe import callable_name, warn_at_user_frame
 from thunder_rs.core.lang.reads import Diverged
 from thunder_rs.core.lang.recorder import active_recorder
-from thunder_rs.core.run.call_keys import call_key
+from thunder_rs.core.run.call_keys import call_key, structure_of
 from thunder_rs.core.run.callflat import compile_spec, flatten_call
 from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
 from thunder_rs.errors import runtime_error
@@ -63,6 +63,49 @@ def call_general(jfn, args, kwargs, module_state=None, structure=None):
         if entry is not None:
             return _run(jfn, entry, key, flat, params, args, kwargs, keyed_call)
     return _flattened(jfn, args, kwargs, state, params, binding, keyed_call)
+
+
+def call_plain(jfn, args, kwargs, structure=None):
+    """``call_general`` of a call the caller found no program tracing (nor Dynamo) for and counted
+    (``PROGRAM_CALLS``), in one frame where ``jfn`` has no module (a step counter, a learning rate,
+    a flag, None, a list of tensors, keywords: the frames of ``call_general``, ``_found`` and
+    ``_run`` cost a hit ~0.5 us): keyed by ``call_key`` and looked up as ``_found`` does, an entry
+    that changes no argument container run as ``_run`` runs it. The same key, entry, checks and
+    order of lookups; a miss or a failed check goes on as ``call_general`` does."""
+    if jfn._module is not None:
+        return call_general(jfn, args, kwargs, None, structure or structure_of(args, kwargs))
+    if jfn._written is None:
+        keyed_call = None
+        keyed = call_key(args, kwargs, None, structure)
+    else:  # (lists and dicts the program only writes into, or reads at constant keys: ``written_only``)
+        keyed_call = jfn._written.keyed(args, kwargs)
+        keyed = call_key(*keyed_call, None, None if keyed_call[0] is not args else structure)
+    if keyed is None:
+        return _flattened(jfn, args, kwargs, None, None, None, keyed_call)
+    key, flat = keyed
+    floats = jfn._floats
+    if floats.wide:  # (float arguments the entries take as inputs: ``float_args``)
+        key = floats.key(key)
+    entry = jfn._cache.get(key)
+    if entry is None:
+        if not jfn._int_classes.tables:
+            return _flattened(jfn, args, kwargs, None, None, None, keyed_call)
+        entry = jfn._int_classes.find(key, flat)
+        if entry is None:
+            return _flattened(jfn, args, kwargs, None, None, None, keyed_call)
+    elif entry.check is not None and not entry.check(flat):
+        return _flattened(jfn, args, kwargs, None, None, None, keyed_call)
+    entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
+    if entry.call_args:
+        return _run(jfn, entry, key, flat, None, args, kwargs, keyed_call)
+    tail = entry.tail  # (tensors argument objects hold, a KV cache's, read per call)
+    held = () if tail is None or tail is no_tail else tail(flat)
+    positions = entry.positions
+    try:
+        out = entry.fn(*(flat if positions is None else map(flat.__getitem__, positions)), *held)
+    except Exception as e:
+        return _failed(e, jfn, entry, key, flat, args, kwargs)
+    return out if entry.post is None else entry.post(out, flat)
 
 
 def _flattened(jfn, args, kwargs, state, params, binding, keyed_call):

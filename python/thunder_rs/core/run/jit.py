@@ -23,7 +23,7 @@ from thunder_rs.core.acquisition.dynamic import IntClasses, held_alike, held_gro
 from thunder_rs.core.acquisition.dynamic import wanted_sizes
 from thunder_rs.core.acquisition.float_args import FloatArgs
 from thunder_rs.core.acquisition.written_only import written_arguments
-from thunder_rs.core.run.call_paths import call_general, no_tail
+from thunder_rs.core.run.call_paths import call_general, call_plain, no_tail
 from thunder_rs.core.acquisition.cache import (
     forward_ad_duals,
     describe_change,
@@ -181,11 +181,13 @@ class ThunderFunction:
 
     def __call__(self, *args, **kwargs):
         PROGRAM_CALLS[0] += 1  # (the calls of cached functions it makes: ``cached_reads.made_call``)
-        if kwargs or active_recorder() is not None or _is_dynamo_compiling():
+        if active_recorder() is not None or _is_dynamo_compiling():
             return self._call_general(args, kwargs)
+        if kwargs:
+            return call_plain(self, args, kwargs)
         general = self._general_structure
         if general is not None and general == (structure := tuple(map(type, args))):
-            return self._call_general(args, kwargs, None, structure)
+            return call_plain(self, args, kwargs, structure)
         module = self._module
         if module is not None:
             params = self._module_tensors()
