@@ -96,7 +96,7 @@ def call_plain(jfn, args, kwargs, structure=None):
     elif entry.check is not None and not entry.check(flat):
         return _flattened(jfn, args, kwargs, None, None, None, keyed_call)
     entry.last_used = jfn._stats.cache_hits = jfn._stats.cache_hits + 1
-    if entry.call_args:
+    if entry.call_args or entry.state_aliases is not None:  # (its arguments' containers checked: ``_run``)
         return _run(jfn, entry, key, flat, None, args, kwargs, keyed_call)
     tail = entry.tail  # (tensors argument objects hold, a KV cache's, read per call)
     held = () if tail is None or tail is no_tail else tail(flat)
