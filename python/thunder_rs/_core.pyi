@@ -433,14 +433,15 @@ class SymExpr:
 class CallObserver:
     """A C-level profile hook: ``classify(code)`` once per code object (flags: 1 calls, 2 returns
     are reported, 4 a module body), then ``on_call(frame, importing)`` and ``on_return(frame,
-    importing)`` for frames of code objects it marked (returns too where ``on_call`` returned true);
-    ``importing``: a module body started since the hook did runs."""
+    importing, value)`` (``value``: what the frame returns, None when it raises) for frames of code
+    objects it marked (returns too where ``on_call`` returned true); ``importing``: a module body
+    started since the hook did runs."""
 
     def __new__(
         cls,
         classify: Callable[[Any], int],
         on_call: Callable[[Any, bool], bool],
-        on_return: Callable[[Any, bool], None],
+        on_return: Callable[[Any, bool, Any], None],
     ) -> CallObserver: ...
     def watch_c_calls(self, owners: list[Any], on_c_call: Callable[[Any, Any, bool, bool], None]) -> None: ...
     def start(self) -> None: ...

@@ -6,7 +6,8 @@
 //! hash lookup on the code object's address and calls back into Python only for the first call of
 //! each code object (`classify(code) -> flags`) and for calls of code objects marked interesting
 //! (`on_call(frame, importing)`) and returns of those marked for them (`on_return(frame,
-//! importing)`: by `classify`, or by `on_call` returning true for that code).
+//! importing, value)`, `value` what the frame returns, None when it raises: by `classify`, or by
+//! `on_call` returning true for that code).
 //!
 //! Module bodies (marked by `classify`) started while the hook is set are kept on a stack:
 //! `importing` is whether one runs now, so that the callbacks look for an import between the frame
@@ -256,9 +257,14 @@ unsafe extern "C" fn profile(
     }
     let importing = !observer.modules.is_empty();
     let frame = unsafe { Bound::from_borrowed_ptr(py, frame.cast()) };
-    let callback = if what == PY_TRACE_CALL { &observer.on_call } else { &observer.on_return };
-    let callback = callback.clone_ref(py);
-    match callback.call1(py, (frame, importing)) {
+    let called = if what == PY_TRACE_CALL {
+        observer.on_call.call1(py, (frame, importing))
+    } else {
+        // SAFETY: for `PyTrace_RETURN`, `arg` is the value returned (borrowed), null when raising.
+        let value = if arg.is_null() { py.None() } else { unsafe { Bound::from_borrowed_ptr(py, arg) }.unbind() };
+        observer.on_return.call1(py, (frame, importing, value))
+    };
+    match called {
         Ok(returns) => {
             // `on_call` true: this code's returns are wanted too, from now on.
             if what == PY_TRACE_CALL && flags & RETURN == 0 && returns.bind(py).is_truthy().unwrap_or(false) {

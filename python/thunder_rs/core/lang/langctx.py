@@ -251,10 +251,27 @@ def torch_function(func, args, kwargs):
     if INFERENCE_MADE[0] and state.inside == 0 and not _is_inference_mode_enabled():
         inference.check_call(func, args, kwargs)
     if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
+        args, kwargs = _own_containers(args), _own_containers(kwargs)
         out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
         note_call(func, args, kwargs, out)
         return out
     return _inside(func, args, kwargs)
+
+
+def _own_containers(x):
+    """``x``, a torch call's arguments, with its lists, tuples and dicts copied (nested alike):
+    what the recording keeps of the call (its ops, views and saved arguments) holds no container
+    of the program's. ``returned_objects.made_objects`` takes a list the program made that is held
+    elsewhere for one found in its state: ``sizes = [1, 2]`` split by and returned would be returned
+    as that same list on every call, where eager returns a new one from each."""
+    t = type(x)
+    if t is list:
+        return [_own_containers(v) for v in x]
+    if t is tuple:
+        return tuple([_own_containers(v) for v in x])
+    if t is dict:
+        return {k: _own_containers(v) for k, v in x.items()}
+    return x
 
 
 def _inside(func, args, kwargs):

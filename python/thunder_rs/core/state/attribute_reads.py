@@ -7,6 +7,7 @@ defaults and closure cells are state too. ``observe.py`` says which reads a call
 
 import contextvars
 import functools
+import inspect
 import sys
 import types
 import weakref
@@ -64,6 +65,8 @@ _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleD
 #: metaclass (torch 2.15's), which the observer paid on every attribute read: the same answer for
 #: anything a program holds (that hook only adds the fake script objects of ``torch.compile``'s tracing).
 _is_generator = functools.partial(type.__instancecheck__, torch.Generator)
+#: Generators and coroutines: what they give back at a return event is what they yield.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def is_a(state: ProgramState, obj, classes, check=None) -> bool:
@@ -117,6 +120,9 @@ class AttributeReads:
     #: attributes were read (``_instance_read``)
     _objects_read: dict
     _cached_results: CachedCalls
+    #: code of a getter or method -> id of the object it is called on -> ``(object, {(chain,
+    #: where)})``: the chains awaiting what it returns (``_await_result``)
+    _results: dict
 
     def guard_state(self, guard) -> None:
         """Adds a guard on global state (``guards.StateGuard``), unless one of its label was added
@@ -463,10 +469,46 @@ class AttributeReads:
         return value
 
     def _follow(self, value, attrs: tuple, origin: str) -> None:
-        for attr in attrs:
-            value = self._step(value, attr, origin)
+        for k, attr in enumerate(attrs):
+            holder, value = value, self._step(value, attr, origin)
             if value is MISSING:
+                if k + 1 < len(attrs) and type(attr) is str:
+                    self._await_result(holder, attr, attrs[k + 1 :], origin)
                 return
+
+    def _await_result(self, holder, attr: str, rest: tuple, origin: str) -> None:
+        """Where the chain stopped at a property of state (``self.holder.scale``, its getter
+        ``return self._a if self.use_a else self._b``) or at a method's call (``self.get_cfg().x``):
+        the rest of the chain is followed from what the getter or method returns, once it returns
+        (``take_result``), so the object it returns and what is read of it are guarded as state
+        read through attributes (the getter's own reads are guarded as it runs)."""
+        if not self._is_state(holder) or attr in (attributes_of(holder) or ()):
+            return
+        found = ClassSource(type(holder)).fixed().get(attr, MISSING)
+        if type(found) is property:
+            fn = found.fget
+        elif rest[0] == CALLED and isinstance(found, types.FunctionType):
+            fn, rest = found, rest[1:]
+        else:
+            return
+        code = getattr(fn, "__code__", None)
+        if not rest or code is None or code.co_flags & _RESUMABLE or code.co_argcount < 1:
+            return
+        waiting = self._results.setdefault(code, {}).setdefault(id(holder), (holder, set()))
+        waiting[1].add((rest, origin))
+
+    def take_result(self, frame, value) -> None:
+        """Follows the chains awaiting what the frame (of a getter or method ``_await_result``
+        noted) returned, ``value``, when it was called on the object they read it of."""
+        waiting = self._results.get(frame.f_code)
+        receiver = frame.f_locals.get(frame.f_code.co_varnames[0], MISSING) if waiting else MISSING
+        holder, chains = waiting.get(id(receiver), (None, ())) if waiting else (None, ())
+        if holder is not receiver or is_simple(value) or isinstance(value, torch.Tensor):
+            return
+        if not self._is_state(value):  # (an item read by a key computed: ``self._cfgs[self.mode]``)
+            self.state.add(value, ObjectSource(value, f"what {frame.f_code.co_name}() returned"))
+        for rest, origin in sorted(chains, key=repr):
+            self._follow(value, rest, origin)
 
     def _is_state(self, value) -> bool:
         # A class: ``cls.factor`` in a classmethod (``_class_read`` leaves library classes alone).

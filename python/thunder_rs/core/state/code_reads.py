@@ -234,7 +234,23 @@ def _chains(code) -> tuple:
             root = ("LOAD_FAST", ins.argval[1])
     if root is not None:
         chains.add((root, tuple(attrs)))
-    return chains | _class_chains(listed), whole
+    return chains | _class_chains(listed) | _called_chains(code, listed), whole
+
+
+def _called_chains(code, listed: list) -> set:
+    """The chains read of what a method of the first argument returns when called with arguments
+    (``self.get(name).scale``: ``("get", CALLED, "scale")``), followed from what it returns
+    (``AttributeReads._await_result``); those of a call with none are ``_chains``'s own."""
+    found = set()
+    for j, (receiver, called) in _method_calls(code, listed).items():
+        attrs = []
+        for ins in listed[j + 1 :]:
+            if ins.opname not in _LOAD_ATTR:
+                break
+            attrs.append(ins.argval)
+        if attrs:
+            found.add((("LOAD_FAST", receiver), (called[len(_CALLED) :], CALLED, *attrs)))
+    return found
 
 
 _NO_OPS = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})

@@ -90,10 +90,12 @@ def _dispatch_call(frame, importing: bool) -> bool:
         _thread.inside -= 1
 
 
-def _dispatch_return(frame, importing: bool) -> None:
+def _dispatch_return(frame, importing: bool, value=None) -> None:
+    """A return of a code whose returns are wanted, ``value`` what it returns (None when raising,
+    or from an extension built before the hook passed it)."""
     observer = _thread.observer
     if observer is not None and not _thread.inside and not (importing and importing_frame(frame, observer.entry)):
-        own_work(observer._on_return, frame)
+        own_work(observer._on_return, frame, value)
 
 
 def _dispatch_c_call(frame, function, importing: bool, interesting: bool):

@@ -179,6 +179,7 @@ class Observer(AttributeReads):
         #: and of the classes its module defines (``Config.scale = 2``)
         self._attribute_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
+        self._results: dict = {}  # (the chains awaiting what a getter or method returns: ``take_result``)
 
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
@@ -449,7 +450,7 @@ class Observer(AttributeReads):
         self._on_code(code, frame.f_globals, frame, 1)
         if types := code_reads(code).types:
             read_types(types, frame.f_locals, frame.f_globals, code.co_filename)
-        return self.state.containers.returns_wanted(code)
+        return self.state.containers.returns_wanted(code) or (code in self._results if self._results else False)
 
     def _note_resumed(self, frame) -> None:
         """Notes where the program first resumed a generator it was given (``for s in scales``)."""
@@ -524,7 +525,9 @@ class Observer(AttributeReads):
         if getattr(fn, "__code__", None) is code:
             self._add_defaults(fn)
 
-    def _on_return(self, frame) -> None:
+    def _on_return(self, frame, value) -> None:
+        if self._results:
+            self.take_result(frame, value)
         reads = code_reads(frame.f_code)
         self.state.containers.reading = frame.f_code
         self.state.containers.returned(frame)
