@@ -34,6 +34,7 @@ from thunder_rs.core.base.userframe import read_site, store_site
 from thunder_rs.core.state.guards import CellSource, ModuleSource
 from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
+from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
@@ -234,7 +235,7 @@ def _trace_program(
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
-            writes = module_writes(pairs) + observer.state.writes()
+            writes = module_writes(pairs) + observer.state.writes() + observer.mode_writes_made
             stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -369,10 +370,12 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
+    observer.mode_writes = modes = ModeWrites({id(c) for c, _ in pairs})
     try:
-        with observer, tracing_overrides(), LanguageMode():
+        with observer, modes, tracing_overrides(), LanguageMode():
             observer.observe_statically(fn, [c for c, _ in pairs])
             box = [fn(*program_args, **program_kwargs)]  # (held by nothing else: ``made_objects`` counts references)
+        observer.mode_writes_made = modes.undo()  # (the last mode set: written again by every call)
         stored = _stored_values(pairs) + observer.state.stored_values()
         inputs.made_objects = made_objects(box, program_site(_argument_names(program)[0]), stored)
         out = inputs.returned = box.pop()
@@ -385,6 +388,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         reached.refuse_changed_in_place()
     except BaseException as e:
         note_made_before_error(e, observer.state.containers.places(), reached, containers)
+        modes.undo()
         put_back(placed, failed=True)
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.

@@ -11,7 +11,7 @@ import inspect
 import sys
 import types
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.state import MethodGuard, ProgramState
 from thunder_rs.core.state.torch_flags import library_read
+
+if TYPE_CHECKING:
+    from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.errors import ThunderNotImplementedError
 
 #: Attributes of a bare ``nn.Module`` (parameter/buffer/submodule stores, hooks, ``training`` is
@@ -107,6 +110,8 @@ class AttributeReads:
     #: id of each module clone being traced -> the user's module
     _originals: dict
     state: ProgramState
+    #: the ``training`` writes of the program to modules not cloned (``mode_writes``)
+    mode_writes: "ModeWrites | None"
     #: code -> the functions of that code whose closure cells may be read
     _functions: dict
     #: id -> (function, its defaults when first seen)
@@ -284,6 +289,8 @@ class AttributeReads:
             value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
+            if attr == "training" and self.mode_writes is not None and self.mode_writes.set_by_program(obj):
+                return MISSING  # (``teacher.eval()`` earlier in this call, on a module not cloned: ``mode_writes``)
             return self._keep(source, attr, value, origin, holder=mapping)
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)

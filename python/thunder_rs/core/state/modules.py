@@ -14,6 +14,7 @@ attributes are re-checked only when it moved.
 
 import contextlib
 import functools
+import threading
 import types
 import weakref
 from typing import NamedTuple
@@ -35,11 +36,17 @@ _Module = torch.nn.Module
 #: Incremented by every module attribute or structure write, in any thread.
 write_epoch = [0]
 
+#: thread id -> the ``mode_writes.ModeWrites`` of the program traced there: notes the writes of
+#: ``training`` to modules (``teacher.eval()`` on a module held in a closure)
+mode_writers: dict = {}
+
 
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _counting(method):
+    noted = method.__name__ == "__setattr__"
+
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
         # Under Dynamo the write is not counted while tracing: reading the count would make
@@ -48,6 +55,10 @@ def _counting(method):
         # through this method, which counts it then.
         if not _is_dynamo_compiling():
             write_epoch[0] += 1
+            if mode_writers and noted and args and args[0] == "training":
+                writer = mode_writers.get(threading.get_ident())
+                if writer is not None:
+                    writer.note(self)
         return method(self, *args, **kwargs)
 
     # One code object per wrapper: Dynamo tells ``nn.Module.__setattr__`` (which it traces) from

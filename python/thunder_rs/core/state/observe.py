@@ -106,6 +106,9 @@ class Observer(AttributeReads):
 
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
         self._guards: dict = {}
+        #: the train/eval modes the program sets on modules not cloned (``mode_writes``), and the writes
+        #: of the last it set, for every call to repeat
+        self.mode_writes, self.mode_writes_made = None, list[tuple]()
         #: id of a proxy put in a module's attribute -> the ``ArgumentTensor`` it stands for
         self._module_stand_ins: dict = {}
         #: id -> (iterator, its name, where read, its position): the iterators the program reached
