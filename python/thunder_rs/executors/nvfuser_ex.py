@@ -147,12 +147,14 @@ def _iota(cx, length, start, step, device, dtype):
 
 
 def _sum(cx, a, dims):
-    # torch accumulates a half sum in float32; nvFuser casts to the given dtype first.
-    return cx.ops.sum(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
+    # torch accumulates a half sum in float32; nvFuser casts to the given dtype first. An operand
+    # that may have an expanded dim is materialized: nvFuser's sum over one is a product with its
+    # extent (prod: a power; csrc/ops/arith.cpp "[Trivial reductions]"), torch's kernels add the copies.
+    return cx.ops.sum(cx.materialized(a), dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
 def _prod(cx, a, dims):
-    return cx.ops.prod(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
+    return cx.ops.prod(cx.materialized(a), dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
 def _var_mean(cx, a, dims, correction):
