@@ -7,7 +7,10 @@ stand-in here (which computes what Fuser's source says) and on the real bindings
   multiplies the result by its extent (a ``prod``: raises it to that power; csrc/ops/arith.cpp:1389
   "[Trivial reductions]", 1436-1452); torch's reduction kernels (ReduceOps, Reduce.cuh) read the
   stride-0 dim as any other and add the copies, which rounds otherwise (0.1 added 7 times is not
-  ``0.1 * 7`` in float32). The translator materializes an operand that may be expanded.
+  ``0.1 * 7`` in float32). The translator materializes an operand that may be expanded;
+- subtraction with a bool (two bool tensors, or one and a Python bool): torch raises
+  (BinaryOps.cpp ``sub_check``), nvFuser's ``sub`` of two Bools compiles; thunder_rs raises eager's
+  error naming the user's line before any executor sees it (``f - True`` was computed as ``f - 1``).
 """
 
 import warnings
@@ -106,3 +109,36 @@ def test_on_cuda_sums_over_an_expanded_dim_add_the_copies(real_nvfuser):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     _translated_expanded_reductions(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda", exact=False)
+
+
+# -- subtraction with a bool ----------------------------------------------------------------------
+
+BOOL_SUBTRACTIONS = {
+    "two bool tensors": lambda m, f: (m - ~m) * 1,
+    "a bool tensor and True": lambda m, f: (m - True) * 1,
+    "torch.sub of bools": lambda m, f: torch.sub(m, m, alpha=1) * 1,
+    "rsub of bools": lambda m, f: torch.rsub(m, ~m) * 1,
+    "True - a bool tensor": lambda m, f: (True - m) * 1,
+    "a float tensor - True": lambda m, f: (f - True) * 1,
+    "True - a float tensor": lambda m, f: (True - f) * 1,
+    "1 - a bool tensor": lambda m, f: (1 - m) * 1,
+    "a bool tensor - 1.5": lambda m, f: (m - 1.5) * 1,
+    "a float tensor - a bool tensor": lambda m, f: (f - m) * 1,
+}
+
+
+@pytest.mark.parametrize("what", list(BOOL_SUBTRACTIONS))
+def test_a_subtraction_with_a_bool_raises_eagers_error_naming_the_line(what, fake_ex):
+    """torch raises (BinaryOps.cpp ``sub_check``); nvFuser's ``sub`` of Bools compiles, so no region
+    may claim it: the trace raises eager's message with the user's line (two bool tensors raised
+    prims.sub's "not implemented for b8", no line; ``f - True`` computed ``f - 1``)."""
+    program = BOOL_SUBTRACTIONS[what]
+    m, f = torch.tensor([True, False, True]), torch.randn(3)
+    with pytest.raises(NotImplementedError) as eager:
+        program(m, f)
+    with pytest.raises(NotImplementedError) as traced:
+        thunder_rs.jit(program, executors=[fake_ex])(m, f)
+    message = str(traced.value)
+    assert str(eager.value) in message, message
+    assert f"{__file__}:" in message, message  # the user's line
+    assert not fake.definitions, "a region claimed the subtraction"
