@@ -10,7 +10,7 @@ stand-in here (which computes what Fuser's source says) and on the real bindings
   ``0.1 * 7`` in float32). The translator materializes an operand that may be expanded;
 - subtraction with a bool (two bool tensors, or one and a Python bool): torch raises
   (BinaryOps.cpp ``sub_check``), nvFuser's ``sub`` of two Bools compiles; thunder_rs raises eager's
-  error naming the user's line before any executor sees it (``f - True`` was computed as ``f - 1``).
+  error naming the user's line while tracing, before any executor sees it.
 """
 
 import warnings
@@ -131,7 +131,7 @@ BOOL_SUBTRACTIONS = {
 def test_a_subtraction_with_a_bool_raises_eagers_error_naming_the_line(what, fake_ex):
     """torch raises (BinaryOps.cpp ``sub_check``); nvFuser's ``sub`` of Bools compiles, so no region
     may claim it: the trace raises eager's message with the user's line (two bool tensors raised
-    prims.sub's "not implemented for b8", no line; ``f - True`` computed ``f - 1``)."""
+    prims.sub's "not implemented for b8", no line; one bool ran as an eager fallback naming a trace line)."""
     program = BOOL_SUBTRACTIONS[what]
     m, f = torch.tensor([True, False, True]), torch.randn(3)
     with pytest.raises(NotImplementedError) as eager:

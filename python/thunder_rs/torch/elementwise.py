@@ -237,7 +237,7 @@ def add(input, other, *, alpha=1):
 def _not_bools(a, b, op: str) -> None:
     """Eager's errors for a subtraction with a bool (BinaryOps.cpp ``sub_check``: a bool tensor or a
     Python bool, which aten wraps as a bool tensor), naming the user's line: two bools were prims.sub's
-    "not implemented for b8", one computed (``f - True`` was ``f - 1``)."""
+    "not implemented for b8", one ran as an eager fallback raising at execution with a trace line)."""
     bools = [x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b)]
     if not any(bools):
         return
