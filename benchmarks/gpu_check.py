@@ -114,7 +114,8 @@ TESTS = [
 #: test_nvfuser_define_tensor.py; dims out of range, iota's constants and constant powers as the
 #: source decides them; powers, remainders and divisions by numbers as eager's, test_nvfuser_standin_fidelity.py;
 #: sums over expanded dims as products with the extent in Fuser's own code, and as eager's sums of
-#: the copies through the translator, test_nvfuser_kernel_fidelity.py) and the other paths where
+#: the copies through the translator, variances as welford's M2 divided by the count,
+#: test_nvfuser_kernel_fidelity.py) and the other paths where
 #: sizes change between calls on CUDA. Entries of files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [
     "tests/test_nvfuser_symbolic.py",

@@ -306,6 +306,29 @@ def _var_mean(arg, dims, correction=1, keepdim=False):
     )
 
 
+def _welford(arg, dims):
+    """``welford`` (python_direct ops.cpp:1857, ``WelfordRaw``, arith.cpp:1561): the mean, the sum of
+    squared deviations (M2) in the input's dtype and the count (Index) over ``dims``; no 0-dim
+    tensor, some dims. M2 is computed in float64 and rounded once, as a Welford's is near to."""
+    _check(arg.ndim > 0, "tv->nDims() > 0", "Tried to reduce a 0-dim tensor")
+    _no_axes(dims)
+    axes = _reduce_dims(arg.ndim, dims)
+
+    def run(a):
+        wide = a.double()
+        m2 = (wide - wide.mean(axes, keepdim=True)).square().sum(axes)
+        count = math.prod(a.shape[d] for d in axes)
+        return wide.mean(axes).to(a.dtype), m2.to(a.dtype), torch.full(m2.shape, count, device=a.device)
+
+    return _record(
+        "welford",
+        run,
+        (arg,),
+        expanded=_reduced(arg, axes, False),
+        ids=allocation.reduction(arg, axes, False),
+    )
+
+
 def _scan(name, fn):
     """``scan``: the input's dtype, halves included ("unlike ReductionOp, low-precision input is
     not upcast to float"), computed in it."""

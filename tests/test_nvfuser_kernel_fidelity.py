@@ -8,6 +8,12 @@ stand-in here (which computes what Fuser's source says) and on the real bindings
   "[Trivial reductions]", 1436-1452); torch's reduction kernels (ReduceOps, Reduce.cuh) read the
   stride-0 dim as any other and add the copies, which rounds otherwise (0.1 added 7 times is not
   ``0.1 * 7`` in float32). The translator materializes an operand that may be expanded;
+- variance: torch's CUDA kernel divides a Welford reduction's M2 by ``max(N - correction, 0)``
+  (ReduceMomentKernel.cu ``std_var_kernel_cuda`` -> SharedReduceOps.h ``WelfordOps::project``:
+  ``divisor = acc.nf > correction ? acc.nf - correction : 0; var = acc.m2 / divisor``), nvFuser's
+  ``var`` and ``var_mean`` multiply by its reciprocal (csrc/ops/normalization.cpp ``variance``,
+  ``variance_mean``: ``mul(var_sum, reciprocal(denom))``) and ``var`` reduces in two passes. The
+  region divides the M2 of nvFuser's ``welford`` (python_direct ops.cpp:1857) instead;
 - subtraction with a bool (two bool tensors, or one and a Python bool): torch raises
   (BinaryOps.cpp ``sub_check``), nvFuser's ``sub`` of two Bools compiles; thunder_rs raises eager's
   error naming the user's line while tracing, before any executor sees it.
@@ -109,6 +115,62 @@ def test_on_cuda_sums_over_an_expanded_dim_add_the_copies(real_nvfuser):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     _translated_expanded_reductions(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda", exact=False)
+
+
+# -- variance: M2 divided by the count, as torch's WelfordOps ----------------------------------------
+
+
+def _variances(a):
+    v, m = torch.var_mean(a, 1)
+    std = a.std(1, keepdim=True)
+    return v * 1, m * 1, a.var(0, correction=0) * 1, a.var(correction=3) * 1, std * 1, a.var(0, correction=9) * 1
+
+
+def test_on_fake_cuda_a_variance_divides_welfords_m2_by_the_count(monkeypatch, fake_cuda):
+    """The definition divides ``welford``'s M2 by ``max(N - correction, 0)`` (sizes of the reduced
+    dims, so for every length too): nvFuser's ``var``/``var_mean`` multiplied by the reciprocal."""
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    fake.definitions.clear()
+    executor = NvFuserExecutor("nvfuser_fake_cuda", module=fake)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = thunder_rs.jit(_variances, executors=[executor])(torch.randn(5, 8, device="cuda", dtype=dtype))
+        assert {(o.dtype, o.device.type) for o in out} == {(dtype, "cuda")}
+    thunder_rs.jit(_variances, executors=[executor], dynamic=True)(torch.randn(6, 8, device="cuda"))
+    recorded = [op for d in fake.definitions for op in d.recorded]
+    assert {"welford", "div", "size"} <= set(recorded), recorded
+    assert not {"var", "var_mean", "reciprocal"} & set(recorded), recorded
+    assert executor.stats["failures"] == 0, executor.fallbacks
+
+
+def _translated_variances(executor, device):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for n in (5, 64):
+            x = (torch.randn(n, 257, device=device) * 3 + 1).to(dtype)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = _variances(x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a region running eagerly warns
+                warnings.filterwarnings("ignore", message=r"var\(\): degrees of freedom")  # (eager's)
+                actual = thunder_rs.jit(_variances, executors=[executor])(x)
+            for got, want in zip(actual, expected):
+                assert got.dtype == want.dtype and got.shape == want.shape
+                torch.testing.assert_close(got, want, equal_nan=True)  # (Welford's order is each's own)
+    assert executor.stats["failures"] == 0, executor.fallbacks
+
+
+def test_variances_through_welford_are_eagers(fake_ex):
+    _translated_variances(fake_ex, "cpu")
+
+
+@pytest.mark.gpu
+def test_on_cuda_variances_through_welford_are_eagers(real_nvfuser):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _translated_variances(NvFuserExecutor("nvfuser_real", module=real_nvfuser), "cuda")
 
 
 # -- subtraction with a bool ----------------------------------------------------------------------
