@@ -112,15 +112,18 @@ TESTS = [
 #: test_nvfuser_contracts.py; the calls the stand-in refuses as the 0.2.36 bindings do,
 #: test_nvfuser_api.py, and its define_tensor of sizes and strides and complex parts,
 #: test_nvfuser_define_tensor.py; dims out of range, iota's constants and constant powers as the
-#: source decides them; powers, remainders and divisions by numbers as eager's, test_nvfuser_standin_fidelity.py)
-#: and the other paths where sizes change between calls on CUDA. Entries of
-#: files the main suite also runs are deselected there.
+#: source decides them; powers, remainders and divisions by numbers as eager's, test_nvfuser_standin_fidelity.py;
+#: sums over expanded dims as products with the extent in Fuser's own code, and as eager's sums of
+#: the copies through the translator, variances as welford's M2 divided by the count,
+#: test_nvfuser_kernel_fidelity.py) and the other paths where
+#: sizes change between calls on CUDA. Entries of files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [
     "tests/test_nvfuser_symbolic.py",
     "tests/test_nvfuser_contracts.py",
     "tests/test_nvfuser_api.py",
     "tests/test_nvfuser_define_tensor.py",
     "tests/test_nvfuser_standin_fidelity.py",
+    "tests/test_nvfuser_kernel_fidelity.py",
     "tests/test_inductor_jit.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
     "tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast",

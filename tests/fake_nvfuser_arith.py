@@ -3,6 +3,8 @@ scans and normalization, each computed in the dtype nvFuser computes it in (csrc
 csrc/ops/composite.cpp, csrc/ops/normalization.cpp; the type rules in ``fake_nvfuser_promotion``).
 """
 
+import math
+
 import torch
 
 import fake_nvfuser_allocation as allocation
@@ -190,13 +192,32 @@ def _reduction(name, fn, identity_dtype):
                 # (a reduction over an empty dim is a full of its init: RemoveEmptyPass; torch's raises)
                 shape = [1 if d in axes else n for d, n in enumerate(a.shape) if keepdim or d not in axes]
                 return torch.full(shape, init, dtype=out_dtype, device=a.device)
-            return fn(a, axes, keepdim) if axes else a.clone()  # over no dims: reductionOpZeroDimTensor's set
+            if not axes:
+                return a.clone()  # over no dims: reductionOpZeroDimTensor's set
+            return _trivially_reduced(name, fn, a, axes, keepdim, [d for d in axes if arg.expanded[d]])
 
         rule = allocation.reduction(arg, axes, keepdim)
         return _record(name, run, (arg,), expanded=_reduced(arg, axes, keepdim), ids=rule)
 
     op.__name__ = name
     return op
+
+
+def _trivially_reduced(name, fn, a, axes, keepdim, expanded):
+    """A reduction whose reduced dims include expanded broadcasts (``bS{1 ex n}``), as Fuser's
+    ``reductionOp`` computes it (csrc/ops/arith.cpp:1389 "[Trivial reductions]"): those dims are
+    squeezed, the others reduced, then a ``sum`` is multiplied by the product of their extents and
+    a ``prod`` raised to it (arith.cpp:1436-1452, the factor cast to the result's dtype); ``max``
+    and ``min`` only squeeze (the same value as reducing the copies)."""
+    if not expanded or name not in ("sum", "prod"):
+        return fn(a, axes, keepdim)
+    factor = math.prod(a.shape[d] for d in expanded)
+    squeezed = a.narrow(expanded[0], 0, 1)
+    for d in expanded[1:]:
+        squeezed = squeezed.narrow(d, 0, 1)
+    out = fn(squeezed, axes, keepdim)  # (the squeezed dims of extent 1 reduce to themselves)
+    factor_t = torch.tensor(factor, dtype=out.dtype, device=out.device)
+    return out * factor_t if name == "sum" else torch.pow(out, factor_t)
 
 
 def _sum_dtype(arg_dtype, dtype):
@@ -282,6 +303,29 @@ def _var_mean(arg, dims, correction=1, keepdim=False):
         (arg,),
         expanded=_reduced(arg, axes, keepdim),
         ids=allocation.reduction(arg, axes, keepdim),
+    )
+
+
+def _welford(arg, dims):
+    """``welford`` (python_direct ops.cpp:1857, ``WelfordRaw``, arith.cpp:1561): the mean, the sum of
+    squared deviations (M2) in the input's dtype and the count (Index) over ``dims``; no 0-dim
+    tensor, some dims. M2 is computed in float64 and rounded once, as a Welford's is near to."""
+    _check(arg.ndim > 0, "tv->nDims() > 0", "Tried to reduce a 0-dim tensor")
+    _no_axes(dims)
+    axes = _reduce_dims(arg.ndim, dims)
+
+    def run(a):
+        wide = a.double()
+        m2 = (wide - wide.mean(axes, keepdim=True)).square().sum(axes)
+        count = math.prod(a.shape[d] for d in axes)
+        return wide.mean(axes).to(a.dtype), m2.to(a.dtype), torch.full(m2.shape, count, device=a.device)
+
+    return _record(
+        "welford",
+        run,
+        (arg,),
+        expanded=_reduced(arg, axes, False),
+        ids=allocation.reduction(arg, axes, False),
     )
 
 

@@ -88,7 +88,7 @@ class _Ops:
         self.prod = arith._reduction("prod", arith._prod, arith._sum_dtype)
         self.max = arith._reduction("max", lambda a, d, k: torch.amax(a, d, keepdim=k), arith._max_dtype)
         self.min = arith._reduction("min", lambda a, d, k: torch.amin(a, d, keepdim=k), arith._max_dtype)
-        self.var, self.var_mean = arith._var, arith._var_mean
+        self.var, self.var_mean, self.welford = arith._var, arith._var_mean, arith._welford
         self.cumsum, self.cumprod = arith._scan("cumsum", torch.cumsum), arith._scan("cumprod", torch.cumprod)
         self.pad, self.cat, self.iota, self.full, self.cast = (
             movement._pad,

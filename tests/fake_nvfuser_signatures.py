@@ -199,6 +199,7 @@ OPS = {
     **dict.fromkeys(("max", "min", "prod", "sum"), _REDUCTION),
     "var": _VARIANCE,
     "var_mean": _VARIANCE,
+    "welford": (_overload("arg:TV", "dims:INTS"),),
     "cumsum": _SCAN,
     "cumprod": _SCAN,
     "cast": (_overload("arg:TV", "dtype:DTYPE"), _overload("arg:SV", "dtype:DTYPE")),

@@ -78,6 +78,8 @@ OP_NAMES = {
     "amax": "max",
     "amin": "min",
     "take": "index_select",
+    "var": "welford",  # (its M2 divided by the count, as torch's WelfordOps: nvfuser_numbers.translate_var_mean)
+    "var_mean": "welford",
 }
 #: Reduced-precision floats as eager computes them: each op in float32, rounded at its output.
 HALF_DTYPES = (torch.bfloat16, torch.float16)

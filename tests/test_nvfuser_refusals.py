@@ -193,7 +193,7 @@ def test_a_layout_that_fails_copied_too_runs_eagerly_with_both_errors(fake_ex, m
     def refuse(arg, *args, **kwargs):
         raise RuntimeError("no reduction today")
 
-    monkeypatch.setattr(fake.ops, "var_mean", refuse)
+    monkeypatch.setattr(fake.ops, "welford", refuse)  # (the layer norm's var_mean: nvfuser_numbers)
     x, w = torch.randn(8, 16).t().contiguous().t(), torch.randn(16)
     jfn = thunder_rs.jit(lambda x, w: torch.nn.functional.layer_norm(x, (16,), w) * 2, executors=[fake_ex])
     with pytest.warns(UserWarning, match="runs eagerly.*no reduction today.*copied row-major.*no reduction today"):

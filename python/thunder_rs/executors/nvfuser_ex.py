@@ -66,7 +66,7 @@ from thunder_rs.core.lang.symfloat import SymFloat, text
 from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
-from thunder_rs.executors.nvfuser_numbers import translate_div, translate_pow
+from thunder_rs.executors.nvfuser_numbers import translate_div, translate_pow, translate_var, translate_var_mean
 from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
 from thunder_rs.executors.torch_ex import torch_ex
 
@@ -147,21 +147,14 @@ def _iota(cx, length, start, step, device, dtype):
 
 
 def _sum(cx, a, dims):
-    # torch accumulates a half sum in float32; nvFuser casts to the given dtype first.
-    return cx.ops.sum(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
+    # torch accumulates a half sum in float32; nvFuser casts to the given dtype first. An operand
+    # that may have an expanded dim is materialized: nvFuser's sum over one is a product with its
+    # extent (prod: a power; csrc/ops/arith.cpp "[Trivial reductions]"), torch's kernels add the copies.
+    return cx.ops.sum(cx.materialized(a), dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
 def _prod(cx, a, dims):
-    return cx.ops.prod(a, dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
-
-
-def _var_mean(cx, a, dims, correction):
-    # variance_mean refuses halves ("please upcast to float", csrc/ops/normalization.cpp).
-    return tuple(cx.ops.var_mean(cx.upcast(a), list(dims), int(correction), False))
-
-
-def _var(cx, a, dims, correction):
-    return cx.ops.var(cx.upcast(a), list(dims), int(correction), False)
+    return cx.ops.prod(cx.materialized(a), dims, False, cx.data_type(cx.computed(cx.dtype_of(a))))
 
 
 #: prim name -> ``translate(cx, *args)``: the ``fd.ops`` calls computing the prim, with the
@@ -188,8 +181,8 @@ TRANSLATIONS = {
     "prod": _copy_or(_prod),
     "amax": _copy_or(lambda cx, a, dims: cx.ops.max(cx.upcast(a), dims, False)),
     "amin": _copy_or(lambda cx, a, dims: cx.ops.min(cx.upcast(a), dims, False)),
-    "var": _var,
-    "var_mean": _var_mean,
+    "var": translate_var,
+    "var_mean": translate_var_mean,
     "cumsum": lambda cx, a, dim: cx.ops.cumsum(a, dim),
     "cumprod": lambda cx, a, dim: cx.ops.cumprod(a, dim),
     # nvFuser evaluates these with ATen in a segment of their own, which hands on its result laid

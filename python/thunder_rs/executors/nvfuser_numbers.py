@@ -1,7 +1,8 @@
 """The nvFuser translations of prims whose torch kernels compute otherwise with a number operand:
 ``pow`` (PowKernel.cpp and PowKernel.cu compute some exponents with other functions than ``pow``,
 where nvFuser's generated code calls ``pow``, CUDA's ``powf``) and ``div`` (CUDA's kernel multiplies
-by the number's reciprocal). The region computes them as torch does."""
+by the number's reciprocal), and ``var``/``var_mean`` (torch's CUDA kernel divides a Welford M2 by the
+count, nvFuser multiplies by its reciprocal). The region computes them as torch does."""
 
 import math
 
@@ -90,3 +91,26 @@ def _reciprocal(b: float, double: bool) -> float:
     if b == 0:
         return math.copysign(math.inf, b)
     return 1.0 / b if double else _float32(1.0 / b)
+
+
+def translate_var_mean(cx, a, dims, correction):
+    """``var_mean`` as torch's CUDA kernel computes it (ReduceMomentKernel.cu ``std_var_kernel_cuda``,
+    SharedReduceOps.h ``WelfordOps::project``): a Welford reduction's M2 divided by ``max(N - correction,
+    0)`` in the accumulation dtype. nvFuser's ``var_mean`` and ``var`` multiply by its reciprocal
+    (csrc/ops/normalization.cpp ``variance_mean``, ``variance``), and ``var`` reduces in two passes:
+    the region divides the M2 of ``welford`` (python_direct ops.cpp) instead. Halves run in Float, and
+    an operand that may be expanded is materialized (``WelfordRaw`` does not squeeze its broadcasts)."""
+    a = cx.materialized(cx.upcast(a))
+    mean, m2, _ = cx.ops.welford(a, list(dims))
+    count = None
+    for d in dims:
+        extent = cx.ops.size(a, d)
+        count = extent if count is None else cx.ops.mul(count, extent)
+    if correction:
+        count = cx.ops.sub(count, int(correction))
+        count = cx.ops.where(cx.ops.ge(count, 0), count, 0)
+    return cx.ops.div(m2, count), mean
+
+
+def translate_var(cx, a, dims, correction):
+    return translate_var_mean(cx, a, dims, correction)[0]

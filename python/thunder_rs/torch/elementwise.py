@@ -234,14 +234,34 @@ def add(input, other, *, alpha=1):
     return clang.elementwise(prims.add, "ltorch.add", a, b)
 
 
+def _not_bools(a, b, op: str) -> None:
+    """Eager's errors for a subtraction with a bool (BinaryOps.cpp ``sub_check``: a bool tensor or a
+    Python bool, which aten wraps as a bool tensor), naming the user's line: two bools were prims.sub's
+    "not implemented for b8", one ran as an eager fallback raising at execution with a trace line)."""
+    bools = [x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (a, b)]
+    if not any(bools):
+        return
+    if all(bools):
+        advice = "with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead."
+    else:
+        advice = (
+            "with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or "
+            "`logical_not()` operator instead."
+        )
+    message = f"Subtraction, the `-` operator, {advice} (at {user_location()})"
+    raise ThunderNotImplementedError(f"{op}: {message}")
+
+
 @torchsymbol(torch.sub, T.sub, T.__sub__)
 def sub(input, other, *, alpha=1):
+    _not_bools(input, other, "ltorch.sub")
     a, b = first_as_tensor(input, other), _scaled(other, alpha, "ltorch.sub")
     return clang.elementwise(prims.sub, "ltorch.sub", a, b)
 
 
 @torchsymbol(torch.rsub, T.__rsub__)
 def rsub(a, b, *, alpha=1):
+    _not_bools(a, b, "ltorch.rsub")
     return clang.elementwise(prims.sub, "ltorch.rsub", b, _scaled(a, alpha, "ltorch.rsub"))
 
 
