@@ -68,16 +68,7 @@ pub fn absent_outputs(
         }
     }
     let Arg::Tuple(items) = &backward.outputs else { return Vec::new() };
-    let has = |pieces: &[Arg], of: &FxHashMap<ValueId, ValueId>| {
-        pieces.iter().any(|p| matches!(p, Arg::Value(v) if of.contains_key(v)))
-    };
-    // (an input's gradients per use, `vjp::backprop_by_use`: absent where one is and none is
-    // present; from an absent value alone, where one of them is reached from it)
-    let is_absent = |a: &Arg| match a {
-        Arg::Value(v) => zeros.contains_key(v),
-        Arg::Tuple(pieces) => has(pieces, &zeros) && !has(pieces, &present),
-        _ => false,
-    };
+    let is_absent = |a: &Arg| matches!(a, Arg::Value(v) if zeros.contains_key(v));
     items.iter().enumerate().filter(|(_, a)| is_absent(a)).map(|(i, _)| i).collect()
 }
 

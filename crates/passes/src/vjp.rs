@@ -81,7 +81,7 @@ pub fn joint_with(trace: &Trace, absent: &[usize], checkpoints: &[Checkpoint]) -
     }
     let mut builder = TraceBuilder::resume(trace);
     let mut cots = Cotangents::default();
-    let early;
+    let mut early = Landed::default();
     {
         let mut e = Emitter::new(&mut builder);
         for (k, &o) in outputs.iter().enumerate() {
@@ -93,7 +93,7 @@ pub fn joint_with(trace: &Trace, absent: &[usize], checkpoints: &[Checkpoint]) -
             }
         }
         if checkpoints.is_empty() {
-            early = backprop_by_use(&mut e, &mut cots, trace)?;
+            backprop(&mut e, &mut cots, &trace.bsyms)?;
         } else {
             early = backprop_checkpointed(&mut e, &mut cots, trace, checkpoints)?;
         }
@@ -302,42 +302,6 @@ impl Cotangents {
         self.of.insert(v, total);
         Ok(())
     }
-}
-
-/// [`backprop`] of `trace`'s calls, each program input's gradient from each top-level call kept
-/// apart, in the order the backward makes them (the last call's first): eager's engine adds each
-/// use's gradient to the input's buffer in turn, last made first, and another call's gradients
-/// may be there already (a program called twice before one backward: `((g_c + g_b) + g_a)` for
-/// uses `a`, `b` of the first call and `c` of the second, where a sum of the call's own first
-/// rounds as `(g_a + g_b) + g_c`). The last piece is left in `cots`; the earlier ones, of inputs
-/// with several, are returned (the runtime gives autograd an edge per piece).
-fn backprop_by_use(e: &mut Emitter, cots: &mut Cotangents, trace: &Trace) -> Result<Landed> {
-    let wants = |v: &ValueId| matches!(trace.values.get(v.index()), Some(ValueKind::Tensor(t)) if t.requires_grad);
-    let inputs: Vec<ValueId> = trace.inputs.iter().copied().filter(wants).collect();
-    let mut pieces: Landed = FxHashMap::default();
-    let mut land = |cots: &mut Cotangents| {
-        for &i in &inputs {
-            if let Some(g) = cots.take(i) {
-                pieces.entry(i).or_default().push(g);
-            }
-        }
-    };
-    land(cots); // (an input returned as it is: its cotangent)
-    for k in (0..trace.bsyms.len()).rev() {
-        backprop(e, cots, &trace.bsyms[k..=k])?;
-        if !inputs.is_empty() {
-            land(cots);
-        }
-    }
-    let mut early = Landed::default();
-    for (i, mut landed) in pieces {
-        let last = landed.pop().expect("an input lands a gradient at least once");
-        cots.set(i, last);
-        if !landed.is_empty() {
-            early.insert(i, landed);
-        }
-    }
-    Ok(early)
 }
 
 /// Whether `bsym` is a composite recorded whole (`TraceBuilder::record_given`): no

@@ -167,16 +167,6 @@ impl PyTrace {
         passes::differentiable::inputs_needed(&self.trace)
     }
 
-    /// Per output of a backward trace (a gradient per forward input), how many gradients it
-    /// gives: several where the input gets each use's apart (`passes::vjp::joint_with`), else 1.
-    fn gradient_pieces(&self) -> Vec<usize> {
-        let count = |a: &trace_ir::Arg| if let trace_ir::Arg::Tuple(items) = a { items.len() } else { 1 };
-        match &self.trace.outputs {
-            trace_ir::Arg::Tuple(items) => items.iter().map(count).collect(),
-            other => vec![count(other)],
-        }
-    }
-
     /// The positions of the inputs that the flat outputs at `outputs` hold as they are
     /// (`passes::differentiable::inputs_returned`).
     fn inputs_returned(&self, outputs: Vec<usize>) -> Vec<usize> {

@@ -291,7 +291,6 @@ def grad_function(
     viewable: tuple | None = None,
     made: dict | None = None,
     landing: bool = False,
-    pieces: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -312,19 +311,20 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
     ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
-    eager adds to its ``.grad`` in turn (``_land_in_turn``); else ``pieces``: per input, its edges (``_Edges``)."""
+    eager adds to its ``.grad`` in turn (``_land_in_turn``)."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
-    keeping, edges = (written, inputs_at_call(stale), made), _Edges(pieces)  # (versions eager's errors count from)
+    stale_inputs = inputs_at_call(stale)  # (the versions of the memories eager's errors count from)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
-            flat = _run_forward(ctx, edges.own(inputs), forward, program, single, viewable, keeping)
-            ctx.landing = inputs if landing else None
+            flat = _run_forward(ctx, inputs, forward, program, single, viewable, (written, stale_inputs, made))
+            if landing:
+                ctx.landing = inputs
             constant = outputs_at.constant(flat)
             if constant:
                 ctx.mark_non_differentiable(*constant)
@@ -344,57 +344,16 @@ def grad_function(
                 pattern = unreached.of(cotangents) if partial else None
                 read = None if pattern is None else pattern[3]
                 if _is_grad_enabled():  # create_graph=True: a backward autograd records
-                    return edges.spread(_differentiated(ctx, program, grads, outputs, pattern))
+                    return _differentiated(ctx, program, grads, outputs, pattern)
                 saved = _unpacked(ctx, saved, outputs, read, grads)
                 if pattern is not None:
                     found = _reached(backward, saved, cotangents, pattern, ctx.shapes, outputs_at)
                 else:
                     found = backward(saved, *cotangents)
-                return _land_in_turn(ctx.landing, found) if landing else edges.spread(found)
+                return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = edges.applied(CompiledFunction.apply, unread)
+    apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
-
-
-class _Edges:
-    """The edges of a compiled call to an input several of its top-level calls use: one per use,
-    the input passed again to ``Function.apply`` after the others. Eager's engine adds each use's
-    gradient to the input's buffer in turn, last made first, where another call's gradients may be
-    already (a program called twice before one backward): a sum of the call's own first rounds
-    otherwise. The backward gives such an input a tuple of gradients (``passes::vjp::joint_with``),
-    spread over its edges in order, the engine adding a node's outputs in order."""
-
-    def __init__(self, pieces: tuple):
-        self.at = tuple((k, n) for k, n in enumerate(pieces) if n > 1)
-        self.again = tuple(k for k, n in self.at for _ in range(n - 1))
-        self.extra = len(self.again)
-
-    def own(self, inputs: tuple) -> tuple:
-        """The call's inputs among those ``Function.apply`` was given (``applied``)."""
-        return inputs[: len(inputs) - self.extra] if self.extra else inputs
-
-    def applied(self, apply, unread: tuple):
-        """``apply`` given the inputs with several uses again, after the others; None at the
-        positions ``unread`` (``_without``)."""
-        apply = _without(apply, unread) if unread else apply
-        if not self.extra:
-            return apply
-        again = self.again
-        return lambda *inputs: apply(*inputs, *[inputs[k] for k in again])
-
-    def spread(self, grads: tuple) -> tuple:
-        """``grads`` (a tuple where an input has several) as autograd takes them: the first of each
-        at its input, the others at its extra edges (None where a backward gave fewer: one that
-        reached some outputs only, or ``create_graph=True``'s, which gives each input one)."""
-        if not self.extra:
-            return grads
-        out, tail = list(grads), []
-        for k, n in self.at:
-            g = out[k]
-            rest = list(g[1:]) if isinstance(g, tuple) else []
-            out[k] = g[0] if isinstance(g, tuple) else g
-            tail.extend(rest + [None] * (n - 1 - len(rest)))
-        return (*out, *tail)
 
 
 #: Eager's error for a backward through a reentrant checkpoint that does not accumulate into

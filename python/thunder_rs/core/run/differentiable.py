@@ -138,9 +138,7 @@ class DifferentiableProgram:
         # (only those the engine takes: an input whose derivative eager lacks, ``zeta(x * 2, q)``'s
         # ``x``, raises only where its gradient is asked for, as eager's engine runs no node towards it)
         node = torch._C._current_autograd_node()
-        # (the inputs' own edges: an input with several uses has more, ``autograd._Edges``)
-        needs = ctx.needs_input_grad[: len(inputs)]
-        wanted = [i for i, needed in enumerate(needs) if needed and executes(node, i)]
+        wanted = [i for i, needed in enumerate(ctx.needs_input_grad) if needed and executes(node, i)]
         for k, copy in (ctx.copies or {}).items():
             if k in wanted:
                 raise ThunderNotImplementedError(

@@ -305,7 +305,6 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["made"] = _made(acquired, grad_positions)
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
-        partial["pieces"] = () if acquired.checkpoints else tuple(backward_traces[-1].gradient_pieces())
         if wb is None:
             computation = grad_function(
                 computation,
