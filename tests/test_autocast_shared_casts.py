@@ -159,6 +159,22 @@ def test_a_weight_written_between_calls_reads_the_stale_cast_as_eager():
     assert_matches_eager(lambda: nn.Linear(16, 16), step)
 
 
+def test_a_weight_written_after_a_no_grad_call_reads_the_stale_cast_as_eager():
+    """A no_grad call of the region reads torch's cache as the others do (eager's no_grad op caches
+    its cast): a later call computes with the cast made before the write, as eager's."""
+
+    def step(model, x1, x2):
+        with torch.autocast("cpu", dtype=BF16):
+            with torch.no_grad():
+                seen = model(x1)
+                model.weight.mul_(2)
+            out = model(x2)
+        out.float().sum().backward()
+        return seen, out
+
+    assert_matches_eager(lambda: nn.Linear(16, 16), step)
+
+
 def test_a_no_grad_call_first_shares_its_cast_with_the_calls_after_it():
     def step(model, x1, x2):
         with torch.autocast("cpu", dtype=BF16):
