@@ -334,3 +334,51 @@ def test_a_fallback_and_a_traced_op_of_one_call_share_the_weight_s_cast():
         warnings.simplefilter("ignore", UserWarning)  # (chain_matmul is deprecated)
         expected, actual = run(program), run(thunder_rs.jit(program))
     assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
+class _ConvHead(nn.Module):  # a 3-d weight (looked up as the others cannot be) beside matrices and vectors
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 2, 3, padding=1)
+        self.proj = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.proj(self.conv(x.unsqueeze(1)).flatten(1))
+
+
+def test_weights_of_every_rank_share_their_casts_across_calls():
+    """Each call looks its casts up with the caller's modes checked once (``torch_casts.read_casts``),
+    the first of a region marking its generation: a 3-d weight, a matrix and a vector all read the
+    casts eager's ops read, over two steps (the second casts the updated weights)."""
+
+    def steps(model, x1, x2):
+        outs = []
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=BF16):
+                out = model(x1) * model(x2)
+            out.float().square().sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(0.1 * p.grad)
+            outs.append(out)
+        return outs
+
+    assert_matches_eager(_ConvHead, steps)
+
+
+def test_a_later_call_in_a_region_of_another_dtype_refuses_the_outer_cast():
+    """A call traced in a float16 region, called in one nested in a bfloat16 region whose eager op
+    cached the weight's bfloat16 cast (after another call began the lookups of the region): eager's
+    float16 ops read that bfloat16 cast, which the call cannot; it raises the error naming it."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(16, 16), nn.Linear(16, 16)
+    ja, jb = thunder_rs.jit(a), thunder_rs.jit(b)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.float16):
+        jb(x)
+    with torch.autocast("cpu", dtype=BF16):
+        ja(x)
+        F.linear(x, b.weight, b.bias)
+        with torch.autocast("cpu", dtype=torch.float16):
+            with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="holds a torch.bfloat16 cast"):
+                jb(x)

@@ -11,7 +11,9 @@ an op autocast casts through the cache runs on the tensor and an empty partner, 
 its dtype and grad mode set as the lookup needs, and the cast is read back from what its
 backward saved. The cache holds the cast until torch clears it (as the outermost region is left,
 or ``torch.clear_autocast_cache()``); the lookups are remembered until then, told by a cast of a
-sentinel that only torch's cache holds, which dies as it is cleared (``generation``).
+sentinel that only torch's cache holds, which dies as it is cleared (``generation``). A call
+checks the caller's modes once for all its casts, and its lookups after the first of a generation
+take partners already of the autocast dtype, so that each casts the leaf alone (``read_casts``).
 """
 
 import weakref
@@ -150,15 +152,21 @@ _REFUSED = (
 )
 
 
+def _hit(t: torch.Tensor, now: weakref.ref | None) -> torch.Tensor | None:
+    """The cast of ``t`` looked up since torch's cache last changed generation, if any."""
+    hit = _looked.get(id(t)) if now is not None else None
+    if hit is not None and hit[2] is now and hit[0]() is t:
+        return hit[1]()
+    return None
+
+
 def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.Tensor:
     """The cast of the leaf ``t`` that eager's ops of this autocast region read: the one torch's
     cache holds (made now where it holds none, with grad mode on, as torch >= 2.10 makes it)."""
     now = _current()
-    hit = _looked.get(id(t)) if now is not None else None
-    if hit is not None and hit[2] is now and hit[0]() is t:
-        cast = hit[1]()
-        if cast is not None:
-            return cast
+    cast = _hit(t, now)
+    if cast is not None:
+        return cast
     cast, marker = _looked_up(t, device_type, dtype, now is None)
     if now is None:  # (the first lookup since torch cleared its cache: its partner's cast marks it)
         now = _new_generation(marker)
@@ -166,6 +174,79 @@ def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.
         raise ThunderRuntimeError(_REFUSED.format(cast.dtype, dtype, cast.dtype))
     _looked[id(t)] = (weakref.ref(t), weakref.ref(cast), now)
     return cast
+
+
+#: Empty partners in the autocast dtype that require grad, by ``(shape, device, dtype)``: autocast
+#: leaves them as they are, so a lookup casts the leaf alone (``_probed``).
+_low_partners: dict = {}
+#: The tensors a lookup of ``read_casts`` may be made for: plain ones, no subclass or mode's.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _plan(t: torch.Tensor, dtype: torch.dtype) -> tuple | bool:
+    """How ``read_casts`` looks up the cast of ``t`` (a leaf of a trace of static sizes, so
+    one plan serves each call): ``(mm?, partner in dtype, float32 partner)``, False for other ranks."""
+    if t.ndim not in (1, 2):
+        return False
+    shape = (t.shape[1], 0) if t.ndim == 2 else (0, t.shape[0])
+    key = (shape, t.device, dtype)
+    low = _low_partners.get(key)
+    if low is None:
+        low = _low_partners[key] = torch.empty(shape, device=t.device, dtype=dtype, requires_grad=True)
+    return t.ndim == 2, low, _partner(t, shape)
+
+
+def _probed(t: torch.Tensor, plan: tuple, now: weakref.ref | None) -> tuple:
+    """``cached_cast``'s lookup where the caller's region is as it needs (grad mode on, autocast
+    on in the cast's dtype, no modes or saved-tensor hooks): ``t`` alone is cast through the cache
+    (its partner is of that dtype already), read back from what ``mm`` (a matrix) or ``mv`` (a
+    vector) saved; the first lookup of a generation (``now`` None) takes the float32 partner, whose
+    cast marks it. ``(cast, generation)``; the cast None where a cast of another dtype is cached
+    (an enclosing region's: ``cached_cast`` raises the error)."""
+    matrix, low, full = plan
+    partner = low if now is not None else full
+    try:
+        node: Any = torch.mm(t, partner).grad_fn if matrix else torch.matmul(partner, t).grad_fn
+    except RuntimeError:  # (mm of two dtypes)
+        return None, now
+    if now is None:
+        now = _new_generation(node._saved_mat2 if matrix else node._saved_self)
+    return (node._saved_self if matrix else node._saved_vec), now
+
+
+def read_casts(given: list, casts: tuple, plans: list) -> None:
+    """Places in ``given`` (a call's inputs) the casts ``casts`` names (``with_cached_casts``), as
+    ``cached_cast`` looks them up, its checks of the caller's modes made once per call and the
+    partners once per entry (``plans``, by cast)."""
+    now = _current()
+    ready = (
+        torch.is_grad_enabled()
+        and not _function_modes()
+        and not _dispatch_modes()
+        and not (_top_hooks(False) is not None and _hooks_enabled())
+    )
+    device, lower = None, None  # (the autocast dtype of ``device``, None where autocast is off there)
+    for i, (at, leaf, device_type, dtype) in enumerate(casts):
+        t = given[leaf]
+        cast = _hit(t, now) if now is not None else None
+        if cast is None and ready and type(t) in _PLAIN:
+            if device_type != device:
+                device = device_type
+                lower = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            plan = plans[i]
+            if plan is None:
+                plan = plans[i] = _plan(t, dtype)
+            if plan and lower == dtype:
+                cast, now = _probed(t, plan, now)
+                if cast is not None and cast.dtype == dtype:
+                    _looked[id(t)] = (weakref.ref(t), weakref.ref(cast), now)
+                else:
+                    cast = None
+        if cast is None:
+            cast = cached_cast(t, device_type, dtype)
+            now = _current()
+        given[at] = cast
 
 
 def _cast_anew(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -185,12 +266,15 @@ def with_cached_casts(fn, casts: tuple):
     in place of the stand-in the captured inputs hold there. Called outside any region (traced in
     one the caller entered with autocast off, the program entering its own), a cast of its own:
     the program's region is the outermost, whose casts eager's cache drops as it is left."""
+    plans: list = [None] * len(casts)
 
     def call(*inputs):
         given = list(inputs)
-        outside = nesting() == 0
-        for at, leaf, device_type, dtype in casts:
-            given[at] = _cast_anew(given[leaf], dtype) if outside else cached_cast(given[leaf], device_type, dtype)
+        if nesting() > 0:
+            read_casts(given, casts, plans)
+        else:
+            for at, leaf, _, dtype in casts:
+                given[at] = _cast_anew(given[leaf], dtype)
         return fn(*given)
 
     return call
