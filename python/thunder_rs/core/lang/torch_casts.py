@@ -238,11 +238,9 @@ def read_casts(given: list, casts: tuple, plans: list) -> None:
             if plan is None:
                 plan = plans[i] = _plan(t, dtype)
             if plan and lower == dtype:
-                cast, now = _probed(t, plan, now)
-                if cast is not None and cast.dtype == dtype:
+                cast, now = _probed(t, plan, now)  # (of ``dtype``: ``mm`` and ``mv`` take one dtype)
+                if cast is not None:
                     _looked[id(t)] = (weakref.ref(t), weakref.ref(cast), now)
-                else:
-                    cast = None
         if cast is None:
             cast = cached_cast(t, device_type, dtype)
             now = _current()
