@@ -382,3 +382,30 @@ def test_a_later_call_in_a_region_of_another_dtype_refuses_the_outer_cast():
         with torch.autocast("cpu", dtype=torch.float16):
             with pytest.raises(thunder_rs.errors.ThunderRuntimeError, match="holds a torch.bfloat16 cast"):
                 jb(x)
+
+
+def test_a_call_looks_its_casts_up_without_setting_the_callers_modes(monkeypatch):
+    """In a region as the lookups need (grad mode on, autocast on in the cast's dtype, no modes or
+    hooks), a traced call's lookups are the probes alone (``torch_casts.read_casts``): none goes
+    through ``_looked_up``, which sets and restores the modes per weight; the results are eager's."""
+    slow = []
+    looked_up = torch_casts._looked_up
+    monkeypatch.setattr(torch_casts, "_looked_up", lambda *a: slow.append(a[0]) or looked_up(*a))
+    torch.manual_seed(0)
+    model = _mlp()
+    twin = copy.deepcopy(model)
+    compiled = thunder_rs.jit(twin)
+    x1, x2 = _inputs((8, 16), (8, 16))
+    results = []
+    for m in (model, compiled, compiled):  # (the first compiled step traces)
+        slow.clear()
+        with torch.autocast("cpu", dtype=BF16):
+            out = m(x1) * m(x2)
+        out.float().sum().backward()
+        results.append((out, [p.grad for p in (twin if m is compiled else model).parameters()]))
+        for p in (twin if m is compiled else model).parameters():
+            p.grad = None
+    assert slow == []
+    (expected, expected_grads), (actual, grads) = results[0], results[2]
+    assert torch.equal(actual, expected)
+    assert all(torch.equal(a, e) for a, e in zip(grads, expected_grads, strict=True))
