@@ -101,7 +101,36 @@ CASES = {
         lambda a, b, c, m: -torch.nn.functional.softplus(a, beta=3.0, threshold=2.0),
         lambda a, b, c, m: _softplus(a, 3.0, 2.0),
     ),
+    # What regions computed as torch's kernels already (kept so): a number in float32 (mul, add,
+    # div as a product with the reciprocal, BinaryDivTrueKernel.cu), read in the tensor's dtype
+    # (clamp_scalar, threshold, where: ``to<scalar_t>()``), slopes and alpha in opmath.
+    "x * 0.1": (lambda a, b, c, m: -(a * 0.1), lambda a, b, c, m: a.float() * f32(0.1)),
+    "x + 1e-3": (lambda a, b, c, m: -(a + 1e-3), lambda a, b, c, m: a.float() + f32(1e-3)),
+    "x / 3": (lambda a, b, c, m: -(a / 3), lambda a, b, c, m: a.float() * f32(1 / f32(3))),
+    "clamp": (lambda a, b, c, m: -a.clamp(0.1, 0.7), lambda a, b, c, m: a.clamp(_in(a, 0.1), _in(a, 0.7)).float()),
+    "where": (lambda a, b, c, m: -torch.where(m, a, 0.1), lambda a, b, c, m: torch.where(m, a, _in(a, 0.1)).float()),
+    "threshold": (
+        lambda a, b, c, m: -torch.nn.functional.threshold(a, 0.1, 0.3),
+        lambda a, b, c, m: torch.where(a <= _in(a, 0.1), _in(a, 0.3), a).float(),
+    ),
+    "hardtanh": (
+        lambda a, b, c, m: -torch.nn.functional.hardtanh(a, -0.3, 0.7),
+        lambda a, b, c, m: a.clamp(_in(a, -0.3), _in(a, 0.7)).float(),
+    ),
+    "leaky_relu": (
+        lambda a, b, c, m: -torch.nn.functional.leaky_relu(a, 0.1),
+        lambda a, b, c, m: torch.where(a.float() > 0, a.float(), a.float() * f32(0.1)),
+    ),
+    "elu": (
+        lambda a, b, c, m: -torch.nn.functional.elu(a, 0.7),
+        lambda a, b, c, m: torch.where(a.float() > 0, a.float(), torch.expm1(a.float()) * f32(0.7)),
+    ),
 }
+
+
+def _in(a, number: float):
+    """``number`` as torch's kernel reads it in ``a``'s dtype (``Scalar::to<scalar_t>()``)."""
+    return torch.tensor(number, dtype=a.dtype)
 
 
 def _inputs(dtype, device="cpu"):
