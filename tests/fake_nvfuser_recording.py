@@ -195,6 +195,8 @@ def _as(x, dtype, device):
     scalar): what ``promoteValues`` casts it to."""
     if isinstance(x, torch.Tensor):
         return x.to(dtype)
+    if torch.device(device).type != "cuda":  # (a real CPU one: scalar arithmetic reads its item)
+        return torch.tensor(x, dtype=dtype, device=device)
     # (``full``, not ``torch.tensor``: a FakeTensorMode makes a fake CUDA tensor of a factory, where
     # ``torch.tensor`` copies its data to the device outside the mode and needs a CUDA driver)
     return torch.full((), x, dtype=dtype, device=device)
