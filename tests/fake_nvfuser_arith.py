@@ -216,7 +216,10 @@ def _trivially_reduced(name, fn, a, axes, keepdim, expanded):
     for d in expanded[1:]:
         squeezed = squeezed.narrow(d, 0, 1)
     out = fn(squeezed, axes, keepdim)  # (the squeezed dims of extent 1 reduce to themselves)
-    factor_t = torch.tensor(factor, dtype=out.dtype, device=out.device)
+    if out.device.type == "cuda":  # (``full``: a fake CUDA tensor under a FakeTensorMode, needing no driver)
+        factor_t = torch.full((), factor, dtype=out.dtype, device=out.device)
+    else:
+        factor_t = torch.tensor(factor, dtype=out.dtype, device=out.device)
     return out * factor_t if name == "sum" else torch.pow(out, factor_t)
 
 

@@ -28,7 +28,11 @@ def _slice(a, start, end, strides=None, manual_normalization=False):
     strides = strides or [1] * a.ndim
     if _defined_by_scalars(a, (*start, *end)):  # the bounds taken as in range (samples may cross)
         return a.new_empty([max(int(e) - int(s), 0) for s, e in zip(start, end)])
-    return a[tuple(slice(int(s), int(e), st) for s, e, st in zip(start, end, strides))]
+    # (by ``aten.slice``, not indexing: ``Tensor.__getitem__`` enters a CUDA device guard outside a
+    # FakeTensorMode, which needs a CUDA driver)
+    for d, (s, e, st) in enumerate(zip(start, end, strides)):
+        a = torch.ops.aten.slice.Tensor(a, d, int(s), int(e), st)
+    return a
 
 
 def _reshape(a, shape):

@@ -195,7 +195,11 @@ def _as(x, dtype, device):
     scalar): what ``promoteValues`` casts it to."""
     if isinstance(x, torch.Tensor):
         return x.to(dtype)
-    return torch.tensor(x, dtype=dtype, device=device)
+    if torch.device(device).type != "cuda":  # (a real CPU one: scalar arithmetic reads its item)
+        return torch.tensor(x, dtype=dtype, device=device)
+    # (``full``, not ``torch.tensor``: a FakeTensorMode makes a fake CUDA tensor of a factory, where
+    # ``torch.tensor`` copies its data to the device outside the mode and needs a CUDA driver)
+    return torch.full((), x, dtype=dtype, device=device)
 
 
 def _elementwise(name, fn, operands, dtype, out_dtype=None):

@@ -288,8 +288,7 @@ def test_on_fake_cuda_a_division_by_a_number_is_a_product_with_its_reciprocal(mo
     monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
     fake.definitions.clear()
     executor = NvFuserExecutor("nvfuser_fake_cuda", module=fake)
-    # (not float64: the stand-in's Double constants fail on fake CUDA tensors, "Found no NVIDIA driver")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
         x = torch.randn(64, device="cuda", dtype=dtype)
         out = thunder_rs.jit(_divisions, executors=[executor])(x)
         assert [(o.dtype, o.device) for o in out] == [(x.dtype, x.device)] * len(DIVISORS)
@@ -299,6 +298,32 @@ def test_on_fake_cuda_a_division_by_a_number_is_a_product_with_its_reciprocal(mo
         sized(torch.randn(n, 4, device="cuda"), 3, 0.7)
     recorded = [op for d in fake.definitions for op in d.recorded]
     assert {"mul", "reciprocal"} <= set(recorded) and "div" not in recorded, recorded
+    assert executor.stats["failures"] == 0, executor.fallbacks
+
+
+def _doubles_and_slices(a):
+    return (a * 0.1 + 1e-3) * 1, a[1:3].exp() * 2, a[:, 2:].sum(0) * 0.5, torch.cat([a[:1], a[-1:] * 3.5])
+
+
+def test_on_fake_cuda_double_constants_and_slices_define_and_run(monkeypatch, fake_cuda):
+    """A float64 tensor's Python floats stay Double constants and a slice is ``ops.slice``: the
+    stand-in made each on fake CUDA tensors with ``torch.tensor`` and ``Tensor.__getitem__``, which
+    need a CUDA driver ("Found no NVIDIA driver", "CUDA driver version is insufficient"), and the
+    regions ran eagerly; nvFuser defines and runs both."""
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
+    fake.definitions.clear()
+    executor = NvFuserExecutor("nvfuser_fake_cuda", module=fake)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        x = torch.randn(5, 8, device="cuda", dtype=dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a region running eagerly warns
+            out = thunder_rs.jit(_doubles_and_slices, executors=[executor])(x)
+        expected = _doubles_and_slices(torch.empty(5, 8, device="meta", dtype=dtype))  # (eager's indexing needs CUDA)
+        assert [(o.dtype, o.shape, o.device.type) for o in out] == [(e.dtype, e.shape, "cuda") for e in expected]
+    recorded = {op for d in fake.definitions for op in d.recorded}
+    assert {"slice", "define_scalar"} <= recorded, recorded
     assert executor.stats["failures"] == 0, executor.fallbacks
 
 

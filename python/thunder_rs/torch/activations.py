@@ -160,7 +160,12 @@ def elu(input, alpha=1.0, inplace=False):
 def softplus(input, beta=1.0, threshold=20.0):
     def body(x):
         scaled = prims.mul(x, beta)
-        soft = prims.div(prims.log1p(prims.exp(scaled)), beta)
+        # Eager's kernels divide by beta in opmath: a 0-d tensor of it stays a division where a
+        # number divisor is CUDA's ``div`` kernel's, a product with its reciprocal (nvfuser_numbers).
+        # (a float of sizes stays one)
+        number = type(beta) in (int, float) and beta != 1
+        divisor = clang.expand_to(prims.full((), beta, x.device, x.dtype), x.shape) if number else beta
+        soft = prims.div(prims.log1p(prims.exp(scaled)), divisor)
         return prims.where(prims.gt(scaled, threshold), x, soft)
 
     return _float_op("ltorch.softplus", input, body)

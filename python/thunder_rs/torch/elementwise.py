@@ -228,10 +228,30 @@ def first_as_tensor(input, other):
     return creation.filled((), input, torch.get_default_device(), creation.fill_dtype(input))
 
 
+def _cuda_half_scaled(prim, op: str, a, b, alpha):
+    """``a + alpha * b`` (``prim`` add or sub) of half tensors as CUDA's kernel computes it (ufunc
+    add.h ``self + alpha * other`` in opmath, ``opmath_symmetric_gpu_kernel_with_scalars``): in
+    float32 with alpha a float32, rounded once (the decomposition rounded ``alpha * b`` to the half
+    dtype first); None where that is not the case (the CPU's kernel rounds alpha and the product)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and is_number(alpha)):
+        return None
+    if (type(alpha) is not SymFloat and alpha == 1) or "cuda" not in (a.device.type, b.device.type):
+        return None
+    _, result = clang.promote(op, (a, b))
+    if result not in LOW_PRECISION:
+        return None
+    f32 = torch.float32
+    scaled = clang.elementwise(prims.mul, op, clang.maybe_convert(b, f32), alpha)
+    return clang.maybe_convert(clang.elementwise(prim, op, clang.maybe_convert(a, f32), scaled), result)
+
+
 @torchsymbol(torch.add, T.add, T.__add__)
 def add(input, other, *, alpha=1):
-    a, b = first_as_tensor(input, other), _scaled(other, alpha, "ltorch.add")
-    return clang.elementwise(prims.add, "ltorch.add", a, b)
+    a = first_as_tensor(input, other)
+    fused = _cuda_half_scaled(prims.add, "ltorch.add", a, other, alpha)
+    if fused is not None:
+        return fused
+    return clang.elementwise(prims.add, "ltorch.add", a, _scaled(other, alpha, "ltorch.add"))
 
 
 def _not_bools(a, b, op: str) -> None:
@@ -255,13 +275,19 @@ def _not_bools(a, b, op: str) -> None:
 @torchsymbol(torch.sub, T.sub, T.__sub__)
 def sub(input, other, *, alpha=1):
     _not_bools(input, other, "ltorch.sub")
-    a, b = first_as_tensor(input, other), _scaled(other, alpha, "ltorch.sub")
-    return clang.elementwise(prims.sub, "ltorch.sub", a, b)
+    a = first_as_tensor(input, other)
+    fused = _cuda_half_scaled(prims.sub, "ltorch.sub", a, other, alpha)
+    if fused is not None:
+        return fused
+    return clang.elementwise(prims.sub, "ltorch.sub", a, _scaled(other, alpha, "ltorch.sub"))
 
 
 @torchsymbol(torch.rsub, T.__rsub__)
 def rsub(a, b, *, alpha=1):
     _not_bools(a, b, "ltorch.rsub")
+    fused = _cuda_half_scaled(prims.sub, "ltorch.rsub", b, a, alpha)
+    if fused is not None:
+        return fused
     return clang.elementwise(prims.sub, "ltorch.rsub", b, _scaled(a, alpha, "ltorch.rsub"))
 
 

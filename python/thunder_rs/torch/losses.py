@@ -118,7 +118,12 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     z = prims.abs(_difference(op, input, target))
     if beta == 0:
         return _reduce(op, z, reduction)
-    quadratic = prims.div(prims.mul(prims.mul(z, z), 0.5), beta)
+    # Eager's kernels divide by beta (BinaryMiscOpsKernels.cu ``0.5 * z * z / beta_val``): a 0-d
+    # tensor of it stays a division where a number divisor is CUDA's ``div`` kernel's, a product with
+    # its reciprocal (nvfuser_numbers). (A float of sizes stays one.)
+    number = type(beta) in (int, float) and beta != 1
+    divisor = clang.expand_to(prims.full((), beta, z.device, z.dtype), z.shape) if number else beta
+    quadratic = prims.div(prims.mul(prims.mul(z, z), 0.5), divisor)
     return _reduce(op, prims.where(prims.lt(z, beta), quadratic, prims.sub(z, 0.5 * beta)), reduction)
 
 

@@ -149,8 +149,18 @@ def addcmul(input, tensor1, tensor2, *, value=1):
         ThunderNotImplementedError,
     )
     _check_value(op, value)
-    # Eager's kernel: self + value * t1 * t2, with value in the computation dtype.
-    return prims.add(a, prims.mul(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
+    if _cuda_floats(compute, input, tensor1, tensor2):
+        # CUDA's kernel (PointwiseOpsKernel.cu ``pointwise_op_impl``): ``fma(value, t1 * t2, self)``
+        # in opmath, ``fma(t1, t2, self)`` for a value of 1; halves rounded once.
+        return _in_opmath(lambda a, t1, t2: _fused(a, prims.mul(t1, t2), value), compute, a, t1, t2)
+    # Eager's CPU kernel: self + value * t1 * t2, with value in the computation dtype (halves in float32).
+    return _in_opmath(
+        lambda a, t1, t2: prims.add(a, prims.mul(prims.mul(t1, clang.maybe_convert(value, a.dtype)), t2)),
+        compute,
+        a,
+        t1,
+        t2,
+    )
 
 
 @torchsymbol(torch.addcdiv, T.addcdiv)
@@ -165,7 +175,37 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
     )
     (a, t1, t2), compute, _ = _operands(op, input, tensor1, tensor2)
     _check_value(op, value)
-    return prims.add(a, prims.div(prims.mul(t1, clang.maybe_convert(value, compute)), t2))
+    if _cuda_floats(compute, input, tensor1, tensor2):
+        # CUDA's kernel: ``fma(value, t1 / t2, self)`` in opmath (the CPU's divides value * t1).
+        return _in_opmath(lambda a, t1, t2: _fused(a, prims.div(t1, t2), value), compute, a, t1, t2)
+    return _in_opmath(
+        lambda a, t1, t2: prims.add(a, prims.div(prims.mul(t1, clang.maybe_convert(value, a.dtype)), t2)),
+        compute,
+        a,
+        t1,
+        t2,
+    )
+
+
+def _cuda_floats(compute, *operands) -> bool:
+    """Whether CUDA's kernel computes these floating operands (a real floating computation dtype)."""
+    on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in operands)
+    return on_cuda and compute.is_floating_point
+
+
+def _in_opmath(body, compute, *operands):
+    """``body`` of ``operands`` in their opmath dtype (float32 for halves, as eager's CPU and CUDA
+    kernels compute them), its result rounded once to ``compute``."""
+    if compute not in (torch.float16, torch.bfloat16):
+        return body(*operands)
+    return clang.maybe_convert(body(*(clang.maybe_convert(x, torch.float32) for x in operands)), compute)
+
+
+def _fused(a, product, value):
+    """``a + value * product``, ``a + product`` for a value of 1 (CUDA's ``pointwise_op_impl``)."""
+    if type(value) is not SymFloat and value == 1:
+        return prims.add(a, product)
+    return prims.add(a, prims.mul(clang.maybe_convert(value, a.dtype), product))
 
 
 @torchsymbol(torch.lerp, T.lerp)
@@ -187,17 +227,32 @@ def lerp(input, end, weight):
     _float_only(op, input.dtype)
     tensors = [x for x in (input, end, weight) if isinstance(x, torch.Tensor)]
     shape = clang.broadcast_shapes(op, *(t.shape for t in tensors))
-    a, b = (clang.expand_to(x, shape) for x in (input, end))
-    w = clang.expand_to(clang.maybe_convert(weight, input.dtype), shape) if isinstance(weight, torch.Tensor) else weight
+    # Eager's kernels (Lerp.h ``lerp``, CPU's and CUDA's) compute in opmath, float32 for halves, with
+    # the weight and ``1 - weight`` in it, and round once.
+    opmath = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    a, b = (clang.expand_to(clang.maybe_convert(x, opmath), shape) for x in (input, end))
+    if isinstance(weight, torch.Tensor):  # (a 0-d weight of another dtype read in the input's, as before)
+        w = clang.expand_to(clang.maybe_convert(clang.maybe_convert(weight, input.dtype), opmath), shape)
+    else:
+        w = weight
+    if opmath == torch.float32 and type(w) is not SymFloat and not isinstance(w, torch.Tensor):
+        w = float(torch.tensor(w, dtype=opmath))  # (``weight.to<opmath_t>()``)
     # Eager's two-sided formula is exact at both ends: weight < 0.5 from input, else from end.
     diff = prims.sub(b, a)
     low = prims.add(a, prims.mul(diff, w))
-    one_minus = prims.sub(_full_like(a, 1.0, a.dtype), w) if isinstance(w, torch.Tensor) else 1.0 - w
+    one_minus = prims.sub(_full_like(a, 1.0, a.dtype), w) if isinstance(w, torch.Tensor) else _one_minus(w, opmath)
     high = prims.sub(b, prims.mul(diff, one_minus))
     if not isinstance(w, torch.Tensor):
         # (``abs(w) < 0.5`` as two comparisons: a weight from sizes decides relations of them)
-        return low if -0.5 < w < 0.5 else high
-    return prims.where(prims.lt(prims.abs(w), 0.5), low, high)
+        return clang.maybe_convert(low if -0.5 < w < 0.5 else high, input.dtype)
+    return clang.maybe_convert(prims.where(prims.lt(prims.abs(w), 0.5), low, high), input.dtype)
+
+
+def _one_minus(w, opmath):
+    """``1 - w`` of a number weight in ``opmath`` (float32's difference is the double one rounded)."""
+    if type(w) is SymFloat or opmath != torch.float32:
+        return 1.0 - w
+    return float(torch.tensor(1.0 - w, dtype=opmath))
 
 
 # -- log-space sums --------------------------------------------------------------------------------
