@@ -183,3 +183,16 @@ def test_a_later_write_of_an_unsaved_output_raises_nothing_as_eager():
     (version, grad), (jversion, jgrad) = run(_view_written), run(thunder_rs.jit(_view_written))
     assert jversion == version
     torch.testing.assert_close(jgrad, grad)
+
+
+@pytest.mark.parametrize("name", ["an argument written twice", "a tensor made, written, returned with views"])
+def test_calls_under_inference_mode_run_as_eager(name):
+    """Tensors made under ``inference_mode`` have no version counter: none is set."""
+    fn, jf = PROGRAMS[name], thunder_rs.jit(PROGRAMS[name])
+    for _ in range(2):
+        with torch.inference_mode():
+            x = torch.randn(3, 3)
+            jx = x.clone()
+            outs, jouts = fn(x), jf(jx)
+        outs, jouts = (outs if isinstance(outs, tuple) else (outs,)), (jouts if isinstance(jouts, tuple) else (jouts,))
+        assert torch.equal(jx, x) and all(torch.equal(a, b) for a, b in zip(jouts, outs))

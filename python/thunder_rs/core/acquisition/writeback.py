@@ -438,22 +438,21 @@ def eager_versions(outputs: tuple, writes) -> tuple:
     return tuple(found)
 
 
-def give_versions(flat, versions: tuple) -> None:
-    """Sets the version counters of the outputs ``flat`` at the positions of ``versions``
-    (``eager_versions``) to eager's counts."""
-    tensors = tuple(flat[i] for i, _ in versions)
-    if _set_counters is not None and not any(t.is_inference() for t in tensors):
-        _set_counters(tensors, tuple(n for _, n in versions))
-
-
 def with_versions(fn, versions: tuple, single: bool, forward: bool = False):
     """``fn`` (a trace's callable; a forward returning ``(outputs, residuals)`` where ``forward``)
-    giving its outputs eager's versions (``give_versions``)."""
+    giving its outputs at the positions of ``versions`` (``eager_versions``) eager's counts; none
+    to tensors made under ``inference_mode``, which have no counter."""
+    if _set_counters is None:
+        return fn
+    positions, counts = tuple(i for i, _ in versions), tuple(n for _, n in versions)
 
     def call(*inputs):
         out = fn(*inputs)
         flat = out[0] if forward else out
-        give_versions((flat,) if single else flat, versions)
+        try:
+            _set_counters((flat,) if single else tuple(flat[i] for i in positions), counts)
+        except RuntimeError:  # (an inference tensor)
+            pass
         return out
 
     return call
@@ -520,9 +519,15 @@ def with_writebacks(fn, wb: WriteBacks):
     for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
         lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
     if wb.versions:  # (after the copies, each of which bumped its tensor's version once)
-        namespace["set_versions"] = set_versions
-        tensors, counts = (f"inputs[{k}]" for k, _ in wb.versions), (f"{n} - 1" for _, n in wb.versions)
-        lines.append(f"    set_versions(({''.join(t + ', ' for t in tensors)}), ({''.join(c + ', ' for c in counts)}))")
+        namespace.update(set_versions=set_versions, set_counters=_set_counters)
+        tensors = "".join(f"inputs[{k}], " for k, _ in wb.versions)
+        counts = "".join(f"inputs[{k}]._version + {n - 1}, " for k, n in wb.versions)
+        fallback = f"set_versions(({tensors}), ({''.join(f'{n - 1}, ' for _, n in wb.versions)}))"
+        if _set_counters is None:
+            lines.append(f"    {fallback}")
+        else:  # (a tensor made under inference_mode has no counter: ``set_versions`` leaves it)
+            lines.extend(["    try:", f"        set_counters(({tensors}), ({counts}))", "    except RuntimeError:"])
+            lines.append(f"        {fallback}")
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
