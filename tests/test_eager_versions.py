@@ -196,3 +196,19 @@ def test_calls_under_inference_mode_run_as_eager(name):
             outs, jouts = fn(x), jf(jx)
         outs, jouts = (outs if isinstance(outs, tuple) else (outs,)), (jouts if isinstance(jouts, tuple) else (jouts,))
         assert torch.equal(jx, x) and all(torch.equal(a, b) for a, b in zip(jouts, outs))
+
+
+@pytest.mark.parametrize("name", ["an argument written twice", "an argument written through views"])
+def test_an_argument_that_is_a_view_leaves_its_base_and_other_views_at_eagers_versions(name):
+    def run(f):
+        leaf = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        base = leaf * 1
+        x, other = base[1:], base[:2]
+        for _ in range(2):
+            out = f(x)
+        seen = (base._version, x._version, other._version, out._version, out._base is base)
+        return seen, base.detach().clone()
+
+    (seen, base), (jseen, jbase) = run(PROGRAMS[name]), run(thunder_rs.jit(PROGRAMS[name]))
+    assert jseen == seen
+    assert torch.equal(jbase, base)
