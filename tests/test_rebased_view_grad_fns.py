@@ -215,6 +215,13 @@ def _no_grad_view(x):
     return v
 
 
+def _chunk_before(x):
+    y = x * 1
+    v = y.chunk(2)[1]
+    y.mul_(2)
+    return v
+
+
 def _of_written_argument_unbind(x):
     v = x.unbind(0)[1]
     x.mul_(2)
@@ -261,7 +268,15 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize(
-    "fn", [_unbind_before, _split_before, _no_grad_view, _of_written_argument_unbind, _of_written_argument_no_grad]
+    "fn",
+    [
+        _unbind_before,
+        _split_before,
+        _chunk_before,
+        _no_grad_view,
+        _of_written_argument_unbind,
+        _of_written_argument_no_grad,
+    ],
 )
 def test_a_view_whose_use_eager_refuses_raises_eagers_error_at_the_use(fn):
     """The call returns the view; its use raises eager's error, as eager's does, not the call."""
@@ -331,3 +346,16 @@ def test_a_view_of_a_written_argument_at_another_offset_is_eagers():
             type(v.grad_fn).__name__,
         )
         assert torch.equal(jv, v) and jv._base is jx._base
+
+
+def test_one_of_several_views_at_symbolic_sizes_raises_eagers_error_at_the_use():
+    jf = thunder_rs.jit(_chunk_before)
+    for n in (4, 6, 8):  # (the second size compiles with symbolic sizes, the third reuses it)
+        leaf = torch.randn(n, 3, requires_grad=True)
+        v, jv = _chunk_before(leaf * 1), jf(leaf * 1)
+        with pytest.raises(RuntimeError) as eager:
+            v * 2
+        with pytest.raises(RuntimeError) as jitted:
+            jv * 2
+        assert str(jitted.value) == str(eager.value) and torch.equal(jv.detach(), v.detach())
+    assert thunder_rs.compile_stats(jf).cache_misses == 2

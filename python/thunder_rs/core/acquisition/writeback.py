@@ -307,18 +307,20 @@ def refuse_rebased(o, link, rebased: int) -> int:
     ``split``, ``chunk``, or a view of one: "Output 1 of Unbind is a view and its base or another
     view of its base has been modified inplace"), as eager answers for the view taken of a meta
     tensor whose version is bumped. Such a view is taken by eager's ops before its root's last
-    bump (``_refused_taker``), so that torch refuses its use as eager's. Refused where that view's
+    bump (``_refused_taker``), so that torch refuses its use as eager's (or, for one eager's op made
+    plain, makes its node again). Refused where that view's
     error would not be eager's: one of several views of memory that required no grad then (eager's
     has no node: "A view was created in no_grad mode ... returns multiple views"), a view taken
-    with grad of one taken under ``no_grad`` ("The tensor is a view of a view which was created")."""
-    why = o._history_error
-    if why is not None and getattr(link, "no_grad", 0) == 1:  # (``views.MADE_WITHOUT_GRAD``: all its steps)
+    with grad of one taken under ``no_grad`` ("The tensor is a view of a view which was created"),
+    and views with steps taken after the write."""
+    why, before = o._history_error, rebased == len(link.steps)  # (all its steps taken before the write)
+    if why is not None and getattr(link, "no_grad", 0) == 1 and before:  # (``views.MADE_WITHOUT_GRAD``)
         return REFUSED_NO_GRAD
     if why is None and any(getattr(s, "group", None) is not None for s in link.steps[:rebased]):
-        why = _eager_refusal(link.root, link.steps[:rebased], getattr(link, "root_grad", True))
-        ours = why if getattr(link, "root_grad", True) else _eager_refusal(link.root, link.steps[:rebased], True)
-        if why is not None and ours == why:
+        root_grad = getattr(link, "root_grad", True)
+        if root_grad and before:  # (eager's ops then decide, as eager's: also at symbolic sizes)
             return REFUSED_USE
+        why = _eager_refusal(link.root, link.steps[:rebased], root_grad)
     if why is not None:
         raise ThunderNotImplementedError(
             f"Tensor view: the program returns a view whose memory it wrote in place at {link.written_at}, and "
