@@ -1,12 +1,13 @@
 """Views a jitted program returns whose memory it wrote in place after taking them, against eager:
 eager's autograd makes such a view's node again at its next use, an ``AsStridedBackward0`` of the
 base (whatever op took the view), and refuses any use of one of several views an op made
-(``unbind``, ``split``) or of a view taken under ``no_grad``.
+(``unbind``, ``split``) or of a view taken under ``no_grad`` (the call that returns it succeeds).
 
 What differed: the call took the view again by the op the program called (a SliceBackward0 of
 ``y[1:]`` taken before ``y.mul_(2)``, where eager's is an AsStridedBackward0); a view written
 itself was returned as the Function's output (no view, a CompiledFunctionBackward); a refused
-view was returned with an ``UnbindBackward0`` that computed gradients eager refuses."""
+view was returned with an ``UnbindBackward0`` that computed gradients eager refuses; later, such a
+view was refused by the call, where eager's call returns it and refuses its use."""
 
 import pytest
 import torch
@@ -214,8 +215,80 @@ def _no_grad_view(x):
     return v
 
 
-@pytest.mark.parametrize("fn", [_unbind_before, _split_before, _unbind_of_memory_requiring_no_grad, _no_grad_view])
-def test_a_view_whose_use_eager_refuses_raises_eagers_error(fn):
+def _chunk_before(x):
+    y = x * 1
+    v = y.chunk(2)[1]
+    y.mul_(2)
+    return v
+
+
+def _of_written_argument_unbind(x):
+    v = x.unbind(0)[1]
+    x.mul_(2)
+    return v
+
+
+def _of_written_argument_no_grad(x):
+    with torch.no_grad():
+        v = x[1:]
+    x.mul_(2)
+    return v
+
+
+#: a use of the returned view: eager's autograd refuses each but the last two
+USES = {
+    "grad_fn": lambda v: v.grad_fn,
+    "an op with grad": lambda v: v * 2,
+    "an in-place write": lambda v: v.add_(1),
+    "a backward through it": lambda v: v.sum().backward(),
+    "an op under no_grad": lambda v: torch.no_grad()(lambda: v * 2)(),
+    "detach()": lambda v: v.detach() + 1,
+}
+
+
+def _uses(fn):
+    """What each use of the view ``fn`` returns does (the error's type and text, or the value),
+    with the view's version, view-ness, requires_grad and base's shape."""
+    seen = []
+    for use in USES.values():
+        leaf = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        v = fn(leaf * 1)
+        seen.append((v._version, v._is_view(), v.requires_grad, tuple(v._base.shape), v.shape))
+        try:
+            out = use(v)
+        except RuntimeError as e:
+            seen.append((type(e), str(e)))
+        else:
+            seen.append(None if out is None else out.detach().clone())
+    return seen
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _unbind_before,
+        _split_before,
+        _chunk_before,
+        _no_grad_view,
+        _of_written_argument_unbind,
+        _of_written_argument_no_grad,
+    ],
+)
+def test_a_view_whose_use_eager_refuses_raises_eagers_error_at_the_use(fn):
+    """The call returns the view; its use raises eager's error, as eager's does, not the call."""
+    seen, jseen = _uses(fn), _uses(thunder_rs.jit(fn))
+    assert _same(jseen, seen)
+    assert sum(isinstance(s, tuple) and s[0] is RuntimeError for s in seen) == 4
+
+
+def test_a_view_whose_refusal_is_not_eagers_is_refused_at_the_call():
+    """One of several views of memory that required no grad when taken: eager's view has no node,
+    the call's would (its root is the call's output), and torch's error would name it."""
+    fn = _unbind_of_memory_requiring_no_grad
     x = torch.randn(4, 3, requires_grad=True) * 1
     v = fn(x)
     with pytest.raises(RuntimeError) as eager:
@@ -273,3 +346,16 @@ def test_a_view_of_a_written_argument_at_another_offset_is_eagers():
             type(v.grad_fn).__name__,
         )
         assert torch.equal(jv, v) and jv._base is jx._base
+
+
+def test_one_of_several_views_at_symbolic_sizes_raises_eagers_error_at_the_use():
+    jf = thunder_rs.jit(_chunk_before)
+    for n in (4, 6, 8):  # (the second size compiles with symbolic sizes, the third reuses it)
+        leaf = torch.randn(n, 3, requires_grad=True)
+        v, jv = _chunk_before(leaf * 1), jf(leaf * 1)
+        with pytest.raises(RuntimeError) as eager:
+            v * 2
+        with pytest.raises(RuntimeError) as jitted:
+            jv * 2
+        assert str(jitted.value) == str(eager.value) and torch.equal(jv.detach(), v.detach())
+    assert thunder_rs.compile_stats(jf).cache_misses == 2

@@ -59,7 +59,7 @@ from thunder_rs.core.lang.torch_overrides import noting_checkpoints, tracing_ove
 from thunder_rs.core.lang.snapshots import FirstOutputs
 from thunder_rs.core.lang.values import ValueReads, reading
 from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
-from thunder_rs.core.acquisition.writeback import WriteBacks, plan
+from thunder_rs.core.acquisition.writeback import WriteBacks, eager_versions, plan
 from thunder_rs.core.acquisition.traced_inputs import (
     SizeInputs,
     TracedInputs,
@@ -152,6 +152,9 @@ class Acquired:
     state_aliases: tuple | None = None
     #: the casts torch's autocast cache holds that the trace takes as inputs (``Captures.cast_positions``)
     cached_casts: tuple = ()
+    #: ``(flat output position, version)`` of the trace's outputs in memory the program wrote in place,
+    #: given eager's version as the call returns them (``writeback.eager_versions``)
+    out_versions: tuple = ()
 
 
 def _reject_generators(fn, out) -> None:
@@ -521,12 +524,12 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     call traced where its reads computed them (``ValueReads.first_outputs``). ``repeated`` is
     ``(prints, draws, items)``; ``kept`` the captured tensors by the id of their proxies. With
     ``through_leaves`` (``inner_leaves``), also the positions of the outputs that require grad. ``made``:
-    ``(through_leaves, where the program entered a stream, saved_outputs.outputs_made's answer)``;
-    the last by output position."""
-    through_leaves, switched, outputs_made = made
+    ``(through_leaves, where the program entered a stream, saved_outputs.outputs_made's answer,
+    SavedVersions.writes)``; the third by output position."""
+    through_leaves, switched, outputs_made, writes_of = made
     try:
         writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
-            rec, out, writes, repeated, flat_inputs, inputs, captured, kept
+            rec, out, writes, repeated, flat_inputs, inputs, captured, kept, writes_of
         )
         refuse_switched_writes(switched, writebacks)
         first = None if reads is None else reads.first_outputs(rec, outputs)
@@ -536,11 +539,13 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     leaf_outputs = inner_leaves.grad_outputs(outputs) if through_leaves else ()
     vids = [getattr(o, "_vid", None) for o in (outputs if type(outputs) in (tuple, list) else (outputs,))]
     made_outputs = {k: outputs_made[v] for k, v in enumerate(vids) if v in outputs_made}
+    versions = eager_versions(outputs if type(outputs) in (tuple, list) else (outputs,), writes_of)
     finished = rec.finish(outputs)
-    return finished, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs)
+    planned = (writebacks, views, first, leaf_outputs, made_outputs, versions)
+    return finished, out_spec, out_kind, effects, num_outputs, planned
 
 
-def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict):
+def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captured: list, kept: dict, writes_of):
     """``_finish``'s plan: the write-backs and output views, and the recording's outputs."""
     extras: list = []
     prints, draws, items = repeated
@@ -564,7 +569,7 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))
     module = (n_args, n_args + len(inputs.params))
-    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes, module)
+    writebacks, outputs = plan(traced, inputs.slot_values(), out, out_kind, separate, sizes, module, writes_of)
     return writebacks, views, outputs, out_spec, out_kind, effects, num_outputs
 
 
@@ -642,22 +647,17 @@ def acquire(
     reached = ArgumentObjects(flat_inputs, input_names(fn, flat_inputs, in_spec))
     captures = Captures(rec, reached.tensors)
     size_inputs = SizeInputs(rec, sizes, held, leaf_paths(in_spec) if sizes else None, floats)
-    try:
-        with version_tracking.tracking() as saves, noting_checkpoints(rec) as checkpoints:
-            out, observer, writes, repeated, inputs, (inference, hooks, traced) = _trace_program(
-                fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
-            )
-        stale_saves, outputs_made = saved_outputs.released(saves, out)  # (its proxies would be found stored)
-    except ThunderError as e:
-        _hint_compiler_disable(e)
-        raise
+    out, observer, writes, repeated, inputs, (inference, hooks, traced), (stale_saves, checkpoints) = _traced(
+        fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
+    )
     guards = _observed_guards(observer, captures, reached, [out, *(w[2] for w in (*writes, *repeated[2]))])
     modules_called, size_checks, sites, interrupted, aliases = _observed_facts(observer, inputs, repeated[2], reached)
     del observer
     kept, out = _kept_tensors(captures, inputs), as_written(out, captures.written())  # (a written capture: its value)
-    trace, out_spec, out_kind, effects, num_outputs, (writebacks, views, first, leaf_outputs, made_outputs) = _finish(
-        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, (*traced, outputs_made)
+    trace, out_spec, out_kind, effects, num_outputs, planned = _finish(
+        rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, traced
     )
+    writebacks, views, first, leaf_outputs, made_outputs, versions = planned
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
     positions, traced, placed = inputs.positions, (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
@@ -698,7 +698,24 @@ def acquire(
         checkpoints=tuple(checkpoints),
         state_aliases=aliases,
         cached_casts=cached_casts,
+        out_versions=versions,
     )
+
+
+def _traced(fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs) -> tuple:
+    """``_trace_program``'s answer, its ``traced`` given ``saved_outputs.outputs_made``'s answer and
+    ``SavedVersions.writes`` (``_finish``'s ``made``), and ``(the stale saves, the checkpoints)``."""
+    try:
+        with version_tracking.tracking() as saves, noting_checkpoints(rec) as checkpoints:
+            out, observer, writes, repeated, inputs, (inference, hooks, traced) = _trace_program(
+                fn, flat_inputs, in_spec, rec, captures, made, binding, whole, reached, reads, size_inputs
+            )
+        stale_saves, outputs_made = saved_outputs.released(saves, out)  # (its proxies would be found stored)
+    except ThunderError as e:
+        _hint_compiler_disable(e)
+        raise
+    traced = (*traced, outputs_made, saves.writes)
+    return out, observer, writes, repeated, inputs, (inference, hooks, traced), (stale_saves, checkpoints)
 
 
 def _released(captures: Captures) -> tuple:

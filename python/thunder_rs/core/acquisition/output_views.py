@@ -49,7 +49,9 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
 
     A call that runs no Function (no output requires grad) returns the executors' views, but for
     those the trace computes as their root itself (``x.view(x.shape)``, ``x.t().t()``), which
-    eager's view ops return new views of. A view the program took under ``no_grad`` of a root
+    eager's view ops return new views of, and views of memory the program wrote since they were
+    taken (``y = x * 1; v = y[1:]; v.mul_(2); return v``: eager's ``v._base`` is ``y``, where the
+    executors computed the written values apart). A view the program took under ``no_grad`` of a root
     that requires grad is taken under ``no_grad`` (eager's has no history)."""
     leaves = [out] if out_kind == "single" else list(out)
     trained = any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves)
@@ -72,16 +74,18 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
                 views.append((i, True, inputs[id(o)], (), False, 0))
             continue
         link = replayable_view(o, sizes)
-        if link is None or not (trained or link.folds_away(o)):
+        # (a view of memory written since: the executors wrote a copy of it, not its root)
+        written = getattr(link, "rebased", 0)
+        if link is None or not (trained or link.folds_away(o) or written):
             continue
         k = inputs.get(id(link.root))
-        rebased = getattr(link, "rebased", 0) if trained and o.requires_grad else 0
+        rebased = written if trained and o.requires_grad else 0
         # (a root the program wrote since is its own tensor, though only the write reads its value)
-        if k is None and is_read is not None and not is_read(link.root._vid) and not rebased:
+        if k is None and is_read is not None and not is_read(link.root._vid) and not written:
             continue
         detached = link.root.requires_grad and not o.requires_grad
         if rebased:
-            refuse_rebased(o, link, rebased)
+            rebased = refuse_rebased(o, link, rebased)
         if k is None:
             at = held.setdefault(id(link.root), i)
             leaves[i] = link.root if at == i else None
@@ -102,7 +106,8 @@ def _same_output(t, inputs):
 
 
 def _taker(steps, sizes: tuple, detached: bool, rebased: int = 0):
-    """``view_taker``'s function (``rebased``: see there), run under ``no_grad`` where ``detached``."""
+    """``view_taker``'s function (``rebased``: see there), run under ``no_grad`` where ``detached``
+    (a view taken under ``no_grad``, whose use after its memory was written eager refuses)."""
     take = view_taker(steps, sizes, rebased)
     if not detached:
         return take

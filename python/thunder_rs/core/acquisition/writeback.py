@@ -66,6 +66,10 @@ class WriteBacks:
     #: given the memory of a value by ``t.data = value`` (``torch.data_setter``), given it as eager
     #: does, after the copies: their old memory, which other tensors may share, is left as it was
     rebinds: tuple = ()
+    #: (trace input index, how many writes of the program bumped eager's version counter of its
+    #: memory) of the copied inputs whose count is not the copy's one: set after the copies, so the
+    #: caller's tensor (its views, its base) is at eager's version (``x.add_(1); x.mul_(2)``: two)
+    versions: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -82,7 +86,14 @@ class WriteBacks:
 
 
 def plan(
-    inputs: list, slot_values: list, out, out_kind: str, separate: tuple = (), sizes: tuple = (), module: tuple = (0, 0)
+    inputs: list,
+    slot_values: list,
+    out,
+    out_kind: str,
+    separate: tuple = (),
+    sizes: tuple = (),
+    module: tuple = (0, 0),
+    writes=None,
 ):
     """The write-backs of a traced program, and the outputs its trace returns; ``(None, out)``
     when it wrote no input.
@@ -93,7 +104,8 @@ def plan(
     written one: the trace took them as distinct tensors; ``sizes`` the names of its size inputs.
     Where one of them is written, no input may share its memory (a module's buffer an argument is
     a view of is read as the trace read it, before the write). ``module``: ``(start, stop)`` of the
-    inputs that are the module's tensors.
+    inputs that are the module's tensors. ``writes(proxy)``: how many writes of the program bumped
+    eager's version counter of an input's memory (``SavedVersions.writes``; None: one each).
     """
     written = [(k, p) for k, p in enumerate(inputs) if p._vid != p._input_vid]
     if any(k in separate for k, _ in written):
@@ -142,19 +154,18 @@ def plan(
         tuple(sizes),
         tuple(module),
         rebinds=rebinds,
+        versions=tuple((k, n) for k, _, _ in copies if writes is not None and (n := writes(inputs[k])) != 1),
     )
     return wb, tuple(leaves + extra)
 
 
 def _rebased(o, link) -> int:
-    """``link.rebased`` of a returned view ``o`` that requires grad (refused where eager's autograd
-    refuses its use: ``refuse_rebased``), else 0."""
+    """``link.rebased`` of a returned view ``o`` that requires grad (``REFUSED_USE`` where eager's
+    autograd refuses its use: ``refuse_rebased``), else 0."""
     with torch._C.DisableTorchFunctionSubclass():
         grad = o.requires_grad
     rebased = getattr(link, "rebased", 0) if grad else 0
-    if rebased:
-        refuse_rebased(o, link, rebased)
-    return rebased
+    return refuse_rebased(o, link, rebased) if rebased else 0
 
 
 def _rebinds(written: list, inputs: list, leaves: list, extra: list) -> tuple:
@@ -224,7 +235,10 @@ def view_taker(steps, sizes: tuple = (), rebased: int = 0):
     """A function of a real tensor and the call's inputs, taking of the tensor the view ``steps``
     take of its proxy; symbolic sizes among their parameters are computed from the size inputs
     (``sizes``, the call's last inputs) of the call. The first ``rebased`` steps (a view of memory
-    the program wrote since it was taken) by ``_rebased_taker``."""
+    the program wrote since it was taken) by ``_rebased_taker``; where ``rebased`` is
+    ``REFUSED_USE``, by ``_refused_taker``."""
+    if rebased in (REFUSED_USE, REFUSED_NO_GRAD):
+        return _refused_taker(view_taker(steps, sizes), rebased == REFUSED_NO_GRAD)
     if rebased:
         return _rebased_taker(steps, sizes, rebased)
     calls = eager_calls(steps)
@@ -280,22 +294,64 @@ def _rebased_taker(steps, sizes: tuple, rebased: int):
     return take
 
 
-def refuse_rebased(o, link, rebased: int) -> None:
-    """Refuses a returned view that requires grad whose memory the program wrote since it was
-    taken, where eager's autograd refuses any use of the view it sees, which no tensor a call
-    returns can do: a view taken under ``no_grad`` (``views._refuse_history``), and one of several
-    views an op made (``unbind``, ``split``, ``chunk``, or a view of one: "Output 1 of Unbind is a
-    view and its base or another view of its base has been modified inplace"), as eager answers for
-    the view taken of a meta tensor whose version is bumped."""
-    why = o._history_error
+#: ``rebased`` of a returned view whose use eager's autograd refuses (``refuse_rebased``): one of
+#: several views an op made, and a view taken under ``no_grad``
+REFUSED_USE, REFUSED_NO_GRAD = -1, -2
+
+
+def refuse_rebased(o, link, rebased: int) -> int:
+    """``rebased``, or ``REFUSED_USE`` for a returned view that requires grad whose memory the
+    program wrote since it was taken, where eager's autograd refuses the view's use (its
+    ``grad_fn``, an op with grad, an in-place write; not the call that returns it): a view taken
+    under ``no_grad`` (``views._refuse_history``), and one of several views an op made (``unbind``,
+    ``split``, ``chunk``, or a view of one: "Output 1 of Unbind is a view and its base or another
+    view of its base has been modified inplace"), as eager answers for the view taken of a meta
+    tensor whose version is bumped. Such a view is taken by eager's ops before its root's last
+    bump (``_refused_taker``), so that torch refuses its use as eager's (or, for one eager's op made
+    plain, makes its node again). Refused where that view's
+    error would not be eager's: one of several views of memory that required no grad then (eager's
+    has no node: "A view was created in no_grad mode ... returns multiple views"), a view taken
+    with grad of one taken under ``no_grad`` ("The tensor is a view of a view which was created"),
+    and views with steps taken after the write."""
+    why, before = o._history_error, rebased == len(link.steps)  # (all its steps taken before the write)
+    if why is not None and getattr(link, "no_grad", 0) == 1 and before:  # (``views.MADE_WITHOUT_GRAD``)
+        return REFUSED_NO_GRAD
     if why is None and any(getattr(s, "group", None) is not None for s in link.steps[:rebased]):
-        why = _eager_refusal(link.root, link.steps[:rebased], getattr(link, "root_grad", True))
+        root_grad = getattr(link, "root_grad", True)
+        if root_grad and before:  # (eager's ops then decide, as eager's: also at symbolic sizes)
+            return REFUSED_USE
+        why = _eager_refusal(link.root, link.steps[:rebased], root_grad)
     if why is not None:
         raise ThunderNotImplementedError(
             f"Tensor view: the program returns a view whose memory it wrote in place at {link.written_at}, and "
             f"eager's autograd refuses any use of the view: {why} A tensor a compiled call returns cannot do that; "
             "clone() the view before the write, or take it after the write"
         )
+    return rebased
+
+
+def _refused_taker(take, no_grad: bool):
+    """``take`` (eager's view ops; under ``no_grad`` where ``no_grad``) run with the version of the
+    tensor it takes the view of one short of its count, then set back: the view, as eager's, was
+    taken before the last write of its memory, so that torch refuses its use where eager's
+    autograd does (``refuse_rebased``)."""
+
+    def take_before_write(t, inputs):
+        version = 0 if t.is_inference() or _set_counters is None else t._version
+        if version:
+            _set_counters((t,), (version - 1,))
+        try:
+            if no_grad:
+                with torch.no_grad():
+                    view = take(t, inputs)
+            else:
+                view = take(t, inputs)
+        finally:
+            if version:
+                _set_counters((t,), (version,))
+        return view
+
+    return take_before_write
 
 
 def _eager_refusal(root, steps, root_grad: bool) -> str | None:
@@ -347,6 +403,61 @@ def eager_calls(steps) -> list:
             else:
                 calls.append((lambda t, *_, op=op, a=args, k=kwargs: op(t, *a, **k), ()))
     return calls
+
+
+_set_counters = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def set_versions(tensors: tuple, bumps: tuple) -> None:
+    """Moves the version counter of each of ``tensors`` (and of the tensors sharing it: its views,
+    its base) on by its count in ``bumps`` (which may be negative: a copy eager's program did not
+    make, its writes went through ``.data``); none of a tensor made under ``inference_mode``, which
+    has no counter (as eager's writes leave it)."""
+    kept = [(t, n) for t, n in zip(tensors, bumps) if n and not t.is_inference()]
+    if not kept:
+        return
+    if _set_counters is not None:
+        _set_counters(tuple(t for t, _ in kept), tuple(max(0, t._version + n) for t, n in kept))
+        return
+    for t, n in kept:  # (a torch without the setter: forward only)
+        for _ in range(max(0, n)):
+            torch.autograd.graph.increment_version(t)
+
+
+def eager_versions(outputs: tuple, writes) -> tuple:
+    """``(position, count)`` of the trace ``outputs`` in memory the program made (an input's is the
+    write-backs') that writes of the program bumped eager's version counter of: the count (``writes``,
+    ``SavedVersions.writes``) a call gives the tensor it returns there, and so the views taken of it,
+    where its executor wrote it functionally (``y = x * 1; y[1:].mul_(2); return y[1:]``: one)."""
+    found = []
+    with torch._C.DisableTorchFunctionSubclass():
+        for i, o in enumerate(outputs):
+            if isinstance(o, TensorProxy):
+                link = o._view
+                root = o if link is None else link.root
+                if root._input_vid is None and (n := writes(root)):
+                    found.append((i, n))
+    return tuple(found)
+
+
+def with_versions(fn, versions: tuple, single: bool, forward: bool = False):
+    """``fn`` (a trace's callable; a forward returning ``(outputs, residuals)`` where ``forward``)
+    giving its outputs at the positions of ``versions`` (``eager_versions``) eager's counts; none
+    to tensors made under ``inference_mode``, which have no counter."""
+    if _set_counters is None:
+        return fn
+    positions, counts = tuple(i for i, _ in versions), tuple(n for _, n in versions)
+
+    def call(*inputs):
+        out = fn(*inputs)
+        flat = out[0] if forward else out
+        try:
+            _set_counters((flat,) if single else tuple(flat[i] for i in positions), counts)
+        except RuntimeError:  # (an inference tensor)
+            pass
+        return out
+
+    return call
 
 
 def _raise_aliased():
@@ -409,6 +520,16 @@ def with_writebacks(fn, wb: WriteBacks):
     lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
     for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
         lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
+    if wb.versions:  # (after the copies, each of which bumped its tensor's version once)
+        namespace.update(set_versions=set_versions, set_counters=_set_counters)
+        tensors = "".join(f"inputs[{k}], " for k, _ in wb.versions)
+        counts = "".join(f"inputs[{k}]._version + {n - 1}, " for k, n in wb.versions)
+        fallback = f"set_versions(({tensors}), ({''.join(f'{n - 1}, ' for _, n in wb.versions)}))"
+        if _set_counters is None:
+            lines.append(f"    {fallback}")
+        else:  # (a tensor made under inference_mode has no counter: ``set_versions`` leaves it)
+            lines.extend(["    try:", f"        set_counters(({tensors}), ({counts}))", "    except RuntimeError:"])
+            lines.append(f"        {fallback}")
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")

@@ -94,8 +94,8 @@ class StaleSave:
         if self.refusal is not None:
             return ThunderNotImplementedError(self.refusal)
         base, grad_fn, output, tensor = (at_call or {}).get(self.input, (0, None, 0, None))
-        # (the caller's writes since the call: the call's write-back bumped the version once)
-        later = 0 if tensor is None else max(0, tensor._version - base - 1)
+        # (the caller's writes since the call: the call's write-back left it at eager's version)
+        later = 0 if tensor is None else max(0, tensor._version - base - self.now)
         node = self.node
         if node is not None and node[0] == MULTI_VIEW:
             return RuntimeError(_MULTI_VIEW.format(node[2], node[1]) + self.note)
@@ -127,10 +127,10 @@ def residual_error(r, then: int, inputs, made=None, named=None) -> RuntimeError:
     into a buffer it took over). None is named for another (eager names the node of the op inside
     that saved it, which the compiled call does not know). ``named``: the node ``made.named`` says
     eager's error names (a reader of the output that saved it names its ``grad_fn`` then)."""
-    node = r.grad_fn
     which = ""
     now = r._version
-    if node is not None and inputs is not None and any(r is t for t in inputs):
+    # (``grad_fn`` of an input only: that of a view the forward took of an output the caller wrote raises)
+    if inputs is not None and any(r is t for t in inputs) and (node := r.grad_fn) is not None:
         which = f", which is output {r.output_nr} of {node_name(node.name())},"
     elif made is not None:
         named = made.node() if named is None else named

@@ -87,6 +87,8 @@ class SavedVersions:
         self.pending: dict[int, list[_Call]] = {}
         #: per memory: its writes so far (eager's version counter, from the trace's start)
         self.versions: dict[int, int] = {}
+        #: per memory written: a weak reference to its root proxy (``writes``)
+        self.roots: dict[int, weakref.ref] = {}
         self.stale: list[tuple] = []
         #: ``(func, (args, kwargs))`` the call in progress runs its op on (``note_arguments``)
         self.arguments: tuple | None = None
@@ -148,6 +150,8 @@ class SavedVersions:
             self.writing.append(key)
         version = self.versions.get(key, 0)
         self.versions[key] = version + counted
+        if key not in self.roots or self.roots[key]() is not root:
+            self.roots[key] = weakref.ref(root)
         for call in self.pending.pop(key, ()):
             if call.func in SAVES_NOTHING or (call.func in SAVES_NO_OUTPUT and _only_output(call, key)):
                 continue  # (eager's answer, known without running the call again)
@@ -157,6 +161,13 @@ class SavedVersions:
             if saved is not None:
                 why = UNSEEN if not counted else UNKNOWN if call.saved is False else None
                 self.stale.append((call, saved, key, version, op, user_location(), why))
+
+    def writes(self, root) -> int:
+        """How many writes of the program bumped eager's version counter of the memory of ``root``
+        (a root proxy: an input's, or a tensor the program made), the writes a call's outputs and
+        written inputs are given (``writeback.eager_versions``)."""
+        ref = self.roots.get(id(root))
+        return self.versions.get(id(root), 0) if ref is not None and ref() is root else 0
 
     def release(self) -> tuple:
         """``(error, value ids)`` per stale call: what its node's backward raises, and the

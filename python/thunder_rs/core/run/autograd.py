@@ -144,7 +144,12 @@ _UNREACHED = (
 def _output_position(r, ctx) -> int | None:
     """The position among ``ctx``'s call's flat outputs of ``r``, one of them (its ``grad_fn``, or
     the first edge of the nodes of the caller's in-place writes since); None for another tensor."""
-    node, at = r.grad_fn, r.output_nr
+    try:
+        node, at = r.grad_fn, r.output_nr
+    except RuntimeError:  # (a view the forward took, under no_grad, of an output written since: its base's)
+        if r._base is None:
+            return None
+        node, at = r._base.grad_fn, r._base.output_nr
     for _ in range(64):
         if node is None or node is ctx:
             return None if node is None else at
@@ -170,16 +175,17 @@ def _unshared(residuals, inputs, overwritten) -> list:
 
 def _as_written_inputs(ctx, inputs, flat, written) -> None:
     """Keeps, in place of a residual that is the final value of an input the call writes back
-    (``written``: ``(input index, output index)`` pairs), that input, at the version its
-    write-back (one ``copy_`` after the call) gives it. Eager's backward saves the tensor itself,
+    (``written``: ``(input index, output index, eager's count of its writes)``), that input, at the
+    version its write-back gives it (one ``copy_`` after the call, the version then set to eager's
+    count: ``WriteBacks.versions``). Eager's backward saves the tensor itself,
     so writing it again before the backward (a second call's write, an optimizer step) raises
     there. A value laid out unlike its input stays as it is (the backward was made for its layout)."""
-    value_of = {id(flat[j]): k for k, j in written}
+    value_of = {id(flat[j]): (k, n) for k, j, n in written}
     for i, r in enumerate(ctx.residuals):
-        k = value_of.get(id(r))
+        k, n = value_of.get(id(r), (None, 1))
         if k is not None and r.stride() == inputs[k].stride():
             ctx.residuals[i] = inputs[k]
-            ctx.versions[i] = inputs[k]._version + 1
+            ctx.versions[i] = inputs[k]._version + n
 
 
 def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = (), made=None) -> None:
@@ -193,7 +199,7 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
         ctx.at_call = state_at_call(inputs, stale_inputs)
     if made:  # (the outputs the program made, and their versions: see ``_check_made``)
         ctx.made_refs = [(j, weakref.ref(flat[j]), flat[j]._version) for j in made]
-    ctx.residuals = _unshared(residuals, inputs, [k for k, _ in written]) if written else list(residuals)
+    ctx.residuals = _unshared(residuals, inputs, [k for k, *_ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
         if written:
@@ -281,7 +287,7 @@ def grad_function(
     single: bool,
     as_list: bool,
     non_differentiable: frozenset = frozenset(),
-    written: tuple[tuple[int, int], ...] = (),
+    written: tuple[tuple[int, int, int], ...] = (),
     *,
     program,
     reads: tuple = (),
@@ -298,9 +304,9 @@ def grad_function(
     list, which it empties as it unpacks them, so each residual is freed after its last use unless the graph is
     retained. ``grad_positions`` are the positions of the flat outputs that receive cotangents; the other tensor
     outputs, and ``non_differentiable`` ones (values written back without autograd), are marked non-differentiable
-    and get zeros. ``written`` pairs the inputs the call writes after it runs with their values
-    (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True``
-    and torch.func transforms run instead, torch's autograd differentiating it.
+    and get zeros. ``written`` pairs the inputs the call writes after it runs with their values and eager's counts
+    of their writes (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with
+    ``create_graph=True`` and torch.func transforms run instead, torch's autograd differentiating it.
 
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no

@@ -296,6 +296,9 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     fuse_s = time.perf_counter() - fuse_at
     source, computation = _load(traces[-1], "computation", filename, namespace, regions)
     wb = acquired.writebacks
+    if acquired.out_versions:  # (outputs in memory the program wrote: eager's versions, before residuals keep theirs)
+        single = acquired.out_kind == "single" and wb is None
+        computation = _WRITEBACK.load().with_versions(computation, acquired.out_versions, single, bool(backward_traces))
     if backward_traces:
         backward = _backward(backward_traces[-1], filename, namespace, backward_regions, len(grad_positions))
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
@@ -316,7 +319,8 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
                 **partial,
             )
         else:
-            nondiff, written = wb.non_differentiable, tuple((k, j) for k, j, _ in wb.copies)
+            counts = dict(wb.versions)
+            nondiff, written = wb.non_differentiable, tuple((k, j, counts.get(k, 1)) for k, j, _ in wb.copies)
             computation = grad_function(
                 computation, backward, grad_positions, False, False, nondiff, written, program=program, **partial
             )
@@ -329,6 +333,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     # off ``acquired``, which closures keep: its tensors live until that call only.)
     # (no first outputs where the call makes effects tracing's runs did not: ``CALL_EFFECTS``)
     first = acquired.first if not (backward_traces or passes or acquired.leaf_outputs or made) else None
+    first = None if acquired.out_versions else first  # (its tensors' versions are the reads' runs')
     acquired.first = None
     if first is not None:
         first = _called(first.wrap(computation), acquired, modes, False)
