@@ -92,12 +92,23 @@ PROGRAMS = [
     more.nested_batch_norm,
     more.modules_changed_between_calls,
     more.function_attribute_through_a_module,
+    more.prints_an_item,
+    more.returns_an_inference_tensor,
+    more.dataclass_replaced_inside,
+    more.table_keyed_by_torch_size,
+    more.stop_iteration_of_own_generator,
+    more.no_grad_inner_function_under_a_flag,
+    more.class_dict_counter,
+    more.optional_options_dict,
+    more.view_error_fallback,
 ]
 #: Programs Dynamo itself runs otherwise than eager (``backend="eager"`` too): left to it.
 DYNAMO_DIFFERS = {
     programs.key_error_fallback: "Dynamo does not guard the except path on a key added to the dict later",
     programs.is_leaf_branch: "Dynamo does not guard x.is_leaf",
     programs.backward_hook_between_calls: "Dynamo does not guard backward hooks registered between calls",
+    more.prints_an_item: "Dynamo raises formatting an item() with ':.3f' (InternalTorchDynamoError)",
+    more.no_grad_inner_function_under_a_flag: "Dynamo keeps grad mode on under set_grad_enabled(False) here",
 }
 #: Programs thunder_rs.jit refuses, naming the line (``test_refused_by_jit_naming_the_line``).
 JIT_REFUSES = {programs.backward_hook_between_calls}

@@ -3,6 +3,7 @@ tensors requiring grad, errors caught or raised, recursion through a function, `
 module's parameters, ``self.apply`` in a forward, grad mode set by a call or a decorator."""
 
 import contextlib
+import dataclasses
 import io
 
 import torch
@@ -236,3 +237,149 @@ def function_attribute_through_a_module(compile_it) -> list:
         leaky.slope = slope
         seen.append(run(torch.linspace(-1, 1, 4)))
     return seen
+
+
+def _prints_the_loss(x):
+    loss = (x**2).mean()
+    print(f"loss={loss.item():.3f} n={x.numel()}")
+    return loss
+
+
+def prints_an_item(compile_it) -> list:
+    """A loss printed through ``.item()`` in an f-string: the text each call makes of its value."""
+    run, seen = compile_it(_prints_the_loss), []
+    for v in (1.0, 2.0, 1.0):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            seen.append(run(torch.full((3,), v)))
+        seen.append(out.getvalue())
+    return seen
+
+
+def _doubled_in_inference_mode(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y
+
+
+def returns_an_inference_tensor(compile_it) -> list:
+    run = compile_it(_doubled_in_inference_mode)
+    y = run(torch.ones(2, requires_grad=True))
+    return [y, y.is_inference(), y.requires_grad]
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenConfig:
+    scale: float = 1.0
+    shift: float = 0.0
+
+
+class ReplacesItsConfig(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = FrozenConfig()
+
+    def forward(self, x, shift):
+        cfg = dataclasses.replace(self.cfg, shift=shift)
+        return x * cfg.scale + cfg.shift
+
+
+def dataclass_replaced_inside(compile_it) -> list:
+    model = ReplacesItsConfig()
+    run, seen = compile_it(model), []
+    for scale, shift in ((1.0, 0.0), (2.0, 1.0), (2.0, 3.0)):
+        model.cfg = dataclasses.replace(model.cfg, scale=scale)
+        seen.append(run(torch.ones(2), shift))
+    return seen
+
+
+TABLE: dict = {}
+
+
+def _table_by_size(x):
+    if x.shape not in TABLE:
+        TABLE[x.shape] = torch.randn(x.shape[-1])
+    return x + TABLE[x.shape]
+
+
+def table_keyed_by_torch_size(compile_it) -> list:
+    TABLE.clear()
+    torch.manual_seed(0)
+    run = compile_it(_table_by_size)
+    seen = [run(torch.ones(2, n)) for n in (3, 4, 3)]
+    return [*seen, sorted(tuple(k) for k in TABLE), torch.rand(2)]
+
+
+def _sum_of_steps(x, n):
+    def steps():
+        yield from range(n)
+
+    it, total = steps(), x
+    while True:
+        try:
+            i = next(it)
+        except StopIteration:
+            break
+        total = total + i
+    return total
+
+
+def stop_iteration_of_own_generator(compile_it) -> list:
+    run = compile_it(_sum_of_steps)
+    return [run(torch.ones(1), n) for n in (0, 3, 2)]
+
+
+def _scaled_by_mean(x, flag):
+    @torch.no_grad()
+    def mean_of(t):
+        return t.mean()
+
+    with torch.set_grad_enabled(flag):
+        return x * mean_of(x), torch.is_grad_enabled()
+
+
+def no_grad_inner_function_under_a_flag(compile_it) -> list:
+    run, seen = compile_it(_scaled_by_mean), []
+    for flag in (True, False, True):
+        y, enabled = run(torch.ones(2, requires_grad=True), flag)
+        seen += [y, enabled, y.requires_grad]
+    return seen
+
+
+class CountsByShape(nn.Module):
+    """Counts its calls per shape in a dict on the class, keyed by an f-string of the shape."""
+
+    calls: dict = {}
+
+    def forward(self, x):
+        key = f"{x.shape[0]}x{x.shape[1]}"
+        CountsByShape.calls[key] = CountsByShape.calls.get(key, 0) + 1
+        return x * CountsByShape.calls[key]
+
+
+def class_dict_counter(compile_it) -> list:
+    CountsByShape.calls = {}
+    run = compile_it(CountsByShape())
+    seen = [run(torch.ones(n, 2)) for n in (2, 3, 2, 2)]
+    return [*seen, dict(CountsByShape.calls)]
+
+
+def _with_options(x, opts=None):
+    opts = opts or {}
+    return x * opts.get("scale", 1.0) + opts.get("shift", 0.0)
+
+
+def optional_options_dict(compile_it) -> list:
+    run = compile_it(_with_options)
+    return [run(torch.ones(1)), run(torch.ones(1), {"scale": 2.0}), run(torch.ones(1), opts={"shift": 1.0})]
+
+
+def _rows_of_three(x):
+    try:
+        return x.view(-1, 3)
+    except RuntimeError:
+        return x.reshape(-1, 3) + 1
+
+
+def view_error_fallback(compile_it) -> list:
+    run = compile_it(_rows_of_three)
+    return [run(torch.ones(2, 3)), run(torch.ones(3, 2).t()), run(torch.ones(6))]
