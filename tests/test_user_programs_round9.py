@@ -227,6 +227,63 @@ def test_a_module_attribute_read_by_a_computed_name_changed_between_calls_is_rea
         _assert_same(seen, expected)
 
 
+class _Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask = torch.ones(2)
+
+
+class _Delegates(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.which = _Masked(), "mask"
+        self.last = torch.zeros(())
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def forward(self, x):
+        self.last = x.sum()  # (a new tensor set by every call)
+        return x * self.mask
+
+
+def test_a_tensor_a_wrapper_delegates_to_replaced_between_calls_is_read_again():
+    # Kept the first call's mask, silently (``getattr(self.inner, name)`` guarded nothing).
+    model = _Delegates()
+    run, seen, expected = thunder_rs.jit(model), [], []
+    for mask in (torch.ones(2), torch.full((2,), 3.0), torch.full((2,), 3.0)):
+        model.inner.mask = mask
+        seen.append(run(torch.ones(2)))
+        expected.append(model(torch.ones(2)))
+    _assert_same(seen, expected)
+    assert thunder_rs.cache_misses(run) == 1  # (the mask is read where it is by every call)
+
+
+class _DelegatesAndCounts(_Delegates):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def forward(self, x):
+        self.steps += 1
+        self.last = x.sum()
+        return x * getattr(self, self.which)
+
+
+def test_a_tensor_a_module_sets_every_call_next_to_a_read_by_a_computed_name_does_not_recompile():
+    # With all of its attributes guarded by identity, ``self.last`` (a new tensor each call)
+    # compiled every call: a tensor the trace does not take is guarded on its metadata.
+    model = _DelegatesAndCounts()
+    run = thunder_rs.jit(model)
+    for i in range(6):
+        _assert_same(run(torch.full((2,), float(i))), torch.full((2,), float(i)))
+        assert model.last.item() == 2 * i and model.steps == i + 1
+    assert thunder_rs.cache_misses(run) == 3  # (the first call, steps 1, then steps symbolic)
+
+
 # -- refused --------------------------------------------------------------------------------------
 
 

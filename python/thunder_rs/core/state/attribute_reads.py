@@ -125,6 +125,9 @@ class AttributeReads:
     #: attributes were read (``_instance_read``)
     _objects_read: dict
     _cached_results: CachedCalls
+    #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
+    #: the trace did not capture them (``Observer._read_attributes_per_call``)
+    _tensors_read_whole: set
     #: code of a getter or method -> id of the object it is called on -> ``(object, {(chain,
     #: where)})``: the chains awaiting what it returns (``_await_result``)
     _results: dict
@@ -265,7 +268,10 @@ class AttributeReads:
         if type(mapping) is not dict or source is None:
             return
         for attr in [a for a in mapping if a not in _MODULE_INTERNALS]:
+            first = (source.key, attr) not in self._guards
             self._instance_read(module, mapping, True, source, attr, origin)
+            if first and isinstance(mapping[attr], torch.Tensor):
+                self._tensors_read_whole.add((source.key, attr))
 
     def _referent(self, ref):
         """What the ``weakref.ref`` ``ref`` refers to now (``self.parent_ref().scale``), its
