@@ -175,6 +175,16 @@ def test_an_attribute_of_a_function_changed_between_calls_is_read_again(compile_
         assert thunder_rs.cache_misses(run) == 2
 
 
+@COMPILERS
+@pytest.mark.parametrize("holder", more.FUNCTION_HOLDERS, ids=[h.__name__[1:] for h in more.FUNCTION_HOLDERS])
+def test_an_attribute_of_a_function_reached_through_a_hook_partial_or_container_is_read_again(holder, compile_it):
+    # Kept the first call's value, silently: a forward hook's gain, a partial's function's scale,
+    # a function in a dict or in a list read by a computed index.
+    expected = more.function_attribute_changed(_eager, holder)
+    torch._dynamo.reset()
+    _assert_same(more.function_attribute_changed(compile_it, holder), expected)
+
+
 def test_a_counter_a_decorator_keeps_on_its_wrapper_counts_every_call():
     # Counted the traced call alone (1 where eager counts 3), the output scaled by it too.
     programs._scaled_by_calls.calls = 0

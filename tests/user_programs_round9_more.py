@@ -4,6 +4,7 @@ module's parameters, ``self.apply`` in a forward, grad mode set by a call or a d
 
 import contextlib
 import dataclasses
+import functools
 import io
 
 import torch
@@ -383,3 +384,73 @@ def _rows_of_three(x):
 def view_error_fallback(compile_it) -> list:
     run = compile_it(_rows_of_three)
     return [run(torch.ones(2, 3)), run(torch.ones(3, 2).t()), run(torch.ones(6))]
+
+
+# -- attributes of functions reached in other ways ------------------------------------------------
+
+
+def gained(module, args, out):
+    return out * gained.gain
+
+
+def sloped(x, slope):
+    return x * slope * sloped.extra
+
+
+def _by_the_hook(compile_it, value):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(gained)
+    run = compile_it(model)
+
+    def call():
+        gained.gain = value()
+        return run(torch.ones(1, 2))
+
+    return call
+
+
+def _by_a_partial(compile_it, value):
+    scaled = functools.partial(sloped, slope=2.0)
+    run = compile_it(lambda x: scaled(x))
+
+    def call():
+        sloped.extra = value()
+        return run(torch.ones(1))
+
+    return call
+
+
+ACTIVATIONS = {"sloped": sloped}
+
+
+def _from_a_dict(compile_it, value):
+    run = compile_it(lambda x: ACTIVATIONS["sloped"](x, 1.0))
+
+    def call():
+        sloped.extra = value()
+        return run(torch.ones(1))
+
+    return call
+
+
+def _from_a_list_by_index(compile_it, value):
+    listed = [sloped]
+    run = compile_it(lambda x, i: listed[i](x, 1.0))
+
+    def call():
+        sloped.extra = value()
+        return run(torch.ones(1), 0)
+
+    return call
+
+
+FUNCTION_HOLDERS = [_by_the_hook, _by_a_partial, _from_a_dict, _from_a_list_by_index]
+
+
+def function_attribute_changed(compile_it, holder) -> list:
+    """A function's attribute (a hook's gain, a scale) changed between calls, the function reached
+    through ``holder``."""
+    values = iter((1.0, 2.0, 3.0, 1.0))
+    call = holder(compile_it, lambda: next(values))
+    return [call() for _ in range(4)]
