@@ -20,7 +20,7 @@ from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
 from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, library_module, returned_chain
+from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, interesting, library_module, returned_chain
 from thunder_rs.core.base.userframe import read_site
 from thunder_rs.core.state.generator_states import is_random_generator, note_generator
 from thunder_rs.core.state.guards import (
@@ -125,6 +125,9 @@ class AttributeReads:
     #: attributes were read (``_instance_read``)
     _objects_read: dict
     _cached_results: CachedCalls
+    #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
+    #: the trace did not capture them (``Observer._read_attributes_per_call``)
+    _tensors_read_whole: set
     #: code of a getter or method -> id of the object it is called on -> ``(object, {(chain,
     #: where)})``: the chains awaiting what it returns (``_await_result``)
     _results: dict
@@ -212,6 +215,8 @@ class AttributeReads:
         if attr is ALL_ATTRIBUTES or attr == "__dict__":
             if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
+            elif is_a(self.state, obj, torch.nn.Module):
+                self._module_read_whole(obj, origin)
             return MISSING
         known = self._objects_read.get(id(obj))
         if (
@@ -253,6 +258,20 @@ class AttributeReads:
         if type(mapping) is dict and type(type(obj).__getattribute__) is not types.FunctionType:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
+
+    def _module_read_whole(self, module, origin: str) -> None:
+        """Reads every attribute of ``module`` (not its stores or hooks): the program reads one by
+        a computed name (``getattr(self.inner, name)`` in a wrapper's ``__getattr__``) or all of
+        them (``vars(module)``), so setting any between calls changes what it computes."""
+        mapping = attributes_of(module)
+        source = self._attr_source(module, True)
+        if type(mapping) is not dict or source is None:
+            return
+        for attr in [a for a in mapping if a not in _MODULE_INTERNALS]:
+            first = (source.key, attr) not in self._guards
+            self._instance_read(module, mapping, True, source, attr, origin)
+            if first and isinstance(mapping[attr], torch.Tensor):
+                self._tensors_read_whole.add((source.key, attr))
 
     def _referent(self, ref):
         """What the ``weakref.ref`` ``ref`` refers to now (``self.parent_ref().scale``), its
@@ -453,6 +472,10 @@ class AttributeReads:
             self.guard_state(StateGuard(f"the value of contextvars.ContextVar {value.name!r}", read, read()))
         if isinstance(value, types.FunctionType):
             self._add_function(value)
+            if value not in self.state and interesting(value.__code__):
+                # What a function of the program holds as attributes (``wrapper.calls += 1`` in a
+                # counting decorator, ``step.scale``) is state, read and set like a config's.
+                self.state.add(value, ObjectSource(value, f"function {value.__qualname__}"))
         elif type(value) is functools.partial:  # (``self.act = partial(F.leaky_relu, negative_slope=0.1)``)
             guard_partial(self._guards, value, source.describe(name), origin)
         if callable(value):

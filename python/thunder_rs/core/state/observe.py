@@ -183,6 +183,7 @@ class Observer(AttributeReads):
         self._attribute_stores: dict = {}
         self._cached_results = CachedCalls(self._cached)  # what their calls returned (``cached_reads``)
         self._results: dict = {}  # (the chains awaiting what a getter or method returns: ``take_result``)
+        self._tensors_read_whole: set = set()  # (guard keys: ``_module_read_whole``)
 
     def __enter__(self):
         #: per device, whether autocast was on when the call began and the dtype it defaults to
@@ -393,6 +394,12 @@ class Observer(AttributeReads):
             meta = tensor_meta(t)
             captured[i] = ArgumentTensor(guard.source, guard.name, guard.source.obj, meta, guard.origin)
             self._guards[key] = TensorGuard(guard.source, guard.name, meta, guard.origin)
+        for key in self._tensors_read_whole:
+            # A tensor read with all of its module's attributes and not captured (``self.last``, set
+            # by every call, next to a read by a computed name): its metadata is what was read.
+            g = self._guards.get(key)
+            if type(g) is Guard and isinstance(g.expected, torch.Tensor) and not isinstance(g.expected, TensorProxy):
+                self._guards[key] = TensorGuard(g.source, g.name, tensor_meta(g.expected), g.origin)
         for key, g in list(self._guards.items()) if self._module_stand_ins else ():
             held = self._module_stand_ins.get(id(g.expected)) if type(g) is Guard else None
             if held is not None and type(g.source) is ModuleSource:
