@@ -1,0 +1,153 @@
+"""The families of ``test_models_round9.py``: tiny Hugging Face configs built in code (nothing is
+downloaded), each with the batch of a training step. Text families get a causal-LM (or masked-LM,
+or replaced-token) batch with a padded second row; image families 32-pixel images with labels;
+audio families a raw waveform with CTC labels."""
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+import transformers as T
+
+V = 99
+TOKENS = dict(vocab_size=V, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+DEC = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    **TOKENS,
+)
+ENC = dict(
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    **TOKENS,
+)
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def causal_lm(step: int) -> dict:
+    ids = torch.randint(3, V, (2, 8), generator=_generator(step))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+
+
+def masked_lm(step: int) -> dict:
+    g = _generator(step)
+    ids = torch.randint(3, V, (2, 8), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    labels = ids.masked_fill(torch.rand(2, 8, generator=g) > 0.5, -100)
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def replaced_tokens(step: int) -> dict:
+    g = _generator(step)
+    ids = torch.randint(3, V, (2, 8), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    return dict(input_ids=ids, attention_mask=mask, labels=torch.randint(0, 2, (2, 8), generator=g))
+
+
+def images(step: int) -> dict:
+    return dict(pixel_values=torch.randn(2, 3, 32, 32, generator=_generator(step)), labels=torch.tensor([0, 2]))
+
+
+def audio(step: int) -> dict:
+    g = _generator(step)
+    return dict(input_values=torch.randn(2, 800, generator=g), labels=torch.randint(1, 20, (2, 5), generator=g))
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    build: Callable[[], torch.nn.Module]
+    batch: Callable[[int], dict]
+
+
+def _moe():
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(decoder_sparse_step=1, output_router_logits=True, **experts, **DEC))
+
+
+def _gemma2():
+    config = T.Gemma2Config(
+        head_dim=8, sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **DEC
+    )
+    return T.Gemma2ForCausalLM(config)
+
+
+def _gemma3():
+    return T.Gemma3ForCausalLM(T.Gemma3TextConfig(head_dim=8, sliding_window=4, sliding_window_pattern=2, **DEC))
+
+
+def _hubert(**masks):
+    convolutions = dict(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3))
+    positions = dict(num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+    layers = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    config = T.HubertConfig(vocab_size=20, pad_token_id=0, **convolutions, **positions, **layers, **masks)
+    return T.HubertForCTC(config)
+
+
+def _beit():
+    vision = dict(image_size=32, patch_size=8, num_hidden_layers=2, num_attention_heads=2, hidden_size=32)
+    scales = dict(use_relative_position_bias=True, layer_scale_init_value=0.1, drop_path_rate=0.1)
+    return T.BeitForImageClassification(T.BeitConfig(intermediate_size=64, num_labels=3, **scales, **vision))
+
+
+def _efficientnet():
+    config = T.EfficientNetConfig(
+        image_size=32,
+        width_coefficient=0.25,
+        depth_coefficient=0.25,
+        hidden_dim=320,
+        drop_connect_rate=0.2,
+        num_labels=3,
+    )
+    return T.EfficientNetForImageClassification(config)
+
+
+FAMILIES = {
+    "qwen3": Family(lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **DEC)), causal_lm),
+    "qwen2_moe": Family(_moe, causal_lm),
+    "gemma2": Family(_gemma2, causal_lm),
+    "gemma3": Family(_gemma3, causal_lm),
+    "phi3": Family(lambda: T.Phi3ForCausalLM(T.Phi3Config(**DEC)), causal_lm),
+    "olmo2": Family(lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**DEC)), causal_lm),
+    "cohere": Family(lambda: T.CohereForCausalLM(T.CohereConfig(logit_scale=0.5, **DEC)), causal_lm),
+    "deberta_v2": Family(
+        lambda: T.DebertaV2ForMaskedLM(
+            T.DebertaV2Config(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8, **ENC)
+        ),
+        masked_lm,
+    ),
+    "electra": Family(lambda: T.ElectraForPreTraining(T.ElectraConfig(embedding_size=16, **ENC)), replaced_tokens),
+    # (no SpecAugment: its masks are drawn with numpy.random, which a trace refuses at the line)
+    "hubert": Family(lambda: _hubert(mask_time_prob=0.0), audio),
+    # SpecAugment's masks (numpy.random, between Dynamo's graphs) and the row put where they are
+    "hubert_spec_augment": Family(lambda: _hubert(mask_time_prob=0.3, mask_time_length=2, layerdrop=0.0), audio),
+    "beit": Family(_beit, images),
+    "convnextv2": Family(
+        lambda: T.ConvNextV2ForImageClassification(
+            T.ConvNextV2Config(
+                num_stages=2,
+                hidden_sizes=[8, 16],
+                depths=[1, 1],
+                drop_path_rate=0.1,
+                num_labels=3,
+                problem_type="single_label_classification",
+            )
+        ),
+        images,
+    ),
+    "efficientnet": Family(_efficientnet, images),
+}
