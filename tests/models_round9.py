@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 import transformers as T
 
@@ -116,6 +117,20 @@ def _efficientnet():
     return T.EfficientNetForImageClassification(config)
 
 
+class Classifier(torch.nn.Module):
+    """A timm model with a cross-entropy loss, called as the Hugging Face classifiers are."""
+
+    def __init__(self, name: str, **kwargs):
+        super().__init__()
+        import timm
+
+        self.model = timm.create_model(name, pretrained=False, num_classes=3, **kwargs)
+
+    def forward(self, pixel_values, labels):
+        logits = self.model(pixel_values)
+        return T.modeling_outputs.ImageClassifierOutput(loss=F.cross_entropy(logits, labels), logits=logits)
+
+
 FAMILIES = {
     "qwen3": Family(lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **DEC)), causal_lm),
     "qwen2_moe": Family(_moe, causal_lm),
@@ -150,4 +165,8 @@ FAMILIES = {
         images,
     ),
     "efficientnet": Family(_efficientnet, images),
+    "timm_mobilenetv3": Family(lambda: Classifier("mobilenetv3_small_050", drop_path_rate=0.1), images),
+    "timm_efficientnet": Family(lambda: Classifier("efficientnet_b0", drop_path_rate=0.1, drop_rate=0.2), images),
+    "timm_convnext": Family(lambda: Classifier("convnext_atto", drop_path_rate=0.1, ls_init_value=0.1), images),
+    "timm_regnet": Family(lambda: Classifier("regnetx_002"), images),
 }

@@ -2,7 +2,7 @@
 ``torch.compile(backend="thunder_rs")`` (families in ``models_round9``): from the same seed, three
 AdamW steps with ``clip_grad_norm_`` in train mode (dropout and drop path drawing from the seeded
 global generator), comparing the loss and every output, the clipped norm, every gradient, AdamW's
-moments and the parameters after each step, bit for bit (float32, one thread); evaluation under
+moments, the parameters and buffers after each step, bit for bit (float32, one thread); evaluation under
 ``no_grad``; one step under ``torch.autocast("cpu", dtype=torch.bfloat16)`` next to eager's autocast
 step. Compile counts: one per mode (train, eval) for ``jit``; Dynamo's graphs compile once each and
 none runs eagerly."""
@@ -53,7 +53,8 @@ def _step(model, call, optimizer, batch: dict, step: int, autocast: bool = False
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     optimizer.step()
     moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
-    return dict(outputs=_tensors(out), norm=[norm], grads=grads, moments=moments, params=list(model.parameters()))
+    state = [*model.parameters(), *model.buffers()]  # (batch norms' running statistics too)
+    return dict(outputs=_tensors(out), norm=[norm], grads=grads, moments=moments, state=state)
 
 
 def _compiled(model, mode: str):
@@ -83,7 +84,8 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     family = FAMILIES[name]
     torch.manual_seed(0)
     eager = family.build().train()
-    if getattr(eager.config, "problem_type", "") is None and type(eager).__name__.endswith("Classification"):
+    config = getattr(eager, "config", None)
+    if getattr(config, "problem_type", "") is None and type(eager).__name__.endswith("Classification"):
         eager.config.problem_type = "single_label_classification"  # (else the first call sets it)
     model = copy.deepcopy(eager)
     earlier = set(thunder_rs.dynamo.compiled_graphs())
