@@ -80,6 +80,21 @@ def _moe():
     return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(decoder_sparse_step=1, output_router_logits=True, **experts, **DEC))
 
 
+def _mixtral():
+    experts = dict(num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.1, router_aux_loss_coef=0.02)
+    return T.MixtralForCausalLM(T.MixtralConfig(output_router_logits=True, **experts, **DEC))
+
+
+def _olmoe():
+    experts = dict(num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)
+    return T.OlmoeForCausalLM(T.OlmoeConfig(output_router_logits=True, **experts, **DEC))
+
+
+def _granite():
+    scales = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=4.0)
+    return T.GraniteForCausalLM(T.GraniteConfig(**scales, **DEC))
+
+
 def _gemma2():
     config = T.Gemma2Config(
         head_dim=8, sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **DEC
@@ -134,6 +149,10 @@ class Classifier(torch.nn.Module):
 FAMILIES = {
     "qwen3": Family(lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **DEC)), causal_lm),
     "qwen2_moe": Family(_moe, causal_lm),
+    "mixtral_jitter": Family(_mixtral, causal_lm),  # the router's logits multiplied by uniform noise
+    "olmoe": Family(_olmoe, causal_lm),
+    "granite": Family(_granite, causal_lm),
+    "starcoder2": Family(lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(**DEC)), causal_lm),
     "gemma2": Family(_gemma2, causal_lm),
     "gemma3": Family(_gemma3, causal_lm),
     "phi3": Family(lambda: T.Phi3ForCausalLM(T.Phi3Config(**DEC)), causal_lm),

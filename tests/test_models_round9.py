@@ -24,11 +24,11 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings(
 EXACT = dict(rtol=0, atol=0)
 QUICK = {"qwen3", "qwen2_moe", "deberta_v2", "convnextv2"}
 MODES = ("jit", "compile")
-#: ``jit``'s training compiles other than one: Qwen2-MoE's router logits are captured by hooks its
-#: first call installs (``_output_capturing_hooks_installed``, as DPT's in test_hf_more_families).
+#: ``jit``'s training compiles other than one: the MoE families' router logits are captured by hooks
+#: their first call installs (``_output_capturing_hooks_installed``, as DPT's in test_hf_more_families).
 #: HuBERT's LayerDrop skips a layer where ``torch.rand([]) < layerdrop``: a variant per outcome seen
 #: (the second at step 1 from these seeds).
-TRAIN_COMPILES = {"qwen2_moe": 2, "hubert": 2}
+TRAIN_COMPILES = {"qwen2_moe": 2, "mixtral_jitter": 2, "olmoe": 2, "hubert": 2}
 
 
 def _tensors(out) -> list:
