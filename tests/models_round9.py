@@ -69,6 +69,12 @@ def audio(step: int) -> dict:
     return dict(input_values=torch.randn(2, 800, generator=g), labels=torch.randint(1, 20, (2, 5), generator=g))
 
 
+def padded_audio(step: int) -> dict:
+    mask = torch.ones(2, 800, dtype=torch.long)
+    mask[1, 600:] = 0
+    return dict(audio(step), attention_mask=mask)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     build: Callable[[], torch.nn.Module]
@@ -112,6 +118,33 @@ def _hubert(**masks):
     layers = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     config = T.HubertConfig(vocab_size=20, pad_token_id=0, **convolutions, **positions, **layers, **masks)
     return T.HubertForCTC(config)
+
+
+AUDIO = dict(
+    conv_dim=(16, 16),
+    conv_stride=(5, 2),
+    conv_kernel=(10, 3),
+    num_conv_pos_embedding_groups=2,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    vocab_size=20,
+    mask_time_prob=0.0,
+    pad_token_id=0,
+    layerdrop=0.0,
+    feat_extract_norm="layer",  # (the group norm's models take no attention mask)
+)
+
+
+def _wavlm():
+    buckets = dict(num_buckets=16, max_bucket_distance=40)
+    return T.WavLMForCTC(T.WavLMConfig(num_conv_pos_embeddings=16, **buckets, **AUDIO))
+
+
+def _conformer():
+    conformer = dict(position_embeddings_type="rotary", conv_depthwise_kernel_size=3)
+    return T.Wav2Vec2ConformerForCTC(T.Wav2Vec2ConformerConfig(num_conv_pos_embeddings=16, **conformer, **AUDIO))
 
 
 def _beit():
@@ -169,6 +202,11 @@ FAMILIES = {
     "hubert": Family(lambda: _hubert(mask_time_prob=0.0), audio),
     # SpecAugment's masks (numpy.random, between Dynamo's graphs) and the row put where they are
     "hubert_spec_augment": Family(lambda: _hubert(mask_time_prob=0.3, mask_time_length=2, layerdrop=0.0), audio),
+    "wavlm": Family(_wavlm, padded_audio),  # gated relative position bias, a padded row
+    "wav2vec2_conformer": Family(_conformer, padded_audio),
+    "data2vec_audio": Family(
+        lambda: T.Data2VecAudioForCTC(T.Data2VecAudioConfig(num_conv_pos_embeddings=5, **AUDIO)), padded_audio
+    ),
     "beit": Family(_beit, images),
     "convnextv2": Family(
         lambda: T.ConvNextV2ForImageClassification(
