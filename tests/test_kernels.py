@@ -222,7 +222,21 @@ def embedding_bag_forward(mode: int, padding: int = -1, last: bool = False, weig
     return inputs
 
 
+def masked_rows_sum(start: int, shape: tuple):
+    """The gradient of a row assigned where a mask over dims ``start`` on of a (2, 5, 3) tensor is."""
+
+    def inputs(dtype):
+        mask = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
+        mask = mask[0] if start else mask
+        return (randn(2, 5, 3, dtype=dtype), mask), lambda g, m: ltorch.masked_rows_sum(g, m, start, shape)
+
+    return inputs
+
+
 CASES = [
+    Case("masked_rows_sum", ltorch.masked_rows_sum, masked_rows_sum(0, (3,))),
+    Case("masked_rows_sum_dim1", ltorch.masked_rows_sum, masked_rows_sum(1, (2, 1, 3))),
+    Case("masked_rows_sum_all", ltorch.masked_rows_sum, masked_rows_sum(0, ())),
     Case("embedding_bag_forward_sum", ltorch.embedding_bag_forward, embedding_bag_forward(0)),
     Case("embedding_bag_forward_mean_padding", ltorch.embedding_bag_forward, embedding_bag_forward(1, padding=2)),
     Case("embedding_bag_forward_mean_last", ltorch.embedding_bag_forward, embedding_bag_forward(1, last=True)),

@@ -1,5 +1,6 @@
 """Scatters and index writes: scatter, scatter_reduce, index_reduce, index_copy, index_fill,
-index_put, put, take, fill, and as_strided of inputs with an explicit storage offset.
+index_put, assignment where a boolean mask is, put, take, fill, and as_strided of inputs with an
+explicit storage offset.
 
 Writes without reduction use indices without repeats (eager leaves the written value undefined
 where they repeat); reductions repeat them on purpose, with ties and zeros in the values so
@@ -187,6 +188,35 @@ def index_put_errors() -> Iterable[ErrorInput]:
     yield ErrorInput(SampleInput(cpu((5, 5)), (torch.tensor([2, 4]),), cpu((2, 5), torch.float64)), RuntimeError)
 
 
+def _put_where_masked(a, mask, value):
+    """``a[mask] = value`` on a copy: a row broadcast to every row the mask picks."""
+    out = a.clone()
+    out[mask] = value
+    return out
+
+
+def _put_where_masked_dim1(a, mask, value):
+    out = a.clone()
+    out[:, mask] = value
+    return out
+
+
+def put_where_masked_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    mask = torch.tensor([True, False, True, True, False], device=device)
+    yield SampleInput(make((5, 4), dtype, device), mask, make((4,), dtype, device))
+    yield SampleInput(make((5, 4), dtype, device), mask, make((1, 1, 4), dtype, device))  # leading ones dropped
+    yield SampleInput(make((5, 4), dtype, device), mask, make((), dtype, device))
+    yield SampleInput(
+        make((5, 4), dtype, device), torch.zeros(5, dtype=torch.bool, device=device), make((4,), dtype, device)
+    )
+
+
+def put_where_masked_dim1_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    mask = torch.tensor([True, False, True, True, False], device=device)
+    yield SampleInput(make((2, 5, 3), dtype, device), mask, make((2, 1, 3), dtype, device))
+    yield SampleInput(make((2, 5, 3), dtype, device), mask, make((3,), dtype, device))
+
+
 def fill_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(make((2, 4), dtype, device), 2)
     yield SampleInput(make((2, 4), dtype, device), make((), dtype, device))
@@ -253,6 +283,8 @@ OPS = [
     OpInfo("take", torch.take, take_samples, dtypes=ALL),
     OpInfo("put", torch.put, put_samples, put_errors, ALL),
     OpInfo("index_put", torch.index_put, index_put_samples, index_put_errors, ALL),
+    OpInfo("setitem", _put_where_masked, put_where_masked_samples, dtypes=ALL, variant="mask"),
+    OpInfo("setitem", _put_where_masked_dim1, put_where_masked_dim1_samples, dtypes=ALL, variant="mask_dim1"),
     OpInfo("fill", torch.fill, fill_samples, dtypes=ALL),
     OpInfo("masked_scatter", torch.masked_scatter, masked_scatter_samples, masked_scatter_errors, ALL),
     OpInfo("as_strided", torch.as_strided, as_strided_input_samples, dtypes=FLOATS, variant="input_offset"),

@@ -543,6 +543,11 @@ def _kept_weight_total(target, weight, ignore_index: int):
     return weight.gather(0, target.masked_select(target != ignore_index).flatten()).sum()
 
 
+def _masked_rows_sum(g, mask, start: int, shape):
+    """Eager's gradient of the values of ``input[..., mask] = values`` (autograd's ``sum_to``)."""
+    return g[(slice(None),) * start + (mask.bool(),)].sum_to_size(shape)
+
+
 #: The fused kernels of ltorch's families (``layer_norms``, ``nn``, ...), each one aten call (with its checker).
 _KERNELS = {
     "native_layer_norm": (torch.native_layer_norm, None),
@@ -572,6 +577,7 @@ _KERNELS = {
     "nll_loss_forward": (_aten.nll_loss_forward.default, None),
     "nll_loss_backward": (_aten.nll_loss_backward.default, None),
     "kept_weight_total": (_kept_weight_total, None),
+    "masked_rows_sum": (_masked_rows_sum, None),
     "multi_margin_loss_backward": (_aten.multi_margin_loss_backward.default, None),
     "multilabel_margin_loss_backward": (_aten.multilabel_margin_loss_backward.default, None),
     "trilinear": (_aten._trilinear.default, None),

@@ -29,7 +29,7 @@ from thunder_rs.torch.gathers import _check_no_larger
 from thunder_rs.torch.indexing import _check_index
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import SymInt, same_shape
-from thunder_rs.torch.common import size_value, sum_to
+from thunder_rs.torch.common import flows, size_value, sum_to
 
 Tensor = torch.Tensor
 __all__ = [
@@ -466,13 +466,62 @@ def put_rule(input, index, source, accumulate=False):
 @register_grad(index_put)
 def index_put_rule(input, indices, values, accumulate=False):
     out = index_put(input, indices, values, accumulate)
-    if any(idx.dtype == torch.bool for idx in indices):
-        return out  # (a mask's reads have a data-dependent size: the decomposition's gradient)
     g = get_grad(out)
     if input.requires_grad:
         put_grad(input, g if accumulate else index_put(g, indices, ltorch.zeros_like(values)))
     if values.requires_grad:
-        put_grad(values, sum_to(g[tuple(indices)], values.shape))
+        if len(indices) == 1 and indices[0].dtype == torch.bool:
+            put_grad(values, masked_rows_sum(g, indices[0], 0, tuple(values.shape)))
+        else:
+            put_grad(values, sum_to(g[tuple(indices)], values.shape))
+    return out
+
+
+def _masked_rows_sum_meta(g, mask, start: int, shape):
+    return [(tuple(shape), g.dtype, flows(g))]
+
+
+def _wide_mask(mask, shape: tuple, start: int):
+    """``mask`` (bool) over dims ``start`` on of a tensor of ``shape``, broadcast to it."""
+    dims = tuple(range(start, start + mask.ndim))
+    return prims.broadcast_in_dim(clang.maybe_convert(mask, torch.bool), shape, dims)
+
+
+@torchsymbol(name="masked_rows_sum", meta=_masked_rows_sum_meta)
+def masked_rows_sum(g, mask, start: int, shape):
+    """The gradient of the values of ``input[mask] = values`` (``mask`` over ``g``'s dims from
+    ``start``, the dims before it whole): the rows of ``g`` the mask picks summed to the values'
+    ``shape``. Eager sums the picked rows compacted (autograd's ``sum_to(g[..., mask], shape)``, a
+    data-dependent count of rows); summed with zeros in place of the rows left out they round
+    otherwise (HuBERT's ``masked_spec_embed`` an ulp off), so the torch executor runs eager's
+    expression (``torch_ex``)."""
+    picked = prims.where(_wide_mask(mask, tuple(g.shape), start), g, clang.maybe_convert(0, g.dtype))
+    shape = tuple(shape)
+    full = (1,) * (g.ndim - mask.ndim + 1 - len(shape)) + shape  # as the rows (*before, K, *rest)
+    target = (*full[:start], *(1,) * mask.ndim, *full[start + 1 :])
+    return reshape_to(sum_to(picked, target), shape)
+
+
+@torchsymbol(name="masked_put")
+def masked_put(a, mask, value, start: int):
+    """``a[(:,) * start + (mask,)] = value`` on a copy of ``a``, where ``value`` (of ``a``'s dtype)
+    broadcasts to one row the mask picks: a ``where``."""
+    rest = a.ndim - start - mask.ndim
+    at_mask = value.ndim - rest - 1  # the dim of value that lines up with the picked rows
+    if at_mask >= 0:
+        value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
+    return prims.where(_wide_mask(mask, tuple(a.shape), start), clang.expand_to(value, tuple(a.shape)), a)
+
+
+@register_grad(masked_put)
+def masked_put_rule(a, mask, value, start: int):
+    out = masked_put(a, mask, value, start)
+    g = get_grad(out)
+    if a.requires_grad:
+        # eager's: the gradient with zeros where the mask is, not added to zeros
+        put_grad(a, prims.where(_wide_mask(mask, tuple(g.shape), start), clang.maybe_convert(0, g.dtype), g))
+    if value.requires_grad:
+        put_grad(value, masked_rows_sum(g, mask, start, tuple(value.shape)))
     return out
 
 

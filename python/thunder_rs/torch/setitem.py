@@ -13,6 +13,7 @@ from thunder_rs.errors import ThunderNotImplementedError, ThunderTypeError, chec
 from thunder_rs.torch.elementwise import where
 from thunder_rs.torch.indexing import check_mask_shapes, is_basic, key_read_by_values
 from thunder_rs.torch.inplace import _read_to_overwrite, assign
+from thunder_rs.torch.scatter import masked_put
 from thunder_rs.torch.shape import reshape_to
 
 _MASKS = (torch.bool, torch.uint8)
@@ -89,10 +90,12 @@ def _masked_assign(a, entries: tuple, at: int, value) -> bool:
                 ),
                 ThunderNotImplementedError,
             )
-            value = reshape_to(value, (*value.shape[:at_mask], *(1,) * mask.ndim, *value.shape[at_mask + 1 :]))
-    mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
-    # (eager's gradient of the old values: the gradient with zeros where the mask is, not added to zeros)
-    new = where(mask, clang.maybe_convert(value, view.dtype), _read_to_overwrite(view))
+        # (a tensor's gradient: the picked rows summed as eager's index_put sums them)
+        new = masked_put(_read_to_overwrite(view), mask, clang.maybe_convert(value, view.dtype), start)
+    else:
+        mask = reshape_to(clang.maybe_convert(mask, torch.bool), (1,) * start + tuple(mask.shape) + (1,) * rest)
+        # (eager's gradient of the old values: the gradient with zeros where the mask is, not added to zeros)
+        new = where(mask, clang.maybe_convert(value, view.dtype), _read_to_overwrite(view))
     assign(view, new, op, copy=True, overwrite=True)
     return True
 
