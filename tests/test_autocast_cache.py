@@ -272,3 +272,39 @@ def test_switching_the_cache_recompiles():
             grads.append(w.grad)
         assert torch.equal(grads[1], grads[0])
     assert "torch.is_autocast_cache_enabled() changed from False to True" in thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def test_autocast_state_key_is_torchs_modes_and_shared_between_calls():
+    """The autocast part of a compiled call's cache key (``autocast.state``) is torch's modes in
+    every region form (nested, disabled, another dtype) and one object per dtype pair, which the
+    calls of a region read without making a new one; a model compiled once hits across regions of
+    one dtype and recompiles for another, its outputs and gradients eager's bit for bit."""
+    from thunder_rs.core.lang import autocast
+
+    def torchs():
+        dtypes = [torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in ("cpu", "cuda")]
+        return None if dtypes == [None, None] else tuple(dtypes)
+
+    assert autocast.state() is None
+    with torch.autocast("cpu", dtype=BF16):
+        first = autocast.state()
+        assert first == torchs() == (BF16, None) and autocast.state() is first
+        with torch.autocast("cpu", enabled=False):
+            assert autocast.state() is None and torchs() is None
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert autocast.state() == torchs() == (torch.float16, None)
+        assert autocast.state() is first
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    twin = copy.deepcopy(model)
+    jm = thunder_rs.jit(twin)
+    x = torch.randn(4, 8)
+    for dtype in (BF16, BF16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            want, got = model(x), jm(x)
+        want.float().sum().backward()
+        got.float().sum().backward()
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert (thunder_rs.cache_hits(jm), thunder_rs.cache_misses(jm)) == (1, 2)
