@@ -525,9 +525,10 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     the last by output position."""
     through_leaves, switched, outputs_made = made
     try:
-        writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
-            rec, out, writes, repeated, flat_inputs, inputs, captured, kept
-        )
+        with recording(rec):  # (a float of sizes read as a value specialises them: ``SizesFloat.of``)
+            writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
+                rec, out, writes, repeated, flat_inputs, inputs, captured, kept
+            )
         refuse_switched_writes(switched, writebacks)
         first = None if reads is None else reads.first_outputs(rec, outputs)
     finally:
