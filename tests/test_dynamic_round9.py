@@ -153,3 +153,16 @@ def test_a_scatter_by_an_empty_index_follows_src_as_eager(a_grad):
         return [a, torch.randn(2, T, requires_grad=True), (torch.arange(T) % 3).expand(2, T)]
 
     run_lengths(scatters, make, (0, 4, 0, 5))
+
+
+def test_the_miss_reason_of_a_failed_size_guard_names_the_sizes_not_unknown():
+    """A call whose key the symbolic entry was stored under, failing one of its size guards
+    (``max(1, T // 2)`` taken the other way), was reported as ``unknown; ...``."""
+
+    def fn(x):
+        return x.kthvalue(max(1, x.shape[-1] // 2), -1)[0]
+
+    jfn = run_lengths(fn, lambda T: [torch.randn(3, T)], (5, 7, 9, 12, 3), grad=False)
+    reasons = thunder_rs.compile_stats(jfn).miss_reasons
+    assert len(reasons) == 3 and not any("unknown" in r for r in reasons), reasons
+    assert reasons[2].startswith("x: shape torch.Size([3, 7]) -> torch.Size([3, 3]); the entry with symbolic sizes")
