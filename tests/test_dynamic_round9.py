@@ -19,6 +19,7 @@ does.
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 
@@ -166,3 +167,16 @@ def test_the_miss_reason_of_a_failed_size_guard_names_the_sizes_not_unknown():
     reasons = thunder_rs.compile_stats(jfn).miss_reasons
     assert len(reasons) == 3 and not any("unknown" in r for r in reasons), reasons
     assert reasons[2].startswith("x: shape torch.Size([3, 7]) -> torch.Size([3, 3]); the entry with symbolic sizes")
+
+
+def test_a_rounded_up_quotient_of_sizes_that_divide_stays_symbolic():
+    """``(n + d - 1) // d`` with a symbolic ``d`` dividing ``n`` (an adaptive pool of ``H * W``
+    positions to ``W``: its longest window) was decided on the hints, guarded ``q * d <= n + d - 1
+    < (q + 1) * d``: a compile per height. It is ``n / d`` for every ``d >= 1``."""
+
+    def fn(x):
+        H, W = x.shape[-2:]
+        return F.adaptive_avg_pool1d(x.flatten(2), W), (H * W + W - 1) // W
+
+    jfn = run_lengths(fn, lambda T: [torch.randn(2, 3, T + 2, T + 4, requires_grad=True)], (5, 7, 9, 12, 3, 6))
+    assert misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
