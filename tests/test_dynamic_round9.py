@@ -365,3 +365,24 @@ def test_uses_of_one_input_at_length_1_add_up_in_eagers_order():
         for out in (fn(x), jfn(y)):
             torch.stack([t.sin().sum() for t in out]).sum().backward()
         assert torch.equal(x.grad, y.grad)
+
+
+@pytest.mark.slow
+def test_the_patterns_through_inductor_equal_eager_in_four_compiles():
+    """The Inductor executor compiles the symbolic regions once for every length: outputs and
+    gradients equal to eager's within float32 tolerances (Inductor's kernels round otherwise than
+    eager's: fused sums, its own ``cos``), returned numbers exactly."""
+    for program, make in (
+        (rotary, lambda T: grads((2, T, 8))),
+        (buffer_written, lambda T: grads((2, 16, 3), (2, T, 3))),
+    ):
+        jfn = thunder_rs.jit(program, executors=["inductor", "torch"])
+        for T in (5, 7, 9, 1, 0, 12, 3):
+            args = make(T)
+            copies = [list(map(copied, args)) for _ in range(2)]
+            e, g = program(*copies[0]), jfn(*copies[1])
+            torch.testing.assert_close(g, e)
+            for out in (e, g):
+                torch.stack([t.sin().sum() for t in leaves(out) if isinstance(t, torch.Tensor)]).sum().backward()
+            torch.testing.assert_close([a.grad for a in copies[1]], [a.grad for a in copies[0]])
+        assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
