@@ -517,7 +517,7 @@ def _shared_of(templates) -> list:
                     walk(part)
         elif isinstance(node, _Copied):
             found.append(node.value)
-        elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
+        elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At, SizesFloat)) and node is not _EMPTY:
             found.append(node)
 
     for template in templates:
