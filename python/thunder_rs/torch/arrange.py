@@ -606,10 +606,36 @@ def _repeats_by_values(symbol):
         if values.active() is not None and (repeats is None or isinstance(repeats, torch.Tensor)):
             if repeats is None:  # the repeats alone: each index as often as it says
                 return fallback(torch.repeat_interleave, (input,), {"output_size": output_size})
+            if torch.is_grad_enabled() and input.requires_grad and _indexable(input, repeats, dim):
+                return _by_index(input, repeats, dim, output_size)
             return fallback(torch.repeat_interleave, (input, repeats), {"dim": dim, "output_size": output_size})
         return symbol(input, repeats, dim, output_size=output_size)
 
     return call
+
+
+def _indexable(input, repeats, dim) -> bool:
+    """Whether eager's ``repeat_interleave`` of ``input`` takes these tensor ``repeats``: one per
+    element along ``dim`` (of the flattened input without one), or one for all."""
+    if dim is not None and not -input.ndim <= dim < input.ndim:
+        return False
+    if repeats.ndim == 0 or (repeats.ndim == 1 and repeats.shape[0] == 1):
+        return True
+    return repeats.ndim == 1 and repeats.shape[0] == (input.numel() if dim is None else input.shape[dim])
+
+
+def _by_index(input, repeats, dim, output_size):
+    """``repeat_interleave`` with tensor repeats as eager computes it (``Repeat.cpp``): ``input``
+    (flattened without a ``dim``) indexed along ``dim`` by the repeats' own ``repeat_interleave``.
+    Only that index is sized by the repeats' values, a call without gradient, so the output's
+    length stays symbolic where the input requires grad (a fallback sized by values has no
+    backward), and the gradient is ``index_select``'s, as eager's is."""
+    if dim is None:
+        input, dim = flatten(input), 0
+    if repeats.ndim == 0 or repeats.shape[0] == 1:
+        repeats = clang.expand_to(reshape_to(repeats, (1,)), (input.shape[dim],))
+    index = fallback(torch.repeat_interleave, (repeats,), {"output_size": output_size})
+    return torch.index_select(input, dim, index)
 
 
 for _fn in repeat_interleave.torch_fns:

@@ -15,11 +15,11 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.indexing import _check_index
-from thunder_rs.torch.shape import reshape_to, slice_in_dim
+from thunder_rs.torch.shape import clone, reshape_to, slice_in_dim
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 Tensor = torch.Tensor
-__all__ = ["gather", "take_along_dim", "scatter_add", "index_add"]
+__all__ = ["gather", "take_along_dim", "scatter_add", "index_add", "unscattered"]
 
 
 def _check_no_larger(op: str, index, a, d: int, what: str):
@@ -115,6 +115,18 @@ def _is_zero(size) -> bool:
     return type(size) is int and size == 0
 
 
+def unscattered(input, src):
+    """What a scatter by an empty index returns: a copy of ``input``, which in eager still follows
+    ``src`` (it requires grad where ``src`` does, whose gradient is zero: a sequence of length 0
+    scattered into a buffer). A ``where`` on a false scalar between ``src``'s sum and the copy
+    keeps that link and every value of ``input`` as it is."""
+    if not isinstance(src, torch.Tensor) or not src.requires_grad or not torch.is_grad_enabled():
+        return prims.convert_element_type(input, input.dtype)
+    nothing = ltorch.zeros((), dtype=torch.bool, device=input.device)
+    row_major = clone(input, memory_format=torch.contiguous_format)  # (as eager's output)
+    return ltorch.where(nothing, ltorch.sum(src), row_major)
+
+
 @torchsymbol(torch.scatter_add, Tensor.scatter_add)
 def scatter_add(a, dim, index, src):
     op = "ltorch.scatter_add"
@@ -127,7 +139,7 @@ def scatter_add(a, dim, index, src):
         ThunderRuntimeError,
     )
     if index.numel() == 0:  # eager checks no shapes against an empty index and adds nothing
-        return prims.convert_element_type(a, a.dtype)
+        return unscattered(a, src)
     check(
         index.ndim == a.ndim == src.ndim,
         op,

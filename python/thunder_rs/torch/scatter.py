@@ -25,7 +25,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch.symbols import torchsymbol
-from thunder_rs.torch.gathers import _check_no_larger
+from thunder_rs.torch.gathers import _check_no_larger, unscattered
 from thunder_rs.torch.indexing import _check_index
 from thunder_rs.torch.shape import reshape_to
 from thunder_rs.core.lang.symint import SymInt, same_shape
@@ -210,7 +210,7 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
     elif not isinstance(src, torch.Tensor):
         src = prims.full(tuple(index.shape), clang.maybe_convert(src, input.dtype), input.device, input.dtype)
     if index.numel() == 0:
-        return prims.convert_element_type(input, input.dtype)
+        return unscattered(input, src)
     a, index_, src_ = _as_1d(input, index, src)
     if reduce is None:
         out = _written(a, d, index_, src_)
@@ -237,7 +237,7 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
         ThunderNotImplementedError,
     )
     if index.numel() == 0:
-        return prims.convert_element_type(input, input.dtype)
+        return unscattered(input, src)
     a, index_, src_ = _as_1d(input, index, src)
     return reshape_to(_scatter_reduced(a, d, index_, src_, reduce, include_self), tuple(input.shape))
 
@@ -312,7 +312,10 @@ def _put_reduced_grads(input, src, grad_self, grad_src) -> None:
 @register_grad(scatter_reduce)
 def _scatter_reduce_grad(input, dim, index, src, reduce, *, include_self=True):
     out = scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
-    if not out.dtype.is_floating_point or input.ndim == 0 or index.numel() == 0:
+    if out.dtype.is_floating_point and index.numel() == 0:  # nothing scattered: a copy of the input
+        _put_reduced_grads(input, src, get_grad(out), ltorch.zeros_like(src))
+        return out
+    if not out.dtype.is_floating_point or input.ndim == 0:
         return out
     d = clang.canonicalize_dim(input.ndim, dim, "ltorch.scatter_reduce")
     g = get_grad(out)

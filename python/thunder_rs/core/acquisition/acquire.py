@@ -528,9 +528,10 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     SavedVersions.writes)``; the third by output position."""
     through_leaves, switched, outputs_made, writes_of = made
     try:
-        writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
-            rec, out, writes, repeated, flat_inputs, inputs, captured, kept, writes_of
-        )
+        with recording(rec):  # (a float of sizes read as a value specialises them: ``SizesFloat.of``)
+            writebacks, views, outputs, out_spec, out_kind, effects, num_outputs = _planned(
+                rec, out, writes, repeated, flat_inputs, inputs, captured, kept, writes_of
+            )
         refuse_switched_writes(switched, writebacks)
         first = None if reads is None else reads.first_outputs(rec, outputs)
     finally:

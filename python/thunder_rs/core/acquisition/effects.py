@@ -27,7 +27,7 @@ from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.lang.printed_text import Text, at_hints, formatting, resolved, stop_formatting
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.acquisition.outputs import MOST_WRITTEN_LEAVES, MadeAgain, Unwritten, ValueSource, is_size
-from thunder_rs.core.acquisition.outputs import written_unflatten
+from thunder_rs.core.acquisition.outputs import SizesFloat, written_unflatten
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
@@ -95,7 +95,7 @@ class TracedValue:
         #: ``rebuild(extras)``: what ``get`` returns, written on its first call (``written_unflatten``)
         self.rebuild: Callable | None = None
         leaves, self.spec = pytree.tree_flatten(value, is_leaf=is_size)
-        self.outputs: list[tuple[int, "int | TracedValue | TracedText | MadeAgain"]] = []
+        self.outputs: list[tuple[int, "int | TracedValue | TracedText | MadeAgain | SizesFloat"]] = []
         for i, leaf in enumerate(leaves):
             if kept and id(leaf) in kept:  # a captured tensor as it is: that same object
                 leaves[i] = kept[id(leaf)]
@@ -108,8 +108,11 @@ class TracedValue:
             elif type(leaf) is SymbolicSize:  # a shape with symbolic sizes: this call's torch.Size
                 self.outputs.append((i, TracedValue(tuple(leaf), extras)))
                 leaves[i] = None
-            elif type(leaf) is SymFloat:  # a float of sizes: its value, the sizes specialised
-                leaves[i] = leaf.value()
+            elif type(leaf) is SymFloat:  # a float of sizes: computed per call (``SizesFloat``)
+                leaves[i] = SizesFloat.of(leaf, extras)
+                if type(leaves[i]) is SizesFloat:
+                    self.outputs.append((i, leaves[i]))
+                    leaves[i] = None
             elif type(leaf) is Text:  # printed text of sizes: this call's
                 self.outputs.append((i, TracedText(leaf, extras)))
                 leaves[i] = None

@@ -24,6 +24,7 @@ one object per call, the state's own, or the one the call stored.
 import collections
 from collections.abc import Callable
 import copy
+import math
 import types
 
 import torch
@@ -35,7 +36,7 @@ from thunder_rs.core.acquisition.returned_objects import MADE_AGAIN, LEAVES, chi
 from thunder_rs.core.acquisition.returned_identities import At, Identities
 from thunder_rs.core.state.guards import slot_names
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
-from thunder_rs.core.lang.symfloat import SymFloat
+from thunder_rs.core.lang.symfloat import ARG, OPERATORS, SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -66,6 +67,57 @@ class _Input:
 
     def __init__(self, position: int):
         self.position = position
+
+
+class SizesFloat:
+    """A float the program computed from sizes alone (a ``SymFloat``: ``T / 2``, ``T ** -0.5``):
+    the Python operations it performed, each size a ``_Slot`` of the call's outputs, performed
+    again on every call's sizes with Python's own operators and ``math``, so the value is eager's
+    bit for bit and the sizes stay symbolic. ``get(outputs)`` is the call's float."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    @staticmethod
+    def of(x: SymFloat, flat: list) -> "SizesFloat | float":
+        """The per-call float for ``x``, its sizes appended to ``flat`` as outputs; ``x``'s value
+        (its sizes specialised) where it reads a float input or is a NumPy scalar."""
+        if x.numpy or _reads_float_inputs(x.ops):
+            return x.value()
+        return SizesFloat(_slotted(x.ops, flat))
+
+    def get(self, outputs) -> float:
+        return _evaluated(self.ops, outputs)
+
+
+def _reads_float_inputs(ops) -> bool:
+    if type(ops) is not tuple:
+        return False
+    return ops[0] == ARG or any(_reads_float_inputs(part) for part in ops[1:])
+
+
+def _slotted(ops, flat: list):
+    """``ops`` with each size expression a ``_Slot`` of ``flat`` (the size appended there)."""
+    if type(ops) is tuple:
+        return (ops[0], *(_slotted(part, flat) for part in ops[1:]))
+    if type(ops) in (int, float):
+        return ops
+    flat.append(SymInt(ops))
+    return _Slot(len(flat) - 1)
+
+
+def _evaluated(ops, outputs):
+    if type(ops) is _Slot:
+        return outputs[ops.index]
+    if type(ops) is not tuple:
+        return ops
+    if ops[0] == "neg":
+        return -_evaluated(ops[1], outputs)
+    if len(ops) == 2:  # a function of ``math`` (``sqrt``, ``log``)
+        return getattr(math, ops[0])(_evaluated(ops[1], outputs))
+    return OPERATORS[ops[0]](_evaluated(ops[1], outputs), _evaluated(ops[2], outputs))
 
 
 class _Rebuilt:
@@ -100,8 +152,8 @@ class _Templater:
         if isinstance(x, TensorProxy) or type(x) is SymInt:  # a size computed per call is an output too
             self.flat.append(x)
             return _Slot(len(self.flat) - 1)
-        if type(x) is SymFloat:  # a float of sizes as a result: its value, the sizes specialised
-            return x.value()  # (a ``numpy.float64`` where it is one)
+        if type(x) is SymFloat:  # a float of sizes as a result: computed per call (``SizesFloat``)
+            return SizesFloat.of(x, self.flat)
         if type(x) is SymbolicSize or (type(x) is torch.Size and any(type(s) is SymInt for s in x)):
             return _Rebuilt("tuple", torch.Size, tuple(map(self, x)))
         if isinstance(x, _SHARED):
@@ -256,6 +308,8 @@ def _build(node, outputs, inputs, built: dict):
         return node.object(inputs)
     if isinstance(node, _Copied):
         return copy.copy(node.value)
+    if type(node) is SizesFloat:
+        return node.get(outputs)
     if not isinstance(node, _Rebuilt):
         return node
     obj = built.get(id(node))
@@ -463,7 +517,7 @@ def _shared_of(templates) -> list:
                     walk(part)
         elif isinstance(node, _Copied):
             found.append(node.value)
-        elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At)) and node is not _EMPTY:
+        elif not isinstance(node, (_Slot, _Input, ArgumentContainer, At, SizesFloat)) and node is not _EMPTY:
             found.append(node)
 
     for template in templates:

@@ -159,6 +159,11 @@ class SymInt(torch.SymInt):
             exact = self.expr.exact_div(other.expr)
             if exact is not None and _nonzero(other.expr):
                 return wrap(exact)
+            # A rounded-up quotient ``(n + d - 1) // d`` of an ``n`` that ``d`` divides is ``n / d``
+            # where ``d >= 1`` (the remainder ``d - 1`` is below ``d``): symbolic, not decided on hints.
+            exact = (self.expr - other.expr + 1).exact_div(other.expr)
+            if exact is not None and other.hint >= 1 and current().decide("ge", other.expr, 1):
+                return wrap(exact)
             if other.hint > 0:
                 return _quotient(self.expr, other.expr)
         return self.__index__() // other

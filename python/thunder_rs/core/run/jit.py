@@ -306,6 +306,8 @@ class ThunderFunction:
             failed = self._cache.get(key) or self._int_classes.first(key)
             reason = failed.why_not(flat) if failed is not None else None
             declined = self._why_not_symbolic(key, flat, spec)
+            if reason == "unknown" and declined:  # (its symbolic sizes' guards failed: ``declined`` says which)
+                reason = None
             mode = self._dynamic if self._dynamic_off is None else False
             sizes = wanted_sizes(mode, key, flat, spec, [self._last_key, *self._variants], self._marked)
             sizes = tuple(at for at in sizes if at not in self._constant_ints)
