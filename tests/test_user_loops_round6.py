@@ -1,13 +1,20 @@
 """Training loops as users write them, round 6, next to eager step by step from one seed (harness
-in ``user_loops_round6.py``): the model jitted with the loop eager, and the whole step under
-``torch.compile(backend="thunder_rs")``. Accumulation with a ``no_sync`` context, a GradScaler
-under bfloat16 and float16 autocast skipping a step with an inf gradient, EMAs (``AveragedModel``
-with an ``avg_fn``, ``lerp_`` by hand), checkpointed blocks, freezing between epochs, parameter
-groups, warmup schedules, R1 penalties, learned loss weights, MoCo's queue and momentum encoder,
-distillation, mixup, focal loss, teacher forcing, truncated BPTT, validation with early stopping,
-LBFGS, SAM, Lookahead, SGD by hand, ``zero_grad`` both ways and a checkpoint saved and loaded."""
+in ``user_loops_round6.py``, models in ``user_models_round6.py``): the model jitted with the loop
+eager, and the whole step under ``torch.compile(backend="thunder_rs")``. Accumulation with a
+``no_sync`` context, a GradScaler under bfloat16 and float16 autocast skipping a step with an inf
+gradient, EMAs (``AveragedModel`` with an ``avg_fn``, ``lerp_`` by hand), checkpointed blocks,
+freezing between epochs, parameter groups, warmup schedules, R1 penalties, learned loss weights,
+MoCo's queue and momentum encoder, distillation, mixup, CutMix, focal loss, teacher forcing,
+truncated BPTT, validation with early stopping (under ``no_grad`` and ``inference_mode``), LBFGS,
+SAM, Lookahead, SGD by hand, ``zero_grad`` both ways, a checkpoint saved and loaded, a state dict
+loaded with ``assign=True``.
+
+What differed from eager before: under ``torch.compile``, a graph whose backward's source another
+graph's shared raised ``NameError`` in ``loss.backward()`` inside the compiled step (CutMix's boxes):
+Dynamo had compiled the generated backward and ran that rewrite in the other graph's globals."""
 
 import contextlib
+import functools
 import io
 import math
 
@@ -18,7 +25,22 @@ from torch import nn
 from torch.optim import lr_scheduler, swa_utils
 
 import thunder_rs
-from user_loops_round6 import trains_as_eager, wrap
+from thunder_rs.errors import ThunderNotImplementedError
+from user_loops_round6 import assert_same, run, trains_as_eager, wrap
+from user_models_round6 import (
+    CharLSTM,
+    Checkpointed,
+    CheckpointedNorm,
+    ConvNet,
+    DataParallelLike,
+    Discriminator,
+    MoCo,
+    MultiTask,
+    Seq2Seq,
+    Teacher,
+    focal_loss,
+    nt_xent,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -80,30 +102,6 @@ def classify_step(world, forward, x, y):
 
 
 # --------------------------------------------------------------------------- accumulation, scaling
-
-
-class DataParallelLike(nn.Module):
-    """DDP's ``no_sync``: a context manager turning the sync flag off; the synced micro-batches
-    counted in a buffer."""
-
-    def __init__(self):
-        super().__init__()
-        self.module = mlp()
-        self.require_backward_grad_sync = True
-        self.register_buffer("synced", torch.zeros(()))
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = old
-
-    def forward(self, x):
-        if self.require_backward_grad_sync:
-            self.synced += 1
-        return self.module(x)
 
 
 def accumulate(world, forward, x, y):
@@ -198,24 +196,6 @@ def test_an_ema_by_lerp_under_no_grad_with_buffers_copied_is_eagers():
 
 
 # -------------------------------------------------------------------- checkpointing, freezing
-
-
-class Checkpointed(nn.Module):
-    """Two residual blocks with dropout, each recomputed in the backward (``use_reentrant=False``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(4, 8)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.GELU(), nn.Dropout(0.2)) for _ in range(2)
-        )
-        self.out = nn.Linear(8, 3)
-
-    def forward(self, x):
-        h = self.inp(x)
-        for block in self.blocks:
-            h = h + torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)
-        return self.out(h)
 
 
 def test_gradient_checkpointing_with_dropout_inside_the_model_trains_as_eager():
@@ -331,15 +311,6 @@ def test_graphs_whose_backwards_share_a_source_run_their_own_backward_inside_the
 # ------------------------------------------------------------------------ losses and penalties
 
 
-class Discriminator(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 1))
-
-    def forward(self, x):
-        return self.net(x)
-
-
 def test_a_discriminator_with_an_r1_penalty_on_real_samples_trains_as_eager():
     """Softplus losses; the penalty's gradient taken with ``create_graph=True`` of the output the
     loss reads too, then differentiated. Within float32's rounding of eager's, not bit for bit:
@@ -361,21 +332,6 @@ def test_a_discriminator_with_an_r1_penalty_on_real_samples_trains_as_eager():
     trains_as_eager(loop(sgd_world(Discriminator, 0.05), body), step, rtol=1.3e-6, atol=1e-5)
 
 
-class MultiTask(nn.Module):
-    """A shared trunk, a classification and a regression head, and learned log variances weighting
-    the two losses (Kendall et al.'s uncertainty weighting)."""
-
-    def __init__(self):
-        super().__init__()
-        self.trunk, self.cls, self.reg = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
-        self.log_vars = nn.Parameter(torch.zeros(2))
-
-    def forward(self, x, y, target):
-        h = self.trunk(x).relu()
-        losses = torch.stack([F.cross_entropy(self.cls(h), y), F.mse_loss(self.reg(h), target)])
-        return (torch.exp(-self.log_vars) * losses + self.log_vars).sum(), losses.detach()
-
-
 @pytest.mark.slow
 def test_multi_task_losses_weighted_by_learned_uncertainties_train_as_eager():
     def body(world, forward, x, y, target):
@@ -387,13 +343,6 @@ def test_multi_task_losses_weighted_by_learned_uncertainties_train_as_eager():
 
     step = lambda world, i: world["step"](*batch(), torch.randn(6, 2))  # noqa: E731
     trains_as_eager(loop(sgd_world(MultiTask, momentum=0.9), body), step)
-
-
-def focal_loss(logits, y, gamma=2.0, alpha=0.25, smoothing=0.1):
-    """Focal loss on label-smoothed one-hot targets."""
-    target = F.one_hot(y, logits.shape[-1]).float() * (1 - smoothing) + smoothing / logits.shape[-1]
-    log_p = logits.log_softmax(-1)
-    return (-alpha * (1 - log_p.exp()) ** gamma * target * log_p).sum(-1).mean()
 
 
 @pytest.mark.slow
@@ -426,15 +375,6 @@ def test_mixup_with_a_beta_draw_in_the_step_trains_as_eager():
     trains_as_eager(loop(sgd_world(), body), call_step)
 
 
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.fc = nn.Conv2d(1, 4, 3, padding=1), nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc(self.conv(x).relu().mean((2, 3)))
-
-
 @pytest.mark.slow
 def test_cutmix_with_a_box_from_a_beta_draw_trains_as_eager():
     """The box's corners computed from the draw by ``.item()`` and ``int``; the weight corrected
@@ -459,15 +399,6 @@ def test_cutmix_with_a_box_from_a_beta_draw_trains_as_eager():
 
     step = lambda world, i: world["step"](torch.randn(4, 1, 6, 6), torch.randint(0, 3, (4,)))  # noqa: E731
     trains_as_eager(loop(sgd_world(ConvNet), body), step)
-
-
-class Teacher(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 @pytest.mark.slow
@@ -503,35 +434,6 @@ def test_distillation_from_a_frozen_teacher_in_eval_mode_with_a_temperature_trai
 # ------------------------------------------------------------------------- contrastive, MoCo
 
 
-class MoCo(nn.Module):
-    """MoCo v2: a query encoder, a key encoder following it by momentum, a queue of keys written
-    in place at a pointer, and InfoNCE over the positive key and the queue."""
-
-    def __init__(self, queue: int = 8, dim: int = 4):
-        super().__init__()
-        self.encoder_q = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, dim))
-        self.encoder_k = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, dim))
-        self.encoder_k.load_state_dict(self.encoder_q.state_dict())
-        self.encoder_k.requires_grad_(False)
-        self.register_buffer("queue", F.normalize(torch.randn(dim, queue), dim=0))
-        self.ptr = 0
-
-    def forward(self, x_q, x_k, temperature: float = 0.2):
-        q = F.normalize(self.encoder_q(x_q), dim=1)
-        with torch.no_grad():
-            for p_k, p_q in zip(self.encoder_k.parameters(), self.encoder_q.parameters()):
-                p_k.mul_(0.9).add_(p_q.detach(), alpha=0.1)
-            k = F.normalize(self.encoder_k(x_k), dim=1)
-        positive = (q * k).sum(1, keepdim=True)
-        negative = q @ self.queue.clone().detach()
-        logits = torch.cat([positive, negative], 1) / temperature
-        loss = F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long))
-        with torch.no_grad():
-            self.queue[:, self.ptr : self.ptr + k.shape[0]] = k.T
-            self.ptr = (self.ptr + k.shape[0]) % self.queue.shape[1]
-        return loss
-
-
 @pytest.mark.slow
 def test_moco_with_a_momentum_encoder_and_a_queue_written_in_place_trains_as_eager():
     """The pointer a Python int the forward advances (another each call: symbolic from its second
@@ -549,16 +451,6 @@ def test_moco_with_a_momentum_encoder_and_a_queue_written_in_place_trains_as_eag
     )
 
 
-def nt_xent(z1, z2, temperature=0.5):
-    """SimCLR's loss: each view's positive the other's, the rest of the batch its negatives."""
-    z = F.normalize(torch.cat([z1, z2]), dim=1)
-    sim = z @ z.T / temperature
-    sim = sim.masked_fill(torch.eye(z.shape[0], dtype=torch.bool), float("-inf"))
-    n = z1.shape[0]
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
-    return F.cross_entropy(sim, targets)
-
-
 def test_simclr_nt_xent_with_two_augmented_views_trains_as_eager():
     def body(world, forward, x):
         noise = torch.randn(2, *x.shape)
@@ -574,26 +466,6 @@ def test_simclr_nt_xent_with_two_augmented_views_trains_as_eager():
 # ----------------------------------------------------------------------------------- sequences
 
 
-class Seq2Seq(nn.Module):
-    """A GRU encoder and a GRUCell decoder fed the target (teacher forcing) or its own argmax,
-    chosen per step by a draw."""
-
-    def __init__(self, vocab: int = 7, hidden: int = 8):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.encoder, self.decoder = nn.GRU(hidden, hidden, batch_first=True), nn.GRUCell(hidden, hidden)
-        self.out = nn.Linear(hidden, vocab)
-
-    def forward(self, src, tgt, ratio: float = 0.5):
-        _, h = self.encoder(self.embed(src))
-        h, token, logits = h[0], tgt[:, 0], []
-        for t in range(1, tgt.shape[1]):
-            h = self.decoder(self.embed(token), h)
-            logits.append(self.out(h))
-            token = tgt[:, t] if torch.rand(()).item() < ratio else logits[-1].argmax(-1)
-        return torch.stack(logits, 1)
-
-
 def test_a_seq2seq_gru_with_teacher_forcing_drawn_per_step_trains_as_eager():
     def body(world, forward, src, tgt):
         logits = forward(src, tgt)
@@ -606,16 +478,6 @@ def test_a_seq2seq_gru_with_teacher_forcing_drawn_per_step_trains_as_eager():
 
     step = lambda world, i: world["step"](torch.randint(0, 7, (2, 5)), torch.randint(0, 7, (2, 4)))  # noqa: E731
     trains_as_eager(loop(sgd_world(Seq2Seq), body), step, modes=("jit",))
-
-
-class CharLSTM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed, self.lstm, self.out = nn.Embedding(6, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 6)
-
-    def forward(self, ids, state=None):
-        out, state = self.lstm(self.embed(ids), state)
-        return self.out(out), state
 
 
 def test_truncated_bptt_with_the_hidden_state_detached_between_chunks_trains_as_eager():
@@ -795,3 +657,64 @@ def test_a_checkpoint_saved_and_loaded_mid_run_continues_as_eager():
         return call_step(world, i)
 
     trains_as_eager(loop(build, body), step, modes=("jit",), steps=6, misses=1)
+
+
+def test_a_checkpointed_block_with_batch_norm_is_eagers_compiled_and_refused_jitted_naming_the_line():
+    """The compiled call cannot write the statistics again in its backward: refused under ``jit``
+    naming the checkpoint's line. Under ``torch.compile`` the graph runs eagerly (with that
+    warning) and the step is Dynamo's own (``backend="eager"``), whose backward raises an
+    in-place error on ``num_batches_tracked`` where eager's trains: Dynamo's, not the backend's."""
+    make = loop(sgd_world(CheckpointedNorm), classify_step)
+    with pytest.raises(ThunderNotImplementedError, match=r"torch.utils.checkpoint: add_ at .*round6.py:\d+ writes"):
+        run(make, call_step, "jit")
+    torch._dynamo.reset()
+    compiled = run(make, call_step, "compile")[0]
+    torch._dynamo.reset()
+    assert_same(compiled, run(make, call_step, "dynamo_eager")[0])
+
+
+def test_validation_under_inference_mode_between_epochs_is_eagers():
+    def make(mode):
+        world = loop(
+            sgd_world(lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))), classify_step
+        )(mode)
+        world["log"] = []
+        return world
+
+    def step(world, i):
+        world["model"].train()
+        loss = call_step(world, i)
+        world["model"].eval()
+        forward = world["jitted"][0] if "jitted" in world else world["model"]
+        with torch.inference_mode():
+            world["log"].append(forward(torch.ones(2, 4) * i))
+        return loss
+
+    trains_as_eager(make, step, modes=("jit",), misses=2)
+
+
+def test_a_state_dict_loaded_with_assign_mid_run_is_read_by_the_jitted_model():
+    """``assign=True`` puts new parameters in the model; the optimizer keeps stepping the old ones."""
+
+    def step(world, i):
+        if i == 1:
+            kept = {k: v * 0.5 for k, v in world["model"].state_dict().items()}
+            world["model"].load_state_dict(kept, assign=True)
+        return call_step(world, i)
+
+    trains_as_eager(loop(sgd_world(), classify_step), step, modes=("jit",), misses=1)
+
+
+def test_zero_grad_without_none_in_a_compiled_step_keeps_eagers_gradient_tensors():
+    def body(world, forward, x, y):
+        held = [p.grad for p in world["model"].parameters()]
+        loss = classify_step(world, forward, x, y)
+        return loss, [g is not None and g is p.grad for g, p in zip(held, world["model"].parameters())]
+
+    def build():
+        model = mlp()
+        optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+        optimizer.zero_grad = functools.partial(optimizer.zero_grad, set_to_none=False)
+        return {"model": model, "optimizer": optimizer}
+
+    trains_as_eager(loop(build, body), call_step)

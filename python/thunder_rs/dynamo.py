@@ -394,7 +394,6 @@ def _function_of(fwd, bwd, *, non_differentiable_idx, saved_for_backward_idx, di
                 ctx.mark_non_differentiable(*picked(output, non_differentiable_idx))
             return output
 
-        @staticmethod
         @unseen_by_dynamo
         def backward(ctx, *grads):
             saved = list(ctx.saved_tensors)

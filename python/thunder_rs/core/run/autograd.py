@@ -45,10 +45,11 @@ _eval_frame = torch._C._dynamo.eval_frame
 _AS_THEY_ARE = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.SKIP)
 
 
-def unseen_by_dynamo(function):
-    """``function``, whose frames (and those it calls) Dynamo leaves to run as they are."""
+def unseen_by_dynamo(function) -> staticmethod:
+    """``function`` as a static method (a Function's backward) whose frames, and those they call,
+    Dynamo leaves to run as they are."""
     _eval_frame.set_code_exec_strategy(function.__code__, _AS_THEY_ARE)
-    return function
+    return staticmethod(function)
 
 
 #: How many torch function modes are active (a mode may answer any torch call with a view).
@@ -351,7 +352,6 @@ def grad_function(
                 ctx.shapes = outputs_at.shapes(flat)
             return flat
 
-        @staticmethod
         @unseen_by_dynamo
         def backward(ctx, *grads):
             with queue_values.running(ctx.queue_values):  # (its call's streams, on whichever thread)
