@@ -718,3 +718,24 @@ def test_zero_grad_without_none_in_a_compiled_step_keeps_eagers_gradient_tensors
         return {"model": model, "optimizer": optimizer}
 
     trains_as_eager(loop(build, body), call_step)
+
+
+@pytest.mark.slow
+def test_swa_with_averaged_buffers_and_an_annealed_swa_learning_rate_is_eagers():
+    """``AveragedModel(use_buffers=True)`` averages BatchNorm's statistics too; ``SWALR`` anneals."""
+
+    def build():
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+        optimizer = torch.optim.SGD(model.parameters(), 0.1)
+        averaged = swa_utils.AveragedModel(model, use_buffers=True)
+        scheduler = swa_utils.SWALR(optimizer, swa_lr=0.05, anneal_epochs=2)
+        return {"model": model, "optimizer": optimizer, "averaged": averaged, "scheduler": scheduler}
+
+    def body(world, forward, x, y):
+        loss = classify_step(world, forward, x, y)
+        world["averaged"].update_parameters(world["model"])
+        world["scheduler"].step()
+        with torch.no_grad():
+            return loss, world["averaged"].eval()(x)
+
+    trains_as_eager(loop(build, body), call_step, steps=4, misses=1)
