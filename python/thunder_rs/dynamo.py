@@ -57,6 +57,7 @@ import torch._refs
 from torch._functorch import predispatch
 from torch._functorch.autograd_function import autograd_function_apply
 
+from thunder_rs.core.run.autograd import unseen_by_dynamo
 from thunder_rs.core.run.jit import ThunderModule
 from thunder_rs.core.lang.vmap import PREDISPATCH
 from thunder_rs.errors import ThunderError
@@ -393,7 +394,7 @@ def _function_of(fwd, bwd, *, non_differentiable_idx, saved_for_backward_idx, di
                 ctx.mark_non_differentiable(*picked(output, non_differentiable_idx))
             return output
 
-        @staticmethod
+        @unseen_by_dynamo
         def backward(ctx, *grads):
             saved = list(ctx.saved_tensors)
             for i, v in ctx.kept:

@@ -33,6 +33,25 @@ _FREED = (
 
 
 _saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+_eval_frame = torch._C._dynamo.eval_frame
+#: Dynamo's frame callback stays set while the eager parts of a compiled region run, and the
+#: autograd engine calls a Function's backward inside them (``loss.backward()`` after a graph
+#: break): Dynamo compiled a compiled call's backward frames, the generated backward among them,
+#: whose code object the compiles of one source share, so that a later compile's backward ran
+#: the rewrite Dynamo made of an earlier one's, naming a ``__compiled_fn`` its globals lack
+#: (NameError), and steps spent their time in Dynamo. Those frames run as they are, with every
+#: frame they call (as Dynamo runs a backend's compiled graph).
+_AS_THEY_ARE = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.SKIP)
+
+
+def unseen_by_dynamo(function) -> staticmethod:
+    """``function`` as a static method (a Function's backward) whose frames, and those they call,
+    Dynamo leaves to run as they are."""
+    _eval_frame.set_code_exec_strategy(function.__code__, _AS_THEY_ARE)
+    return staticmethod(function)
+
+
 #: How many torch function modes are active (a mode may answer any torch call with a view).
 _function_modes = torch._C._len_torch_function_stack
 
@@ -339,7 +358,7 @@ def grad_function(
                 ctx.shapes = outputs_at.shapes(flat)
             return flat
 
-        @staticmethod
+        @unseen_by_dynamo
         def backward(ctx, *grads):
             with queue_values.running(ctx.queue_values):  # (its call's streams, on whichever thread)
                 if landing and not torch.autograd._is_checkpoint_valid():
