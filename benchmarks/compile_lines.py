@@ -67,17 +67,20 @@ def one_process(run: str, top: int) -> None:
 
     jit.ThunderFunction._compile_with = counted
     torch.set_num_threads(1)
-    for counting[0] in (False, True):
-        model = ds.tiny_gpt2()
-        if run == "decode":
-            ids = torch.randint(3, ds.VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
-            step, _ = ds.decoder(thunder_rs.jit(model.eval()), ds.cache_keyword(model), ids)
-            steps: list = [None] * 65
-        else:
-            step, steps = ds.trainer(model, thunder_rs.jit(model)), ds.padded_batches(4)
-        gc.collect()
-        for s in steps:
-            step(s)
+    try:
+        for counting[0] in (False, True):
+            model = ds.tiny_gpt2()
+            if run == "decode":
+                ids = torch.randint(3, ds.VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+                step, _ = ds.decoder(thunder_rs.jit(model.eval()), ds.cache_keyword(model), ids)
+                steps: list = [None] * 65
+            else:
+                step, steps = ds.trainer(model, thunder_rs.jit(model)), ds.padded_batches(4)
+            gc.collect()
+            for s in steps:
+                step(s)
+    finally:
+        jit.ThunderFunction._compile_with = compile_with  # (the next run's wraps the original)
     print(f"{run}: warm compiles' line events {per_compile}  total {counter.total}")
     for name, n in counter.own.most_common(top):
         print(f"  {n:8d} lines {counter.calls[name]:6d} calls  {name}")
