@@ -77,3 +77,72 @@ def test_the_proxy_metadata_helpers_answer_as_its_torch_function_does():
             assert numel_of(proxy) == proxy.numel()
     t = torch.ones(2, 3, requires_grad=True)
     assert requires_grad_of(t) and numel_of(t) == 6
+
+
+class _Held(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._cfg = types.SimpleNamespace(scale=2.0)
+        self.calls = 0
+
+    @property
+    def cfg(self):
+        return self._cfg
+
+    def forward(self, x):
+        self.calls += 1
+        for _ in range(6):
+            x = x * self.cfg.scale
+        return x
+
+
+def test_a_getter_is_walked_once_per_code(monkeypatch):
+    # ``self.cfg.scale``, read through a getter (``return self._cfg``): the getter's bytecode is
+    # walked when first met, not again at each compile that reads through it; the reads are
+    # guarded through it as before.
+    from thunder_rs.core.state import code_reads
+
+    walked = []
+    instructions = code_reads.instructions
+
+    def counted(code):
+        walked.append(code)
+        return instructions(code)
+
+    monkeypatch.setattr(code_reads, "instructions", counted)
+    model, eager = _Held(), _Held()
+    x = torch.randn(3)
+    jm = thunder_rs.jit(model)
+    for _ in range(2):
+        torch.testing.assert_close(jm(x), eager(x), rtol=0, atol=0)
+    assert model.calls == eager.calls == 2
+    misses, walks = thunder_rs.compile_stats(jm).cache_misses, walked.count(_Held.cfg.fget.__code__)
+    model._cfg = eager._cfg = types.SimpleNamespace(scale=3.0)  # (read through the getter: recompiles)
+    torch.testing.assert_close(jm(x), eager(x), rtol=0, atol=0)
+    assert thunder_rs.compile_stats(jm).cache_misses == misses + 1
+    assert walked.count(_Held.cfg.fget.__code__) == walks > 0
+
+
+def test_module_writes_are_looked_for_among_changed_attributes(monkeypatch):
+    # After tracing, the clones' attributes are compared with the modules' by identity in C: the
+    # per-attribute check runs for the one the forward wrote (``calls``), not for each of the
+    # some 20 attributes of each module; the write is replayed on every call, as eager makes it.
+    from thunder_rs.core.state import modules
+
+    checked = []
+    stood_in_for = modules.stood_in_for
+
+    def counted(value):
+        checked.append(value)
+        return stood_in_for(value)
+
+    monkeypatch.setattr(modules, "stood_in_for", counted)
+    model, eager = nn.Sequential(_Held(), _Held(), nn.Linear(3, 3)), nn.Sequential(_Held(), _Held(), nn.Linear(3, 3))
+    eager.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3)
+    jm = thunder_rs.jit(model)
+    for _ in range(3):
+        torch.testing.assert_close(jm(x), eager(x), rtol=0, atol=0)
+    assert [m.calls for m in model[:2]] == [m.calls for m in eager[:2]] == [3, 3]
+    # (two checks per module that wrote, per compile: ``calls`` is a guarded int, compiled again once)
+    assert 0 < len(checked) <= 4 * thunder_rs.compile_stats(jm).cache_misses

@@ -45,17 +45,26 @@ def _count_proxies(value, held: dict, depth: int) -> None:
         return
     elif type(value) in (tuple, list):
         for item in value:
-            _count_proxies(item, held, depth - 1)
+            if type(item) not in _LEAVES:
+                _count_proxies(item, held, depth - 1)
     else:
         for name in getattr(type(value), "__slots__", ()):
-            _count_proxies(getattr(value, name, None), held, depth - 1)
+            if type(item := getattr(value, name, None)) not in _LEAVES:
+                _count_proxies(item, held, depth - 1)
         if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type):
             for item in value.__dict__.values():
-                _count_proxies(item, held, depth - 1)
+                if type(item) not in _LEAVES:
+                    _count_proxies(item, held, depth - 1)
 
 
-#: Attribute values of a proxy that never hold another proxy (its id, shape, dtype, device).
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.Size, SymbolicSize, tuple, torch.dtype, torch.device})
+#: Values ``_count_proxies`` finds nothing in, not called for (most of a view link's slots, the
+#: weak references to a root's views).
+_LEAVES = frozenset({int, float, bool, str, bytes, type(None), weakref.ref, torch.dtype, torch.device})
+#: Attribute values of a proxy that never hold another proxy (its id, shape, dtype, device; a weak
+#: reference to its source).
+_PLAIN = frozenset(
+    {int, float, bool, str, type(None), torch.Size, SymbolicSize, tuple, torch.dtype, torch.device, weakref.ref}
+)
 
 
 def _held_by_proxies(proxies: list) -> dict:

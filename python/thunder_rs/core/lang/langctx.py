@@ -264,14 +264,17 @@ def _own_containers(x):
     of the program's. ``returned_objects.made_objects`` takes a list the program made that is held
     elsewhere for one found in its state: ``sizes = [1, 2]`` split by and returned would be returned
     as that same list on every call, where eager returns a new one from each."""
-    t = type(x)
-    if t is list:
-        return [_own_containers(v) for v in x]
+    t = type(x)  # (the leaves, most items, are kept without a call for each)
     if t is tuple:
-        return tuple([_own_containers(v) for v in x])
+        return tuple([_own_containers(v) if type(v) in _COPIED else v for v in x])
+    if t is list:
+        return [_own_containers(v) if type(v) in _COPIED else v for v in x]
     if t is dict:
-        return {k: _own_containers(v) for k, v in x.items()}
+        return {k: _own_containers(v) if type(v) in _COPIED else v for k, v in x.items()}
     return x
+
+
+_COPIED = frozenset({list, tuple, dict})
 
 
 def _inside(func, args, kwargs):

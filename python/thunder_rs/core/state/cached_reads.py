@@ -350,6 +350,12 @@ def is_stand_in(value) -> bool:
     return id(value) in _readers or id(value) in _stdlib_readers
 
 
+def holds_stand_in(values) -> bool:
+    """Whether any of ``values`` is a reader (``is_stand_in``)."""
+    ids = list(map(id, values))
+    return not (_readers.keys().isdisjoint(ids) and _stdlib_readers.keys().isdisjoint(ids))
+
+
 def original(value):
     """The function ``value`` stands in for, if it is a reader (``is_stand_in``); else ``value``."""
     found = _readers.get(id(value))

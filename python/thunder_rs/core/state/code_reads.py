@@ -256,12 +256,24 @@ def _called_chains(code, listed: list) -> set:
 _NO_OPS = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
 
 
+#: id of a getter's code -> (the code, ``returned_chain``'s answer for it): a property read on
+#: every call of the code reading it would walk the getter's bytecode again at each
+_returned_chains: dict = {}
+
+
 def returned_chain(fn) -> tuple | None:
     """The attributes of its first argument that the function ``fn`` returns when its whole code
     is ``return self.a.b`` (a property's getter): ``("a", "b")``; else None."""
     code = getattr(fn, "__code__", None)
     if code is None or code.co_argcount != 1:
         return None
+    known = _returned_chains.get(id(code))
+    if known is None:
+        known = _returned_chains[id(code)] = (code, _returned_chain(code))
+    return known[1]
+
+
+def _returned_chain(code) -> tuple | None:
     listed = [ins for ins in instructions(code) if ins.opname not in _NO_OPS]
     if len(listed) < 3 or listed[0].opname not in _LOAD_LOCAL or listed[0].argval != code.co_varnames[0]:
         return None

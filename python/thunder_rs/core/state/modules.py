@@ -14,6 +14,8 @@ attributes are re-checked only when it moved.
 
 import contextlib
 import functools
+import itertools
+import operator
 import threading
 import types
 import weakref
@@ -24,9 +26,10 @@ import torch.nn.utils.stateless as stateless
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
-from thunder_rs.core.state.cached_reads import original as stood_in_for
+from thunder_rs.core.state.cached_reads import holds_stand_in, original as stood_in_for
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
 from thunder_rs.core.state.guards import MISSING
+from thunder_rs.core.state.items import same_entries
 from thunder_rs.core.state.param_metadata import MetadataCheck
 from thunder_rs.core.state.slot_reads import SlotReads
 from thunder_rs.errors import ThunderNotImplementedError
@@ -349,17 +352,28 @@ def attribute_writes(pairs: list) -> list:
     for clone, original in pairs:
         now, before = clone.__dict__, found_attributes(clone, original)
         hidden = now.get(_HIDDEN_HOOKS, ())
-        for name, value in now.items():
+        names, same_names = _changed_names(now, before)
+        for name in names:
             if name in ("_parameters", "_buffers", "_modules") or name in hidden:
                 continue
             if name in _HOOK_STORES:
                 continue
-            value = stood_in_for(value)  # (a cached function's reader, put there while traced: not a write)
+            value = stood_in_for(now[name])  # (a cached function's reader, put there while traced: not a write)
             if before.get(name, MISSING) is not value:
                 writes.append((original, name, _original_of(value, originals)))
-        writes.extend((original, name, MISSING) for name in before if name not in now)
+        if not same_names:
+            writes.extend((original, name, MISSING) for name in before if name not in now)
         _check_structure(clone, original, originals)
     return writes
+
+
+def _changed_names(now: dict, before: dict) -> tuple:
+    """The names of ``now`` whose values may differ from ``before``'s (all of them, unless both
+    hold the same names in the same order and no reader stands in among ``now``'s values: then
+    those whose values are not the very same, found in C), and whether the names are the same."""
+    if list(now) != list(before) or holds_stand_in(now.values()):
+        return now, False
+    return list(itertools.compress(now, map(operator.is_not, now.values(), before.values()))), True
 
 
 def changed_meanwhile(pairs: list) -> set:
@@ -370,8 +384,7 @@ def changed_meanwhile(pairs: list) -> set:
     changed: set[tuple[int, str]] = set()
     for clone, original in pairs:
         found = _found.get(clone)
-        if found is not None:
-            now = original.__dict__
+        if found is not None and not same_entries(now := original.__dict__, found.attributes):
             changed.update(
                 (id(original), n)
                 for n in now.keys() | found.attributes.keys()

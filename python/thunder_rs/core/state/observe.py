@@ -49,6 +49,7 @@ from thunder_rs.core.state.callables import (
 )
 from thunder_rs.core.state.attribute_reads import AttributeReads, is_a
 from thunder_rs.core.state.hook import own_work, thread_hook, thread_state, warn_profiler_once
+from thunder_rs.core.state.items import same_entries
 from thunder_rs.core.state.iterators import iterator_position
 from thunder_rs.core.state.generator_states import note_generator, refuse_drawn_generators
 from thunder_rs.core.state.cached_reads import CachedCalls, cached_guards
@@ -281,6 +282,8 @@ class Observer(AttributeReads):
         refuses the change after tracing, naming the read; a tensor stored is ``escapes``'s, a module
         bound by an import is made once in eager too.)"""
         for g, before in self._module_globals.values():
+            if same_entries(g, before):  # (most often: nothing set, and the loop below finds nothing)
+                continue
             for name in g.keys() | before.keys():
                 now, was = g.get(name, MISSING), before.get(name, MISSING)
                 if now is was or (id(g), name) in self._guards or _not_a_write(name, now, was):
