@@ -54,3 +54,28 @@ def test_programs_take_their_compiled_branch_on_every_call():
     torch.testing.assert_close(jf(x), x * 2)
     torch.testing.assert_close(jf(x), x * 2)  # a cache hit: no read of the flag, nothing to guard
     assert thunder_rs.cache_hits(jf) == 1
+
+
+def test_a_module_first_imported_while_tracing_gets_torchs_answer_afterwards(tmp_path, monkeypatch):
+    # ``from torch.compiler import is_compiling`` run while a program is traced binds thunder_rs's
+    # stand-in for good (``torch._dynamo``'s ``mark_static`` asks it: marks were dropped after a
+    # compile had imported Dynamo); outside tracing it must answer as torch's does.
+    (tmp_path / "imported_while_traced.py").write_text(
+        "from torch.compiler import is_compiling\n\ndef scale(x):\n    return x * 2 if is_compiling() else x * 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def program(x):
+        import imported_while_traced  # noqa: PLC0415
+
+        return imported_while_traced.scale(x)
+
+    x = torch.ones(3)
+    torch.testing.assert_close(thunder_rs.jit(program)(x), x * 2)  # (the compiled branch, as under torch.compile)
+    import imported_while_traced  # noqa: PLC0415
+
+    assert imported_while_traced.is_compiling() is torch.compiler.is_compiling() is False
+    torch.testing.assert_close(imported_while_traced.scale(x), x * 3)
+    z = torch.randn(3, 4)
+    torch._dynamo.mark_static(z, 0)
+    assert z._dynamo_static_indices == {0}

@@ -353,9 +353,17 @@ _ASKING_HELPERS = frozenset(
 )
 
 
+_torch_is_compiling = torch.compiler.is_compiling
+
+
 def _is_compiling() -> bool:
     """``torch.compiler.is_compiling()`` while tracing: True, but to ``EAGER_ANSWERS``' functions
-    (asking directly, or through the helpers of ``_ASKING_HELPERS``)."""
+    (asking directly, or through the helpers of ``_ASKING_HELPERS``). Outside every acquisition,
+    torch's own answer: a module first imported while a program was traced (``torch._dynamo``,
+    whose ``mark_static`` asks) binds this function by ``from torch.compiler import is_compiling``
+    for good."""
+    if not _active:
+        return _torch_is_compiling()
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and (frame.f_globals.get("__name__"), frame.f_code.co_name) in _ASKING_HELPERS:
         frame = frame.f_back
