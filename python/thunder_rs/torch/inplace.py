@@ -24,6 +24,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
@@ -57,7 +58,7 @@ from thunder_rs.torch.scatter import fill
 from thunder_rs.torch.shape import clone
 from thunder_rs.torch.strides import is_contiguous
 from thunder_rs.torch.common import SCALAR_NAMES
-from thunder_rs.core.lang.symint import SymInt, identical, same_shape
+from thunder_rs.core.lang.symint import SymInt, hint, identical, same_shape
 
 
 def _leaf_check(op: str, dst) -> None:
@@ -597,9 +598,60 @@ def _register_inplace_arguments() -> None:
 # -- out= ------------------------------------------------------------------------------------------
 
 
+#: The text eager's autograd raises for an op with ``out=`` one of whose arguments requires grad.
+_OUT_REQUIRES_GRAD = "functions with out=... arguments don't support automatic differentiation"
+
+
+def _out_probe(x):
+    """A meta tensor standing for the proxy ``x`` (at its sizes' hints), requiring grad as it does."""
+    if not isinstance(x, TensorProxy):
+        return hint(x) if isinstance(x, SymInt) else x
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex)
+    shape = tuple(hint(s) for s in x.shape)
+    return torch.empty(shape, dtype=x.dtype, device="meta", requires_grad=requires_grad)
+
+
+def _refuse_out_under_autograd(func, args, kwargs) -> None:
+    """Eager's error for ``func(..., out=...)`` with grad mode on and an argument (``out`` too)
+    that requires grad, where eager's autograd raises it: which ops do is torch's (a comparison's
+    or ``argmax``'s results have no gradient, ``torch.softmax`` writes ``out`` by a differentiable
+    copy), so the call runs on meta tensors alike and its error, if it is that one, is raised."""
+    if not torch.is_grad_enabled():
+        return
+    flat, spec = tree_flatten((args, kwargs))
+    with torch._C.DisableTorchFunctionSubclass():
+        if not any(isinstance(x, TensorProxy) and x.requires_grad for x in flat):
+            return
+    try:
+        meta_args, meta_kwargs = tree_unflatten([_out_probe(x) for x in flat], spec)
+        with torch._C.DisableTorchFunction():
+            func(*meta_args, **meta_kwargs)
+    except RuntimeError as e:
+        if _OUT_REQUIRES_GRAD in str(e):
+            raise ThunderRuntimeError(f"{e} (at {user_location()})") from None
+        return
+    except Exception:  # noqa: BLE001 (the call's own errors are the trace's to raise)
+        return
+    written = [t for t in tree_flatten(meta_kwargs["out"])[0] if isinstance(t, torch.Tensor)]
+    # ``torch.softmax(x, 0, out=y)``: eager writes ``y`` through a node whose backward raises.
+    check(
+        not any(type(t.grad_fn).__name__ == "NotImplemented" for t in written),
+        getattr(func, "__name__", "op"),
+        lambda: (
+            f"out= at {user_location()} with grad mode on and an argument that requires grad: eager writes out "
+            "through an autograd node that has no derivative (its backward raises 'derivative ... is not "
+            "implemented'), which thunder_rs does not trace; call it without out=, or under torch.no_grad()"
+        ),
+        ThunderNotImplementedError,
+    )
+
+
 def write_out(func, args, kwargs):
-    """``func(*args, out=out)``: the result computed out of place and written into ``out``."""
+    """``func(*args, out=out)``: the result computed out of place and written into ``out``; eager's
+    error where grad mode is on and an argument requires grad (``_refuse_out_under_autograd``)."""
     name = getattr(func, "__name__", "op")
+    _refuse_out_under_autograd(func, args, kwargs)
     kwargs = dict(kwargs)
     out = kwargs.pop("out")
     value = torch_function(func, args, kwargs)
