@@ -122,17 +122,48 @@ def test_another_dtype_eager_refuses_under_no_grad():
         thunder_rs.jit(fn)(A.clone().requires_grad_())
 
 
-def test_a_resize_eager_warns_of_under_no_grad_is_refused():
-    def fn(a):
-        with torch.no_grad():
-            return torch.sin(a, out=torch.empty(2))
-
+def _warned(fn, *args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn(A.clone().requires_grad_())
-    assert any("resized" in str(w.message) for w in caught)
-    with pytest.raises(NotImplementedError, match="out="):
-        thunder_rs.jit(fn)(A.clone().requires_grad_())
+        result = fn(*args)
+    return result, [(str(w.message), w.filename, w.lineno) for w in caught]
+
+
+def test_a_resize_eager_makes_of_a_tensor_the_program_made():
+    def fn(a, b):
+        out, index = torch.empty(2), torch.empty(0, dtype=torch.long)
+        torch.add(a, b, out=out)
+        torch.argmax(a, 0, out=index)
+        with torch.no_grad():
+            kept = torch.empty(5, 5)
+            torch.sin(a, out=kept)
+        return out, index, kept
+
+    expected, eager_warnings = _warned(fn, A, B)
+    got, jit_warnings = _warned(thunder_rs.jit(fn), A, B)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape and g.stride() == e.stride() and g.dtype == e.dtype
+        assert torch.equal(g, e)
+    assert len(jit_warnings) == len(eager_warnings) == 2  # (not for the empty one)
+    for (text, *where), (eager_text, *eager_where) in zip(jit_warnings, eager_warnings):
+        assert eager_text.startswith(text) and where == eager_where
+
+
+def test_a_resize_into_a_dtype_eager_refuses():
+    def fn(a):
+        return torch.add(a, 1, out=torch.empty(0, dtype=torch.long))
+
+    assert "can't be cast" in _error(fn, A)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        thunder_rs.jit(fn)(A)
+
+
+def test_a_resize_of_a_tensor_requiring_grad_is_eagers_error():
+    def fn(a):
+        return torch.sin(a, out=torch.empty(2))
+
+    a = A.clone().requires_grad_()
+    assert _error(thunder_rs.jit(fn), a).startswith(_error(fn, a))
 
 
 def test_out_written_by_a_node_without_a_derivative_is_refused():
@@ -159,3 +190,19 @@ def test_a_call_under_no_grad_then_with_grad_mode_on():
         assert torch.equal(jfn(a, B), fn(a, B))
     assert _error(jfn, a, B).startswith(_error(fn, a, B))
     assert torch.equal(jfn(B, B), fn(B, B))
+
+
+def test_under_torch_compile_runs_where_eager_runs():
+    def fn(a, b):
+        out, index = torch.empty(0), torch.empty(0, dtype=torch.long)
+        torch.add(a, b, out=out)
+        torch.argmax(a, 0, out=index)
+        with torch.no_grad():
+            buf = torch.zeros(5, 3)
+            torch.mul(a, 2, out=buf[1:4])
+        return out, index, buf
+
+    expected, got = fn(A, B), torch.compile(fn, backend="thunder_rs")(A, B)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape and g.stride() == e.stride() and g.dtype == e.dtype
+        assert torch.equal(g, e)

@@ -40,6 +40,7 @@ from thunder_rs.core.lang.langctx import (
     user_location,
 )
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import warn_at_user_frame
 from thunder_rs.core.lang.rng import is_random
 from thunder_rs.core.lang.torch_overrides import in_checkpoint
 from thunder_rs.errors import (
@@ -647,6 +648,33 @@ def _refuse_out_under_autograd(func, args, kwargs) -> None:
     )
 
 
+def _resizable(target, value) -> bool:
+    """Whether eager's resize of ``target`` to ``value``'s shape can be traced: a tensor the program
+    made (not the caller's), not a view and with no live view, laid out as made, requiring no grad,
+    of sizes known when compiling (eager's warning names them)."""
+    alone = not any(ref() is not None for ref in target._views or ())
+    if not (alone and target._view is None and target._input_vid is None and target._strides is None):
+        return False
+    with torch._C.DisableTorchFunctionSubclass():
+        if target.requires_grad:
+            return False
+    return not (target._symbolic or value._symbolic)
+
+
+def _resize_out(target, value) -> None:
+    """Eager's ``resize_output``: ``target`` stands for a tensor of ``value``'s shape from now on (its
+    old values gone), with eager's warning where it had elements."""
+    if 0 not in target.shape:  # (made when traced, at the user's line: once, as the default filter shows it)
+        warn_at_user_frame(
+            f"An output with one or more elements was resized since it had shape {list(target.shape)}, which does "
+            f"not match the required output shape {list(value.shape)}. This behavior is deprecated, and in a future "
+            "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly reuse an "
+            "out tensor t by resizing it, inplace, to zero elements with t.resize_(0)."
+        )
+    fresh = filled(tuple(value.shape), 0, target.device, target.dtype)
+    target._vid, target._shape, target._symbolic, target._views = fresh._vid, fresh._shape, fresh._symbolic, None
+
+
 def write_out(func, args, kwargs):
     """``func(*args, out=out)``: the result computed out of place and written into ``out``; eager's
     error where grad mode is on and an argument requires grad (``_refuse_out_under_autograd``)."""
@@ -670,12 +698,15 @@ def write_out(func, args, kwargs):
             f"expected a tensor for out=, got {type(target).__name__} (argument out)",
             ThunderTypeError,
         )
+        if not same_shape(target.shape, v.shape) and _resizable(target, v):
+            _resize_out(target, v)
         check(
             same_shape(target.shape, v.shape),
             name,
             lambda: (
                 f"out= has shape {list(target.shape)} but the result has shape {list(v.shape)}; eager would resize it, "
-                "which a traced tensor cannot (argument out)"
+                "which a traced tensor cannot but one the program made, not a view nor viewed, that requires no "
+                "grad (argument out)"
             ),
             ThunderNotImplementedError,
         )
