@@ -52,10 +52,11 @@ def state(world: dict) -> dict:
     return out
 
 
-def run(make, step, mode: str, steps: int = 3) -> list:
-    """``steps`` steps of the program in ``mode``: per step, what it returned and the state after.
-    A step that raises records the error's type and message in place of what it returned (a
-    refusal of thunder_rs's is raised)."""
+def run_world(make, step, mode: str, steps: int = 3, snapshot=None) -> tuple[list, dict]:
+    """``steps`` steps of the program in ``mode``: per step, what it returned and ``snapshot`` of
+    the world after it (``state`` by default); and the world. A step that raises a ``RuntimeError``
+    records the error's type and message in place of what it returned (a refusal of thunder_rs's
+    is raised)."""
     torch.manual_seed(0)
     world = make(mode)
     record = []
@@ -67,8 +68,13 @@ def run(make, step, mode: str, steps: int = 3) -> list:
             raise
         except RuntimeError as e:
             returned = f"{type(e).__name__}: {e}"
-        record.append((returned, state(world)))
-    return record
+        record.append((returned, (snapshot or state)(world)))
+    return record, world
+
+
+def run(make, step, mode: str, steps: int = 3) -> list:
+    """``steps`` steps of the program in ``mode``: per step, what it returned and the state after."""
+    return run_world(make, step, mode, steps)[0]
 
 
 def comparable(value):

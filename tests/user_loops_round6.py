@@ -10,10 +10,9 @@ import torch
 
 import thunder_rs
 from thunder_rs.dynamo import compiled_graphs
-from thunder_rs.errors import ThunderError
 from torch import nn
 
-from user_loops_round5 import DYNAMO_OPTIMIZER_TOL, assert_same, wrap
+from user_loops_round5 import DYNAMO_OPTIMIZER_TOL, assert_same, run_world, wrap
 
 __all__ = ["assert_same", "run", "state", "trains_as_eager", "wrap"]
 
@@ -56,21 +55,9 @@ def state(world: dict) -> dict:
 
 
 def run(make, step, mode: str, steps: int = 3) -> tuple[list, dict]:
-    """``steps`` steps of the program in ``mode``: per step, what it returned and the state after;
-    and the world. A step that raises a ``RuntimeError`` records its type and message."""
-    torch.manual_seed(0)
-    world = make(mode)
-    record = []
-    for i in range(steps):
-        torch.manual_seed(100 + i)
-        try:
-            returned = step(world, i)
-        except ThunderError:
-            raise
-        except RuntimeError as e:
-            returned = f"{type(e).__name__}: {e}"
-        record.append((returned, state(world)))
-    return record, world
+    """``steps`` steps of the program in ``mode``: per step, what it returned and the state after
+    (this module's ``state``); and the world."""
+    return run_world(make, step, mode, steps, state)
 
 
 def jit_misses(world: dict) -> int:
