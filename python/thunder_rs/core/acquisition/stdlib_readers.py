@@ -186,7 +186,7 @@ def _module_deepcopy(self, memo):
             "module it runs. Copy it outside the jitted function (a teacher or EMA copy kept as an attribute, "
             "updated there), or use torch.func.functional_call with detached copies of its parameters"
         )
-    return copy._reconstruct(self, memo, *self.__reduce_ex__(4))  # type: ignore[attr-defined]
+    return copy._reconstruct(self, memo, *self.__reduce_ex__(4))
 
 
 def put_readers() -> None:
