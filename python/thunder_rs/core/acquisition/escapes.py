@@ -9,6 +9,7 @@ acquisition made must be referenced only from thunder_rs's own list of them (and
 proxies, such as a view's base); a count above that means it escaped, and the error says where.
 """
 
+import collections
 import functools
 import gc
 import sys
@@ -235,6 +236,8 @@ def _cache_of(holder):
 
 
 def _describe_container(holder, obj) -> str | None:
+    if isinstance(holder, collections.deque):
+        return f"a collections.deque{_owner(holder)}"
     if isinstance(holder, list):
         owner = _owner(holder)
         return f"a list{owner}"

@@ -5,6 +5,7 @@ of a tracing (setters, file-system reads, ``open``, the streams), ``put_back_rea
 them out once no program is traced.
 """
 
+import copy
 import os
 import random
 import sys
@@ -158,12 +159,34 @@ def _put_effect_makers() -> None:
         if real is not None and not any(h is holder and n == name for h, n, _ in _effect_makers):
             _effect_makers.append((holder, name, real))
             setattr(holder, name, _refusing_effect(what, real))
+    if torch is not None and "__deepcopy__" not in torch.nn.Module.__dict__:
+        torch.nn.Module.__deepcopy__ = _module_deepcopy
 
 
 def _put_back_effect_makers() -> None:
     while _effect_makers:
         holder, name, real = _effect_makers.pop()
         setattr(holder, name, real)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.nn.Module.__dict__.get("__deepcopy__") is _module_deepcopy:
+        del torch.nn.Module.__deepcopy__
+
+
+def _module_deepcopy(self, memo):
+    """``copy.deepcopy`` of a module while a program is traced (``torch.nn.Module`` has no
+    ``__deepcopy__`` of its own: this one stands in then). By program code, refused naming its
+    line: the traced module holds the trace's stand-ins for its tensors, which a copy would keep
+    (it was refused as a tensor stored in a list, naming no line). Otherwise copied as without it."""
+    frame: Any = sys._getframe(1)
+    program = program_frame_of(frame) if tracing() else None
+    if program is not None:
+        raise ThunderNotImplementedError(
+            f"{stdlib_entry(frame, program, 'copy.deepcopy')}: the program copies the module "
+            f"{type(self).__name__} at {site_of(program)} while it is traced; a compiled call cannot copy the "
+            "module it runs. Copy it outside the jitted function (a teacher or EMA copy kept as an attribute, "
+            "updated there), or use torch.func.functional_call with detached copies of its parameters"
+        )
+    return copy._reconstruct(self, memo, *self.__reduce_ex__(4))
 
 
 def put_readers() -> None:

@@ -20,7 +20,14 @@ from thunder_rs.core.state.cached_reads import CachedCalls, original
 from thunder_rs.core.state.cached_reads import stand_in_cached, stand_in_cached_method
 from thunder_rs.core.state.callables import CODE_TYPES, guard_partial, program_method
 from thunder_rs.core.state.handed_effects import bound_stand_in, is_handed_stand_in
-from thunder_rs.core.state.code_reads import ALL_ATTRIBUTES, CALLED, interesting, library_module, returned_chain
+from thunder_rs.core.state.code_reads import (
+    ALL_ATTRIBUTES,
+    ALL_NESTED,
+    CALLED,
+    interesting,
+    library_module,
+    returned_chain,
+)
 from thunder_rs.core.base.userframe import read_site
 from thunder_rs.core.state.generator_states import is_random_generator, note_generator
 from thunder_rs.core.state.guards import (
@@ -212,6 +219,9 @@ class AttributeReads:
         MISSING where the chain stops (not state, not a plain attribute, or a leaf value)."""
         if type(attr) is _Item:
             return self._item_step(obj, attr.key, origin)
+        if attr is ALL_NESTED:
+            self._read_nested(obj, origin, set())
+            return MISSING
         if attr is ALL_ATTRIBUTES or attr == "__dict__":
             if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
@@ -272,6 +282,26 @@ class AttributeReads:
             self._instance_read(module, mapping, True, source, attr, origin)
             if first and isinstance(mapping[attr], torch.Tensor):
                 self._tensors_read_whole.add((source.key, attr))
+
+    def _read_nested(self, obj, origin: str, seen: set) -> None:
+        """Reads ``obj`` whole and, attribute by attribute, what it holds (a module's submodules,
+        a config's sub-config), each read whole in turn: the program reads by a path the observer
+        does not follow (``operator.attrgetter("block.gain")(self)``, ``self.get_submodule(path)``),
+        which kept the first call's ``self.block.gain`` where only ``self`` was read whole."""
+        if id(obj) in seen or len(seen) > 10_000:
+            return
+        seen.add(id(obj))
+        self._step(obj, ALL_ATTRIBUTES, origin)
+        mapping = attributes_of(obj)
+        if type(mapping) is not dict:
+            return
+        names = [a for a in mapping if a not in _MODULE_INTERNALS and a not in _MODULE_STORES]
+        if isinstance(obj, torch.nn.Module):
+            names += list(mapping.get("_modules", {}))
+        for name in names:
+            value = self._step(obj, name, origin)
+            if value is not MISSING and not isinstance(value, (type, types.ModuleType, *CODE_TYPES)):
+                self._read_nested(value, origin, seen)
 
     def _referent(self, ref):
         """What the ``weakref.ref`` ``ref`` refers to now (``self.parent_ref().scale``), its
@@ -465,7 +495,7 @@ class AttributeReads:
             return MISSING
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
             self._iterators[id(value)] = (value, name, origin, iterator_position(value))
-        note_generator(self._generators, value, source.describe(name), origin)
+        note_generator(self._generators, value, source.describe(name), origin, name)
         if type(value) is contextvars.ContextVar:
             # ``SCALE.get()`` reads the current context's value, which no attribute holds.
             read = functools.partial(value.get, MISSING)

@@ -54,6 +54,15 @@ _CONST_LOADS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})
 #: follow (``vars(cfg)``, ``cfg.__dict__``, ``dataclasses.astuple``/``fields``/``replace``,
 #: ``operator.attrgetter``, ``copy.copy``): a code that uses one reads its objects whole.
 _READS_WHOLE = frozenset({"vars", "__dict__", "fields", "asdict", "astuple", "replace", "attrgetter", "copy"})
+#: Names of library code that reads attributes of what an object holds, by a path the observer
+#: cannot see (``operator.attrgetter("block.gain")``, ``vars(cfg)["sub"].scale``,
+#: ``self.get_submodule(path)``; and
+#: ``functools.reduce(getattr, path.split("."), self)``: ``_reads_nested``): a code that uses one
+#: reads its objects whole, and the objects they hold (``ALL_NESTED``).
+_READS_NESTED = frozenset({"attrgetter", "vars", "get_submodule", "get_parameter", "get_buffer"})
+#: The last step of every chain of a code that reads objects and what they hold whole
+#: (``_READS_NESTED``).
+ALL_NESTED = "<all attributes, nested>"
 #: The last step of every chain of a code that reads objects whole (``_READS_WHOLE``, or
 #: ``getattr(cfg, name)`` by a computed name): the object the chain reaches is guarded whole.
 ALL_ATTRIBUTES = "<all attributes>"
@@ -144,7 +153,9 @@ class CodeReads:
 
     def __init__(self, code):
         chains, whole = _chains(code)
-        if whole:
+        if _reads_nested(code):
+            chains = {(root, (*_before_nested(attrs), ALL_NESTED)) for root, attrs in chains}
+        elif whole:
             chains = {(root, (*attrs, ALL_ATTRIBUTES)) for root, attrs in chains}
         n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
         args, free = frozenset(code.co_varnames[:n_args]), frozenset(code.co_freevars)
@@ -174,6 +185,19 @@ class CodeReads:
                 previous = ins
         self.stores = tuple(stored.items())
         self.attribute_stores = tuple(attributes.items())
+
+
+def _reads_nested(code) -> bool:
+    """Whether ``code`` uses one of ``_READS_NESTED``, or both ``reduce`` and ``getattr`` (not
+    ``reduce(operator.mul, shape)`` alone)."""
+    names = {ins.argval for ins in instructions(code) if ins.opname.startswith("LOAD_")}
+    return not names.isdisjoint(_READS_NESTED) or {"reduce", "getattr"} <= names
+
+
+def _before_nested(attrs: tuple) -> tuple:
+    """The steps of a chain before the method that reads by a path (``self.get_submodule(path).gain``
+    reads ``self``, nested)."""
+    return attrs[: next((i for i, a in enumerate(attrs) if a in _READS_NESTED), len(attrs))]
 
 
 def _chains(code) -> tuple:

@@ -149,6 +149,8 @@ class StateContainers:
         self.key_uses = KeyUses()
         #: the calls of functions cached by functools that missed their cache (``identity.cached_call``)
         self.cached_calls: list = []
+        #: the places of the lists and dicts held by those of lasting state (``_note_held``)
+        self._held: list = []
         #: the deques of state read, by id: ``(deque, source, name, origin)`` (for ``lasting`` only)
         self._deques: dict = {}
 
@@ -161,12 +163,26 @@ class StateContainers:
             self._paths.setdefault(id(value), (value, source, name))
         if (type(value) is list or type(value) in DICTS) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
+            if rooted:
+                self._note_held(value, source.describe(name), origin)
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
             self._places[id(value)].codes.add(self.reading)
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
             self._dicts_of_ids.add(id(self.reading))
+
+    def _note_held(self, container, label: str, origin: str) -> None:
+        """Notes the lists and dicts ``container`` holds, as the items they are: the program may
+        reach one by a key it computes (``self.seen[x.shape[1]].append(n)``, a ``defaultdict(list)``),
+        which no read chain follows, so its changes were kept by the traced call alone and its
+        contents changed between calls were not seen. What the program changes in one is made again
+        by every call; each one still where it was is guarded with its items (``relax``)."""
+        source = ItemSource(container, label)
+        for key, item in list(container.items() if type(container) in DICTS else enumerate(container)):
+            if (type(item) is list or type(item) in DICTS) and id(item) not in self._places:
+                self.note(item, source, key, origin)
+                self._held.append(self._places[id(item)])
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
@@ -194,7 +210,11 @@ class StateContainers:
             self.key_uses.returned(frame, places)
 
     def relax(self, guards: dict) -> None:
-        """Guards a dict used only with symbolic keys absent from it as being a dict (``keyed``)."""
+        """Guards a dict used only with symbolic keys absent from it as being a dict (``keyed``),
+        and the lists and dicts held by those of lasting state with their items (``_note_held``)."""
+        for place in self._held:
+            if (place.source.key, place.name) not in guards and self._lasting(place.container):
+                guards[(place.source.key, place.name)] = Guard(place.source, place.name, place.container, place.origin)
         for place in self.key_uses.relaxed(guards):
             guard = guards.get((place.source.key, place.name))
             if type(guard) is Guard and guard.expected is place.container:
@@ -263,6 +283,8 @@ class StateContainers:
         sites = {
             i: (p.origin, p.source.label if type(p.source) is CellSource else p.name) for i, p in self._places.items()
         }
+        # A deque (refused, as no call can make its changes again): where the program changed it.
+        sites |= {i: (origin, name) for i, (_, _, name, origin) in self._deques.items()}
         # A function cached by functools: the line that called it.
         return sites | {id(cached): (where, "") for cached, where, _ in self.cached_calls}
 

@@ -14,6 +14,7 @@ to the state it had, as if the refused call had not run.
 import random
 import sys
 
+from thunder_rs.core.base.userframe import read_site
 from thunder_rs.errors import ThunderNotImplementedError
 
 
@@ -30,11 +31,13 @@ def _frozen(value):
 class GeneratorState:
     """A generator's state when the program first read it, and how to read and set it again."""
 
-    __slots__ = ("generator", "name", "origin", "_get", "_set", "_saved", "_frozen")
+    __slots__ = ("generator", "name", "origin", "_get", "_set", "_saved", "_frozen", "attr")
 
-    def __init__(self, generator, name: str, origin: str, get, put):
+    def __init__(self, generator, name: str, origin: str, get, put, attr=None):
         # ``name``: how the program reached it (``closure variable 'rng'``, ``argument 'rng'``)
         self.generator, self.name, self.origin, self._get, self._set = generator, name, origin, get, put
+        #: the attribute or global it was read as, to name the line that read it (``read_site``)
+        self.attr = attr
         self._saved = get()
         self._frozen = _frozen(self._saved)
 
@@ -67,11 +70,12 @@ def is_random_generator(value) -> bool:
     return _accessors(value) is not None
 
 
-def note_generator(states: dict, value, name: str, origin: str) -> None:
+def note_generator(states: dict, value, name: str, origin: str, attr=None) -> None:
     """Notes in ``states`` (id -> ``GeneratorState``) the state of ``value``, read as ``name`` at
-    ``origin``, if it is a random generator not noted yet."""
+    ``origin`` (by ``attr`` there, if given), if it is a random generator not noted yet."""
     if id(value) not in states and (accessors := _accessors(value)) is not None:
-        states[id(value)] = GeneratorState(value, name, origin, *accessors)
+        get, put = accessors
+        states[id(value)] = GeneratorState(value, name, origin, get, put, attr)
 
 
 def refuse_drawn_generators(states) -> None:
@@ -83,8 +87,10 @@ def refuse_drawn_generators(states) -> None:
     if drawn:
         first = drawn[0]
         kind = f"{type(first.generator).__module__}.{type(first.generator).__qualname__}"
+        # (the line of the function defined at ``origin`` that reads it: ``self.rng.random()``)
+        at = first.origin if first.attr is None else read_site(first.origin, first.attr)
         raise ThunderNotImplementedError(
-            f"thunder_rs.jit: the program draws from the {kind} {first.name} read at {first.origin}, which it did "
+            f"thunder_rs.jit: the program draws from the {kind} {first.name} read at {at}, which it did "
             "not create; tracing drew its numbers once, and a compiled call would reuse them where eager draws new "
             "ones (thunder_rs set it back as it was). Draw with torch (torch.rand, torch.randint, torch.randperm, "
             "with a torch.Generator), which thunder_rs draws on every call, or draw outside the jitted function and "
