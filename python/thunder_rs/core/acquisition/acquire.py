@@ -52,6 +52,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
+from thunder_rs.core.lang.regrown import regrowing
 from thunder_rs.core.lang import saved_outputs, symint, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
@@ -226,6 +227,7 @@ def _trace_program(
             kept_apart(),
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
+            regrowing(),
             _saved_tensors_hooks_unseen(),
             reading(reads),
             noting_input_hooks(prints),
