@@ -152,3 +152,19 @@ def test_a_gradient_into_a_tensor_given_other_sizes_is_refused_naming_both_lines
     with pytest.raises(ThunderNotImplementedError, match=rf"at {used}: .*Tensor.data = value at {assigned} gave"):
         thunder_rs.jit(grad_after)(model, torch.randn(2, 3))
     assert torch.equal(model.weight.detach(), weight)
+
+
+def test_a_write_to_a_captured_modules_attribute_says_what_to_do_instead():
+    # Said "keep such state in a module attribute or a buffer", which it was.
+    model = nn.Linear(4, 4)
+    model.count = 0
+
+    def step(x):
+        model.count += 1
+        return model(x).sum()
+
+    line = f"{__file__}:{inspect.getsourcelines(step)[1] + 1}"
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"Linear.count changed .*at {line}\).*jit the module itself.*as an argument"
+    ):
+        thunder_rs.jit(step)(torch.randn(2, 4))

@@ -481,8 +481,14 @@ def _reading_line(guard) -> str:
     return read_site(guard.origin, source.label if type(source) is CellSource else name)
 
 
-def _unreplayed(changed) -> str:
-    """Why a change of ``changed`` cannot be made again, and what to do instead."""
+def _unreplayed(changed, holder=None) -> str:
+    """Why a change of ``changed`` (an attribute of ``holder``) cannot be made again, and what to do instead."""
+    if isinstance(holder, torch.nn.Module):  # (a module the program captured: the jitted module's are repeated)
+        return (
+            f"A compiled call repeats the attribute writes of the module it jits, not of a {type(holder).__name__} "
+            "the function captured or reached: jit the module itself (thunder_rs.jit(model)) or pass the module as an "
+            "argument, return the value instead, or set the attribute outside the jitted function"
+        )
     if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
         return (
             f"A compiled call makes the program's changes again in lists and dicts (a Counter, defaultdict or "
@@ -509,7 +515,9 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
                 guard.origin = _reading_line(guard)
                 refused = ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
-                    + _unreplayed(getattr(guard, "expected", None))
+                    + _unreplayed(
+                        getattr(guard, "expected", None), getattr(getattr(guard, "source", None), "obj", None)
+                    )
                 )
                 put_back_refused(guards, flat_inputs)
                 raise refused
