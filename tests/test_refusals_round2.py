@@ -168,3 +168,40 @@ def test_a_write_to_a_captured_modules_attribute_says_what_to_do_instead():
         ThunderNotImplementedError, match=rf"Linear.count changed .*at {line}\).*jit the module itself.*as an argument"
     ):
         thunder_rs.jit(step)(torch.randn(2, 4))
+
+
+def convert(model, x):
+    """A module passed as an argument converted to half precision by ``.data``, used under no_grad."""
+    for p in model.parameters():
+        p.data = p.data.half()
+    with torch.no_grad():
+        return model(x.half()), model.weight.dtype
+
+
+def _converted(compile_it) -> list:
+    torch.manual_seed(0)
+    model, seen = nn.Linear(3, 2), []
+    params = list(model.parameters())
+    run = compile_it(convert)
+    for i in range(2):
+        seen += [list(run(model, torch.randn(4, 3))), _state(model.weight), _state(model.bias)]
+    assert list(model.parameters()) == params
+    return seen
+
+
+def test_data_of_another_dtype_converts_a_module_argument_as_eager():
+    # Refused: "the tensor's size, dtype or device would change".
+    _same(_converted(thunder_rs.jit), _converted(_eager))
+
+
+def truncate(model, x):
+    model.weight.data = model.weight.data[:2]  # assigned
+    return x
+
+
+def test_a_view_as_the_new_memory_is_refused_saying_to_clone_it():
+    # Said "write the values in instead (tensor.copy_(value))", which cannot change the sizes.
+    model = nn.Linear(3, 3)
+    line = _line_of(truncate, "# assigned")
+    with pytest.raises(ThunderNotImplementedError, match=rf"Tensor.data = value at {line}: .*view.*value.clone\(\)\)$"):
+        thunder_rs.jit(truncate)(model, torch.randn(2, 3))

@@ -48,7 +48,11 @@ def _source(tensor, value):
         raise _refuse("the tensor is a view of another, which eager gives the memory and its base does not see")
     root = views.root_of(value)
     if root is not value and not all(getattr(step, "detached", False) for step in value._view.steps):
-        raise _refuse("the tensor would share its memory with a view of another tensor")
+        raise _refuse(
+            "the tensor would share its memory with a view of another tensor (its base's memory, which the "
+            "trace does not give it); give it a copy instead (tensor.data = value.clone())",
+            assign=False,
+        )
     if tensor._input_vid is None and root._input_vid is not None:
         raise _refuse("the tensor would share its memory with the value, one the program did not compute itself")
     rebound = root._rebound
