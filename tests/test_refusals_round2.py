@@ -205,3 +205,23 @@ def test_a_view_as_the_new_memory_is_refused_saying_to_clone_it():
     line = _line_of(truncate, "# assigned")
     with pytest.raises(ThunderNotImplementedError, match=rf"Tensor.data = value at {line}: .*view.*value.clone\(\)\)$"):
         thunder_rs.jit(truncate)(model, torch.randn(2, 3))
+
+
+def give_and_return(p, q, x):
+    p.data = p.data.half()
+    q.data = x
+    return p, q.shape
+
+
+def _given(compile_it) -> list:
+    torch.manual_seed(0)
+    p, q, x = nn.Parameter(torch.randn(3)), torch.zeros(2), torch.randn(5)
+    out, shape = compile_it(give_and_return)(p, q, x)
+    shares = q.data_ptr() == x.data_ptr()
+    x.add_(1)  # (reaches q, which holds x's memory)
+    return [out is p, shape, shares, _state(p), _state(q)]
+
+
+def test_a_tensor_given_another_inputs_memory_of_other_sizes_shares_it_as_eager():
+    # Refused: "the tensor's size, dtype or device would change".
+    _same(_given(thunder_rs.jit), _given(_eager))
