@@ -33,13 +33,14 @@ _stood_in: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_regrown",
 def regrowing():
     """While a program is traced: the caller's tensors given stand-in memory (``stand_in``) get
     their own back after, also where tracing fails."""
-    REGROWN[0] = False
+    outer, REGROWN[0] = REGROWN[0], False
     stood_in: list = []
     token = _stood_in.set(stood_in)
     try:
         yield
     finally:
         _stood_in.reset(token)
+        REGROWN[0] = outer  # (a program traced inside another's tracing: the outer one's again)
         with torch._C.DisableTorchFunction():
             for real, data, _ in reversed(stood_in):
                 real.data = data
