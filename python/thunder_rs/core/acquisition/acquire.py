@@ -36,6 +36,7 @@ from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
+from thunder_rs.core.state.captured_modules import CapturedModules
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
@@ -234,6 +235,7 @@ def _trace_program(
             inner_leaves.noting() as leaves,
             autocast.caching_casts(),
         ):
+            captured = CapturedModules(fn if binding is None else None)
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
             )
@@ -241,6 +243,7 @@ def _trace_program(
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes() + observer.mode_writes_made
+            writes += captured.writes(observer.state)
             stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -483,17 +486,17 @@ def _reading_line(guard) -> str:
 
 def _unreplayed(changed, holder=None) -> str:
     """Why a change of ``changed`` (an attribute of ``holder``) cannot be made again, and what to do instead."""
-    if isinstance(holder, torch.nn.Module):  # (a module the program captured: the jitted module's are repeated)
-        return (
-            f"A compiled call repeats the attribute writes of the module it jits, not of a {type(holder).__name__} "
-            "the function captured or reached: jit the module itself (thunder_rs.jit(model)) or pass the module as an "
-            "argument, return the value instead, or set the attribute outside the jitted function"
-        )
     if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
         return (
             f"A compiled call makes the program's changes again in lists and dicts (a Counter, defaultdict or "
             f"OrderedDict too), not in a {type(changed).__name__}: keep such state in a list or dict, or change it "
             "outside the jitted function"
+        )
+    if isinstance(holder, torch.nn.Module) and not isinstance(changed, MUTABLE):  # (one only a helper captured)
+        return (
+            f"A compiled call repeats the attribute writes of the module it jits, not of a {type(holder).__name__} "
+            "the function captured or reached: jit the module itself (thunder_rs.jit(model)) or pass the module as an "
+            "argument, return the value instead, or set the attribute outside the jitted function"
         )
     return (
         "Writes to Python objects other than the jitted module's attributes cannot be replayed; keep such state in "
