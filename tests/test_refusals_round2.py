@@ -6,7 +6,11 @@ caller's tensor the value's memory as eager does: same tensor object (an optimiz
 stays), its new dtype, sizes and strides, its version, a view taken before keeping the old
 memory; the next call, seeing the new metadata, recompiles. An op after the assignment that
 records a gradient into such a tensor (which the compiled call's autograd input, the tensor as it
-was, cannot receive) is refused naming both lines; under ``no_grad`` it runs."""
+was, cannot receive) is refused naming both lines; under ``no_grad`` it runs.
+
+Attributes a jitted function sets on a module it captured (``model.count += 1``, ``model.last =
+y.detach()``) were refused, or (set without a read) kept what tracing left; every call now sets
+them as eager does."""
 
 import inspect
 
