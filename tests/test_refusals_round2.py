@@ -261,3 +261,17 @@ def test_attributes_set_on_a_captured_module_are_set_by_every_call_as_eager(comp
     # Refused ("changed Python state it read: Linear.count"), the stored tensor refused as an escape,
     # and model.seen, set without a read, held the trace's size stand-in after the second call.
     _same(_captured_counter(compile_it), _captured_counter(_eager))
+
+
+def test_a_refused_call_leaves_no_stand_in_on_a_captured_module():
+    # Left the trace's TensorProxy in model.last after the refusal.
+    model = nn.Linear(4, 4)
+
+    def step(x):
+        y = model(x)
+        model.last = y.detach()
+        return y, model.weight.grad  # (refused: a compiled call cannot read gradients)
+
+    with pytest.raises(ThunderNotImplementedError, match="Tensor.grad"):
+        thunder_rs.jit(step)(torch.randn(2, 4))
+    assert not hasattr(model, "last")

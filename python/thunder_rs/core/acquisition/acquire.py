@@ -229,13 +229,13 @@ def _trace_program(
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
             regrowing(),
+            CapturedModules(fn if binding is None else None) as captured,
             _saved_tensors_hooks_unseen(),
             reading(reads),
             noting_input_hooks(prints),
             inner_leaves.noting() as leaves,
             autocast.caching_casts(),
         ):
-            captured = CapturedModules(fn if binding is None else None)
             out, observer, pairs, inputs = _run_on_proxies(
                 fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
             )

@@ -44,6 +44,16 @@ class CapturedModules:
     def __init__(self, fn):
         self._found = [(m, dict(m.__dict__)) for m in _captured(fn)]
 
+    def __enter__(self) -> "CapturedModules":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        """Where tracing failed, what the function set is undone (no stand-in left in the modules)."""
+        if kind is not None:
+            for module, before in self._found:
+                module.__dict__.clear()
+                module.__dict__.update(before)
+
     def writes(self, state) -> list:
         """``(module, name, value)`` for each attribute the function set (MISSING: deleted) on a
         module that is not a state object of ``state`` (an argument's); each undone."""
@@ -53,7 +63,11 @@ class CapturedModules:
             if module in state or (list(now) == list(before) and all(now[k] is v for k, v in before.items())):
                 continue
             names = [k for k in now if before.get(k, MISSING) is not now[k]] + [k for k in before if k not in now]
-            names = [k for k in names if k not in _NOT_WRITES and not stands_in(now.get(k))]
+            names = [
+                k
+                for k in names
+                if k not in _NOT_WRITES and not k.startswith("_thunder_rs") and not stands_in(now.get(k))
+            ]
             for name in names:
                 out.append((module, name, now.get(name, MISSING)))
                 if name in before:
