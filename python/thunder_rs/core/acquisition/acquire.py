@@ -36,6 +36,7 @@ from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
+from thunder_rs.core.state.captured_modules import CapturedModules
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
@@ -52,6 +53,7 @@ from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apar
 from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
+from thunder_rs.core.lang.regrown import regrowing
 from thunder_rs.core.lang import saved_outputs, symint, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
@@ -226,6 +228,8 @@ def _trace_program(
             kept_apart(),
             consuming_iterators(flat_inputs),
             recording(rec, captures, made, whole),
+            regrowing(),
+            CapturedModules(fn if binding is None else None) as captured,
             _saved_tensors_hooks_unseen(),
             reading(reads),
             noting_input_hooks(prints),
@@ -239,6 +243,7 @@ def _trace_program(
             observer.refuse_consumed_iterators()
             observer.refuse_unread_global_stores()
             writes = module_writes(pairs) + observer.state.writes() + observer.mode_writes_made
+            writes += captured.writes(observer.state)
             stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
@@ -479,13 +484,19 @@ def _reading_line(guard) -> str:
     return read_site(guard.origin, source.label if type(source) is CellSource else name)
 
 
-def _unreplayed(changed) -> str:
-    """Why a change of ``changed`` cannot be made again, and what to do instead."""
+def _unreplayed(changed, holder=None) -> str:
+    """Why a change of ``changed`` (an attribute of ``holder``) cannot be made again, and what to do instead."""
     if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
         return (
             f"A compiled call makes the program's changes again in lists and dicts (a Counter, defaultdict or "
             f"OrderedDict too), not in a {type(changed).__name__}: keep such state in a list or dict, or change it "
             "outside the jitted function"
+        )
+    if isinstance(holder, torch.nn.Module) and not isinstance(changed, MUTABLE):  # (one only a helper captured)
+        return (
+            f"A compiled call repeats the attribute writes of the module it jits, not of a {type(holder).__name__} "
+            "the function captured or reached: jit the module itself (thunder_rs.jit(model)) or pass the module as an "
+            "argument, return the value instead, or set the attribute outside the jitted function"
         )
     return (
         "Writes to Python objects other than the jitted module's attributes cannot be replayed; keep such state in "
@@ -507,7 +518,9 @@ def _check_guards_still_hold(guards, flat_inputs, interrupted: set) -> list:
                 guard.origin = _reading_line(guard)
                 refused = ThunderNotImplementedError(
                     f"thunder_rs.jit: the traced program changed Python state it read: {guard.describe(flat_inputs)}. "
-                    + _unreplayed(getattr(guard, "expected", None))
+                    + _unreplayed(
+                        getattr(guard, "expected", None), getattr(getattr(guard, "source", None), "obj", None)
+                    )
                 )
                 put_back_refused(guards, flat_inputs)
                 raise refused

@@ -157,6 +157,10 @@ class TensorProxy(torch.Tensor):
     #: for a trace input given another tensor's memory by ``t.data = value`` (``torch.data_setter``):
     #: ``(source, source's value id, own value id, user's line)``, which the call gives it by ``.data =``
     _rebound: tuple | None = None
+    #: for a tensor that requires grad given memory of other sizes or another dtype by
+    #: ``t.data = value``: the user's line, an op recording a gradient into it after is refused
+    #: (``core.lang.regrown``)
+    _regrown: str | None = None
     #: for a view of a tensor taken before ``t.data = value`` gave the tensor other memory: the line
     #: of that assignment. It keeps the old values, as eager's keeps the old memory; a write to it
     #: (memory the trace no longer holds) is refused (``views.write``)

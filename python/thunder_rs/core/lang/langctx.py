@@ -28,7 +28,7 @@ from thunder_rs.core.lang.eager_layouts import LAYOUT_RULES, laid_out, take_layo
 from thunder_rs.core.lang.fallback import qualified_name, user_fallback
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.base.proxies import TensorProxy, grad_error, numel, set_language_context
-from thunder_rs.core.lang import dual_tensors, inference, inner_leaves, tensor_hooks, vmap_state
+from thunder_rs.core.lang import dual_tensors, inference, inner_leaves, regrown, tensor_hooks, vmap_state
 from thunder_rs.core.lang.recorder import (
     INFERENCE_MADE,
     active_captures,
@@ -250,6 +250,8 @@ def torch_function(func, args, kwargs):
     state = thread_state
     if INFERENCE_MADE[0] and state.inside == 0 and not _is_inference_mode_enabled():
         inference.check_call(func, args, kwargs)
+    if regrown.REGROWN[0] and state.inside == 0:
+        regrown.check_call(func, args, kwargs)
     if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
         args, kwargs = _own_containers(args), _own_containers(kwargs)
         out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
