@@ -8,10 +8,14 @@ and the compiles counted as in ``test_dynamic_round9``.
 
 What the sweep found, each fixed and pinned here: ``torch.bincount(index, minlength=N)`` (a
 node degree in message passing) was guarded on ``N``, one compile per node count;
+the gradients of ``F.pad`` in reflect and replicate modes at symbolic sizes were the
+decomposition's (the slices' gradients added), 1 ulp off eager's kernels, which add each output
+element into its source in the output's order as the static compile does;
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
 from test_dynamic_round9 import assert_same, copied, grads, misses, run_lengths
@@ -55,3 +59,31 @@ def test_bincount_past_the_minlength_raises_eagers_error_after_the_symbolic_comp
         degrees(*args)
     with pytest.raises(RuntimeError, match="must match the size of tensor b"):
         jfn(*args)
+
+
+# -- reflect and replicate padding at symbolic sizes ------------------------------------------------
+
+
+def padded(x, w, y, z, u):
+    """(Each on its own input: see ``test_uses_of_one_input_at_length_1_add_up_in_eagers_order``.)"""
+    return (
+        F.pad(x, (2, 1), mode="reflect"),
+        F.pad(w, (3, 2), mode="replicate"),
+        F.pad(y, (1, 2, 2, 1), mode="reflect"),
+        F.pad(z, (1, 1, 1, 1), mode="circular"),
+        F.pad(u, (0, 2, 3, 0), mode="replicate"),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reflect_and_replicate_padding_at_symbolic_sizes_have_eagers_gradients(dtype):
+    """The symbolic compile's gradients of reflect and replicate padding were the slices'
+    gradients added (1 ulp off eager's at most lengths); they are eager's kernel's, as at
+    static sizes: each output element's gradient added into its source in the output's order."""
+
+    def make(T):
+        rows = [torch.randn(2, 3, T + n, dtype=dtype, requires_grad=True) for n in (3, 1)]
+        return [*rows, *(torch.randn(1, 2, T + 3, T + 4, dtype=dtype, requires_grad=True) for _ in range(3))]
+
+    jfn = run_lengths(padded, make)
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
