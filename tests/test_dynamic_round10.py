@@ -11,6 +11,8 @@ node degree in message passing) was guarded on ``N``, one compile per node count
 the gradients of ``F.pad`` in reflect and replicate modes at symbolic sizes were the
 decomposition's (the slices' gradients added), 1 ulp off eager's kernels, which add each output
 element into its source in the output's order as the static compile does;
+``F.affine_grid`` to the sizes of an image whose height and width change was guarded on them
+(its base grid's ``(steps - 1) / steps`` taken as floats), a compile per image size;
 """
 
 import pytest
@@ -86,4 +88,38 @@ def test_reflect_and_replicate_padding_at_symbolic_sizes_have_eagers_gradients(d
         return [*rows, *(torch.randn(1, 2, T + 3, T + 4, dtype=dtype, requires_grad=True) for _ in range(3))]
 
     jfn = run_lengths(padded, make)
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- spatial transformers over image sizes that change ----------------------------------------------
+
+
+def transformed(x, theta):
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return (
+        F.grid_sample(x, grid, align_corners=False),
+        F.grid_sample(x, grid, mode="nearest", padding_mode="border", align_corners=True),
+        grid,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_affine_grid_to_image_sizes_that_change_compiles_once_for_them(dtype):
+    """The base grid's ``linspace(-1, 1, W) * (W - 1) / W`` took ``W`` as a float, a guard on
+    every height and width: one compile per image size. The scaling is eager's (a tensor times
+    and divided by the ints), on sizes that stay symbolic."""
+
+    def make(T):
+        return [torch.randn(T, 2, T + 3, T + 4, dtype=dtype, requires_grad=True), grads((T, 2, 3))[0].to(dtype)]
+
+    jfn = run_lengths(transformed, make, (5, 7, 9, 1, 12, 3))
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def test_affine_grid_to_sizes_passed_as_ints_compiles_once_for_them():
+    def fn(theta, H, W):
+        return F.affine_grid(theta, [2, 1, H, W], align_corners=False), F.affine_grid(theta, [2, 3, W, H])
+
+    theta = torch.randn(2, 2, 3, requires_grad=True)
+    jfn = run_lengths(fn, lambda T: [theta, T + 2, 2 * T + 1])
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
