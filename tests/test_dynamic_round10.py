@@ -13,6 +13,9 @@ decomposition's (the slices' gradients added), 1 ulp off eager's kernels, which 
 element into its source in the output's order as the static compile does;
 ``F.affine_grid`` to the sizes of an image whose height and width change was guarded on them
 (its base grid's ``(steps - 1) / steps`` taken as floats), a compile per image size;
+an attribute a jitted function sets on a module it finds in a global or a closure (``band.window
+= w``, ``encoder.last_length = T``) was set only while tracing: a compiled call that hit the
+cache did not set it, and a symbolic trace left its stand-in for the size in the user's module.
 """
 
 import pytest
@@ -123,3 +126,80 @@ def test_affine_grid_to_sizes_passed_as_ints_compiles_once_for_them():
     theta = torch.randn(2, 2, 3, requires_grad=True)
     jfn = run_lengths(fn, lambda T: [theta, T + 2, 2 * T + 1])
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- sizes set on a module the program finds as state ------------------------------------------------
+
+
+class Band(torch.nn.Module):
+    """A band mask of ``self.window`` diagonals each side, a size the caller sets between calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.window = 2
+
+    def forward(self, x):
+        T = x.shape[1]
+        keep = torch.ones(T, T, dtype=torch.bool).triu(-self.window).tril(self.window)
+        return x.masked_fill(~keep, 0.0) * self.window
+
+
+def test_sizes_set_on_a_module_in_a_closure_are_each_calls_as_eagers():
+    """``band.window = w`` and ``band.length = T`` on a module held in a closure: eager's
+    module holds the call's values after it. A compiled call that hit the cache set nothing, and
+    the symbolic trace left ``t1`` (its stand-in for ``w``) in the user's module."""
+    modules = {"eager": Band(), "jit": Band()}
+
+    def program(name):
+        band = modules[name]
+
+        def fn(x, w):
+            band.window = w
+            band.length = x.shape[1]
+            return band(x), band.length - band.window
+
+        return fn
+
+    eager, jfn = program("eager"), thunder_rs.jit(program("jit"))
+    for T in (5, 7, 5, 9, 1, 0, 12, 3):
+        for band in modules.values():
+            band.window, band.length = 100, -1  # (the caller's values between calls: each call sets its own)
+        x = torch.randn(2, T + 2, T + 2, requires_grad=True)
+        assert_same(eager(copied(x), T // 2 + 1), jfn(copied(x), T // 2 + 1))
+        for name in ("window", "length"):
+            assert type(getattr(modules["jit"], name)) is int
+            assert getattr(modules["jit"], name) == getattr(modules["eager"], name), name
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def test_a_counter_on_a_module_in_a_closure_counts_every_call():
+    """``self.calls += 1`` in the forward of a module held in a closure: refused before (the
+    trace changed state it read); each call now counts, as eager's does."""
+    band = Band()
+    band.calls = 0
+
+    def count(module, x):
+        module.calls += 1
+        return module(x)
+
+    jfn = thunder_rs.jit(lambda x: count(band, x))
+    for T in (5, 7, 9):
+        jfn(torch.randn(2, T, T))
+        assert band.calls == (5, 7, 9).index(T) + 1
+
+
+GLOBAL_BAND = Band()
+
+
+def set_globally(x, w):
+    GLOBAL_BAND.window = w
+    return x * 2
+
+
+def test_a_size_set_on_a_module_in_a_global_is_set_by_every_call():
+    jfn = thunder_rs.jit(set_globally)
+    for T in (5, 5, 7, 9, 12):
+        GLOBAL_BAND.window = 100
+        jfn(torch.randn(2, T), T // 2)
+        assert type(GLOBAL_BAND.window) is int and GLOBAL_BAND.window == T // 2
+    assert misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
