@@ -286,13 +286,12 @@ def _index_pad_grad(symbol, mode: str, input, pad):
     """Eager's ``reflection_pad*d_backward`` and ``replication_pad*d_backward`` kernels: each
     output element's gradient added into its source element in the output's row-major order
     (a ``scatter_add`` over the flattened padded dims), so that the sums round as eager's. Half
-    precision adds one element at a time too, in its own dtype (``_serial_sum``); symbolic sizes
-    keep the decomposition's VJP."""
+    precision adds one element at a time too, in its own dtype (``_serial_sum``). Symbolic sizes
+    take the same path (the decomposition's VJP, slices' gradients added, rounds otherwise)."""
     out = symbol(input, pad)
     k = len(pad) // 2
     sizes, amounts = tuple(input.shape[-k:]), [(pad[2 * i], pad[2 * i + 1]) for i in reversed(range(k))]
-    known = all(type(n) is int for n in (*input.shape, *pad))
-    if not (input.requires_grad and input.dtype.is_floating_point and known) or out is input:
+    if not (input.requires_grad and input.dtype.is_floating_point) or out is input:
         return out
     lead, n_out = tuple(input.shape[:-k]), tuple(out.shape[-k:])
     flat = None

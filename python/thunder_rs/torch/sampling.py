@@ -43,6 +43,8 @@ def _linspace_from_neg_one(theta, steps: int, align_corners: bool):
         return prims.full((steps,), 0.0, device, dtype)
     values, _ = _spaced("ltorch.affine_grid", -1, 1, steps, dtype, device)
     values = clang.maybe_convert(values, dtype)
+    if not align_corners and type(steps) is SymInt:  # (``float(steps)`` would specialise it)
+        return ltorch.true_divide(ltorch.mul(values, steps - 1), steps)
     if not align_corners:
         values = prims.div(prims.mul(values, float(steps - 1)), float(steps))
     return values

@@ -108,8 +108,11 @@ class ValueReads:
     def sized(self, func, args, kwargs):
         """The real outputs of ``func(*args, **kwargs)``, a call whose output sizes depend on the
         values of its tensor arguments: their metadata is what the trace records. Returns them and
-        ``checked(outs)``, which records the check of the traced outputs' sizes."""
-        out = self._run(func, args, kwargs, _proxies_in(args, kwargs))
+        ``checked(outs)``, which records the check of the traced outputs' sizes. A symbolic size
+        among the arguments (``bincount``'s ``minlength=N``) is taken at its value in this call,
+        unguarded: the recorded call takes it on each call, and its outputs' sizes are checked
+        or symbolic, so no guard is needed (one would compile once per ``N``)."""
+        out = self._run(func, args, kwargs, _proxies_in(args, kwargs), _hint)
         forced = self._next_forced(func)
         leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         site = (fallback.qualified_name(func), user_location())
@@ -139,10 +142,12 @@ class ValueReads:
         self.widened[site] = wide.sizes
         return wide.sizes
 
-    def _run(self, func, args, kwargs, proxies: list):
-        """``func`` run on this call's values of its traced tensors."""
+    def _run(self, func, args, kwargs, proxies: list, size=None):
+        """``func`` run on this call's values of its traced tensors, its symbolic sizes as ``size``
+        makes them (specialised unless told)."""
         real = dict(zip(map(id, proxies), self.evaluate(proxies)))
-        swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else _specialised(x)  # noqa: E731
+        size = size or _specialised
+        swap = lambda x: real[id(x)] if isinstance(x, TensorProxy) else size(x)  # noqa: E731
         real_args, real_kwargs = tree_map(swap, (args, kwargs))
         with outside_the_trace(is_random(func)):
             return func(*real_args, **real_kwargs)
@@ -253,6 +258,11 @@ def _specialised(x):
     """An argument of a call run on real values as torch takes it: a symbolic size (a
     ``bincount`` minlength from a tensor's length) as its int, which records the guard."""
     return int(x) if type(x) is SymInt else x
+
+
+def _hint(x):
+    """A symbolic size as its value in this call, with no guard recorded."""
+    return x.hint if type(x) is SymInt else x
 
 
 class _Remade:
