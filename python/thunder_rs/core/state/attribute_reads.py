@@ -338,7 +338,7 @@ class AttributeReads:
             value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
-            if self.mode_writes is not None and self.mode_writes.set_by_program(obj, attr):
+            if attr == "training" and self.mode_writes is not None and self.mode_writes.set_by_program(obj):
                 return MISSING  # (``teacher.eval()`` earlier in this call, on a module not cloned: ``mode_writes``)
             return self._keep(source, attr, value, origin, holder=mapping)
         self.state.read(obj, attr, origin, self._guards)
@@ -493,8 +493,6 @@ class AttributeReads:
         value = original(value)  # (a cached function's stand-in read again)
         if isinstance(value, TensorProxy):
             return MISSING
-        if isinstance(value, torch.nn.Module) and self.mode_writes is not None and not self._traced_module(value):
-            self.mode_writes.reached(value)  # (what the program sets on it: ``mode_writes``)
         if hasattr(type(value), "__next__") and id(value) not in self._iterators:
             self._iterators[id(value)] = (value, name, origin, iterator_position(value))
         note_generator(self._generators, value, source.describe(name), origin, name)

@@ -40,7 +40,7 @@ _Module = torch.nn.Module
 write_epoch = [0]
 
 #: thread id -> the ``mode_writes.ModeWrites`` of the program traced there: notes the writes of
-#: ``training`` and other attributes to modules not cloned (``teacher.eval()`` on a module held in a closure)
+#: ``training`` to modules (``teacher.eval()`` on a module held in a closure)
 mode_writers: dict = {}
 
 
@@ -58,10 +58,10 @@ def _counting(method):
         # through this method, which counts it then.
         if not _is_dynamo_compiling():
             write_epoch[0] += 1
-            if mode_writers and noted and len(args) == 2:
+            if mode_writers and noted and args and args[0] == "training":
                 writer = mode_writers.get(threading.get_ident())
                 if writer is not None:
-                    writer.note_attribute(self, *args)
+                    writer.note(self)
         return method(self, *args, **kwargs)
 
     # One code object per wrapper: Dynamo tells ``nn.Module.__setattr__`` (which it traces) from
