@@ -71,6 +71,7 @@ pub mod partition;
 pub mod pipeline;
 pub mod plan;
 pub mod reentrant;
+pub mod reinplace;
 pub mod reuse;
 pub mod rewrite;
 pub mod split;

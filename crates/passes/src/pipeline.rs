@@ -18,6 +18,7 @@ use crate::materialized::drop_markers;
 use crate::partition::{partition, Partition, RegionPlan};
 use crate::plan::Plan;
 use crate::reentrant::Checkpoint;
+use crate::reinplace::reinplace_slice_writes;
 use crate::reuse::reuse_receivers;
 use crate::rewrite::Rule;
 use crate::vjp::{differentiable_outputs, Joint};
@@ -344,7 +345,7 @@ fn fuse(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
 /// Frees each value after its last use, picks in-place forms for dying intermediates and
 /// generates the code: the execution trace, with its plan.
 fn lifetimes(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
-    let (mut callees, regions) = match std::mem::take(&mut unit.claims) {
+    let (mut callees, mut regions) = match std::mem::take(&mut unit.claims) {
         Claims::Assigned(assignments) => (assignments.into_iter().map(|a| a.callee).collect(), Vec::new()),
         Claims::Fused { callees, regions } => (callees, regions),
         Claims::None => bail!(Runtime, "lifetimes", "runs after claim"),
@@ -353,13 +354,14 @@ fn lifetimes(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
         Backward => (Some(unit.residuals.unwrap_or(0)), "backward"),
         _ => (None, "computation"),
     };
-    let dels = del_last_used(trace, packed.unwrap_or(0));
     // Autograd saves values for its backward, which an in-place form would overwrite.
     let (exec, detached) = if unit.options.differentiable {
         (trace.clone(), detached_outputs(trace))
     } else {
-        (reuse_receivers(trace, &mut callees, &dels), Vec::new())
+        (reinplace_slice_writes(trace, &mut callees, &mut regions), Vec::new())
     };
+    let dels = del_last_used(&exec, packed.unwrap_or(0));
+    let exec = if unit.options.differentiable { exec } else { reuse_receivers(&exec, &mut callees, &dels) };
     let plan = Plan::new(&exec, callees, dels, packed, name, &regions, detached);
     debug_assert_eq!(exec.bsyms.len(), plan.impls.len());
     Ok(Output { plan: Some(plan), ..exec.into() })

@@ -164,7 +164,7 @@ fn reads(bsym: &BoundSymbol, v: ValueId) -> usize {
     n
 }
 
-fn same_meta(trace: &Trace, a: ValueId, b: ValueId) -> bool {
+pub(crate) fn same_meta(trace: &Trace, a: ValueId, b: ValueId) -> bool {
     match (trace.tensor(a), trace.tensor(b)) {
         (Some(x), Some(y)) => x.dtype == y.dtype && x.device == y.device && x.shape == y.shape,
         _ => false,

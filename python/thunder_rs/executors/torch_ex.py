@@ -646,10 +646,16 @@ def _register_composites() -> None:
             name = sym.symbol_name.removeprefix("ltorch.")
             impl = _unpacked(sym.torch_fns[0]) if sym.returns_sequence else sym.torch_fns[0]
             method = None if sym.returns_sequence else _same_signature_method(sym.torch_fns)
+            method = _WRITE_BACK_METHODS.get(name, method)
             checker = _no_input_requires_grad if name in _GRAD_MODE_DEPENDENT else None
             impls.append(Implementation(sym.symbol_id, f"torch_{name}", impl, checker=checker, method=method))
     torch_ex.registry.register(*impls)
 
+
+#: Symbols of the recording's own whose torch function is a method's under another name: the
+#: write-back of an in-place op through a slice (``view_scatters.slice_overwrite``), which
+#: ``passes::reinplace`` may drop, runs as ``base.slice_scatter(...)`` where it stays (no frame of ours)
+_WRITE_BACK_METHODS = {"slice_overwrite": "slice_scatter"}
 
 # Same-named methods whose receiver is not the function's first argument:
 # ``x.where(cond, y)`` is ``torch.where(cond, x, y)``.

@@ -229,7 +229,9 @@ def assign(dst, value, op: str, *, copy: bool = False, tracked: bool = True, ove
         if copy and root_grad and dst.numel() == root.numel() and not (fills or selected or overwrite):
             # Overwritten whole, the tensor's history still gets a (zero) gradient, as in eager.
             value, expanded = prims.where(_nowhere(dst), dst, value), False
-        views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite and (root_grad or value_grad))
+        # (``slice_overwrite`` without grad too: a write the passes may run in place, ``passes::reinplace``,
+        # where a user's ``slice_scatter``, a new tensor, is not)
+        views.write(op, dst, value, root_grad or value_grad, overwrite=overwrite)
         if complex_grad:  # (its views taken again by eager's ops: the shape prims' rules are for real values)
             complex_views.refresh(root)
     else:
