@@ -7,6 +7,7 @@ warmup of ``transformers``), weight tying undone mid-run, parametrizations, prun
 quantization, fp32 master weights, gradient noise, DP-SGD, curriculum lengths, GANs, REINFORCE,
 PPO, a VAE, a diffusion step, triplet mining, weighted multi-label losses."""
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -575,3 +576,136 @@ def test_swa_with_update_bn_over_a_loader_calling_the_jitted_model_is_eagers():
         return loss
 
     trains_as_eager(loop(build, body, whole=False, forwards=("model", "averaged")), step, misses=None)
+
+
+# ---------------------------------------------------------------------- more compiled variants
+
+
+@pytest.mark.slow
+def test_an_embedding_tied_to_the_head_untied_mid_run_in_a_compiled_whole_step_is_eagers():
+    def body(world, ids, targets):
+        loss = world["forward"].model(ids, targets)
+        loss.backward()
+        world["optimizer"].step()
+        world["optimizer"].zero_grad()
+        return loss.detach()
+
+    def step(world, i):
+        if i == 2:
+            world["optimizer"].add_param_group({"params": [world["model"].untie()], "lr": 0.05})
+        return world["step"](*lm_batch())
+
+    make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.9), TiedLM), body)
+    trains_as_eager(make, step, steps=4, modes=("compile",))
+
+
+@pytest.mark.slow
+def test_pruning_and_fake_quantization_in_compiled_whole_steps_are_eagers():
+    def pruned():
+        net = mlp()
+        prune.random_unstructured(net[0], "weight", amount=0.5)
+        return net
+
+    for model in (pruned, FakeQuantized):
+        make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.5), model), classify)
+        trains_as_eager(make, call_step, modes=("compile",))
+
+
+def two_views(x):
+    """SimCLR's augmentations drawn in the step: a feature mask and noise per view."""
+    return [x * (torch.rand_like(x) > 0.2) + 0.1 * torch.randn_like(x) for _ in range(2)]
+
+
+def info_nce(z1, z2, temperature=0.2):
+    z = F.normalize(torch.cat([z1, z2]), dim=-1)
+    similarity = (z @ z.T / temperature).fill_diagonal_(float("-inf"))
+    n = z1.shape[0]
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
+    return F.cross_entropy(similarity, targets)
+
+
+def test_simclr_over_a_large_batch_of_two_views_drawn_in_the_step_is_eagers():
+    def body(world, x):
+        h1, h2 = (world["forward"].model(v) for v in two_views(x))
+        loss = info_nce(h1, h2)
+        loss.backward()
+        world["optimizer"].step()
+        world["optimizer"].zero_grad()
+        return loss.detach()
+
+    make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.9), lambda: mlp(4, 16, 8)), body)
+    trains_as_eager(make, lambda world, i: world["step"](torch.randn(128, 4)), misses=1, rtol=1.3e-6, atol=1e-5)
+
+
+def evaluate(world, x, y):
+    """An evaluation pass: top-1 and top-2 hits and a confusion matrix accumulated by index_put_."""
+    with torch.no_grad():
+        logits = world["forward"].model(x)
+        top2 = logits.topk(2, dim=1).indices
+        confusion = torch.zeros(3, 3).index_put_((y, top2[:, 0]), torch.ones(len(y)), accumulate=True)
+        return (top2[:, 0] == y).sum(), (top2 == y[:, None]).any(1).sum(), confusion
+
+
+def dropped():
+    return nn.Sequential(mlp(), nn.Dropout(0.2))
+
+
+def test_an_evaluation_loop_with_top_k_hits_and_a_confusion_matrix_between_epochs_is_eagers():
+    def step(world, i):
+        loss = world["step"](*batch())
+        world["model"].eval()
+        hits = [world["evaluate"](*batch(5)) for _ in range(2)]
+        world["model"].train()
+        return loss, hits
+
+    def make(mode):
+        world = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1), dropped), classify)(mode)
+        evaluating = functools.partial(evaluate, world)
+        world["evaluate"] = evaluating if mode in ("eager", "jit") else torch.compile(evaluating, backend="thunder_rs")
+        return world
+
+    trains_as_eager(make, step, misses=2)
+
+
+class ActorCritic(nn.Module):
+    """An actor and a critic apart, in one module (one jitted call returns both)."""
+
+    def __init__(self):
+        super().__init__()
+        self.actor, self.critic = mlp(4, 8, 3), mlp(4, 8, 1)
+
+    def forward(self, obs):
+        return self.actor(obs), self.critic(obs).squeeze(-1)
+
+
+def actor_critic_body(world, obs, returns):
+    """The critic's loss backpropagated and stepped, then the actor's from the same call's logits,
+    with the critic's values detached as the baseline."""
+    logits, values = world["forward"].model(obs)
+    critic_loss = F.mse_loss(values, returns)
+    critic_loss.backward()
+    world["critic_optimizer"].step()
+    dist = torch.distributions.Categorical(logits=logits)
+    actions = dist.sample()
+    actor_loss = -(dist.log_prob(actions) * (returns - values.detach())).mean()
+    actor_loss.backward()
+    world["actor_optimizer"].step()
+    world["actor_optimizer"].zero_grad()
+    world["critic_optimizer"].zero_grad()
+    return critic_loss.detach(), actor_loss.detach(), actions
+
+
+def test_an_actor_and_a_critic_of_one_call_backpropagated_one_after_the_other_are_eagers():
+    """The critic's backward reached one output of the jitted call and freed the residuals of the
+    other: the actor's backward raised eager's error for a graph freed (eager's runs)."""
+
+    def build():
+        model = ActorCritic()
+        return {
+            "model": model,
+            "actor_optimizer": torch.optim.SGD(model.actor.parameters(), 0.1),
+            "critic_optimizer": torch.optim.SGD(model.critic.parameters(), 0.1, momentum=0.9),
+        }
+
+    make = loop(build, actor_critic_body)
+    trains_as_eager(make, lambda world, i: world["step"](torch.randn(8, 4), torch.randn(8)), misses=1)
