@@ -110,7 +110,14 @@ def scheduled(name, optimizer):
     return {"scheduler": SimpleNamespace(step=scheduler.step), **{f"link {i}": s for i, s in enumerate(links)}}
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("cyclic_momentum", marks=pytest.mark.slow),
+        pytest.param("polynomial", marks=pytest.mark.slow),
+        "chained",
+    ],
+)
 def test_cyclic_polynomial_and_chained_schedules_stepped_in_a_compiled_step_are_eagers(name):
     """CyclicLR cycles SGD's momentum inversely to the learning rate."""
 
@@ -181,6 +188,7 @@ def spectral():
     return net
 
 
+@pytest.mark.slow
 def test_a_spectral_norm_parametrization_trained_updates_its_power_iterations_as_eager():
     trains_as_eager(loop(optimized(lambda ps: torch.optim.Adam(ps, 1e-2), spectral), classify), call_step, dynamo=True)
 
@@ -203,6 +211,7 @@ def test_a_custom_orthogonal_parametrization_trains_as_eager():
     trains_as_eager(make, call_step, misses=1, rtol=1.3e-6, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_custom_orthogonal_parametrization_in_a_compiled_whole_step_is_eagers():
     trains_as_eager(loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1), orthogonal_by_hand), classify), call_step)
 
@@ -330,6 +339,7 @@ def dp_sgd_body(world, x, y):
     return norms
 
 
+@pytest.mark.slow
 def test_dp_sgd_with_per_sample_gradients_clipped_and_noised_is_eagers():
     def build():
         net = mlp()
@@ -343,6 +353,7 @@ def test_dp_sgd_with_per_sample_gradients_clipped_and_noised_is_eagers():
 # ------------------------------------------------------------------------ curricula, GANs, RL
 
 
+@pytest.mark.slow
 def test_a_curriculum_growing_the_sequence_length_each_epoch_is_eagers():
     """Lengths 2, 3, 4, 5: the jitted GRU compiles for the first and once more for lengths that
     vary (the size becomes symbolic)."""
@@ -440,6 +451,7 @@ def reinforce_body(world, obs, returns):
     return loss.detach(), actions
 
 
+@pytest.mark.slow
 def test_reinforce_with_sampled_actions_and_an_entropy_bonus_is_eagers():
     make = loop(optimized(lambda ps: torch.optim.Adam(ps, 1e-2), Policy), reinforce_body)
     trains_as_eager(make, lambda world, i: world["step"](torch.randn(8, 4), torch.randn(8)), misses=1, dynamo=True)
@@ -479,6 +491,7 @@ def ppo_body(world, obs, actions, old_log_probs, advantages, returns):
     return loss.detach()
 
 
+@pytest.mark.slow
 def test_ppo_with_a_clipped_objective_over_minibatches_of_a_rollout_is_eagers():
     """The jitted model compiles for the rollout (no grad) and for the minibatches."""
     make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.05, momentum=0.9), Policy), ppo_body)
@@ -488,6 +501,7 @@ def test_ppo_with_a_clipped_objective_over_minibatches_of_a_rollout_is_eagers():
 # ------------------------------------------------------------------------- generative models
 
 
+@pytest.mark.slow
 def test_a_vae_with_rsample_and_kl_annealing_is_eagers():
     def body(world, x, i):
         loss, kl = world["forward"].model(x, min(1.0, i / 2))
@@ -500,6 +514,7 @@ def test_a_vae_with_rsample_and_kl_annealing_is_eagers():
     trains_as_eager(make, lambda world, i: world["step"](torch.randn(5, 6), i), steps=4)
 
 
+@pytest.mark.slow
 def test_a_diffusion_step_with_sampled_timesteps_and_an_ema_model_is_eagers():
     def build():
         net = Denoiser()
@@ -624,6 +639,7 @@ def info_nce(z1, z2, temperature=0.2):
     return F.cross_entropy(similarity, targets)
 
 
+@pytest.mark.slow
 def test_simclr_over_a_large_batch_of_two_views_drawn_in_the_step_is_eagers():
     def body(world, x):
         h1, h2 = (world["forward"].model(v) for v in two_views(x))
@@ -709,3 +725,53 @@ def test_an_actor_and_a_critic_of_one_call_backpropagated_one_after_the_other_ar
 
     make = loop(build, actor_critic_body)
     trains_as_eager(make, lambda world, i: world["step"](torch.randn(8, 4), torch.randn(8)), misses=1)
+
+
+class QuantAware(nn.Module):
+    """Quantization-aware training with ``torch.ao``'s ``FakeQuantize`` modules: observers whose
+    moving-average statistics, scale and zero point are buffers the forward writes."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver
+
+        self.q_in = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
+        self.body = mlp()
+        self.q_out = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
+
+    def forward(self, x):
+        return self.q_out(self.body(self.q_in(x)))
+
+
+def test_quantization_aware_training_with_observers_frozen_mid_run_is_eagers():
+    """The observer of the input is disabled at the third step (a flag buffer the forward reads)."""
+
+    def step(world, i):
+        if i == 2:
+            world["model"].q_in.disable_observer()
+        return call_step(world, i)
+
+    make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1), QuantAware), classify, whole=False)
+    trains_as_eager(make, step, steps=4)
+
+
+def normalized():
+    net = mlp()
+    parametrizations.weight_norm(net[0])
+    parametrizations.spectral_norm(net[2])
+    return net
+
+
+def test_parametrizations_removed_mid_run_with_a_new_optimizer_train_as_eager():
+    """Weight norm removed as its weight, spectral norm with ``leave_parametrized=True``: the
+    jitted model reads the new parameters (a second compile)."""
+
+    def step(world, i):
+        if i == 2:
+            parametrize.remove_parametrizations(world["model"][0], "weight")
+            parametrize.remove_parametrizations(world["model"][2], "weight", leave_parametrized=True)
+            world["optimizer"] = torch.optim.SGD(world["model"].parameters(), 0.1, momentum=0.9)
+        return call_step(world, i)
+
+    make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.9), normalized), classify, whole=False)
+    trains_as_eager(make, step, steps=4, misses=2)
