@@ -20,7 +20,24 @@ from torch.optim import lr_scheduler
 import thunder_rs
 
 from user_loops_round6 import trains_as_eager
-from user_loops_round7 import VAE, Denoiser, Policy, TiedLM, batch, call_step, classify, loop, mlp
+from user_loops_round7 import (
+    VAE,
+    ActorCritic,
+    Denoiser,
+    DiscreteVAE,
+    FakeQuantized,
+    Policy,
+    QuantAware,
+    Skew,
+    TiedLM,
+    batch,
+    call_step,
+    classify,
+    info_nce,
+    loop,
+    mlp,
+    two_views,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -193,12 +210,6 @@ def test_a_spectral_norm_parametrization_trained_updates_its_power_iterations_as
     trains_as_eager(loop(optimized(lambda ps: torch.optim.Adam(ps, 1e-2), spectral), classify), call_step, dynamo=True)
 
 
-class Skew(nn.Module):
-    def forward(self, x):
-        a = x.triu(1)
-        return torch.matrix_exp(a - a.mT)
-
-
 def orthogonal_by_hand():
     net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3))
     parametrize.register_parametrization(net[0], "weight", Skew())
@@ -233,27 +244,6 @@ def test_pruning_masks_applied_then_removed_mid_run_train_as_eager():
         return call_step(world, i)
 
     trains_as_eager(loop(build, classify, whole=False), step, steps=4, misses=2)
-
-
-class FakeQuantized(nn.Module):
-    """Quantization-aware training: activations by ``fake_quantize_per_tensor_affine`` (its own
-    clipped straight-through gradient), weights rounded with a straight-through estimator by hand."""
-
-    def __init__(self):
-        super().__init__()
-        self.body = mlp()
-
-    def forward(self, x):
-        x = torch.fake_quantize_per_tensor_affine(x, 0.05, 0, -128, 127)
-        for layer in self.body:
-            if isinstance(layer, nn.Linear):
-                w = layer.weight
-                scale = w.abs().max().detach() / 7
-                q = (w / scale).round().clamp(-8, 7) * scale
-                x = F.linear(x, w + (q - w).detach(), layer.bias)
-            else:
-                x = layer(x)
-        return x
 
 
 def test_fake_quantization_with_straight_through_gradients_trains_as_eager():
@@ -626,19 +616,6 @@ def test_pruning_and_fake_quantization_in_compiled_whole_steps_are_eagers():
         trains_as_eager(make, call_step, modes=("compile",))
 
 
-def two_views(x):
-    """SimCLR's augmentations drawn in the step: a feature mask and noise per view."""
-    return [x * (torch.rand_like(x) > 0.2) + 0.1 * torch.randn_like(x) for _ in range(2)]
-
-
-def info_nce(z1, z2, temperature=0.2):
-    z = F.normalize(torch.cat([z1, z2]), dim=-1)
-    similarity = (z @ z.T / temperature).fill_diagonal_(float("-inf"))
-    n = z1.shape[0]
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
-    return F.cross_entropy(similarity, targets)
-
-
 @pytest.mark.slow
 def test_simclr_over_a_large_batch_of_two_views_drawn_in_the_step_is_eagers():
     def body(world, x):
@@ -683,17 +660,6 @@ def test_an_evaluation_loop_with_top_k_hits_and_a_confusion_matrix_between_epoch
     trains_as_eager(make, step, misses=2)
 
 
-class ActorCritic(nn.Module):
-    """An actor and a critic apart, in one module (one jitted call returns both)."""
-
-    def __init__(self):
-        super().__init__()
-        self.actor, self.critic = mlp(4, 8, 3), mlp(4, 8, 1)
-
-    def forward(self, obs):
-        return self.actor(obs), self.critic(obs).squeeze(-1)
-
-
 def actor_critic_body(world, obs, returns):
     """The critic's loss backpropagated and stepped, then the actor's from the same call's logits,
     with the critic's values detached as the baseline."""
@@ -725,22 +691,6 @@ def test_an_actor_and_a_critic_of_one_call_backpropagated_one_after_the_other_ar
 
     make = loop(build, actor_critic_body)
     trains_as_eager(make, lambda world, i: world["step"](torch.randn(8, 4), torch.randn(8)), misses=1)
-
-
-class QuantAware(nn.Module):
-    """Quantization-aware training with ``torch.ao``'s ``FakeQuantize`` modules: observers whose
-    moving-average statistics, scale and zero point are buffers the forward writes."""
-
-    def __init__(self):
-        super().__init__()
-        from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver
-
-        self.q_in = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
-        self.body = mlp()
-        self.q_out = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
-
-    def forward(self, x):
-        return self.q_out(self.body(self.q_in(x)))
 
 
 def test_quantization_aware_training_with_observers_frozen_mid_run_is_eagers():
@@ -775,3 +725,42 @@ def test_parametrizations_removed_mid_run_with_a_new_optimizer_train_as_eager():
 
     make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.9), normalized), classify, whole=False)
     trains_as_eager(make, step, steps=4, misses=2)
+
+
+def test_a_discrete_vae_with_gumbel_softmax_and_beta_and_gamma_rsamples_is_eagers():
+    """Two compiles: the temperature, a Python float, is specialised on first, then symbolic."""
+
+    def body(world, x, i):
+        loss = world["forward"].model(x, 1.0 / (1 + i))
+        loss.backward()
+        world["optimizer"].step()
+        world["optimizer"].zero_grad()
+        return loss.detach()
+
+    make = loop(optimized(lambda ps: torch.optim.SGD(ps, 0.1), DiscreteVAE), body, whole=False)
+    trains_as_eager(make, lambda world, i: world["step"](torch.randn(5, 6), i), misses=2)
+
+
+@pytest.mark.slow
+def test_the_cosine_warmup_of_transformers_with_clipping_in_a_compiled_whole_step_is_dynamos():
+    transformers = pytest.importorskip("transformers")
+
+    def build():
+        net = mlp()
+        optimizer = torch.optim.AdamW(net.parameters(), 1e-2, weight_decay=0.01)
+        return {
+            "model": net,
+            "optimizer": optimizer,
+            "scheduler": transformers.get_cosine_schedule_with_warmup(optimizer, 2, 6),
+        }
+
+    def body(world, x, y):
+        loss = F.cross_entropy(world["forward"].model(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(world["model"].parameters(), 1.0)
+        world["optimizer"].step()
+        world["scheduler"].step()
+        world["optimizer"].zero_grad()
+        return loss.detach()
+
+    trains_as_eager(loop(build, body), call_step, steps=5, modes=("compile",), dynamo=True)

@@ -1,6 +1,7 @@
 """The programs ``test_user_loops_round7.py`` trains (harness: ``user_loops_round6.py``): a loop
 maker whose step is jitted model with the loop eager, or compiled whole (or the model compiled), and
-the models and losses the loops use: a tied language model, a policy, a VAE, a denoiser."""
+the models and losses the loops use: a tied language model, a policy, VAEs, a denoiser, fake
+quantization, a skew-symmetric parametrization, SimCLR's views and loss."""
 
 from types import SimpleNamespace
 
@@ -120,3 +121,86 @@ class Denoiser(nn.Module):
         noise = torch.randn_like(x0)
         xt = self.sqrt_alphas[t, None] * x0 + self.sqrt_one_minus[t, None] * noise
         return F.mse_loss(self.net(xt + self.embed(t)), noise)
+
+
+class Skew(nn.Module):
+    def forward(self, x):
+        a = x.triu(1)
+        return torch.matrix_exp(a - a.mT)
+
+
+class FakeQuantized(nn.Module):
+    """Quantization-aware training: activations by ``fake_quantize_per_tensor_affine`` (its own
+    clipped straight-through gradient), weights rounded with a straight-through estimator by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x):
+        x = torch.fake_quantize_per_tensor_affine(x, 0.05, 0, -128, 127)
+        for layer in self.body:
+            if isinstance(layer, nn.Linear):
+                w = layer.weight
+                scale = w.abs().max().detach() / 7
+                q = (w / scale).round().clamp(-8, 7) * scale
+                x = F.linear(x, w + (q - w).detach(), layer.bias)
+            else:
+                x = layer(x)
+        return x
+
+
+def two_views(x):
+    """SimCLR's augmentations drawn in the step: a feature mask and noise per view."""
+    return [x * (torch.rand_like(x) > 0.2) + 0.1 * torch.randn_like(x) for _ in range(2)]
+
+
+def info_nce(z1, z2, temperature=0.2):
+    z = F.normalize(torch.cat([z1, z2]), dim=-1)
+    similarity = (z @ z.T / temperature).fill_diagonal_(float("-inf"))
+    n = z1.shape[0]
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
+    return F.cross_entropy(similarity, targets)
+
+
+class ActorCritic(nn.Module):
+    """An actor and a critic apart, in one module (one jitted call returns both)."""
+
+    def __init__(self):
+        super().__init__()
+        self.actor, self.critic = mlp(4, 8, 3), mlp(4, 8, 1)
+
+    def forward(self, obs):
+        return self.actor(obs), self.critic(obs).squeeze(-1)
+
+
+class QuantAware(nn.Module):
+    """Quantization-aware training with ``torch.ao``'s ``FakeQuantize`` modules: observers whose
+    moving-average statistics, scale and zero point are buffers the forward writes."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver
+
+        self.q_in = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
+        self.body = mlp()
+        self.q_out = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
+
+    def forward(self, x):
+        return self.q_out(self.body(self.q_in(x)))
+
+
+class DiscreteVAE(nn.Module):
+    """A categorical latent by ``gumbel_softmax(hard=True)`` (its temperature annealed), a Beta
+    weight and a Gamma penalty by ``rsample`` (reparametrized through their samplers' gradients)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.decoder, self.concentration = mlp(6, 8, 4), mlp(4, 8, 6), nn.Linear(6, 2)
+
+    def forward(self, x, tau):
+        z = F.gumbel_softmax(self.encoder(x), tau=tau, hard=True)
+        a, b = F.softplus(self.concentration(x)).add(0.5).unbind(-1)
+        weight = torch.distributions.Beta(a, b).rsample()
+        penalty = torch.distributions.Gamma(a, b).rsample().mean()
+        return F.mse_loss(self.decoder(z) * weight[:, None], x) + 0.01 * penalty
