@@ -266,7 +266,7 @@ def _free_read(ctx, saved: list, read: frozenset) -> None:
     """Frees the residuals a backward reaching some outputs only read, as eager's backward frees
     the nodes it ran only: the others stay for a backward from the outputs it did not reach (a GAN's
     ``d_loss.backward()`` then ``g_loss.backward()`` through the fakes one compiled call returned
-    with ``d_loss``), which may not read a freed one (``_check_unfreed``). The call's inputs are
+    with ``d_loss``), which may not read a freed one (``_unfreed_read``). The call's inputs are
     never freed: the caller holds them, and each eager node that saved one keeps its own."""
     inputs = {id(t) for t in ctx.inputs} if ctx.inputs is not None else set()
     read = frozenset(i for i in read if id(saved[i]) not in inputs)
@@ -278,12 +278,14 @@ def _free_read(ctx, saved: list, read: frozenset) -> None:
     ctx.residuals = [None if i in read else r for i, r in enumerate(saved)]  # (the backward empties ``saved``)
 
 
-def _check_unfreed(ctx, read: frozenset | None) -> None:
-    """Raises eager's error for a backward that reads a residual an earlier one freed
-    (``_free_read``; ``read`` None: it reads all)."""
+def _unfreed_read(ctx, pattern: tuple | None) -> frozenset | None:
+    """The positions of the residuals a backward reads (``_Unreached``'s ``pattern``; None: all),
+    raising eager's error where it reads one an earlier backward freed (``_free_read``)."""
+    read = None if pattern is None else pattern[3]
     freed = getattr(ctx, "freed", None)
     if freed and (read is None or not freed.isdisjoint(read)):
         raise RuntimeError(_FREED)
+    return read
 
 
 def _own_views(flat: tuple, inputs: tuple, viewable: tuple | None = None) -> tuple:
@@ -394,8 +396,7 @@ def grad_function(
                 cotangents = cotangents_of(grads)
                 # (absent cotangents: the residuals the backward for their pattern reads are checked)
                 pattern = unreached.of(cotangents) if partial else None
-                read = None if pattern is None else pattern[3]
-                _check_unfreed(ctx, read)
+                read = _unfreed_read(ctx, pattern)
                 if _is_grad_enabled():  # create_graph=True: a backward autograd records
                     return _differentiated(ctx, program, grads, outputs, pattern)
                 saved = _unpacked(ctx, saved, outputs, read, grads)
