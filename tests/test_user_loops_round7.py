@@ -7,6 +7,7 @@ warmup of ``transformers``), weight tying undone mid-run, parametrizations, prun
 quantization, fp32 master weights, gradient noise, DP-SGD, curriculum lengths, GANs, REINFORCE,
 PPO, a VAE, a diffusion step, triplet mining, weighted multi-label losses."""
 
+import contextlib
 import functools
 from types import SimpleNamespace
 
@@ -410,15 +411,20 @@ def two_losses(x, w, v):
     return h.sum(), (h * 2).sum(), (x * v).cos().sum()
 
 
-def test_backwards_from_outputs_of_one_call_one_at_a_time_free_what_eagers_free():
-    """Each loss's backward frees the residuals it read only: a later backward from an output
-    whose graph is apart from the first's runs; one from an output sharing a node that saved
-    tensors raises eager's error."""
+@pytest.mark.parametrize(
+    "hooks", [contextlib.nullcontext, torch.autograd.graph.save_on_cpu], ids=["plain", "save_on_cpu"]
+)
+def test_backwards_from_outputs_of_one_call_one_at_a_time_free_what_eagers_free(hooks):
+    """Each loss's backward frees the residuals it read only (the call's inputs, which the caller
+    holds, none): a later backward from an output whose graph is apart from the first's runs; one
+    from an output sharing a node that saved tensors raises eager's error. Under saved-tensor
+    hooks too, where the residuals are packed."""
     outcomes = []
     for fn in (two_losses, thunder_rs.jit(two_losses)):
         torch.manual_seed(0)
         x, w, v = torch.randn(3), torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
-        a, b, c = fn(x, w, v)
+        with hooks():
+            a, b, c = fn(x, w, v)
         a.backward()
         c.backward()
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):

@@ -225,7 +225,14 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
             _as_written_inputs(ctx, inputs, flat, written)
     else:
         ctx.versions, ctx.unpack = None, hooks[1]
+        ctx.held = _inputs_among(ctx.residuals, inputs)  # (packed, they are told apart no more)
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
+
+
+def _inputs_among(residuals: list, inputs) -> frozenset:
+    """The positions of the residuals that are inputs of the call (``_free_read`` frees none)."""
+    ids = {id(t) for t in inputs}
+    return frozenset(i for i, r in enumerate(residuals) if id(r) in ids)
 
 
 def _check_made(ctx, made: dict, grads: tuple) -> None:
@@ -268,8 +275,8 @@ def _free_read(ctx, saved: list, read: frozenset) -> None:
     ``d_loss.backward()`` then ``g_loss.backward()`` through the fakes one compiled call returned
     with ``d_loss``), which may not read a freed one (``_unfreed_read``). The call's inputs are
     never freed: the caller holds them, and each eager node that saved one keeps its own."""
-    inputs = {id(t) for t in ctx.inputs} if ctx.inputs is not None else set()
-    read = frozenset(i for i in read if id(saved[i]) not in inputs)
+    held = getattr(ctx, "held", None)  # (under saved-tensor hooks)
+    read = read - (_inputs_among(saved, ctx.inputs or ()) if held is None else held)
     freed = getattr(ctx, "freed", frozenset()) | read
     if len(freed) >= len(saved):
         ctx.residuals = ctx.inputs = None
