@@ -143,7 +143,7 @@ def _check_versions(saved, versions, inputs, ctx=None, made=None, read=None, gra
     if version_counters(saved) == versions:
         return
     for i, (r, then) in enumerate(zip(saved, versions)):
-        if then >= 0 and r._version != then and (read is None or i in read):
+        if then >= 0 and (read is None or i in read) and r._version != then:
             at = _output_position(r, ctx) if made else None
             output = made.get(at) if made else None
             if output is not None and grads and not output.reached(_present(grads)):
@@ -225,7 +225,14 @@ def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: 
             _as_written_inputs(ctx, inputs, flat, written)
     else:
         ctx.versions, ctx.unpack = None, hooks[1]
+        ctx.held = _inputs_among(ctx.residuals, inputs)  # (packed, they are told apart no more)
         ctx.residuals = [_Packed(hooks[0](r)) if isinstance(r, torch.Tensor) else r for r in ctx.residuals]
+
+
+def _inputs_among(residuals: list, inputs) -> frozenset:
+    """The positions of the residuals that are inputs of the call (``_free_read`` frees none)."""
+    ids = {id(t) for t in inputs}
+    return frozenset(i for i, r in enumerate(residuals) if id(r) in ids)
 
 
 def _check_made(ctx, made: dict, grads: tuple) -> None:
@@ -255,8 +262,37 @@ def _unpacked(ctx, saved: list, made: dict | None = None, read: frozenset | None
         _check_versions(saved, ctx.versions, ctx.inputs, ctx, made, read, grads)
     if _keep_graph():
         return list(saved)
-    ctx.residuals = ctx.inputs = None
+    if read is not None:  # (a backward reaching some outputs only)
+        _free_read(ctx, saved, read)
+    else:
+        ctx.residuals = ctx.inputs = None
     return saved
+
+
+def _free_read(ctx, saved: list, read: frozenset) -> None:
+    """Frees the residuals a backward reaching some outputs only read, as eager's backward frees
+    the nodes it ran only: the others stay for a backward from the outputs it did not reach (a GAN's
+    ``d_loss.backward()`` then ``g_loss.backward()`` through the fakes one compiled call returned
+    with ``d_loss``), which may not read a freed one (``_unfreed_read``). The call's inputs are
+    never freed: the caller holds them, and each eager node that saved one keeps its own."""
+    held = getattr(ctx, "held", None)  # (under saved-tensor hooks)
+    read = read - (_inputs_among(saved, ctx.inputs or ()) if held is None else held)
+    freed = getattr(ctx, "freed", frozenset()) | read
+    if len(freed) >= len(saved):
+        ctx.residuals = ctx.inputs = None
+        return
+    ctx.freed = freed
+    ctx.residuals = [None if i in read else r for i, r in enumerate(saved)]  # (the backward empties ``saved``)
+
+
+def _unfreed_read(ctx, pattern: tuple | None) -> frozenset | None:
+    """The positions of the residuals a backward reads (``_Unreached``'s ``pattern``; None: all),
+    raising eager's error where it reads one an earlier backward freed (``_free_read``)."""
+    read = None if pattern is None else pattern[3]
+    freed = getattr(ctx, "freed", None)
+    if freed and (read is None or not freed.isdisjoint(read)):
+        raise RuntimeError(_FREED)
+    return read
 
 
 def _own_views(flat: tuple, inputs: tuple, viewable: tuple | None = None) -> tuple:
@@ -367,7 +403,7 @@ def grad_function(
                 cotangents = cotangents_of(grads)
                 # (absent cotangents: the residuals the backward for their pattern reads are checked)
                 pattern = unreached.of(cotangents) if partial else None
-                read = None if pattern is None else pattern[3]
+                read = _unfreed_read(ctx, pattern)
                 if _is_grad_enabled():  # create_graph=True: a backward autograd records
                     return _differentiated(ctx, program, grads, outputs, pattern)
                 saved = _unpacked(ctx, saved, outputs, read, grads)
