@@ -432,3 +432,28 @@ def test_a_write_into_part_of_a_complex_tensor_with_gradients_is_eagers():
 def test_complex_values_without_gradients_are_eagers(fn):
     z = torch.randn(3, 3, dtype=torch.complex64)
     torch.testing.assert_close(thunder_rs.jit(fn)(z), fn(z))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a compiled call's inputs are never freed by a backward that reached some of its outputs; eager "
+    "frees what each node saved, so a second backward through the shared matmul raises there",
+)
+def test_a_second_backward_through_a_shared_node_of_one_call_raises_as_eagers():
+    """Two outputs of one call share ``x @ w`` (eager: one ``MmBackward0`` saving ``x`` and ``w``).
+    After ``a.backward()``, eager's ``b.backward()`` raises ("backward through the graph a second
+    time"): the node's saved tensors were freed. The compiled call frees the residuals a backward
+    read but not its inputs (the caller holds them), so the second backward runs and accumulates
+    the gradients ``retain_graph=True`` would give. Pinned until the call knows which of eager's
+    nodes each backward ran."""
+
+    def f(x, w):
+        h = x @ w
+        return h.sin().sum(), (h * 2).cos().sum()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    for fn in (f, thunder_rs.jit(f)):
+        a, b = fn(x, w)
+        a.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            b.backward()
