@@ -30,9 +30,9 @@ EVAL_COMPILES = {"rwkv": 2}
 #: True, as it does under Dynamo and while thunder_rs traces (``core.lang.torch_overrides``: the
 #: same recurrence summed in another order, a trace of 2 log2(n) rounds instead of n).
 TOLERANT = {"falcon_mamba"}
-#: Families Dynamo itself cannot capture: Nystromformer without a padding mask builds one of ones
-#: under ``is_compiling()`` and adds it to landmark scores of another shape (a fake-tensor error
-#: in Dynamo's own tracing, before a graph reaches the backend).
+#: Families Dynamo itself cannot capture (``torch.compile(backend="eager")`` neither): with no
+#: padding mask, Nystromformer's fake-tensor run adds a mask of every key to the landmark scores
+#: (shapes that do not broadcast), before a graph reaches a backend.
 NOT_CAPTURED = {"nystromformer"}
 
 
