@@ -36,6 +36,7 @@ def speech_features(step: int) -> dict:
     return dict(input_features=features, attention_mask=mask, labels=torch.randint(3, V, (2, 5), generator=g))
 
 
+MHA = {k: v for k, v in DEC.items() if k != "num_key_value_heads"}  # (Persimmon has no grouped heads)
 BART = dict(
     d_model=32,
     encoder_layers=2,
@@ -60,6 +61,21 @@ def _speech_to_text():
     subsampler = dict(num_conv_layers=2, conv_kernel_sizes=(5, 5), conv_channels=16, input_feat_per_channel=16)
     config = T.Speech2TextConfig(max_source_positions=64, max_target_positions=64, **subsampler, **BART)
     return T.Speech2TextForConditionalGeneration(config)
+
+
+def _granitemoe():
+    scales = dict(embedding_multiplier=2.0, residual_multiplier=0.5)
+    return T.GraniteMoeForCausalLM(T.GraniteMoeConfig(num_local_experts=4, num_experts_per_tok=2, **scales, **DEC))
+
+
+def _qwen3_moe():
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    return T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(head_dim=8, **experts, **DEC))
+
+
+def _pegasus_x():
+    config = T.PegasusXConfig(block_size=4, num_global_tokens=2, max_position_embeddings=64, **BART)
+    return T.PegasusXForConditionalGeneration(config)
 
 
 def _swinv2():
@@ -90,22 +106,29 @@ def _rwkv():
 
 
 FAMILIES = {
+    # sinusoidal positions offset by the padding index
     "xglm": Family(
         lambda: T.XGLMForCausalLM(
             T.XGLMConfig(d_model=32, num_layers=2, attention_heads=4, ffn_dim=64, max_position_embeddings=64, **TOKENS)
         ),
         causal_lm,
     ),
+    # the time-mix recurrence in Python (no CUDA kernel), its state per token
     "rwkv": Family(_rwkv, causal_lm),
+    # queries, keys and values clamped (clip_qkv)
     "olmo": Family(lambda: T.OlmoForCausalLM(T.OlmoConfig(clip_qkv=1.0, **DEC)), causal_lm),
+    # LayerNorm1P and squared ReLU
     "nemotron": Family(lambda: T.NemotronForCausalLM(T.NemotronConfig(head_dim=8, **DEC)), causal_lm),
+    # differential attention: two softmaxes subtracted, lambda re-parametrised
     "diffllama": Family(lambda: T.DiffLlamaForCausalLM(T.DiffLlamaConfig(**DEC)), causal_lm),
+    # attention sinks, a sliding window every other layer, clamped SwiGLU experts
     "gpt_oss": Family(
         lambda: T.GptOssForCausalLM(
             T.GptOssConfig(num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=4, **DEC)
         ),
         causal_lm,
     ),
+    # the selective scan's slow path, RMS norms of B, C and dt
     "falcon_mamba": Family(
         lambda: T.FalconMambaForCausalLM(
             T.FalconMambaConfig(
@@ -121,8 +144,20 @@ FAMILIES = {
         ),
         causal_lm,
     ),
+    # a parallel-experts router with multipliers
+    "granitemoe": Family(_granitemoe, causal_lm),
+    # sliding and global layers interleaved, parallel blocks
+    "cohere2": Family(lambda: T.Cohere2ForCausalLM(T.Cohere2Config(sliding_window=4, head_dim=8, **DEC)), causal_lm),
+    "helium": Family(lambda: T.HeliumForCausalLM(T.HeliumConfig(head_dim=8, **DEC)), causal_lm),
+    # partial rotary with query-key LayerNorms
+    "persimmon": Family(lambda: T.PersimmonForCausalLM(T.PersimmonConfig(**MHA)), causal_lm),
+    "qwen3_moe": Family(_qwen3_moe, causal_lm),
+    # Longformer's banded and global attention in an encoder-decoder
     "led": Family(_led, seq2seq),
+    "pegasus_x": Family(_pegasus_x, seq2seq),  # blocks of 4 tokens and 2 global tokens
+    # a convolutional subsampler of log-mel features, a padded row
     "speech_to_text": Family(_speech_to_text, speech_features),
+    # NoNorm, bottlenecks, a prediction head adding its bias in place
     "mobilebert": Family(
         lambda: T.MobileBertForMaskedLM(
             T.MobileBertConfig(
@@ -131,12 +166,14 @@ FAMILIES = {
         ),
         masked_lm,
     ),
+    # landmark attention with an iterative pseudo-inverse
     "nystromformer": Family(
         lambda: T.NystromformerForMaskedLM(
             T.NystromformerConfig(num_landmarks=4, segment_means_seq_len=8, conv_kernel_size=3, **ENC)
         ),
         unmasked_lm,
     ),
+    # squeezed sequence, DeBERTa's disentangled attention on audio
     "sew_d": Family(
         lambda: T.SEWDForCTC(
             T.SEWDConfig(
@@ -145,10 +182,13 @@ FAMILIES = {
         ),
         padded_audio,
     ),
+    # speaker-aware wav2vec2, a padded row
     "unispeech_sat": Family(
         lambda: T.UniSpeechSatForCTC(T.UniSpeechSatConfig(num_conv_pos_embeddings=16, **AUDIO)), padded_audio
     ),
+    # cosine attention with a log-spaced continuous position bias
     "swinv2": Family(_swinv2, images),
+    # convolutional projections with batch norms, a class token in the last stage
     "cvt": Family(
         lambda: T.CvtForImageClassification(
             T.CvtConfig(
@@ -165,12 +205,14 @@ FAMILIES = {
         ),
         images,
     ),
+    # separable linear attention over unfolded patches
     "mobilevitv2": Family(
         lambda: T.MobileViTV2ForImageClassification(
             T.MobileViTV2Config(image_size=64, width_multiplier=0.25, num_labels=3)
         ),
         large_images,
     ),
+    # spatial-reduction attention, overlapping patch embeddings
     "pvt_v2": Family(
         lambda: T.PvtV2ForImageClassification(
             T.PvtV2Config(
