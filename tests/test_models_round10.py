@@ -73,9 +73,24 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     _assert_compiles(call, mode, earlier, EVAL_COMPILES.get(name, 1) if mode == "jit" else 1)
 
 
+#: Families one of whose Dynamo graphs runs eagerly (their values still eager's): PEGASUS-X's
+#: sinusoidal positions divide ``np.log(max_scale)`` by an int, which Dynamo's graph holds as
+#: ``torch._dynamo.utils.wrapped_truediv`` (a NumPy operator run on ``torch._numpy`` arrays under
+#: ``DisableTorchFunction``): the division reaches torch's dispatch with a traced tensor.
+EAGER_GRAPH = pytest.mark.xfail(raises=AssertionError, strict=True, reason="a graph of NumPy operators runs eagerly")
+EAGER_GRAPHS = {"pegasus_x"}
+
+
 def _params(names, quick):
     return [
-        pytest.param(n, mode, marks=() if n in quick and mode == "jit" else pytest.mark.slow)
+        pytest.param(
+            n,
+            mode,
+            marks=[
+                *(() if n in quick and mode == "jit" else [pytest.mark.slow]),
+                *([EAGER_GRAPH] if mode == "compile" and n in EAGER_GRAPHS else []),
+            ],
+        )
         for n in names
         for mode in MODES
         if not (mode == "compile" and n in NOT_CAPTURED)
