@@ -49,7 +49,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch import complex_views, saved_writes, view_scatters, views
+from thunder_rs.torch import complex_views, narrowed_writes, saved_writes, view_scatters, views
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.autograd import detach
 from thunder_rs.torch.common import is_number
@@ -367,6 +367,7 @@ def _in_place(fn, name: str, outplace):
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
         if symbol is not None and not _computed_by_eager(name, a, args, kwargs):
+            args, kwargs = narrowed_writes.operands(name, a, args, kwargs)
             value = symbol(_read_to_overwrite(a), *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:
                 _lay_out_written(a, value, outplace, args, kwargs)
