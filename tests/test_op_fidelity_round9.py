@@ -15,6 +15,14 @@
 - ``torch.rsqrt``'s gradient in float16: eager's ``-0.5 * grad * result.pow(3)``, whose float16
   ``pow`` is one float32 ``powf`` rounded once; the prim's VJP multiplied ``y * y * y`` in float16
   (an ulp off in about a fifth of the elements).
+- Factories of complex values (``torch.full(size, 1 + 2j)``, ``torch.linspace(0, 1j, 5)``,
+  ``torch.logspace(..., dtype=torch.complex128)``): eager's op where the trace has no complex
+  decomposition, as calls on complex tensors already were; they were refused (``prims.full:
+  expected a number for fill_value, got PyConst(1)``). A random one (``torch.randn(...,
+  dtype=torch.complex64)``) stays refused by name: its draws are not replayed.
+- ``torch.fft.fft``/``rfft``/``ihfft`` of a real input zero-padded to ``n`` points: the input's
+  gradient is laid out as eager's (``constant_pad_nd``'s backward, a new tensor); the pad prim's VJP
+  gave a view of the cotangent.
 """
 
 from __future__ import annotations
@@ -94,3 +102,57 @@ def test_rsqrt_gradient_is_eager_s(dtype):
         x = x0.clone().requires_grad_()
         grads.append(torch.autograd.grad(fn(x), x, g)[0])
     assert grads[1].dtype == grads[0].dtype and torch.equal(grads[1], grads[0])
+
+
+_COMPLEX_FACTORIES = {
+    "full": lambda: torch.full((3,), 1 + 2j),
+    "full_complex128": lambda: torch.full((2, 2), 1 - 2j, dtype=torch.complex128),
+    "full_real_value": lambda: torch.full((3,), 2.5, dtype=torch.complex64),
+    "linspace": lambda: torch.linspace(0, 1j, 5),
+    "linspace_dtype": lambda: torch.linspace(0, 3, 7, dtype=torch.complex64),
+    "logspace": lambda: torch.logspace(0, 1 + 1j, 4),
+    "logspace_dtype": lambda: torch.logspace(0, 2, 4, dtype=torch.complex128),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COMPLEX_FACTORIES))
+def test_complex_factories_are_eager_s(name):
+    """A factory of complex values (a complex fill or bound, or a complex dtype) runs as eager's
+    where the trace has no complex decomposition; it was refused (``prims.full: expected a number
+    for fill_value, got PyConst(1)``, ``ltorch.linspace: not supported for dtype torch.complex64``)."""
+    fn = _COMPLEX_FACTORIES[name]
+    _assert_eager(lambda x: fn() + x, torch.zeros((), dtype=torch.complex64))
+
+
+def test_a_random_complex_factory_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match=r"ltorch\.randn: expected a floating dtype, got torch\.complex64"):
+        thunder_rs.jit(lambda: torch.randn(3, dtype=torch.complex64))()
+
+
+_PADDED_TRANSFORMS = {
+    "fft": lambda x: torch.fft.fft(x, n=10, dim=1, norm="ortho"),
+    "rfft": lambda x: torch.fft.rfft(x, n=9, dim=0),
+    "ihfft": lambda x: torch.fft.ihfft(x, n=11, dim=1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(_PADDED_TRANSFORMS))
+def test_a_padded_real_transform_s_gradient_is_laid_out_as_eager_s(name, dtype):
+    """A real input zero-padded to ``n`` points: eager pads with ``constant_pad_nd``, whose
+    backward is a new tensor laid out as the cotangent; the pad prim's VJP cropped the cotangent
+    as a view of it (strides ``(140, 2, 20)`` for eager's ``(42, 1, 6)``)."""
+    fn = _PADDED_TRANSFORMS[name]
+    x0 = torch.randn(5, 6, 7, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    results = []
+    for f in (fn, thunder_rs.jit(fn)):
+        x = x0.clone().requires_grad_()
+        out = f(x)
+        g = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(7))
+        results.append((out.detach(), torch.autograd.grad(out, x, g)[0]))
+    (out, grad), (expected_out, expected_grad) = results[1], results[0]
+    assert torch.equal(out, expected_out) and out.stride() == expected_out.stride()
+    assert torch.equal(grad, expected_grad) and grad.stride() == expected_grad.stride(), (
+        grad.stride(),
+        expected_grad.stride(),
+    )
