@@ -23,6 +23,9 @@
 - ``torch.fft.fft``/``rfft``/``ihfft`` of a real input zero-padded to ``n`` points: the input's
   gradient is laid out as eager's (``constant_pad_nd``'s backward, a new tensor); the pad prim's VJP
   gave a view of the cotangent.
+- Shifts of a bool tensor (``bool_tensor << 1``, ``1 << bool_tensor``, ``bitwise_left_shift``):
+  eager promotes the bool operand to the result's dtype (int64 with a number); the call's meta run
+  refused it ("Expected input tensor to have an integral dtype. Got torch.bool").
 """
 
 from __future__ import annotations
@@ -156,3 +159,21 @@ def test_a_padded_real_transform_s_gradient_is_laid_out_as_eager_s(name, dtype):
         grad.stride(),
         expected_grad.stride(),
     )
+
+
+_BOOL_SHIFTS = {
+    "lshift_number": lambda b, i: b << 1,
+    "rshift_number": lambda b, i: b >> 1,
+    "lshift_int_tensor": lambda b, i: b << i,
+    "int_tensor_rshift_bool": lambda b, i: i >> b,
+    "rlshift": lambda b, i: 1 << b,
+    "bitwise_left_shift": lambda b, i: torch.bitwise_left_shift(b, 2),
+    "bitwise_right_shift_method": lambda b, i: b.bitwise_right_shift(i),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOOL_SHIFTS))
+def test_a_shifted_bool_tensor_is_promoted_as_eager_s(name):
+    """Eager shifts a bool operand promoted to the result's dtype (``bool_tensor << 1`` is int64);
+    the call's meta run refused it ("Expected input tensor to have an integral dtype")."""
+    _assert_eager(_BOOL_SHIFTS[name], torch.tensor([True, False, True]), torch.tensor([1, 2, 3], dtype=torch.int32))

@@ -426,6 +426,32 @@ def _data_dependent_error(name: str) -> ThunderRuntimeError:
 META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
 
 
+def _shift_meta(func):
+    """A shift's meta kernel given integer operands: eager shifts a bool operand promoted to the
+    result's dtype (``bool_tensor << 1`` is int64), where torch's meta kernel refuses bool."""
+
+    def meta(a, b, *args, **kwargs):
+        dtype = torch.result_type(a, b)
+        if dtype != torch.bool:
+            a, b = (x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.bool else x for x in (a, b))
+        return func(a, b, *args, **kwargs)
+
+    return meta
+
+
+for _shift in (
+    torch.bitwise_left_shift,
+    torch.bitwise_right_shift,
+    torch.Tensor.bitwise_left_shift,
+    torch.Tensor.bitwise_right_shift,
+    torch.Tensor.__lshift__,
+    torch.Tensor.__rshift__,
+    torch.Tensor.__rlshift__,
+    torch.Tensor.__rrshift__,
+):
+    META_RULES[_shift] = _shift_meta(_shift)
+
+
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
     """Runs ``func`` on meta tensors, or on fake ones under autocast; a ``factory`` (a call that
     takes no tensor, such as ``torch.randint``) on the meta device, so that nothing is drawn. A
