@@ -177,3 +177,11 @@ def test_a_shifted_bool_tensor_is_promoted_as_eager_s(name):
     """Eager shifts a bool operand promoted to the result's dtype (``bool_tensor << 1`` is int64);
     the call's meta run refused it ("Expected input tensor to have an integral dtype")."""
     _assert_eager(_BOOL_SHIFTS[name], torch.tensor([True, False, True]), torch.tensor([1, 2, 3], dtype=torch.int32))
+
+
+def test_a_complex_factory_of_real_tensor_bounds_is_eager_s():
+    """``torch.linspace``/``logspace`` of 0-d real tensors into a complex dtype: eager's op (was
+    refused: ``ltorch.linspace: not supported for dtype torch.complex64``)."""
+    start, end = torch.tensor(-2.0), torch.tensor(3.0)
+    _assert_eager(lambda a, b: torch.linspace(a, b, 7, dtype=torch.complex64), start, end)
+    _assert_eager(lambda a, b: torch.logspace(a, b, 5, dtype=torch.complex128), start, end)
