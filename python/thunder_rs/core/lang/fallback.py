@@ -423,7 +423,7 @@ def _data_dependent_error(name: str) -> ThunderRuntimeError:
 #: Output metadata of ops torch has no meta kernel for, whose outputs are sized as an input is:
 #: ``torch._dirichlet_grad`` (the backward of ``Beta``'s and ``Dirichlet``'s ``rsample``, elementwise
 #: over its first argument).
-META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
+META_RULES: dict[Callable, Callable] = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
 
 
 def _shift_meta(func):
