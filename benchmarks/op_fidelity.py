@@ -1,9 +1,11 @@
 """Bit-for-bit fidelity of compiled ops to eager, over PyTorch's own operator database.
 
 For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db`` and each dtype
-(float32 and float64; bfloat16 with ``--bf16``), the first samples run in eager and under
+(float32 and float64; bfloat16 with ``--bf16``; any of the OpInfo's CPU dtypes with ``--dtypes``,
+e.g. ``int64,int32,uint8,int8,bool,complex64,complex128,float16``), the first samples run in eager and under
 ``thunder_rs.jit``: the outputs, and the gradients of every input that requires grad
-(``torch.autograd.grad`` with a fixed random cotangent per output), are compared with
+(``torch.autograd.grad`` with a fixed random cotangent per output, where the OpInfo supports
+backward in the dtype: never for integers and bool), are compared with
 ``torch.equal`` (NaN-aware), and the outputs' strides too. Each (op, dtype) is then
 
 - ``bit-equal``: every value and stride is eager's;
@@ -16,7 +18,7 @@ For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db``
 - ``nondeterministic``: eager differs from itself on a sample (uninitialised memory), not judged.
 
 Forward and gradients are classified apart (``fwd`` and ``grad``); an op's class is the worse.
-Run: ``python benchmarks/op_fidelity.py [--samples N] [--only a,b] [--bf16] [--out NAME]``;
+Run: ``python benchmarks/op_fidelity.py [--samples N] [--only a,b] [--bf16] [--dtypes a,b] [--out NAME]``;
 the table goes to ``benchmarks/results/NAME.{json,md}``.
 """
 
@@ -58,9 +60,14 @@ def _run(fn, sample, dtype) -> tuple[list, list]:
     if not inputs or not diff:
         return outs, []
     gen = torch.Generator().manual_seed(7)
-    cots = [torch.randn(o.shape, dtype=torch.float64, generator=gen).to(o.dtype) for o in diff]
+    cots = [_cotangent(o, gen) for o in diff]
     grads = torch.autograd.grad(diff, inputs, cots, allow_unused=True)
     return [o.detach() for o in outs], list(grads)
+
+
+def _cotangent(out: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    wide = torch.complex128 if out.is_complex() else torch.float64
+    return torch.randn(out.shape, dtype=wide, generator=gen).to(out.dtype)
 
 
 def _compare(actual: list, expected: list, check_strides: bool) -> tuple[str, float, float, str]:
@@ -80,10 +87,11 @@ def _compare(actual: list, expected: list, check_strides: bool) -> tuple[str, fl
         else:
             equal = torch.equal(a, e)
         if not equal:
-            d = (a.double() - e.double()).abs()
-            finite = d[d.isfinite()] if a.is_floating_point() else d
+            wide = torch.complex128 if a.is_complex() else torch.float64
+            d = (a.to(wide) - e.to(wide)).abs()
+            finite = d[d.isfinite()]
             abs_d = finite.max().item() if finite.numel() else math.inf
-            rel = d / e.double().abs().clamp_min(1e-30)
+            rel = d / e.to(wide).abs().clamp_min(1e-30)
             rel = rel[rel.isfinite()]
             rel_d = rel.max().item() if rel.numel() else math.inf
             max_abs, max_rel = max(max_abs, abs_d), max(max_rel, rel_d)
@@ -103,7 +111,8 @@ def _worse(a: str, b: str) -> str:
 
 def judge(op, dtype, n_samples: int) -> dict[str, Any]:
     """The classes of ``op`` in ``dtype`` over its first ``n_samples`` samples."""
-    grad = op.supports_autograd and dtype.is_floating_point
+    grad = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+    grad = grad and dtype in op.supported_backward_dtypes("cpu")
     torch.manual_seed(0)
     samples = list(op.sample_inputs("cpu", dtype, requires_grad=grad))[:n_samples]
     row: dict[str, Any] = {"fwd": "bit-equal", "grad": "bit-equal", "abs": 0.0, "rel": 0.0, "why": "", "n": 0}
@@ -164,10 +173,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated op names")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 too (the summary only)")
+    parser.add_argument("--dtypes", default="", help="comma-separated dtypes instead (int64,bool,complex64,...)")
     parser.add_argument("--out", default="", help="results/NAME.{json,md}; nothing written when empty")
     options = parser.parse_args()
     only = set(filter(None, options.only.split(",")))
     dtypes = [torch.float32, torch.float64] + ([torch.bfloat16] if options.bf16 else [])
+    if options.dtypes:
+        dtypes = [getattr(torch, d.strip()) for d in options.dtypes.split(",") if d.strip()]
     table: dict[str, dict] = {}
     start = time.perf_counter()
     for op in op_db:

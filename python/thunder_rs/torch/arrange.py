@@ -286,6 +286,8 @@ def sum_to_size(a, *size):
         f"size {{{list(size)}}} is not expandable to size {{{list(a.shape)}}}. (argument size)",
         ThunderRuntimeError,
     )
+    if not size:  # (eager's ``sum_to`` takes ``tensor.sum()`` for an empty size: integers and bool to int64)
+        return _sum(a)
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(size) if s == 1 and a.shape[lead + i] != 1)
     if not dims:
         return a

@@ -619,6 +619,17 @@ def tanh_grad(input):
     return out
 
 
+@register_grad(ltorch.rsqrt)
+def rsqrt_grad(input):
+    """Eager's ``-0.5 * grad * result.pow(3)``: float16's ``pow`` is one float32 ``powf`` rounded
+    once, where the prim's VJP multiplied ``y * y * y`` in float16 (an ulp off in a fifth of the
+    elements); other dtypes' ``pow(y, 3)`` is that product, as eager's kernel takes it."""
+    out = ltorch.rsqrt(input)
+    if input.dtype.is_floating_point:
+        put_grad(input, ltorch.mul(ltorch.mul(get_grad(out), -0.5), ltorch.pow(out, 3)))
+    return out
+
+
 # -- ties: clamp, fmax, fmin ----------------------------------------------------------------------
 # Eager's formulas (derivatives.yaml, the same on every device), compared with the eager of torch
 # 2.11 to 2.15 on the CPU (2.9 and 2.10 have 2.11's formulas). Up to torch 2.13 a value at a clamp

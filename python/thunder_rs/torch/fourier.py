@@ -16,7 +16,7 @@ from thunder_rs import clang, prims
 from thunder_rs.errors import ThunderIndexError, ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 from thunder_rs.errors import check
 from thunder_rs.torch.common import require_tensor
-from thunder_rs.torch.symbols import torchsymbol
+from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 __all__ = [
     *("fft_fft", "fft_ifft", "fft_rfft", "fft_irfft", "fft_hfft", "fft_ihfft"),
@@ -102,8 +102,8 @@ def _resize(x, dims, sizes):
             pads[d], padded = n - x.shape[d], True
     if trimmed:
         x = prims.slice(x, (0,) * ndim, tuple(end), (1,) * ndim)
-    if padded:
-        x = prims.pad(x, 0.0, tuple((0, p, 0) for p in pads))
+    if padded:  # (eager's ``constant_pad_nd``, whose gradient is a new tensor laid out as the cotangent)
+        x = ltorch.constant_pad_nd(x, [amount for p in reversed(pads) for amount in (0, p)])
     return x
 
 

@@ -246,18 +246,27 @@ def poisson_nll_loss(
 ):
     op = "ltorch.poisson_nll_loss"
     reduction = _reduction(op, reduction, size_average, reduce)
+
+    # (Integer and bool operands promote as eager's ops do: ``exp``/``log`` to the default dtype.)
+    def ew(prim, *operands, kind=clang.DEFAULT):
+        return clang.elementwise(prim, op, *operands, kind=kind)
+
     if log_input:
-        loss = clang.elementwise(prims.sub, op, prims.exp(input), clang.elementwise(prims.mul, op, target, input))
+        loss = ew(prims.sub, ew(prims.exp, input, kind=clang.INT_TO_FLOAT), ew(prims.mul, target, input))
     else:
-        log = prims.log(clang.elementwise(prims.add, op, input, eps))
-        loss = clang.elementwise(prims.sub, op, input, clang.elementwise(prims.mul, op, target, log))
+        log = ew(prims.log, ew(prims.add, input, eps), kind=clang.INT_TO_FLOAT)
+        loss = ew(prims.sub, input, ew(prims.mul, target, log))
     if full:
         # Stirling's approximation of log(target!), masked where target <= 1.
         t = target
-        stirling = prims.add(
-            prims.sub(prims.mul(t, prims.log(t)), t), prims.mul(prims.log(prims.mul(t, 2 * math.pi)), 0.5)
+        log_t = ew(prims.log, t, kind=clang.INT_TO_FLOAT)
+        stirling = ew(
+            prims.add,
+            ew(prims.sub, ew(prims.mul, t, log_t), t),
+            ew(prims.mul, ew(prims.log, ew(prims.mul, t, 2 * math.pi), kind=clang.INT_TO_FLOAT), 0.5),
         )
-        loss = clang.elementwise(prims.add, op, loss, where(prims.le(t, 1.0), 0.0, stirling))
+        masked = where(ew(prims.le, t, 1, kind=clang.ALWAYS_BOOL), 0.0, stirling)
+        loss = ew(prims.add, loss, masked)
     return _reduce(op, loss, reduction)
 
 

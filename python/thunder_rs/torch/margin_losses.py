@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs import clang, prims
+from thunder_rs.core.base import dtypes
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.symint import SymInt
@@ -129,14 +130,20 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     dim = (target.ndim,)
 
     def total(a, b):
-        return prims.sum(clang.elementwise(prims.mul, op, a, b), dim)
+        product = clang.elementwise(prims.mul, op, a, b)
+        if not dtypes.is_inexact(product.dtype):  # (eager's ``sum`` of integers and bool: int64)
+            product = clang.maybe_convert(product, torch.int64)
+        return prims.sum(product, dim)
 
-    # Eager's epsilon keeps a zero vector's cosine finite.
+    # Eager's epsilon keeps a zero vector's cosine finite (and makes integer sums floating).
     # (Inputs of two dtypes promote, as eager's products do.) The product's sum comes first, as in
     # eager's kernel: the backward then adds each input's three terms in eager's order.
     prod_sum = total(input1, input2)
     squares = clang.elementwise(
-        prims.mul, op, prims.add(total(input1, input1), 1e-12), prims.add(total(input2, input2), 1e-12)
+        prims.mul,
+        op,
+        clang.elementwise(prims.add, op, total(input1, input1), 1e-12),
+        clang.elementwise(prims.add, op, total(input2, input2), 1e-12),
     )
     cos = clang.elementwise(prims.div, op, prod_sum, prims.sqrt(squares))
     zero = clang.maybe_convert(0, cos.dtype)

@@ -110,8 +110,11 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
         ThunderRuntimeError,
     )
     _check_inner(op, batch1, batch2, ("batch1", "batch2"))
-    product = ltorch.sum(prims.matmul(batch1, batch2), 0)
-    return _add_scaled(op, product, input, beta, alpha)
+    products = prims.matmul(batch1, batch2)
+    # (eager's integer addbmm accumulates each product into the result in its dtype, wrapping: the
+    # sum of integers stays in the batches' dtype, not ``sum``'s int64)
+    exact = None if dtypes.is_inexact(products.dtype) else products.dtype
+    return _add_scaled(op, ltorch.sum(products, 0, dtype=exact), input, beta, alpha)
 
 
 @register_grad(ltorch.addbmm)

@@ -89,7 +89,10 @@ def complex_call(func, ltorch_fn, args, kwargs):
     try:
         return ltorch_fn(*args, **kwargs)
     except ThunderNotImplementedError:
-        if not any(isinstance(x, TensorProxy) and x._dtype.is_complex for x in values):
+        # (complex values from a number or a dtype, ``torch.linspace(0, 1j, 5)``, ``torch.linspace(t0,
+        # t1, 5, dtype=torch.complex64)``, are eager's too; a random call keeps its symbol's refusal,
+        # whose draws it cannot replay)
+        if is_random(func) and not any(isinstance(x, TensorProxy) and x._dtype.is_complex for x in values):
             raise
     except TypeError:  # the trace's numbers are real: a complex one (``x * 1j``) is eager's call
         if not any(type(x) is complex for x in values):

@@ -423,7 +423,33 @@ def _data_dependent_error(name: str) -> ThunderRuntimeError:
 #: Output metadata of ops torch has no meta kernel for, whose outputs are sized as an input is:
 #: ``torch._dirichlet_grad`` (the backward of ``Beta``'s and ``Dirichlet``'s ``rsample``, elementwise
 #: over its first argument).
-META_RULES = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
+META_RULES: dict[Callable, Callable] = {torch._dirichlet_grad: lambda x, concentration, total: torch.empty_like(x)}
+
+
+def _shift_meta(func):
+    """A shift's meta kernel given integer operands: eager shifts a bool operand promoted to the
+    result's dtype (``bool_tensor << 1`` is int64), where torch's meta kernel refuses bool."""
+
+    def meta(a, b, *args, **kwargs):
+        dtype = torch.result_type(a, b)
+        if dtype != torch.bool:
+            a, b = (x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.bool else x for x in (a, b))
+        return func(a, b, *args, **kwargs)
+
+    return meta
+
+
+for _shift in (
+    torch.bitwise_left_shift,
+    torch.bitwise_right_shift,
+    torch.Tensor.bitwise_left_shift,
+    torch.Tensor.bitwise_right_shift,
+    torch.Tensor.__lshift__,
+    torch.Tensor.__rshift__,
+    torch.Tensor.__rlshift__,
+    torch.Tensor.__rrshift__,
+):
+    META_RULES[_shift] = _shift_meta(_shift)
 
 
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):

@@ -522,6 +522,8 @@ def _untraced_call(func, args, kind: int, kwargs):
     ltorch_fn = TORCH_TO_LTORCH.get(func)
     if ltorch_fn is not None and kind == 0:
         args, kwargs = as_python(func, args, kwargs)
+        if not getattr(ltorch_fn, "takes_complex", False) and involves_complex(args, kwargs):
+            return complex_call(func, ltorch_fn, args, kwargs)  # (``torch.full(size, 1j)``: eager's where it must)
         out = ltorch_fn(*args, **kwargs)
         if func in LAYOUT_RULES and laid_out(func, args, kwargs):  # (``empty_strided``: by its strides)
             take_layouts(func, args, kwargs, out)
