@@ -189,35 +189,56 @@ def test_view_ops_copy_their_arguments_without_torchs_pytree(monkeypatch):
     assert counts[0] == counts[1]
 
 
-def test_the_copies_of_view_arguments_are_torchs_pytree_copies():
+def test_the_tree_walks_are_torchs():
+    # ``core.base.trees``' tree_map and tree_leaves (view ops' argument copies, fallbacks, the
+    # acquisition's walks) answer as torch's: the same leaves in order, the same containers made
+    # anew by each node's own unflatten (a torch.Size becomes a tuple), is_leaf asked first.
     import collections
 
-    from torch.utils._pytree import tree_map
+    from torch.utils import _pytree
+    from transformers.modeling_outputs import BaseModelOutput
 
-    from thunder_rs.torch.views import containers_copied
+    from thunder_rs.core.base import trees
+    from thunder_rs.core.base.proxies import SymbolicSize
 
     Pair = collections.namedtuple("Pair", "a b")
     leaf = torch.ones(2)
-    trees = [
+    cases = [
         ((2, 3), {"dim": -1}),
-        ([1, [2, (3,)]], {"size": torch.Size([4, 5]), "dtype": torch.float16}),
+        ([1, [2, (3,)]], {"size": torch.Size([4, 5]), "dtype": torch.float16, "z": None}),
         (slice(1, None), Ellipsis, None, "x", 2.5, True, leaf, torch.device("cpu"), torch.contiguous_format),
         (Pair(1, [2]), collections.OrderedDict(a=[1]), collections.defaultdict(list, b=(2,))),
-        (torch.max(torch.ones(2, 2), 0), collections.deque([1, (2,)])),
+        (torch.max(torch.ones(2, 2), 0), collections.deque([1, (2,)]), SymbolicSize([3, 4])),
+        ({"b": 1, "a": [leaf]}, BaseModelOutput(last_hidden_state=leaf, hidden_states=(leaf,))),
+        ([], (), {}, nn.Parameter(torch.ones(1))),
     ]
 
     def same(a, b):
         assert type(a) is type(b)
-        if isinstance(a, (tuple, list, collections.deque)) and not isinstance(a, torch.Size):
+        if isinstance(a, (tuple, list, collections.deque)) and type(a) is not SymbolicSize:
             assert len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
         elif isinstance(a, dict):
             assert list(a) == list(b) and all(same(a[k], b[k]) for k in a)
             assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None)
         else:
-            assert a is b or (isinstance(a, torch.Tensor) and a is b) or a == b
+            assert a is b
         return True
 
-    for tree in trees:
-        copied, torchs = containers_copied(tree), tree_map(lambda x: x, tree)
-        assert same(copied, torchs) and copied is not tree
-        assert copied[-1] is not tree[-1] or not isinstance(tree[-1], (list, dict, tuple))
+    seen: list = []
+
+    def mark(x):
+        seen.append(x)
+        return ("leaf", x) if isinstance(x, int) else x
+
+    is_size = lambda x: type(x) is torch.Size  # noqa: E731
+    for tree in cases:
+        for is_leaf in (None, is_size):
+            ours, theirs = trees.tree_leaves(tree, is_leaf), _pytree.tree_leaves(tree, is_leaf=is_leaf)
+            assert len(ours) == len(theirs) and all(x is y for x, y in zip(ours, theirs))
+            seen.clear()
+            mapped = trees.tree_map(mark, tree, is_leaf)
+            order, seen[:] = list(seen), []
+            assert same(mapped, _pytree.tree_map(mark, tree, is_leaf=is_leaf))
+            assert len(order) == len(seen) and all(x is y for x, y in zip(order, seen))
+        copied = trees.tree_map(lambda x: x, tree)
+        assert copied is not tree and all(c is not t for c, t in zip(copied, tree) if isinstance(t, (list, dict)))

@@ -29,12 +29,12 @@ from typing import Callable, NamedTuple
 import contextlib
 
 import torch
-from torch.utils._pytree import SUPPORTED_NODES, _get_node_type
 
 from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy, requires_grad_of
+from thunder_rs.core.base.trees import tree_map
 from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang import version_tracking
@@ -362,33 +362,9 @@ def _same_call(op):
     return None if op is None else lambda args, kwargs: (op, args, kwargs)
 
 
-#: Types torch's pytree keeps as leaves unless one is registered as a node (checked per use): the
-#: arguments of view ops (ints, sizes, dims, slices, dtypes, traced values).
-_LEAF_TYPES = frozenset(
-    (int, float, bool, complex, str, type(None), slice, type(Ellipsis), torch.dtype, torch.device)
-    + (torch.memory_format, torch.layout, TensorProxy, SymInt, SymFloat)
-)
-
-
-def containers_copied(value):
-    """``tree_map(lambda leaf: leaf, value)`` without torch's tree specs: ``value`` with each
-    container torch's pytree opens made anew by its node's unflatten (a ``torch.Size`` becomes a
-    tuple, as there), leaves kept. A compile copies each view op's arguments so: torch's
-    ``tree_map`` ran some 250 Python lines a call."""
-    t = type(value)
-    if t is tuple:
-        return tuple([containers_copied(v) for v in value])
-    if t is list:
-        return [containers_copied(v) for v in value]
-    if t is dict:
-        return {k: containers_copied(v) for k, v in value.items()}
-    if t in _LEAF_TYPES and t not in SUPPORTED_NODES:
-        return value
-    node = SUPPORTED_NODES.get(_get_node_type(value))
-    if node is None:
-        return value
-    children, context = node.flatten_fn(value)
-    return node.unflatten_fn([containers_copied(c) for c in children], context)
+def _same(leaf):
+    """A leaf as it is (``tree_map(_same, v)``: ``v`` with its containers copied)."""
+    return leaf
 
 
 def tracked(symbol, returns_self: bool = False, replay=None):
@@ -416,7 +392,7 @@ def tracked(symbol, returns_self: bool = False, replay=None):
         call = None if several or replay is None else replay(args, kwargs)
         # (the arguments as they are now: a list the program changes later is not the one replayed)
         # (an int that became a symbolic size is replayed at the call's value: ``x[n]`` a SelectBackward0)
-        call = None if call is None or _symbolic(call[1:], SymInt) else (call[0], *containers_copied(call[1:]))
+        call = None if call is None or _symbolic(call[1:], SymInt) else (call[0], *tree_map(_same, call[1:]))
         copied = _link(((a, o) for o in ((out,) if not several else out)), log, group, call)
         if copied and not several:
             # Eager's reshape copies (``_unsafe_view`` of a contiguous clone): the trace copies
