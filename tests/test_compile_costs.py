@@ -146,3 +146,99 @@ def test_module_writes_are_looked_for_among_changed_attributes(monkeypatch):
     assert [m.calls for m in model[:2]] == [m.calls for m in eager[:2]] == [3, 3]
     # (two checks per module that wrote, per compile: ``calls`` is a guarded int, compiled again once)
     assert 0 < len(checked) <= 4 * thunder_rs.compile_stats(jm).cache_misses
+
+
+def _viewing(k: int):
+    def program(x):
+        shape, out = [2, 12], []
+        for i in range(k):
+            out.append(x.view(shape)[:, i:].transpose(0, 1).unflatten(0, (-1, 1)))
+        shape[0] = 3  # (after the views: their replays take the list as it was)
+        return out
+
+    return program
+
+
+def test_view_ops_copy_their_arguments_without_torchs_pytree(monkeypatch):
+    # Each view op of the trace keeps a copy of its arguments for its replay on real tensors
+    # (``PrimStep.call``): made directly, not by torch's ``tree_map`` (some 250 Python lines a
+    # view op, a tenth of a warm GPT-2 compile's). The views and their grads are eager's.
+    from torch.utils import _pytree
+
+    flattened = []  # (a count: the trees hold the trace's proxies, which must not outlive it)
+    flatten = _pytree.tree_flatten
+
+    def counted(tree, is_leaf=None):
+        flattened.append(None)
+        return flatten(tree, is_leaf=is_leaf)
+
+    monkeypatch.setattr(_pytree, "tree_flatten", counted)
+    counts = []
+    for k in (1, 6):
+        x = torch.randn(4, 6, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        before = len(flattened)
+        got, want = thunder_rs.jit(_viewing(k))(x), _viewing(k)(xe)
+        counts.append(len(flattened) - before)
+        assert [type(g.grad_fn).__name__ for g in got] == [type(w.grad_fn).__name__ for w in want]
+        for g, w in zip(got, want):
+            assert torch.equal(g, w) and g.stride() == w.stride()
+        torch.autograd.backward(got, [torch.ones_like(w) for w in want])
+        torch.autograd.backward(want, [torch.ones_like(w) for w in want])
+        assert torch.equal(x.grad, xe.grad)
+    assert counts[0] == counts[1]
+
+
+def test_the_tree_walks_are_torchs():
+    # ``core.base.trees``' tree_map and tree_leaves (view ops' argument copies, fallbacks, the
+    # acquisition's walks) answer as torch's: the same leaves in order, the same containers made
+    # anew by each node's own unflatten (a torch.Size becomes a tuple), is_leaf asked first.
+    import collections
+
+    from torch.utils import _pytree
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from thunder_rs.core.base import trees
+    from thunder_rs.core.base.proxies import SymbolicSize
+
+    Pair = collections.namedtuple("Pair", "a b")
+    leaf = torch.ones(2)
+    cases = [
+        ((2, 3), {"dim": -1}),
+        ([1, [2, (3,)]], {"size": torch.Size([4, 5]), "dtype": torch.float16, "z": None}),
+        (slice(1, None), Ellipsis, None, "x", 2.5, True, leaf, torch.device("cpu"), torch.contiguous_format),
+        (Pair(1, [2]), collections.OrderedDict(a=[1]), collections.defaultdict(list, b=(2,))),
+        (torch.max(torch.ones(2, 2), 0), collections.deque([1, (2,)]), SymbolicSize([3, 4])),
+        ({"b": 1, "a": [leaf]}, BaseModelOutput(last_hidden_state=leaf, hidden_states=(leaf,))),
+        ([], (), {}, nn.Parameter(torch.ones(1))),
+    ]
+
+    def same(a, b):
+        assert type(a) is type(b)
+        if isinstance(a, (tuple, list, collections.deque)) and type(a) is not SymbolicSize:
+            assert len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        elif isinstance(a, dict):
+            assert list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+            assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None)
+        else:
+            assert a is b
+        return True
+
+    seen: list = []
+
+    def mark(x):
+        seen.append(x)
+        return ("leaf", x) if isinstance(x, int) else x
+
+    is_size = lambda x: type(x) is torch.Size  # noqa: E731
+    for tree in cases:
+        for is_leaf in (None, is_size):
+            ours, theirs = trees.tree_leaves(tree, is_leaf), _pytree.tree_leaves(tree, is_leaf=is_leaf)
+            assert len(ours) == len(theirs) and all(x is y for x, y in zip(ours, theirs))
+            seen.clear()
+            mapped = trees.tree_map(mark, tree, is_leaf)
+            order, seen[:] = list(seen), []
+            assert same(mapped, _pytree.tree_map(mark, tree, is_leaf=is_leaf))
+            assert len(order) == len(seen) and all(x is y for x, y in zip(order, seen))
+        copied = trees.tree_map(lambda x: x, tree)
+        assert copied is not tree and all(c is not t for c, t in zip(copied, tree) if isinstance(t, (list, dict)))

@@ -29,12 +29,12 @@ from typing import Callable, NamedTuple
 import contextlib
 
 import torch
-from torch.utils._pytree import tree_map
 
 from thunder_rs import prims
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy, make_proxy, requires_grad_of
+from thunder_rs.core.base.trees import tree_map
 from thunder_rs.core.lang.recorder import recording_backward, start_prim_log, stop_prim_log
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang import version_tracking

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.acquisition.argument_containers import TracedContainers, state_held
@@ -47,6 +47,7 @@ from thunder_rs.core.acquisition.outputs import as_written, flatten_output, is_p
 from thunder_rs.core.acquisition.returned_identities import Identities, origins, places
 from thunder_rs.core.acquisition.returned_objects import made_objects, program_site
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.trees import tree_leaves, tree_map
 from thunder_rs.core.state.pydraws import recording_draws
 from thunder_rs.core.state.aliases import alias_guards
 from thunder_rs.core.state.bystanders import checked_by_the_next_call, kept_apart, track
@@ -265,7 +266,7 @@ def _trace_program(
             refuse_escaped_events(out, stored)
             switched = stream_switch_site()
             kept = inputs.args + inputs.params + captures.proxies  # (what the call writes into them)
-            refuse_returned_duals(rec, [*tree_flatten((out, stored))[0], *kept])
+            refuse_returned_duals(rec, [*tree_leaves((out, stored)), *kept])
             through_leaves = inner_leaves.refuse_unkept(leaves, out, stored)
     except BaseException as e:
         note_settings_made(e, prints)
@@ -421,7 +422,7 @@ def _check_arguments_unchanged(program, args, kwargs, leaves: list, in_spec) -> 
     """Refuses a program that changed a list or dict it was given (``metrics["aux"] = loss``,
     ``cache.append(k)``): tracing ran it on copies of the caller's containers, and no compiled
     call would change them again. The error names the argument and the line that changed it."""
-    now = tree_flatten((args, kwargs))[0]  # (not the spec: torch's pytree rebuilds a torch.Size as a tuple)
+    now = tree_leaves((args, kwargs))  # (not the spec: torch's pytree rebuilds a torch.Size as a tuple)
     if len(now) != len(leaves) or any(a is not b for a, b in zip(now, leaves)):
         raise ThunderNotImplementedError(
             f"thunder_rs.jit: the traced program changed a list or dict it was given as an argument"
@@ -467,7 +468,7 @@ def _changed_argument(program, args, kwargs, leaves: list, in_spec) -> str:
     places += [(k, kwargs.get(k), s) for k, s in zip(kwarg_spec.context, kwarg_spec.children())]
     start = 0
     for name, value, spec in places:
-        found, before = tree_flatten(value)[0], leaves[start : start + spec.num_leaves]
+        found, before = tree_leaves(value), leaves[start : start + spec.num_leaves]
         start += spec.num_leaves
         if len(found) != len(before) or any(a is not b for a, b in zip(found, before)):
             if name is None or code is None:
@@ -596,7 +597,7 @@ def _observed_guards(observer, captures: Captures, reached: ArgumentObjects, sto
     per call and the aliasing of argument objects. A captured tensor the program also stores
     (``stored_values``) is stored as itself (``kept``): captured, not read per call; so is one it
     returns as it is, the trace's constant (eager returns what the state holds then)."""
-    stored = {id(leaf) for leaf in tree_flatten(stored_values)[0]}
+    stored = {id(leaf) for leaf in tree_leaves(stored_values)}
     kept_as_is = [id(p) in stored or id(t) in stored for p, t in zip(captures.proxies, captures.tensors)]
     observer.read_cached_per_call(captures.tensors, kept_as_is)
     observer.guard_argument_tensors(captures.tensors)

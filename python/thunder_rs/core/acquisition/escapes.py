@@ -71,10 +71,9 @@ _PLAIN = frozenset(
 def _held_by_proxies(proxies: list) -> dict:
     """``id(proxy) -> count`` of references from other proxies' bookkeeping (a view's root)."""
     held: dict = {}
-    for p in proxies:
-        for value in p.__dict__.values():
-            if type(value) not in _PLAIN:
-                _count_proxies(value, held, 4)
+    plain = _PLAIN
+    for value in [v for p in proxies for v in p.__dict__.values() if type(v) not in plain]:
+        _count_proxies(value, held, 4)
     return held
 
 

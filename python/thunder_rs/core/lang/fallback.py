@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs import _core
 from thunder_rs.core.lang import autocast, underived_grads
@@ -27,6 +27,7 @@ from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
 from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
+from thunder_rs.core.base.trees import tree_leaves, tree_map
 from thunder_rs.core.lang.recorder import backward_draws, current, output_meta, proxies, recording_backward
 from thunder_rs.core.lang.recorder import note_gradient_through, paused_recording, refuse_gradient_in_inference_mode
 from thunder_rs.core.lang.symfloat import SymFloat
@@ -125,7 +126,7 @@ def _generator(args, kwargs) -> torch.Generator:
     gen = _named_generator(args, kwargs)
     if gen is not None:
         return gen
-    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     device = torch.device(_device(tensors, kwargs))
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
@@ -136,7 +137,7 @@ def _tensor_leaves(out) -> list:
     """The outputs a fallback symbol binds: the leaves of ``out`` but its Nones (outputs not
     asked for, such as ``multi_head_attention_forward``'s weights under ``need_weights=False``,
     which the trace keeps as constants in the output's structure)."""
-    return [x for x in tree_flatten(out)[0] if x is not None]
+    return [x for x in tree_leaves(out) if x is not None]
 
 
 def _flat_outputs(func):
@@ -656,10 +657,10 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
     _refuse_unrepresentable(func, name, args, kwargs, effect)
     if effect and recording_backward() and (named := _named_generator(args, kwargs)) is not None:
         backward_draws().add(id(named))
-    arg_leaves = tree_flatten((args, kwargs))[0]
+    arg_leaves = tree_leaves((args, kwargs))
     if any(type(x) is SymbolicSize for x in arg_leaves):  # (a shape of symbolic sizes: a tuple to C code)
         args, kwargs = tree_map(lambda x: tuple(x) if type(x) is SymbolicSize else x, (args, kwargs))
-        arg_leaves = tree_flatten((args, kwargs))[0]
+        arg_leaves = tree_leaves((args, kwargs))
     in_leaves = [x for x in arg_leaves if isinstance(x, TensorProxy)]
     autocast_state = autocast.state() if _is_any_autocast_enabled() and in_leaves else None
     symbolic = _has_symbolic(arg_leaves)

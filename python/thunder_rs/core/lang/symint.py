@@ -30,6 +30,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import set_size_wrapper
+from thunder_rs.core.base.trees import LEAF_TYPES
 from thunder_rs.core.lang import symfloat
 from thunder_rs.core.lang import printed_text
 from thunder_rs.core.lang.caller_code import only_assert_message, only_printed
@@ -618,3 +619,6 @@ def at_sizes(params):
         bounds = at_sizes((params.start, params.stop, params.step))
         return lambda env: slice(*bounds(env))
     return lambda env: params
+
+
+LEAF_TYPES.update((SymInt, SymFloat))  # (pytree leaves, which ``trees``' walks take without the namedtuple test)

@@ -34,7 +34,7 @@ import functools
 import sys
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_rs.core.lang import fallback
 from thunder_rs.core.lang.caller_code import only_truncated
@@ -49,6 +49,7 @@ from thunder_rs.core.lang.snapshots import (
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.lang.value_sizes import SymbolicInts, SymbolicSizes, _applies, _fits, _fits_flat, widened
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.trees import tree_leaves, tree_map
 from thunder_rs.core.lang.recorder import current, noting_inputs, recording, recording_backward
 from thunder_rs.core.lang.rng import is_random
 from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
@@ -114,7 +115,7 @@ class ValueReads:
         or symbolic, so no guard is needed (one would compile once per ``N``)."""
         out = self._run(func, args, kwargs, _proxies_in(args, kwargs), _hint)
         forced = self._next_forced(func)
-        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        leaves = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
         site = (fallback.qualified_name(func), user_location())
         groups = forced.sizes if forced is not None else self._sites.get(site, ())
         groups = self._groups(site, forced, groups, _shapes(*leaves))
@@ -153,7 +154,7 @@ class ValueReads:
             return func(*real_args, **real_kwargs)
 
     def _checked(self, func, outs) -> None:
-        tensors = [x for x in tree_flatten(outs)[0] if isinstance(x, TensorProxy)]
+        tensors = [x for x in tree_leaves(outs) if isinstance(x, TensorProxy)]
         self._record(_shapes, func, _shapes(*tensors), tensors)
 
     def _next_forced(self, func) -> Read | None:
@@ -251,7 +252,7 @@ def _by_site(reads: tuple) -> dict:
 
 
 def _proxies_in(args, kwargs) -> list:
-    return [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    return [x for x in tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)]
 
 
 def _specialised(x):
