@@ -35,11 +35,13 @@ def test_an_elementwise_chain_reuses_its_intermediates_and_leaves_its_inputs_alo
     a, b = torch.randn(4, 5, dtype=dtype), torch.randn(4, 5, dtype=dtype)
     jfn = check_against_eager(chain, a, b, calls=3)
     source = execution_source(jfn)
-    # The first call allocates (its operands are the inputs); each later one writes into it.
-    assert in_place_calls(source) == ["mul_", "sin_", "sub_", "exp_", "tanh_"], source
+    # The first call allocates (its operands are the inputs); each later one writes into it but
+    # the last, whose result is returned (new memory, at eager's version 0).
+    assert in_place_calls(source) == ["mul_", "sin_", "sub_", "exp_"], source
     assert_in_place_only_on_dying_intermediates(source)
     out = jfn(a, b)
     assert out.stride() == chain(a, b).stride()
+    assert out._version == chain(a, b)._version
 
 
 @pytest.mark.parametrize(
@@ -202,9 +204,11 @@ def test_index_adds_into_a_buffer_of_zeros_run_in_place_with_eagers_values_and_g
     h, y, rows = ROWS[case]()
     jfn = check_against_eager(rows_added, h, y, rows)
     source = execution_source(jfn)
-    assert in_place_calls(source) == ["index_add_", "index_add_", "mul_"], source
+    # The product is returned: new memory, at eager's version 0.
+    assert in_place_calls(source) == ["index_add_", "index_add_"], source
     assert_in_place_only_on_dying_intermediates(source)
     assert jfn(h, y, rows).stride() == rows_added(h, y, rows).stride()
+    assert jfn(h, y, rows)._version == rows_added(h, y, rows)._version
     y = y.detach().requires_grad_()
     weights = torch.randn(h.shape)
     (grad,) = torch.autograd.grad((jfn(h, y, rows) * weights).sum(), y)
@@ -288,7 +292,8 @@ def test_an_experts_loop_trains_as_eager_adding_each_experts_rows_in_place(routi
     batches = [torch.randn(3, 4, 8).transpose(0, 1) for _ in range(3)]  # noncontiguous inputs
     jmodel = train_moe_like_eager(ExpertsLoop(routing_dtype), batches, lr=0.5)
     source = execution_source(jmodel)
-    assert in_place_calls(source).count("index_add_") == 4, source  # expert 3's, with no rows, too
+    # Expert 3's, with no rows, too; the last one's result is returned (its version set to eager's).
+    assert in_place_calls(source).count("index_add_") == 3, source
     backward = str(thunder_rs.last_backward_traces(jmodel)[-1])
     # The gradients of the gathered rows are added into zeros by the prim, whose method takes dim
     # first: the zeros' last use writes into them.
@@ -319,7 +324,7 @@ def test_out_of_place_writes_into_a_transposed_buffer_are_row_major_as_eagers(wr
 
     def program(x, y):
         b = torch.zeros_like(x.t()) if buffer == "zeros_like" else x.t() * 2
-        return fn(b, y.exp())
+        return fn(b, y.exp()).sin()  # (its layout the write's)
 
     x, y = torch.randn(4, 6), torch.randn(3, 4)
     jfn = check_against_eager(program, x, y)

@@ -17,7 +17,12 @@
 //!   in a way whose result may alias it (views, fallbacks, regions), it is read nowhere else in
 //!   the call, and this call is its last use (the receiver is deleted right after);
 //! - its one output has the receiver's dtype, shape and device (no promotion, no broadcast:
-//!   torch's in-place forms would silently cast a wider result down, or refuse a bigger one).
+//!   torch's in-place forms would silently cast a wider result down, or refuse a bigger one);
+//! - its output is not returned, nor is a view or other alias of it ([`returned_memory`]): the
+//!   write would bump the returned tensor's `_version` (and its `_base`'s), where eager's
+//!   out-of-place call returns a new tensor at version 0 (`x.exp().sin()` would come back at 1, a
+//!   backward's gradient would reach `.grad` at its count of writes). Torch cannot count a version
+//!   down, so a returned result gets new memory: one allocation per returned value.
 //!
 //! Autograd never sees these writes where it matters: forwards of differentiated programs and
 //! backwards run with grad off, and a program run with grad on returns nothing that requires
@@ -44,13 +49,19 @@ use trace_ir::{Arg, BoundSymbol, Prim, Symbol, SymbolTable, Trace, ValueId};
 /// The execution trace, with `impls` switched to in-place methods where the rules above allow.
 pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>]) -> Trace {
     let fresh = fresh_values(trace);
+    let (returned, gradients) = (returned_memory(trace), gradient_values(trace));
     for (i, bsym) in trace.bsyms.iter().enumerate() {
         let Some(method) = impls[i].inplace.clone() else { continue };
         if !computes(bsym) || bsym.outputs.len() != 1 {
             continue;
         }
+        let out = bsym.outputs[0];
         let reusable = |v: ValueId| {
-            fresh[v.index()] && dels[i].contains(&v) && reads(bsym, v) == 1 && same_meta(trace, v, bsym.outputs[0])
+            fresh[v.index()]
+                && dels[i].contains(&v)
+                && reads(bsym, v) == 1
+                && same_meta(trace, v, out)
+                && (!returned[out.index()] || gradients[v.index()])
         };
         if !matches!(bsym.args.first(), Some(Arg::Value(v)) if reusable(*v)) {
             continue;
@@ -58,6 +69,35 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
         impls[i] = Callee { method: Some(method), inplace: None, ..impls[i].clone() };
     }
     trace.clone()
+}
+
+/// Per value: whether the call returns its memory (it is an output, or a call that may alias it
+/// makes one: not one returning fresh memory, nor a reduction, scan or convolution). An in-place write there would bump the version counter of a tensor the caller gets
+/// (and of its `_base`), where eager's out-of-place call returns a new tensor at version 0
+/// (`x.exp().sin()`; a backward's gradient, which autograd then accumulates into `.grad`).
+fn returned_memory(trace: &Trace) -> Vec<bool> {
+    let mut returned = vec![false; trace.values.len()];
+    trace.outputs.for_each_value(&mut |v| returned[v.index()] = true);
+    for bsym in trace.bsyms.iter().rev() {
+        let new_memory = returns_fresh(bsym) || made_by(bsym, |p| matches!(p.family(), "Reduce" | "Scan" | "Conv"));
+        if !new_memory && bsym.outputs.iter().any(|o| returned[o.index()]) {
+            bsym.for_each_input(|v| returned[v.index()] = true);
+        }
+    }
+    returned
+}
+
+/// Per value: made by a backward kernel ([`is_new_gradient`], [`is_gradient_kernel`]). A sum of
+/// gradients into such a dying value runs in place even where the backward returns it: eager's
+/// autograd adds into the first gradient too (`InputBuffer::accumulate`), bumping its version.
+fn gradient_values(trace: &Trace) -> Vec<bool> {
+    let mut gradient = vec![false; trace.values.len()];
+    for bsym in &trace.bsyms {
+        if made_by(bsym, is_new_gradient) || is_gradient_kernel(bsym) {
+            bsym.outputs.iter().for_each(|o| gradient[o.index()] = true);
+        }
+    }
+    gradient
 }
 
 /// Per value: produced by a call returning fresh memory and never read by a call whose outputs
@@ -207,17 +247,29 @@ mod tests {
         let got = reused(
             "  t2 = prims.add(t0, t1)\n  t3 = prims.sin(t2)\n  t4 = prims.exp(t3)\n  t5 = prims.mul(t4, t0)\n  return t5\n"
         );
-        // t0 and t1 are inputs: the first call cannot write into them.
-        assert_eq!(got, ["add(2)", "sin_(1)", "exp_(1)", "mul_(2)"]);
+        // t0 and t1 are inputs: the first call cannot write into them; t5 is returned, in new
+        // memory at eager's version 0.
+        assert_eq!(got, ["add(2)", "sin_(1)", "exp_(1)", "mul(2)"]);
     }
 
     #[test]
     fn values_read_later_viewed_or_returned_are_not_reused() {
         let got = reused(
-            "  t2 = prims.exp(t0)\n  t3 = prims.sin(t2)\n  t4 = prims.cos(t2)\n  t5 = prims.reshape(t4, (2, 2))\n  t6 = prims.neg(t4)\n  t7 = prims.neg(t3)\n  return (t5, t6, t7, t3)\n"
+            "  t2 = prims.exp(t0)\n  t3 = prims.sin(t2)\n  t4 = prims.cos(t2)\n  t5 = prims.reshape(t4, (2, 2))\n  t6 = prims.neg(t4)\n  t7 = prims.neg(t3)\n  return (t6, t7, t3)\n"
         );
-        // t2 dies at cos (reused); t4 is viewed by reshape; t3 is returned.
+        // t2 dies at cos (reused); t4 is viewed by reshape; t3 is returned; t6 and t7 are returned
+        // (new memory, at eager's version 0).
         assert_eq!(got, ["exp(1)", "sin(1)", "cos_(1)", "reshape(1)", "neg(1)", "neg(1)"]);
+    }
+
+    #[test]
+    fn results_returned_or_viewed_by_a_returned_value_get_new_memory() {
+        // t3 is returned through a view, t5 itself: an in-place write would bump the version of
+        // a tensor the caller gets, where eager's out-of-place calls return new tensors at 0.
+        let got = reused(
+            "  t2 = prims.exp(t0)\n  t3 = prims.sin(t2)\n  t4 = prims.reshape(t3, (2, 2))\n  t5 = prims.exp(t1)\n  t6 = prims.cos(t5)\n  t7 = prims.neg(t6)\n  return (t4, t7)\n"
+        );
+        assert_eq!(got, ["exp(1)", "sin(1)", "reshape(1)", "exp(1)", "cos_(1)", "neg(1)"]);
     }
 
     #[test]
@@ -303,7 +355,8 @@ mod tests {
             "t4 = prims.index_add(t3, t1, t2, 0)",
             "t5 = prims.exp(t2)",
             "t6 = prims.index_add(t4, t1, t5, 0)",
-            "return t6",
+            "t7 = prims.neg(t6)",
+            "return t7",
         ]);
         // The method forms take `dim` first; t2 (an input) is never written, t5 is the source.
         let expected = [
@@ -311,6 +364,7 @@ mod tests {
             "t4 = t3.index_add_(0, t1, t2)",
             "t5 = t2.exp()",
             "t6 = t4.index_add_(0, t1, t5)",
+            "t7 = t6.neg()",
         ];
         assert_eq!(got, expected);
     }
@@ -322,9 +376,10 @@ mod tests {
             "  # t3 = prims.full((6, 4), 0.0, torch.device('cpu'), torch.float32)  # t3: \"cpu f32[6, 4]\"",
             "t4 = ltorch.index_add(t3, 0, t1, t2)  # t4: \"cpu f32[6, 4]\"",
             "  # t4 = prims.index_add(t3, t1, t2, 0)  # t4: \"cpu f32[6, 4]\"",
-            "return t4",
+            "t5 = prims.neg(t4)",
+            "return t5",
         ]);
-        assert_eq!(got, ["t3 = torch_zeros_like(t0)", "t4 = t3.index_add_(0, t1, t2)"]);
+        assert_eq!(got, ["t3 = torch_zeros_like(t0)", "t4 = t3.index_add_(0, t1, t2)", "t5 = t4.neg()"]);
     }
 
     #[test]
@@ -335,14 +390,15 @@ mod tests {
                 format!("t4 = ltorch.{symbol}(t3)  # t4: \"cpu f32[6, 4]\""),
                 "  # t4 = prims.convert_element_type(t3, torch.float32)  # t4: \"cpu f32[6, 4]\"".to_string(),
                 "t5 = prims.index_add(t4, t1, t2, 0)".to_string(),
-                "return t5".to_string(),
+                "t6 = prims.neg(t5)".to_string(),
+                "return t6".to_string(),
             ]
         };
         let calls = |symbol: &str| index_calls(&lines(symbol).iter().map(String::as_str).collect::<Vec<_>>());
         // `clone` always copies (a row-major copy of a transposed buffer, which eager's
         // `index_add` writes into); `to` of the same dtype returns its input.
-        assert_eq!(calls("clone"), ["t3 = t0.exp()", "t4 = t3.clone()", "t5 = t4.index_add_(0, t1, t2)"]);
-        assert_eq!(calls("to"), ["t3 = t0.exp()", "t4 = t3.to()", "t5 = t4.index_add(0, t1, t2)"]);
+        assert_eq!(calls("clone")[..3], ["t3 = t0.exp()", "t4 = t3.clone()", "t5 = t4.index_add_(0, t1, t2)"]);
+        assert_eq!(calls("to")[..3], ["t3 = t0.exp()", "t4 = t3.to()", "t5 = t4.index_add(0, t1, t2)"]);
     }
 
     #[test]
