@@ -21,13 +21,21 @@ from thunder_rs.core.state.state import stands_in
 _NOT_WRITES = frozenset({"_parameters", "_buffers", "_modules", "training"})
 
 
+def _contents(cell):
+    """What ``cell`` holds; ``None`` for an empty cell (its variable deleted: the program's read raises)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
 def _captured(fn) -> list:
     """The modules ``fn``'s closure cells and the globals its code names hold, and their submodules."""
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    values = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not None] if code.co_freevars else []
+    values = [_contents(c) for c in fn.__closure__ or ()] if code.co_freevars else []
     names = fn.__globals__
     values += [names[n] for n in code.co_names if n in names]
     found: dict = {}
