@@ -38,7 +38,7 @@ COMPILERS = pytest.mark.parametrize("compile_it", [thunder_rs.jit, _compile], id
 
 def _line_of(fn, marker: str) -> str:
     lines, first = inspect.getsourcelines(fn)
-    return f"{__file__}:{first + next(i for i, line in enumerate(lines) if marker in line)}"
+    return f"{fn.__code__.co_filename}:{first + next(i for i, line in enumerate(lines) if marker in line)}"
 
 
 def _momentum_encoder(compile_it) -> list:

@@ -8,17 +8,16 @@ step, bit for bit (float32, one thread); evaluation under ``no_grad``; one step 
 per mode (train, eval) but where ``EVAL_COMPILES`` says; Dynamo's graphs compile once each and
 none runs eagerly."""
 
-import copy
+import functools
 
 import pytest
 import torch
 
-import thunder_rs
-import thunder_rs.dynamo
 
 transformers = pytest.importorskip("transformers")
 from models_round10 import FAMILIES  # noqa: E402
-from test_models_round9 import MODES, _assert_compiles, _assert_equal, _compiled, _step, _tensors  # noqa: E402
+from test_models_round9 import MODES, _assert_equal, _compiled  # noqa: E402
+from test_models_round9 import _train_and_evaluate as train_and_evaluate  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning")]
 QUICK = {"olmo", "swinv2", "unispeech_sat", "mobilebert"}
@@ -36,7 +35,7 @@ TOLERANT = {"falcon_mamba"}
 NOT_CAPTURED = {"nystromformer"}
 
 
-def _assert_matches(actual: list, expected: list, what: str, name: str) -> None:
+def _matches(actual: list, expected: list, what: str, name: str) -> None:
     if name not in TOLERANT:
         return _assert_equal(actual, expected, what)
     assert len(actual) == len(expected), what
@@ -45,32 +44,9 @@ def _assert_matches(actual: list, expected: list, what: str, name: str) -> None:
 
 
 def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
-    family = FAMILIES[name]
-    torch.manual_seed(0)
-    eager = family.build().train()
-    if getattr(eager.config, "problem_type", "") is None and type(eager).__name__.endswith("Classification"):
-        eager.config.problem_type = "single_label_classification"  # (else the first call sets it)
-    model = copy.deepcopy(eager)
-    earlier = set(thunder_rs.dynamo.compiled_graphs())
-    call = _compiled(model, mode)
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, eager)]
-    for step in range(1 if autocast else 3):
-        batch = family.batch(step)
-        actual = _step(model, call, optimizers[0], batch, step, autocast)
-        expected = _step(eager, eager, optimizers[1], batch, step, autocast)
-        for key in expected:
-            _assert_matches(actual[key], expected[key], f"{name} {mode} step {step} {key}", name)
-    _assert_compiles(call, mode, earlier, 1)
-    if autocast:
-        return
-    model.eval(), eager.eval()
-    earlier = set(thunder_rs.dynamo.compiled_graphs())
-    call = _compiled(model, mode)
-    with torch.no_grad():
-        for step in (3, 4):
-            outputs = [_tensors(m(**family.batch(step))) for m in (call, eager)]
-            _assert_matches(*outputs, f"{name} {mode} eval", name)
-    _assert_compiles(call, mode, earlier, EVAL_COMPILES.get(name, 1) if mode == "jit" else 1)
+    """Round 9's run (``test_models_round9``) over this round's families and expectations."""
+    check = functools.partial(_matches, name=name)
+    train_and_evaluate(name, mode, autocast, FAMILIES, check, train_compiles={}, eval_compiles=EVAL_COMPILES)
 
 
 #: Families one of whose Dynamo graphs runs eagerly (their values still eager's): PEGASUS-X's

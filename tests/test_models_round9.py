@@ -81,8 +81,13 @@ def _assert_compiles(call, mode: str, earlier: set, expected: int) -> None:
         assert stats.cache_misses == expected, stats.miss_reasons
 
 
-def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
-    family = FAMILIES[name]
+def _train_and_evaluate(
+    name: str, mode: str, autocast: bool, families=None, check=None, train_compiles=None, eval_compiles=None
+) -> None:
+    """3 AdamW steps (1 under autocast) and 2 eval calls of ``families[name]`` in ``mode`` next to
+    eager's, each compared by ``check(actual, expected, what)`` (``torch.equal``-strict by default);
+    ``jit``'s compiles counted as ``train_compiles``/``eval_compiles`` say (1 where they do not)."""
+    family, check = (families or FAMILIES)[name], check or _assert_equal
     torch.manual_seed(0)
     eager = family.build().train()
     config = getattr(eager, "config", None)
@@ -97,8 +102,9 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
         actual = _step(model, call, optimizers[0], batch, step, autocast)
         expected = _step(eager, eager, optimizers[1], batch, step, autocast)
         for key in expected:
-            _assert_equal(actual[key], expected[key], f"{name} {mode} step {step} {key}")
-    _assert_compiles(call, mode, earlier, TRAIN_COMPILES.get(name, 1) if mode == "jit" and not autocast else 1)
+            check(actual[key], expected[key], f"{name} {mode} step {step} {key}")
+    trained = TRAIN_COMPILES if train_compiles is None else train_compiles
+    _assert_compiles(call, mode, earlier, trained.get(name, 1) if mode == "jit" and not autocast else 1)
     if autocast:
         return
     model.eval(), eager.eval()
@@ -106,8 +112,8 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     call = _compiled(model, mode)
     with torch.no_grad():
         for step in (3, 4):
-            _assert_equal(_tensors(call(**family.batch(step))), _tensors(eager(**family.batch(step))), f"{name} eval")
-    _assert_compiles(call, mode, earlier, 1)
+            check(_tensors(call(**family.batch(step))), _tensors(eager(**family.batch(step))), f"{name} {mode} eval")
+    _assert_compiles(call, mode, earlier, (eval_compiles or {}).get(name, 1) if mode == "jit" else 1)
 
 
 #: Families ``jit`` refuses, at the line that draws from NumPy's global generator.

@@ -21,23 +21,9 @@ from torch import nn
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
 
+from test_data_rebinding import COMPILERS, _eager, _line_of
+
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _eager(fn):
-    return fn
-
-
-def _compile(fn):
-    return torch.compile(fn, backend="thunder_rs")
-
-
-COMPILERS = pytest.mark.parametrize("compile_it", [thunder_rs.jit, _compile], ids=["jit", "torch_compile"])
-
-
-def _line_of(fn, marker: str) -> str:
-    lines, first = inspect.getsourcelines(fn)
-    return f"{__file__}:{first + next(i for i, line in enumerate(lines) if marker in line)}"
 
 
 def _state(t: torch.Tensor) -> list:
