@@ -361,7 +361,8 @@ fn lifetimes(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
         (reinplace_slice_writes(trace, &mut callees, &mut regions), Vec::new())
     };
     let dels = del_last_used(&exec, packed.unwrap_or(0));
-    let exec = if unit.options.differentiable { exec } else { reuse_receivers(&exec, &mut callees, &dels) };
+    let saves = matches!(unit.half, Forward) && unit.residuals.is_some();
+    let exec = if unit.options.differentiable { exec } else { reuse_receivers(&exec, &mut callees, &dels, saves) };
     let plan = Plan::new(&exec, callees, dels, packed, name, &regions, detached);
     debug_assert_eq!(exec.bsyms.len(), plan.impls.len());
     Ok(Output { plan: Some(plan), ..exec.into() })

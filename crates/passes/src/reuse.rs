@@ -47,9 +47,11 @@ use trace_ir::pysrc::Callee;
 use trace_ir::{Arg, BoundSymbol, Prim, Symbol, SymbolTable, Trace, ValueId};
 
 /// The execution trace, with `impls` switched to in-place methods where the rules above allow.
-pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>]) -> Trace {
+/// `saves`: the trace is a split forward whose last output is the tuple of residuals its backward
+/// saves; no caller sees those, so they may be written in place (as eager's `result += input`).
+pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>], saves: bool) -> Trace {
     let fresh = fresh_values(trace);
-    let (returned, gradients) = (returned_memory(trace), gradient_values(trace));
+    let (returned, gradients) = (returned_memory(trace, saves), gradient_values(trace));
     for (i, bsym) in trace.bsyms.iter().enumerate() {
         let Some(method) = impls[i].inplace.clone() else { continue };
         if !computes(bsym) || bsym.outputs.len() != 1 {
@@ -75,9 +77,14 @@ pub fn reuse_receivers(trace: &Trace, impls: &mut [Callee], dels: &[Vec<ValueId>
 /// makes one: not one returning fresh memory, nor a reduction, scan or convolution). An in-place write there would bump the version counter of a tensor the caller gets
 /// (and of its `_base`), where eager's out-of-place call returns a new tensor at version 0
 /// (`x.exp().sin()`; a backward's gradient, which autograd then accumulates into `.grad`).
-fn returned_memory(trace: &Trace) -> Vec<bool> {
+fn returned_memory(trace: &Trace, saves: bool) -> Vec<bool> {
     let mut returned = vec![false; trace.values.len()];
-    trace.outputs.for_each_value(&mut |v| returned[v.index()] = true);
+    match &trace.outputs {
+        Arg::Tuple(items) if saves && matches!(items.last(), Some(Arg::Tuple(_))) => {
+            items[..items.len() - 1].iter().for_each(|a| a.for_each_value(&mut |v| returned[v.index()] = true))
+        }
+        outputs => outputs.for_each_value(&mut |v| returned[v.index()] = true),
+    }
     for bsym in trace.bsyms.iter().rev() {
         let new_memory = returns_fresh(bsym) || made_by(bsym, |p| matches!(p.family(), "Reduce" | "Scan" | "Conv"));
         if !new_memory && bsym.outputs.iter().any(|o| returned[o.index()]) {
@@ -231,7 +238,7 @@ mod tests {
             })
             .collect();
         let dels = del_last_used(&trace, 0);
-        let out = reuse_receivers(&trace, &mut impls, &dels);
+        let out = reuse_receivers(&trace, &mut impls, &dels, false);
         out.bsyms
             .iter()
             .zip(&impls)
@@ -279,7 +286,7 @@ mod tests {
         let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("sub")];
         let dels = del_last_used(&trace, 0);
-        let out = reuse_receivers(&trace, &mut impls, &dels);
+        let out = reuse_receivers(&trace, &mut impls, &dels, false);
         // Written into t2, add's result would take t2's layout where eager's takes t0's.
         assert_eq!(out.bsyms[1].args, vec![Arg::Value(ValueId(0)), Arg::Value(ValueId(2))]);
         assert_eq!(impls[1].method.as_deref(), Some("add"));
@@ -301,7 +308,7 @@ mod tests {
         let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("convolution_backward"), callee("add")];
         let dels = del_last_used(&trace, 0);
-        reuse_receivers(&trace, &mut impls, &dels);
+        reuse_receivers(&trace, &mut impls, &dels, false);
         assert_eq!(impls[1].method.as_deref(), Some("add_"));
     }
 
@@ -312,7 +319,7 @@ mod tests {
         let callee = |n: &str| Callee::with_methods(format!("f_{n}"), n);
         let mut impls = vec![callee("exp"), callee("add"), callee("exp"), callee("lt")];
         let dels = del_last_used(&trace, 0);
-        reuse_receivers(&trace, &mut impls, &dels);
+        reuse_receivers(&trace, &mut impls, &dels, false);
         let methods: Vec<_> = impls.iter().map(|c| c.method.as_deref().unwrap().to_string()).collect();
         // add broadcasts t2 to [3, 4]; lt makes bools from floats; t4 is returned.
         assert_eq!(methods, ["exp", "add", "exp", "lt"]);
@@ -339,7 +346,7 @@ mod tests {
         };
         let mut impls: Vec<Callee> = trace.bsyms.iter().map(callee).collect();
         let dels = del_last_used(&trace, 0);
-        let exec = reuse_receivers(&trace, &mut impls, &dels);
+        let exec = reuse_receivers(&trace, &mut impls, &dels, false);
         let plan = ExecPlan { impls: &impls, dels: &dels, detached: &[], packed: None };
         let source = python_source(&exec, &plan, "computation");
         let statements = source.lines().filter(|l| l.starts_with("  t") && l.contains(" = "));

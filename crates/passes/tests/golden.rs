@@ -235,7 +235,7 @@ fn print_execution(trace: &Trace, specs: &[ExecutorSpec], last: Last) -> Result<
         return Ok(print_trace(&trace, "computation"));
     }
     let dels = del_last_used(&trace, 0);
-    let exec = reuse_receivers(&trace, &mut impls, &dels);
+    let exec = reuse_receivers(&trace, &mut impls, &dels, false);
     let plan = Plan::new(&exec, impls, dels, None, "computation", &regions, Vec::new());
     Ok(plan.regions.iter().fold(plan.source, |out, region| format!("{out}\n{}", region.source)))
 }
