@@ -24,6 +24,7 @@ import torch
 from thunder_rs import prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang import torch_casts
+from thunder_rs.core.lang.eager_layouts import laid_out, take_layouts
 from thunder_rs.core.lang.torch_casts import nesting
 from thunder_rs.core.lang.recorder import active_captures, current, real_inputs
 from thunder_rs.core.state.observe import thread_state
@@ -282,7 +283,7 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
     if leaf and observer is not None:
         observer.autocast_cache_read()
     if casts is None or not leaf or not torch.is_autocast_cache_enabled():
-        return prims.convert_element_type(x, dtype)
+        return _to(x, dtype)
     rec, region = current(), _region()
     key = (id(rec), id(x))
     hit = casts.get(key)
@@ -293,10 +294,21 @@ def _cached_cast(x: TensorProxy, dtype: torch.dtype, lower: torch.dtype):
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(True)
         try:
-            cast = prims.convert_element_type(x, dtype)
+            cast = _to(x, dtype)
         finally:
             torch._C._set_grad_enabled(grad)
     casts[key] = (rec, x, cast, region)
+    return cast
+
+
+def _to(x: TensorProxy, dtype: torch.dtype) -> TensorProxy:
+    """``x.to(dtype)`` as autocast's casts make it (``at::autocast::cached_cast``): a copy laid out
+    as ``x`` (preserve_format), so that a cast of a transposed view keeps its order, as eager's
+    does, and the ops after it (attention's output, a ``contiguous()`` of its transpose) are laid
+    out, and view or copy, as eager's."""
+    cast = prims.convert_element_type(x, dtype)
+    if laid_out(torch.Tensor.to, (x, dtype), {}):
+        take_layouts(torch.Tensor.to, (x, dtype), {}, cast)
     return cast
 
 
@@ -350,7 +362,7 @@ def _apply(op: str, policy: str, device_type: str, args, kwargs):
     first = args[0] if args else kwargs.get(key)
     if not _eligible(first, device_type) or _gives_dtype(args, kwargs) or first.dtype == torch.float32:
         return args, kwargs
-    cast = prims.convert_element_type(first, torch.float32)
+    cast = _to(first, torch.float32)
     return ((cast, *args[1:]), kwargs) if args else (args, {**kwargs, key: cast})
 
 

@@ -1,0 +1,87 @@
+"""What a compiled training call keeps for its backward is at most what eager's autograd nodes keep:
+the bytes of the distinct storages a ``saved_tensors_hooks`` pack hook sees during the forward (a
+compiled call packs its residuals through the same hooks), measured for eager and for the jitted
+call in the same test, with the values, gradients and strides compared with eager's.
+(``benchmarks/saved_memory.py`` measures whole models.)"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def saved_bytes(fn, *args) -> tuple:
+    """``(outputs, bytes of the distinct storages packed for backward)`` of ``fn(*args)``."""
+    storages: dict = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return out, sum(storages.values())
+
+
+def _leaves(*shapes, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).requires_grad_() for s in shapes]
+
+
+def _compare(fn, shapes, autocast: bool = False) -> None:
+    """Runs ``fn`` eagerly and jitted (twice: the compile, then a cached call) on the same leaves, and
+    checks the outputs (values and strides), the gradients and that the jitted call keeps no more
+    bytes for its backward than eager."""
+
+    def run(f, leaves):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, held = saved_bytes(f, *leaves)
+        out.float().square().sum().backward()
+        return out, held, [t.grad for t in leaves]
+
+    eager_out, eager_held, eager_grads = run(fn, _leaves(*shapes))
+    jitted = thunder_rs.jit(fn)
+    for _ in range(2):
+        out, held, grads = run(jitted, _leaves(*shapes))
+        assert out.dtype == eager_out.dtype and out.stride() == eager_out.stride()
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+        for g, e in zip(grads, eager_grads):
+            assert g.stride() == e.stride()
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+        assert held <= eager_held, (held, eager_held)
+
+
+def _heads_attention(x, w):
+    """Llama's attention under autocast: heads as a transposed view, cast to bf16 by autocast (eager's
+    cast keeps the view's order, and the flash kernel's output the query's), the output's transpose
+    made contiguous (a no-op in eager) and projected."""
+    b, t, c = x.shape
+    q = (x * 2).view(b, t, 4, c // 4).transpose(1, 2)
+    k = (x * 3).view(b, t, 4, c // 4).transpose(1, 2)
+    v = x.view(b, t, 4, c // 4).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.linear(y.transpose(1, 2).contiguous().view(b, t, c), w)
+
+
+def test_autocast_attention_output_kept_once():
+    # The jitted call copied the attention output for ``contiguous()`` (the cast query taken as
+    # contiguous) and kept both the output and the copy: a [B, T, C] more per layer than eager.
+    _compare(_heads_attention, [(2, 16, 32), (32, 32)], autocast=True)
+
+
+def test_autocast_cast_of_a_transposed_view_has_eager_strides():
+    def f(x):
+        q = x.transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, q * 2, q * 3, is_causal=True)
+        return o, o.stride(), o.transpose(1, 2).is_contiguous()
+
+    x = _leaves((2, 16, 4, 8))[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = f(x)
+        got = thunder_rs.jit(f)(x)
+    assert got[1:] == expected[1:]
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
