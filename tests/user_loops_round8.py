@@ -107,18 +107,27 @@ LLAMA = dict(
 )
 
 
-def tiny(name: str, layers: int = 2) -> nn.Module:
+def tiny(name: str, layers: int = 2, dropout: float = 0.0) -> nn.Module:
     """A tiny model of ``name`` ("gpt2", "llama", "t5") from seed 0, in eval mode."""
     import transformers as T
 
     torch.manual_seed(0)
     if name == "gpt2":
-        config = T.GPT2Config(n_layer=layers, n_head=4, n_embd=32, n_positions=128, **COMMON)
+        drops = dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        config = T.GPT2Config(n_layer=layers, n_head=4, n_embd=32, n_positions=128, **drops, **COMMON)
         return T.GPT2LMHeadModel(config).eval()
     if name == "llama":
-        return T.LlamaForCausalLM(T.LlamaConfig(**dict(LLAMA, num_hidden_layers=layers))).eval()
+        config = T.LlamaConfig(**dict(LLAMA, num_hidden_layers=layers, attention_dropout=dropout))
+        return T.LlamaForCausalLM(config).eval()
     config = T.T5Config(
-        num_layers=layers, num_heads=2, d_model=32, d_kv=16, d_ff=64, decoder_start_token_id=0, **COMMON
+        num_layers=layers,
+        num_heads=2,
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        decoder_start_token_id=0,
+        dropout_rate=dropout,
+        **COMMON,
     )
     return T.T5ForConditionalGeneration(config).eval()
 
@@ -166,16 +175,19 @@ def _recorded(recipe, call, model):
     return result, torch.get_rng_state()
 
 
-def generates_as_eager(name: str, recipe, modes=("jit", "compile"), layers: int = 2, **tol) -> dict:
+def generates_as_eager(
+    name: str, recipe, modes=("jit", "compile"), layers: int = 2, dropout: float = 0.0, **tol
+) -> dict:
     """``recipe(call, model)`` (``call`` the model to call, ``model`` the module itself) eager,
     then under each of ``modes`` from the same seed: the same results and RNG state. Returns
     the compile counts: under ``jit`` the jitted model's cache misses (and no eager fallback),
     under ``compile`` (the forward compiled, the results compared with eager's within ``tol``:
     transformers takes other paths under Dynamo) thunder_rs's compiles per graph."""
-    expected = _recorded(recipe, tiny(name, layers), tiny(name, layers))
+    eager = tiny(name, layers, dropout)
+    expected = _recorded(recipe, eager, eager)
     counts = {}
     for mode in modes:
-        model = tiny(name, layers)
+        model = tiny(name, layers, dropout)
         if mode == "jit":
             jmodel = thunder_rs.jit(model)
             same(_recorded(recipe, jmodel, model), expected)
