@@ -198,6 +198,29 @@ def test_accumulation_scaled_by_tokens_in_a_compiled_whole_step_is_dynamos():
     trains_as_eager(loop(build, accumulate_tokens), step, steps=3)
 
 
+def one_backward_over_micro_batches(world, micro_batches):
+    """The micro-batches' summed losses kept, divided by the tokens counted as a tensor, and one
+    backward through the three calls' graphs together; gradients zeroed in place."""
+    losses = [world["forward"].model(ids, targets) for ids, targets in micro_batches]
+    tokens = torch.stack([(t != -100).sum() for _, t in micro_batches]).sum()
+    loss = torch.stack(losses).sum() / tokens
+    loss.backward()
+    world["optimizer"].step()
+    world["optimizer"].zero_grad(set_to_none=False)
+    return loss.detach(), tokens
+
+
+def test_one_backward_over_the_losses_of_micro_batches_divided_by_their_tokens_is_eagers():
+    def build():
+        lm = TokenLM()
+        return {"model": lm, "optimizer": torch.optim.Adam(lm.parameters(), 1e-2)}
+
+    def step(world, i):
+        return world["step"]([token_batch() for _ in range(3)])
+
+    trains_as_eager(loop(build, one_backward_over_micro_batches, whole=False), step, steps=3, misses=1)
+
+
 # ---------------------------------------------------------------------------------- precision
 
 
@@ -714,3 +737,29 @@ def test_a_weight_read_directly_and_through_autocasts_cached_cast_gets_eagers_gr
         with torch.autocast("cpu", dtype=torch.bfloat16):
             grads.append(torch.autograd.grad(call(w, src, tgt), w)[0])
     assert torch.equal(*grads)
+
+
+def checkpointed_seq2seq(call, model):
+    """T5 trained with transformers' gradient checkpointing (dropout on): three steps."""
+    optimizer = torch.optim.AdamW(model.parameters(), 1e-3)
+    model.train()
+    out = []
+    with torch.enable_grad():
+        for _ in range(3):
+            given = source()
+            loss = call(**given, labels=given["input_ids"].masked_fill(given["attention_mask"] == 0, -100)).loss
+            loss.backward()
+            out += [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            optimizer.step()
+            optimizer.zero_grad()
+    return out + [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.filterwarnings("ignore:`use_cache=True` is incompatible")
+@pytest.mark.parametrize("use_reentrant", [False, pytest.param(True, marks=SLOW)], ids=["non_reentrant", "reentrant"])
+def test_an_encoder_decoder_with_gradient_checkpointing_and_dropout_trains_as_eager(use_reentrant):
+    def recipe(call, model):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        return checkpointed_seq2seq(call, model)
+
+    assert generates_as_eager("t5", recipe, modes=("jit",), dropout=0.1) == {"jit": 1}
