@@ -512,23 +512,11 @@ def test_an_ema_averaged_model_over_buffers_evaluated_jitted_is_eagers():
     trains_as_eager(loop(build, body, whole=False, forwards=("model", "averaged")), call_step, steps=4, misses=2)
 
 
-def test_a_checkpoint_loaded_into_a_new_model_and_optimizer_continues_as_eager():
-    """At step 2 model, optimizer, scheduler and the random state are saved to a ``BytesIO``; at
-    step 3 a new model (jitted anew) and optimizer are built and loaded from it, and training
-    continues from the saved random state."""
-
-    def build():
-        net = mlp()
-        optimizer = torch.optim.Adam(net.parameters(), 1e-2)
-        return {"model": net, "optimizer": optimizer, "scheduler": lr_scheduler.StepLR(optimizer, 1, 0.7)}
-
-    def body(world, x, y):
-        loss = classify(world, x, y)
-        world["scheduler"].step()
-        return loss
+def reloading(build, keys):
+    """A step that at step 2 saves ``keys`` of the world and the random state to a ``BytesIO``,
+    and at step 3 builds a new world (its model wrapped anew as the old was) loaded from it."""
 
     def step(world, i):
-        keys = ("model", "optimizer", "scheduler")
         if i == 2:
             world["saved"] = io.BytesIO()
             torch.save({**{k: world[k].state_dict() for k in keys}, "rng": torch.get_rng_state()}, world["saved"])
@@ -547,7 +535,32 @@ def test_a_checkpoint_loaded_into_a_new_model_and_optimizer_continues_as_eager()
             torch.set_rng_state(kept["rng"])
         return call_step(world, i)
 
-    trains_as_eager(loop(build, body, whole=False), step, steps=5, misses=2)
+    return step
+
+
+def test_a_checkpoint_loaded_into_a_new_model_and_optimizer_continues_as_eager():
+    """Model, optimizer, scheduler and the random state saved, then loaded into new ones (the
+    model jitted anew): training continues from the saved random state."""
+
+    def build():
+        net = mlp()
+        optimizer = torch.optim.Adam(net.parameters(), 1e-2)
+        return {"model": net, "optimizer": optimizer, "scheduler": lr_scheduler.StepLR(optimizer, 1, 0.7)}
+
+    def body(world, x, y):
+        loss = classify(world, x, y)
+        world["scheduler"].step()
+        return loss
+
+    keys = ("model", "optimizer", "scheduler")
+    trains_as_eager(loop(build, body, whole=False), reloading(build, keys), steps=5, misses=2)
+
+
+def test_a_grad_scalers_state_saved_and_loaded_into_a_new_one_continues_as_eager():
+    """float16 autocast with a ``GradScaler`` whose grown scale and growth tracker are saved and
+    loaded into a new scaler with the model and optimizer."""
+    keys = ("model", "optimizer", "scaler")
+    trains_as_eager(loop(scaled_world, scaled_step, whole=False), reloading(scaled_world, keys), steps=5, misses=2)
 
 
 class Delta(nn.Module):
