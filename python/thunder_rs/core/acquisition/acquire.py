@@ -238,7 +238,7 @@ def _trace_program(
             autocast.caching_casts(),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
-                fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
+                fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured
             )
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
@@ -329,9 +329,10 @@ def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured):
     """Runs the program on proxies (while recording); returns its output, the observer of its
-    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
+    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``. ``captured`` are the
+    modules its closure cells and globals hold, which it runs on themselves."""
     program, leaves = fn, list(flat_inputs)
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
@@ -369,13 +370,15 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     program_args, program_kwargs, projected = unprojected(args, kwargs, flat_inputs)
     containers = TracedContainers(program_args, program_kwargs, _argument_names(program)[1], logs, projected)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
+    observer.captured_found = captured.found
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
     placed = put_stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     held_attributes = module_stand_ins(captures, size_inputs, pairs, len(positions) + len(params))
     observer.module_stand_ins({id(at.stand_in): at for _, at, _ in held_attributes})
     placed += held_attributes
-    ints = int_stand_ins(reached, size_inputs, pairs)
+    run_on_themselves = [(m, m) for m in (*captured.modules, *_argument_modules(flat_inputs))]
+    ints = int_stand_ins(reached, size_inputs, pairs + run_on_themselves)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
@@ -407,6 +410,15 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         raise
     put_back(placed)
     return out, observer, pairs, inputs
+
+
+def _argument_modules(flat_inputs) -> list:
+    """The modules among the arguments, with their submodules, which the program runs on themselves."""
+    found: dict = {}
+    for x in flat_inputs:
+        if isinstance(x, torch.nn.Module):
+            found.update((id(m), m) for m in x.modules())
+    return list(found.values())
 
 
 def _stored_values(pairs: list) -> list:

@@ -132,6 +132,9 @@ class AttributeReads:
     #: attributes were read (``_instance_read``)
     _objects_read: dict
     _cached_results: CachedCalls
+    #: id -> the instance dict, as the call found it, of each module the program captured and runs
+    #: on itself (``captured_modules``)
+    captured_found: dict
     #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
     #: the trace did not capture them (``Observer._read_attributes_per_call``)
     _tensors_read_whole: set
@@ -338,6 +341,13 @@ class AttributeReads:
             value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
             if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
                 return MISSING  # the program set it earlier in this call (a write replayed after each call)
+            found = self.captured_found.get(id(obj))
+            if found is not None and found.get(attr, MISSING) is not value:
+                # A module the program runs on itself, read through a local (``m = mods[key]``), is seen
+                # at the frame's return, after its writes (``m.count += 1``): what the call found.
+                value = found.get(attr, MISSING)
+                if value is MISSING:
+                    return MISSING
             if attr == "training" and self.mode_writes is not None and self.mode_writes.set_by_program(obj):
                 return MISSING  # (``teacher.eval()`` earlier in this call, on a module not cloned: ``mode_writes``)
             return self._keep(source, attr, value, origin, holder=mapping)

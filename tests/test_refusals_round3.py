@@ -1,0 +1,78 @@
+"""Constructs real programs hit, round 3: counters and attributes on modules a program reaches
+other than as the jitted module, run as eager runs them.
+
+A step counter on a module the program captured (``model.count += 1`` in a function over a
+closure's or a global's model) or takes as an argument made every call compile again ("Linear.count
+changed from 1 to 2"), where the jitted module's own counter turns into a size input once it has
+changed (``dynamic.HeldInt``), as torch.compile's automatic dynamic ints do: it now does so there
+too, and a counter used in tensor math (a bias correction ``1 - beta ** step``) still gives
+eager's value on every call. A module picked from a closure's dict by a computed key
+(``mods[f"l{i}"]``) kept the trace's ``SymInt`` in the attributes the program set, and its
+counter, guarded as it was after the program's write, was not counted on by compiled calls."""
+
+import pytest
+import torch
+from torch import nn
+
+import thunder_rs
+
+from test_data_rebinding import COMPILERS, _eager
+from test_refusals_round2 import _same
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _bias_corrected(compile_it, as_argument: bool) -> tuple:
+    """Adam-style bias correction by a step counter the module holds, over six calls."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    model.step = 0
+
+    def train_step(model, x):
+        model.step += 1
+        return model(x) / (1 - 0.9**model.step), model.step * 2
+
+    run = compile_it(train_step if as_argument else (lambda x: train_step(model, x)))
+    seen = []
+    for i in range(6):
+        x = torch.full((2, 3), float(i))
+        seen += [list(run(model, x) if as_argument else run(x)), model.step]
+    return seen, run
+
+
+@COMPILERS
+@pytest.mark.parametrize("as_argument", [False, True], ids=["captured", "argument"])
+def test_a_step_counter_on_a_captured_or_argument_module_stops_recompiling(compile_it, as_argument):
+    # Compiled on every call (6 misses of 6): the counter was a constant of each trace.
+    got, run = _bias_corrected(compile_it, as_argument)
+    _same(got, _bias_corrected(_eager, as_argument)[0])
+    if compile_it is thunder_rs.jit:  # (0 and 1 stay constants, as sizes do; from 2 on one entry serves)
+        assert thunder_rs.cache_misses(run) == 3 and thunder_rs.cache_hits(run) == 3
+
+
+def _picked_by_key(compile_it) -> list:
+    """Layers in a closure's dict picked by a computed key, each counting its calls and keeping the
+    call's index and batch size."""
+    torch.manual_seed(0)
+    layers = {"l0": nn.Linear(3, 2), "l1": nn.Linear(3, 2)}
+    for layer in layers.values():
+        layer.count, layer.index, layer.batch = 0, -1, -1
+
+    def step(x, i):
+        layer = layers[f"l{i % 2}"]
+        layer.count += 1
+        layer.index, layer.batch = i, x.shape[0]
+        return layer(x).sum()
+
+    run, seen = compile_it(step), []
+    for i, n in [(0, 2), (1, 3), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6)]:
+        seen.append(run(torch.ones(n, 3), i))
+        seen += [[layer.count, layer.index, layer.batch] for layer in layers.values()]
+    return seen
+
+
+@COMPILERS
+def test_a_module_picked_from_a_closure_dict_by_a_computed_key_counts_as_eager(compile_it):
+    # jit: the trace's SymInt left in layer.index (ThunderRuntimeError on comparing it), and with
+    # constant keys the counts stayed at 1 (compiled calls set the traced count + 1).
+    _same(_picked_by_key(compile_it), _picked_by_key(_eager))
