@@ -76,3 +76,34 @@ def test_a_module_picked_from_a_closure_dict_by_a_computed_key_counts_as_eager(c
     # jit: the trace's SymInt left in layer.index (ThunderRuntimeError on comparing it), and with
     # constant keys the counts stayed at 1 (compiled calls set the traced count + 1).
     _same(_picked_by_key(compile_it), _picked_by_key(_eager))
+
+
+class _Alternating(nn.Module):
+    """Blocks taken in turn by a computed index, each counting its calls (added to the output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(3, 3) for _ in range(2)])
+        self.calls = 0
+        for block in self.blocks:
+            block.count = 0
+
+    def forward(self, x):
+        block = self.blocks[self.calls % 2]
+        block.count += 1
+        self.calls += 1
+        return block(x).sum() + block.count
+
+
+def _alternating(compile_it) -> list:
+    torch.manual_seed(0)
+    model = _Alternating()
+    run = compile_it(model)
+    return [[run(torch.ones(2, 3)), [b.count for b in model.blocks], model.calls] for _ in range(7)]
+
+
+@COMPILERS
+def test_a_block_taken_by_a_computed_index_counts_as_eager(compile_it):
+    # jit: from the fifth call the blocks' counts stayed at 2 and the outputs used them (the count,
+    # read through a local after the write, was not guarded).
+    _same(_alternating(compile_it), _alternating(_eager))

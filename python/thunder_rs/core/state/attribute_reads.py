@@ -135,6 +135,8 @@ class AttributeReads:
     #: id -> the instance dict, as the call found it, of each module the program captured and runs
     #: on itself (``captured_modules``)
     captured_found: dict
+    #: whether the reads being followed are those of a frame's locals, seen at its return
+    late: bool
     #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
     #: the trace did not capture them (``Observer._read_attributes_per_call``)
     _tensors_read_whole: set
@@ -338,21 +340,28 @@ class AttributeReads:
         if is_handed_stand_in(value):  # (a file object's method while traced: ``handed_effects``)
             return MISSING
         if module:
-            value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
-            if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
-                return MISSING  # the program set it earlier in this call (a write replayed after each call)
-            found = self.captured_found.get(id(obj))
-            if found is not None and found.get(attr, MISSING) is not value:
-                # A module the program runs on itself, read through a local (``m = mods[key]``), is seen
-                # at the frame's return, after its writes (``m.count += 1``): what the call found.
-                value = found.get(attr, MISSING)
-                if value is MISSING:
-                    return MISSING
+            value = self._found_value(obj, source, attr, original(value))
+            if value is MISSING:
+                return MISSING
             if attr == "training" and self.mode_writes is not None and self.mode_writes.set_by_program(obj):
                 return MISSING  # (``teacher.eval()`` earlier in this call, on a module not cloned: ``mode_writes``)
             return self._keep(source, attr, value, origin, holder=mapping)
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)
+
+    def _found_value(self, obj, source, attr: str, value):
+        """What the call found as module ``obj``'s ``attr`` (now ``value``; in a clone, a stand-in put
+        there taken for what it stands for), to guard; MISSING where the program set it earlier in
+        this call (a write replayed after each call), or made it.
+
+        A module read through a local (``blk = self.blocks[i]``, ``m = mods[key]``) is seen at the
+        frame's return (``late``), after the program's writes (``blk.count += 1``): where it changed
+        since the call began, its read may have come first, so a plain value is guarded as found."""
+        found = source.obj.__dict__ if source.obj is not obj else self.captured_found.get(id(obj))
+        if found is None or found.get(attr, MISSING) is value:
+            return value
+        before = found.get(attr, MISSING)
+        return before if (self.late or source.obj is obj) and is_simple(before) else MISSING
 
     def _item_step(self, obj, key, origin: str):
         """``obj[key]`` for a dict, list or tuple kept as state (reached from a module, a global or

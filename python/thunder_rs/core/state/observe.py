@@ -118,6 +118,7 @@ class Observer(AttributeReads):
         self._generators: dict = {}
         self._originals = originals
         self.captured_found: dict = {}
+        self.late = False
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
         #: when first reached
@@ -546,7 +547,11 @@ class Observer(AttributeReads):
         self.state.containers.reading = frame.f_code
         self.state.containers.returned(frame)
         if reads.locals:
-            self._follow_state(frame.f_locals, reads.locals, reads.line)
+            self.late = True
+            try:
+                self._follow_state(frame.f_locals, reads.locals, reads.line)
+            finally:
+                self.late = False
         if reads.types:
             read_types(reads.types, frame.f_locals, frame.f_globals, frame.f_code.co_filename)
 
