@@ -107,3 +107,31 @@ def test_a_block_taken_by_a_computed_index_counts_as_eager(compile_it):
     # jit: from the fifth call the blocks' counts stayed at 2 and the outputs used them (the count,
     # read through a local after the write, was not guarded).
     _same(_alternating(compile_it), _alternating(_eager))
+
+
+class _DictScaled(nn.Module):
+    """A scale kept in and read from the instance dict, as code that bypasses ``__setattr__`` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.__dict__["scale"] = 1.0
+
+    def forward(self, x):
+        return self.lin(x) * self.__dict__["scale"]
+
+
+def _dict_scaled(compile_it) -> list:
+    torch.manual_seed(0)
+    model = _DictScaled()
+    run, seen = compile_it(model), []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+        model.__dict__["scale"] = scale
+        seen.append(run(torch.ones(2, 3)))
+    return seen
+
+
+@COMPILERS
+def test_a_module_attribute_read_and_set_through_its_dict_is_the_calls(compile_it):
+    # jit: kept scale 1.0 (module guards wait for nn.Module.__setattr__, which a __dict__ write skips).
+    _same(_dict_scaled(compile_it), _dict_scaled(_eager))

@@ -39,6 +39,7 @@ from thunder_rs.core.state.guards import (
     Guard,
     InputSource,
     ItemSource,
+    ModuleDictSource,
     ModuleSource,
     ModuleStoreSource,
     ObjectSource,
@@ -231,7 +232,7 @@ class AttributeReads:
             if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
             elif is_a(self.state, obj, torch.nn.Module):
-                self._module_read_whole(obj, origin)
+                self._module_read_whole(obj, origin, as_dict=attr == "__dict__")
             return MISSING
         known = self._objects_read.get(id(obj))
         if (
@@ -274,16 +275,21 @@ class AttributeReads:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
 
-    def _module_read_whole(self, module, origin: str) -> None:
+    def _module_read_whole(self, module, origin: str, as_dict: bool = False) -> None:
         """Reads every attribute of ``module`` (not its stores or hooks): the program reads one by
         a computed name (``getattr(self.inner, name)`` in a wrapper's ``__getattr__``) or all of
-        them (``vars(module)``), so setting any between calls changes what it computes."""
+        them (``vars(module)``), so setting any between calls changes what it computes. Read
+        ``as_dict`` (``self.__dict__[name]``), they are guarded on every call (``ModuleDictSource``)."""
         mapping = attributes_of(module)
         source = self._attr_source(module, True)
         if type(mapping) is not dict or source is None:
             return
+        if as_dict:
+            source = ModuleDictSource(source.obj, source.label)
         for attr in [a for a in mapping if a not in _MODULE_INTERNALS]:
             first = (source.key, attr) not in self._guards
+            if as_dict and not first and type(self._guards[(source.key, attr)]) is Guard:
+                self._guards[(source.key, attr)].source = source
             self._instance_read(module, mapping, True, source, attr, origin)
             if first and isinstance(mapping[attr], torch.Tensor):
                 self._tensors_read_whole.add((source.key, attr))
