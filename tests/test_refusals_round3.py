@@ -16,7 +16,8 @@ from torch import nn
 
 import thunder_rs
 
-from test_data_rebinding import COMPILERS, _eager
+from test_data_rebinding import COMPILERS, _eager, _line_of
+from thunder_rs.errors import ThunderNotImplementedError
 from test_refusals_round2 import _same
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -135,3 +136,26 @@ def _dict_scaled(compile_it) -> list:
 def test_a_module_attribute_read_and_set_through_its_dict_is_the_calls(compile_it):
     # jit: kept scale 1.0 (module guards wait for nn.Module.__setattr__, which a __dict__ write skips).
     _same(_dict_scaled(compile_it), _dict_scaled(_eager))
+
+
+class _Scheduled(nn.Module):
+    """Scales taken from an iterator the module holds, one per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.scales = iter([1.0, 2.0, 3.0])
+
+    def forward(self, x):
+        return self.lin(x) * next(self.scales)  # consumed
+
+
+def test_next_on_an_iterator_a_module_holds_is_refused_naming_the_attribute_and_line():
+    # Said "(an argument, a global or a closure cell)", not which.
+    model = _Scheduled()
+    line = _line_of(_Scheduled.forward, "# consumed")
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"^next: .*list_iterator .* at {line}, held as _Scheduled.scales;"
+    ):
+        thunder_rs.jit(model)(torch.ones(2, 3))
+    assert next(model.scales) == 1.0  # (tracing took no item)
