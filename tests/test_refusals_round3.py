@@ -159,3 +159,28 @@ def test_next_on_an_iterator_a_module_holds_is_refused_naming_the_attribute_and_
     ):
         thunder_rs.jit(model)(torch.ones(2, 3))
     assert next(model.scales) == 1.0  # (tracing took no item)
+
+
+class _LazyBuffer(nn.Module):
+    """A running mean registered by the first call (lazy initialisation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        if not hasattr(self, "running"):
+            self.register_buffer("running", torch.zeros(3))  # registered
+        self.running.mul_(0.9).add_(x.mean(0), alpha=0.1)
+        return self.lin(x)
+
+
+def test_a_buffer_registered_by_forward_is_refused_naming_the_line():
+    # Named RegBuf.forward and the buffer, not the line that registered it.
+    model = _LazyBuffer()
+    line = _line_of(_LazyBuffer.forward, "# registered")
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"forward registers or removes buffers \('running'\) at {line};"
+    ):
+        thunder_rs.jit(model)(torch.ones(2, 3))
+    assert not hasattr(model, "running")
