@@ -36,7 +36,7 @@ from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.captured_modules import CapturedModules
+from thunder_rs.core.state.captured_modules import CapturedModules, argument_modules
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
@@ -330,9 +330,8 @@ def _fresh(value, captures: Captures):
 
 
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured):
-    """Runs the program on proxies (while recording); returns its output, the observer of its
-    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``. ``captured`` are the
-    modules its closure cells and globals hold, which it runs on themselves."""
+    """Runs the program on proxies (while recording); returns its output, the observer of its reads, the
+    ``(clone, original)`` modules it ran and its ``TracedInputs``. (``captured``: ``CapturedModules``.)"""
     program, leaves = fn, list(flat_inputs)
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
@@ -377,7 +376,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     held_attributes = module_stand_ins(captures, size_inputs, pairs, len(positions) + len(params))
     observer.module_stand_ins({id(at.stand_in): at for _, at, _ in held_attributes})
     placed += held_attributes
-    run_on_themselves = [(m, m) for m in (*captured.modules, *_argument_modules(flat_inputs))]
+    run_on_themselves = [(m, m) for m in (*captured.modules, *argument_modules(flat_inputs))]
     ints = int_stand_ins(reached, size_inputs, pairs + run_on_themselves)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
@@ -410,15 +409,6 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         raise
     put_back(placed)
     return out, observer, pairs, inputs
-
-
-def _argument_modules(flat_inputs) -> list:
-    """The modules among the arguments, with their submodules, which the program runs on themselves."""
-    found: dict = {}
-    for x in flat_inputs:
-        if isinstance(x, torch.nn.Module):
-            found.update((id(m), m) for m in x.modules())
-    return list(found.values())
 
 
 def _stored_values(pairs: list) -> list:

@@ -11,6 +11,7 @@ import inspect
 import sys
 import types
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -134,10 +135,10 @@ class AttributeReads:
     _objects_read: dict
     _cached_results: CachedCalls
     #: id -> the instance dict, as the call found it, of each module the program captured and runs
-    #: on itself (``captured_modules``)
-    captured_found: dict
+    #: on itself (``captured_modules``; set by acquisition)
+    captured_found: Mapping = types.MappingProxyType({})
     #: whether the reads being followed are those of a frame's locals, seen at its return
-    late: bool
+    late = False
     #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
     #: the trace did not capture them (``Observer._read_attributes_per_call``)
     _tensors_read_whole: set

@@ -60,6 +60,14 @@ def _collect(value, found: dict, depth: int) -> None:
             _collect(item, found, depth - 1)
 
 
+def argument_modules(flat_inputs) -> list:
+    """The modules among a call's arguments, with their submodules, which the program runs on themselves."""
+    found: dict = {}
+    for x in flat_inputs:
+        _collect(x, found, 0)
+    return list(found.values())
+
+
 class CapturedModules:
     """The instance dicts of the modules a function captured, as they were before it ran."""
 

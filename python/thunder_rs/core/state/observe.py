@@ -117,8 +117,6 @@ class Observer(AttributeReads):
         #: id -> ``GeneratorState`` of the random generators the program reached (``generator_states``)
         self._generators: dict = {}
         self._originals = originals
-        self.captured_found: dict = {}
-        self.late = False
         self._owned = {id(m) for m in originals.values()}
         #: objects known to be program state (configs, argument objects), with their attributes
         #: when first reached
