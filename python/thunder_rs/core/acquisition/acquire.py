@@ -36,7 +36,7 @@ from thunder_rs.core.state.items import DICTS, MUTABLE
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
-from thunder_rs.core.state.captured_modules import CapturedModules
+from thunder_rs.core.state.captured_modules import CapturedModules, argument_modules
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
@@ -238,7 +238,7 @@ def _trace_program(
             autocast.caching_casts(),
         ):
             out, observer, pairs, inputs = _run_on_proxies(
-                fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures
+                fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured
             )
             hooks = hook_changes(pairs)  # (first: it puts the user's hook stores back)
             observer.refuse_consumed_iterators()
@@ -329,9 +329,9 @@ def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
 
-def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures):
-    """Runs the program on proxies (while recording); returns its output, the observer of its
-    reads, the ``(clone, original)`` modules it ran and its ``TracedInputs``."""
+def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured):
+    """Runs the program on proxies (while recording); returns its output, the observer of its reads, the
+    ``(clone, original)`` modules it ran and its ``TracedInputs``. (``captured``: ``CapturedModules``.)"""
     program, leaves = fn, list(flat_inputs)
     symbolic = size_inputs.of_inputs(flat_inputs)
     for i in positions:
@@ -369,13 +369,15 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     program_args, program_kwargs, projected = unprojected(args, kwargs, flat_inputs)
     containers = TracedContainers(program_args, program_kwargs, _argument_names(program)[1], logs, projected)
     observer = Observer(flat_inputs, {id(c): o for c, o in pairs}, (fn,), reached)
+    observer.captured_found = captured.found
     track(observer, pairs)  # what collections and signal handlers change there is not the program's
     # After the observer noted the argument objects' attributes: what the call found.
     placed = put_stand_ins(reached, captures, size_inputs, len(positions) + len(params))
     held_attributes = module_stand_ins(captures, size_inputs, pairs, len(positions) + len(params))
     observer.module_stand_ins({id(at.stand_in): at for _, at, _ in held_attributes})
     placed += held_attributes
-    ints = int_stand_ins(reached, size_inputs, pairs)
+    run_on_themselves = [(m, m) for m in (*captured.modules, *argument_modules(flat_inputs))]
+    ints = int_stand_ins(reached, size_inputs, pairs + run_on_themselves)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints

@@ -106,10 +106,11 @@ def _next(iterator, *default):
     if observer is not None and not thread_state.inside:
         frame = sys._getframe(1)
         if is_program(frame) and observer.reached_from_outside(iterator):
+            held = observer.held_as(iterator) or "an argument, a global, a closure cell or an attribute"
             raise ThunderNotImplementedError(
-                f"next: the program consumes a {type(iterator).__name__} it did not create at {site_of(frame)} (an "
-                "argument, a global or a closure cell); tracing takes its item once, and a compiled call would "
-                "neither take the next one nor see it. Take the item outside the jitted function and pass it in"
+                f"next: the program consumes a {type(iterator).__name__} it did not create at {site_of(frame)}, held "
+                f"as {held}; tracing takes its item once, and a compiled call would neither take the next one nor "
+                "see it. Take the item outside the jitted function and pass it in"
             )
     return _builtin_next(iterator, *default)
 

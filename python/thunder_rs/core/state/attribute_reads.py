@@ -11,6 +11,7 @@ import inspect
 import sys
 import types
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,7 @@ from thunder_rs.core.state.guards import (
     Guard,
     InputSource,
     ItemSource,
+    ModuleDictSource,
     ModuleSource,
     ModuleStoreSource,
     ObjectSource,
@@ -132,6 +134,11 @@ class AttributeReads:
     #: attributes were read (``_instance_read``)
     _objects_read: dict
     _cached_results: CachedCalls
+    #: id -> the instance dict, as the call found it, of each module the program captured and runs
+    #: on itself (``captured_modules``; set by acquisition)
+    captured_found: Mapping = types.MappingProxyType({})
+    #: whether the reads being followed are those of a frame's locals, seen at its return
+    late = False
     #: guard keys of the tensors ``_module_read_whole`` read first, guarded on their metadata where
     #: the trace did not capture them (``Observer._read_attributes_per_call``)
     _tensors_read_whole: set
@@ -226,7 +233,7 @@ class AttributeReads:
             if obj in self.state and not is_a(self.state, obj, (torch.nn.Module, type, types.ModuleType)):
                 self.state.read_whole(obj, origin, self._guards)
             elif is_a(self.state, obj, torch.nn.Module):
-                self._module_read_whole(obj, origin)
+                self._module_read_whole(obj, origin, as_dict=attr == "__dict__")
             return MISSING
         known = self._objects_read.get(id(obj))
         if (
@@ -269,16 +276,21 @@ class AttributeReads:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
 
-    def _module_read_whole(self, module, origin: str) -> None:
+    def _module_read_whole(self, module, origin: str, as_dict: bool = False) -> None:
         """Reads every attribute of ``module`` (not its stores or hooks): the program reads one by
         a computed name (``getattr(self.inner, name)`` in a wrapper's ``__getattr__``) or all of
-        them (``vars(module)``), so setting any between calls changes what it computes."""
+        them (``vars(module)``), so setting any between calls changes what it computes. Read
+        ``as_dict`` (``self.__dict__[name]``), they are guarded on every call (``ModuleDictSource``)."""
         mapping = attributes_of(module)
         source = self._attr_source(module, True)
         if type(mapping) is not dict or source is None:
             return
+        if as_dict:
+            source = ModuleDictSource(source.obj, source.label)
         for attr in [a for a in mapping if a not in _MODULE_INTERNALS]:
             first = (source.key, attr) not in self._guards
+            if as_dict and not first and type(self._guards[(source.key, attr)]) is Guard:
+                self._guards[(source.key, attr)].source = source
             self._instance_read(module, mapping, True, source, attr, origin)
             if first and isinstance(mapping[attr], torch.Tensor):
                 self._tensors_read_whole.add((source.key, attr))
@@ -335,14 +347,28 @@ class AttributeReads:
         if is_handed_stand_in(value):  # (a file object's method while traced: ``handed_effects``)
             return MISSING
         if module:
-            value = original(value)  # (a cached function's stand-in, put in the clone the program runs)
-            if source.obj is not obj and source.obj.__dict__.get(attr, MISSING) is not value:
-                return MISSING  # the program set it earlier in this call (a write replayed after each call)
+            value = self._found_value(obj, source, attr, original(value))
+            if value is MISSING:
+                return MISSING
             if attr == "training" and self.mode_writes is not None and self.mode_writes.set_by_program(obj):
                 return MISSING  # (``teacher.eval()`` earlier in this call, on a module not cloned: ``mode_writes``)
             return self._keep(source, attr, value, origin, holder=mapping)
         self.state.read(obj, attr, origin, self._guards)
         return self._keep(source, attr, value, origin, guard=False)
+
+    def _found_value(self, obj, source, attr: str, value):
+        """What the call found as module ``obj``'s ``attr`` (now ``value``; in a clone, a stand-in put
+        there taken for what it stands for), to guard; MISSING where the program set it earlier in
+        this call (a write replayed after each call), or made it.
+
+        A module read through a local (``blk = self.blocks[i]``, ``m = mods[key]``) is seen at the
+        frame's return (``late``), after the program's writes (``blk.count += 1``): where it changed
+        since the call began, its read may have come first, so a plain value is guarded as found."""
+        found = source.obj.__dict__ if source.obj is not obj else self.captured_found.get(id(obj))
+        if found is None or found.get(attr, MISSING) is value:
+            return value
+        before = found.get(attr, MISSING)
+        return before if (self.late or source.obj is obj) and is_simple(before) else MISSING
 
     def _item_step(self, obj, key, origin: str):
         """``obj[key]`` for a dict, list or tuple kept as state (reached from a module, a global or

@@ -30,7 +30,8 @@ def _contents(cell):
 
 
 def _captured(fn) -> list:
-    """The modules ``fn``'s closure cells and the globals its code names hold, and their submodules."""
+    """The modules ``fn``'s closure cells and the globals its code names hold, directly or in
+    plain containers (a dict of layers picked by a computed key), and their submodules."""
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -40,9 +41,30 @@ def _captured(fn) -> list:
     values += [names[n] for n in code.co_names if n in names]
     found: dict = {}
     for v in values:
-        if isinstance(v, torch.nn.Module):
-            for m in v.modules():
-                found.setdefault(id(m), m)
+        _collect(v, found, _DEPTH)
+    return list(found.values())
+
+
+#: How deep plain lists, tuples and dicts are followed to the modules they hold (``mods[f"l{i}"]``).
+_DEPTH = 2
+
+
+def _collect(value, found: dict, depth: int) -> None:
+    """Puts the modules ``value`` is or holds in plain lists, tuples and dicts, with their
+    submodules, in ``found`` (by id)."""
+    if isinstance(value, torch.nn.Module):
+        for m in value.modules():
+            found.setdefault(id(m), m)
+    elif depth > 0 and type(value) in (list, tuple, dict):
+        for item in value.values() if type(value) is dict else value:
+            _collect(item, found, depth - 1)
+
+
+def argument_modules(flat_inputs) -> list:
+    """The modules among a call's arguments, with their submodules, which the program runs on themselves."""
+    found: dict = {}
+    for x in flat_inputs:
+        _collect(x, found, 0)
     return list(found.values())
 
 
@@ -51,6 +73,10 @@ class CapturedModules:
 
     def __init__(self, fn):
         self._found = [(m, dict(m.__dict__)) for m in _captured(fn)]
+        #: the modules themselves (a count one holds may be a size input: ``traced_inputs.int_stand_ins``)
+        self.modules = [m for m, _ in self._found]
+        #: id -> the instance dict as found (reads seen after the program's writes guard what it found)
+        self.found = {id(m): before for m, before in self._found}
 
     def __enter__(self) -> "CapturedModules":
         return self

@@ -198,6 +198,14 @@ class ModuleSource(ObjectSource):
     per_call = False
 
 
+class ModuleDictSource(ModuleSource):
+    """The instance dict of an ``nn.Module`` the program reads as a dict (``self.__dict__["scale"]``):
+    checked on every call, since a write through it (``model.__dict__["scale"] = 2.0``) bypasses
+    ``nn.Module.__setattr__``, which moves the write epoch the other module guards wait for."""
+
+    per_call = True
+
+
 class ModuleStoreSource(FixedSource):
     """A module's parameter, buffer or submodule store (``store`` names it)."""
 

@@ -26,6 +26,7 @@ import torch.nn.utils.stateless as stateless
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.cached_reads import holds_stand_in, original as stood_in_for
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
 from thunder_rs.core.state.guards import MISSING
@@ -47,8 +48,19 @@ mode_writers: dict = {}
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
+#: module (a clone being traced) -> ``file:line`` of the first call in the program that registered
+#: or removed one of its parameters, buffers or submodules, for the refusal (``_check_structure``)
+structure_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _note_structure(module) -> None:
+    if mode_writers.get(threading.get_ident()) is not None and module not in structure_sites:
+        structure_sites[module] = user_location()  # (while a program is traced in this thread)
+
+
 def _counting(method):
     noted = method.__name__ == "__setattr__"
+    structure = method.__name__ in ("__delattr__", "register_buffer", "register_parameter", "add_module")
 
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
@@ -62,6 +74,8 @@ def _counting(method):
                 writer = mode_writers.get(threading.get_ident())
                 if writer is not None:
                     writer.note(self)
+            elif mode_writers and structure:
+                _note_structure(self)
         return method(self, *args, **kwargs)
 
     # One code object per wrapper: Dynamo tells ``nn.Module.__setattr__`` (which it traces) from
@@ -457,13 +471,19 @@ def _check_structure(clone, original, originals) -> None:
         if added:
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} "
-                f"({sorted(added)[0]!r}); a traced forward cannot change the module structure. Create them in "
-                "__init__, or run one eager call first (lazy initialisation)"
+                f"({sorted(added)[0]!r}){_at(clone)}; a traced forward cannot change the module structure. Create "
+                "them in __init__, or run one eager call first (lazy initialisation)"
             )
     subs = clone.__dict__["_modules"]
     before = list(original._modules.items()) if found is None else list(found.submodules)
     if [(n, originals.get(id(s), s)) for n, s in subs.items()] != before:
         raise ThunderNotImplementedError(
-            f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules; "
+            f"thunder_rs.jit: {type(original).__name__}.forward adds, removes or replaces submodules{_at(clone)}; "
             "a traced forward cannot change the module structure"
         )
+
+
+def _at(clone) -> str:
+    """`` at file:line`` of the program's call that changed ``clone``'s structure, where it was seen."""
+    site = structure_sites.get(clone)
+    return "" if site is None else f" at {site}"

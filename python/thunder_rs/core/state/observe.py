@@ -435,6 +435,15 @@ class Observer(AttributeReads):
             or any(getattr(g, "expected", None) is obj for g in self._guards.values())
         )
 
+    def held_as(self, obj) -> str:
+        """Where the program found ``obj``, which it reached from outside: ``Net.scales``, ``global 'it'
+        of __main__``, ``closure variable 'it'``, ``argument 'it'``; empty where not known."""
+        found = [g for g in self._guards.values() if getattr(g, "expected", None) is obj and hasattr(g, "source")]
+        if found:
+            return found[0].source.describe(found[0].name)
+        known = self._iterators.get(id(obj))
+        return repr(known[1]) if known is not None and known[0] is obj else ""
+
     def _add_hooks(self, module) -> None:
         """The forward of ``module`` and its forward hooks run in the call: their closure cells
         (a module class defined in a function) and, for a hook object (``steer.alpha``), its
@@ -545,7 +554,11 @@ class Observer(AttributeReads):
         self.state.containers.reading = frame.f_code
         self.state.containers.returned(frame)
         if reads.locals:
-            self._follow_state(frame.f_locals, reads.locals, reads.line)
+            self.late = True
+            try:
+                self._follow_state(frame.f_locals, reads.locals, reads.line)
+            finally:
+                self.late = False
         if reads.types:
             read_types(reads.types, frame.f_locals, frame.f_globals, frame.f_code.co_filename)
 
