@@ -131,6 +131,10 @@ def with_views(fn, plan: OutputViews):
         _, of_input, k, take = takes[0]
         if of_input:
             return lambda *inputs: (fn(*inputs), take(inputs[k], inputs))[1]
+        one = getattr(take, "op_call", None)  # (a view one op takes: called here, no frame of its taker)
+        if one is not None:
+            op, args = one
+            return lambda *inputs: op(fn(*inputs), *args)
         return lambda *inputs: take(fn(*inputs), inputs)
     as_list = plan.out_kind == "list"
 
