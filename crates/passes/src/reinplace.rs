@@ -134,7 +134,8 @@ fn slices(g: &BoundSymbol, view: ValueId, base: ValueId, trace: &Trace, region: 
 /// Whether, after the computing call `m` (which reads `view` as its receiver and nothing else
 /// aliasing `base`), no call but the scatter `i` reads `base` or a tensor that may alias it
 /// (made from it, at any depth, by calls that do not return new memory), none is returned, and
-/// `src` is read by the scatter alone, once.
+/// `src` is read by the scatter alone, once (and returned only where no call reads the scatter's
+/// output after it).
 fn unread_after(trace: &Trace, p: usize, m: usize, i: usize, base: ValueId, view: ValueId, src: ValueId) -> bool {
     let mut aliases: FxHashSet<ValueId> = FxHashSet::from_iter([base]);
     for (k, b) in trace.bsyms.iter().enumerate().skip(p + 1) {
@@ -157,8 +158,16 @@ fn unread_after(trace: &Trace, p: usize, m: usize, i: usize, base: ValueId, view
             aliases.extend(b.outputs.iter().copied());
         }
     }
+    // The computed values may be returned where no call after the scatter reads what it wrote:
+    // run in place, they are the slice of the base then, with the values the scatter would have
+    // written (a program's view returned after its write, `output_views`, is that slice itself).
+    let written = trace.bsyms[i].outputs[0];
+    let mut read_after = false;
+    for b in &trace.bsyms[i + 1..] {
+        b.for_each_input(|v| read_after |= v == written);
+    }
     let mut returned = false;
-    trace.outputs.for_each_value(&mut |v| returned |= aliases.contains(&v) || v == src);
+    trace.outputs.for_each_value(&mut |v| returned |= aliases.contains(&v) || (v == src && read_after));
     !returned
 }
 
@@ -205,6 +214,10 @@ mod tests {
         // Read after the write: the new values, now the base's.
         let (methods, _) = reinplaced(&[MADE, VIEW, WRITE, SCATTER, "t8 = prims.exp(t7)", "return t8"]);
         assert_eq!(methods, ["mul", "slice", "mul_", "exp"]);
+        // The computed values returned with the base, nothing reading it after: the slice itself.
+        let (methods, outputs) = reinplaced(&[MADE, VIEW, WRITE, SCATTER, "return (t7, t3)"]);
+        assert_eq!(methods, ["mul", "slice", "mul_"]);
+        assert_eq!(outputs, format!("{:?}", Arg::Tuple(vec![Arg::Value(ValueId(1)), Arg::Value(ValueId(3))])));
     }
 
     #[test]
@@ -221,8 +234,8 @@ mod tests {
             vec![MADE, alias, VIEW, WRITE, SCATTER, "return (t7, t9)"],
             // The base's old values returned.
             vec![MADE, VIEW, WRITE, SCATTER, "return (t7, t1)"],
-            // The computed values returned too.
-            vec![MADE, VIEW, WRITE, SCATTER, "return (t7, t3)"],
+            // The computed values returned too, the written base read after the write.
+            vec![MADE, VIEW, WRITE, SCATTER, "t8 = prims.exp(t7)  # t8: \"cpu f32[8, 8]\"", "return (t8, t3)"],
             // The slice of an argument.
             vec![argument, WRITE, &of_argument, "return t7"],
             // Another slice than the one the scatter writes.

@@ -431,15 +431,16 @@ def set_versions(tensors: tuple, bumps: tuple) -> None:
             torch.autograd.graph.increment_version(t)
 
 
-def eager_versions(outputs: tuple, writes) -> tuple:
+def eager_versions(outputs: tuple, writes, skipped=()) -> tuple:
     """``(position, count)`` of the trace ``outputs`` in memory the program made (an input's is the
     write-backs') that writes of the program bumped eager's version counter of: the count (``writes``,
     ``SavedVersions.writes``) a call gives the tensor it returns there, and so the views taken of it,
-    where its executor wrote it functionally (``y = x * 1; y[1:].mul_(2); return y[1:]``: one)."""
+    where its executor wrote it functionally (``y = x * 1; y[1:].mul_(2); return y[1:]``: one). Not
+    at the positions ``skipped`` (``OutputViews.own``: views sharing their root's counter, or unused)."""
     found = []
     with torch._C.DisableTorchFunctionSubclass():
         for i, o in enumerate(outputs):
-            if isinstance(o, TensorProxy):
+            if isinstance(o, TensorProxy) and i not in skipped:
                 link = o._view
                 root = o if link is None else link.root
                 if root._input_vid is None and (n := writes(root)):
@@ -454,14 +455,14 @@ def with_versions(fn, versions: tuple, single: bool, forward: bool = False):
     if _set_counters is None:
         return fn
     positions, counts = tuple(i for i, _ in versions), tuple(n for _, n in versions)
-    if single and not forward:  # (set only where the trace's own writes left another count)
-        count = counts[0]
+    if len(versions) == 1 and not forward:  # (set only where the trace's own writes left another count)
+        count, at = counts[0], positions[0]
 
         def call_single(*inputs):
             out = fn(*inputs)
             try:
-                if out._version != count:
-                    _set_counters((out,), counts)
+                if (t := out if single else out[at])._version != count:
+                    _set_counters((t,), counts)
             except RuntimeError:  # (an inference tensor)
                 pass
             return out
