@@ -38,7 +38,7 @@ def _two_written_views(x):
     return v, w
 
 
-def _base_read_after(x):  # (not run in place: the base is read after the write)
+def _base_read_after(x):  # (the base only read after the write)
     y = x * 1
     v = y[1:]
     v.mul_(2)
@@ -50,6 +50,14 @@ def _as_list(x):
     v = y[2:]
     v.sub_(1)
     return [v, x.sum()]
+
+
+def _two_writes(x):  # (not run in place: the first write's values are read by the second)
+    y = x * 1
+    v = y[1:]
+    v.mul_(2)
+    v.add_(3)
+    return v
 
 
 def _not_in_place(x):  # (a write whose value no in-place method computes)
@@ -66,6 +74,7 @@ PROGRAMS = [
     _two_written_views,
     _base_read_after,
     _as_list,
+    _two_writes,
     _not_in_place,
 ]
 
@@ -114,10 +123,38 @@ def test_the_write_runs_in_place_and_the_trace_returns_the_view():
     assert source.rstrip().splitlines()[-1].strip().startswith("return (")  # (the base, then the view)
 
 
+@pytest.mark.parametrize("fn", [_written_view, _base_read_after, _two_written_views], ids=lambda f: f.__name__)
+def test_writes_through_slices_still_run_in_place(fn):
+    """Returning the views' own values keeps the writes in place where they ran in place before:
+    the base read after the write, or written through another slice after it."""
+    jf = thunder_rs.jit(fn)
+    jf(torch.randn(8, 8))
+    assert "slice_scatter" not in str(thunder_rs.last_traces(jf)[-1])
+
+
 def test_the_view_is_taken_again_where_the_write_did_not_run_in_place():
-    jf = thunder_rs.jit(_base_read_after)
+    jf = thunder_rs.jit(_two_writes)
     jf(torch.randn(8, 8))
     assert "slice_scatter" in str(thunder_rs.last_traces(jf)[-1])
     x = torch.randn(8, 8)
-    (v, s), (ev, es) = jf(x.clone()), _base_read_after(x.clone())
-    assert v._base is not None and _layout(v) == _layout(ev) and torch.equal(v, ev) and torch.equal(s, es)
+    v, ev = jf(x.clone()), _two_writes(x.clone())
+    assert v._base is not None and _layout(v) == _layout(ev) and torch.equal(v, ev)
+
+
+def _copied_then_written(x, z):
+    y = z * 1
+    v = y[1:]
+    v.mul_(2)
+    x.copy_(v)  # (the values before the next write, which also reaches v's memory)
+    y[:2].add_(5)
+    return v
+
+
+def test_values_copied_out_before_a_later_write_keep_the_values_copied():
+    jf = thunder_rs.jit(_copied_then_written)
+    for _ in range(3):
+        x, z = torch.randn(7, 8), torch.randn(8, 8)
+        ex, jx = x.clone(), x.clone()
+        expected, actual = _copied_then_written(ex, z), jf(jx, z)
+        assert torch.equal(jx, ex) and jx._version == ex._version
+        assert torch.equal(actual, expected) and _layout(actual) == _layout(expected)
