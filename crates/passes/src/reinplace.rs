@@ -37,9 +37,11 @@ pub fn reinplace_slice_writes(trace: &Trace, impls: &mut Vec<Callee>, regions: &
         return trace.clone();
     }
     let mut trace = trace.clone();
-    while let Some((m, i)) = find(&trace, impls) {
+    let mut switched: FxHashSet<ValueId> = FxHashSet::default(); // (the outputs of the calls run in place)
+    while let Some((m, i)) = find(&trace, impls, &switched) {
         let method = impls[m].inplace.clone();
         impls[m] = Callee { method, inplace: None, ..impls[m].clone() };
+        switched.extend(trace.bsyms[m].outputs.iter().copied());
         let scatter = &trace.bsyms[i];
         let subst: FxHashMap<ValueId, ValueId> =
             FxHashMap::from_iter([(scatter.outputs[0], scatter.args[0].as_value().unwrap())]);
@@ -59,7 +61,7 @@ pub fn reinplace_slice_writes(trace: &Trace, impls: &mut Vec<Callee>, regions: &
 }
 
 /// `(m, i)`: the first scatter `i` the rules allow to drop, and the call `m` computing its source.
-fn find(trace: &Trace, impls: &[Callee]) -> Option<(usize, usize)> {
+fn find(trace: &Trace, impls: &[Callee], switched: &FxHashSet<ValueId>) -> Option<(usize, usize)> {
     let mut producer: FxHashMap<ValueId, usize> = FxHashMap::default();
     for (k, b) in trace.bsyms.iter().enumerate() {
         producer.extend(b.outputs.iter().map(|&o| (o, k)));
@@ -76,7 +78,9 @@ fn find(trace: &Trace, impls: &[Callee]) -> Option<(usize, usize)> {
         if computing.outputs.len() != 1 || !same_meta(trace, *view, src) {
             continue;
         }
-        if slices(&trace.bsyms[g], *view, base, trace, region) && unread_after(trace, p, m, i, base, *view, src) {
+        if slices(&trace.bsyms[g], *view, base, trace, region)
+            && unread_after(trace, (p, m, i), base, *view, src, switched)
+        {
             return Some((m, i));
         }
     }
@@ -134,8 +138,16 @@ fn slices(g: &BoundSymbol, view: ValueId, base: ValueId, trace: &Trace, region: 
 /// Whether, after the computing call `m` (which reads `view` as its receiver and nothing else
 /// aliasing `base`), no call but the scatter `i` reads `base` or a tensor that may alias it
 /// (made from it, at any depth, by calls that do not return new memory), none is returned, and
-/// `src` is read by the scatter alone, once.
-fn unread_after(trace: &Trace, p: usize, m: usize, i: usize, base: ValueId, view: ValueId, src: ValueId) -> bool {
+/// `src` is read by the scatter alone, once (and returned only where no write-back, and no call
+/// `switched` to run in place, follows the scatter).
+fn unread_after(
+    trace: &Trace,
+    (p, m, i): (usize, usize, usize),
+    base: ValueId,
+    view: ValueId,
+    src: ValueId,
+    switched: &FxHashSet<ValueId>,
+) -> bool {
     let mut aliases: FxHashSet<ValueId> = FxHashSet::from_iter([base]);
     for (k, b) in trace.bsyms.iter().enumerate().skip(p + 1) {
         let mut read_alias = 0usize;
@@ -157,8 +169,16 @@ fn unread_after(trace: &Trace, p: usize, m: usize, i: usize, base: ValueId, view
             aliases.extend(b.outputs.iter().copied());
         }
     }
+    // The computed values may be returned where no write-back follows the scatter (which this
+    // pass may run in place, into the same memory) and no call it ran in place: run in place,
+    // they are the slice of the base then, with the values the scatter would have written, which
+    // calls that only read them leave as they are (a program's view returned after its write,
+    // `output_views`, is that slice itself).
+    let written_after = trace.bsyms[i + 1..]
+        .iter()
+        .any(|b| scatter_args(b).is_some() || b.outputs.iter().any(|o| switched.contains(o)));
     let mut returned = false;
-    trace.outputs.for_each_value(&mut |v| returned |= aliases.contains(&v) || v == src);
+    trace.outputs.for_each_value(&mut |v| returned |= aliases.contains(&v) || (v == src && written_after));
     !returned
 }
 
@@ -196,6 +216,13 @@ mod tests {
     const MADE: &str = "t1 = prims.mul(t0, 1.0)  # t1: \"cpu f32[8, 8]\"";
     const VIEW: &str = "t2 = prims.slice(t1, (1, 0), (8, 8), (1, 1))  # t2: \"cpu f32[7, 8]\"";
     const WRITE: &str = "t3 = prims.mul(t2, 2.0)  # t3: \"cpu f32[7, 8]\"";
+    const SECOND_WRITE: &str = "t9 = prims.slice(t7, (0, 0), (2, 8), (1, 1))  # t9: \"cpu f32[2, 8]\"
+  t11 = prims.add(t9, 1.0)  # t11: \"cpu f32[2, 8]\"";
+    const SECOND_SCATTER: &str = "t12 = ltorch.slice_overwrite(t7, t11, 0, 0, 2, 1)  # t12: \"cpu f32[8, 8]\"
+    # t13 = prims.pad(t11, 0.0, ((0, 6, 0), (0, 0, 0)))  # t13: \"cpu f32[8, 8]\"
+    # t14 = prims.full((2, 8), True, torch.device('cpu'), torch.bool)  # t14: \"cpu b8[2, 8]\"
+    # t15 = prims.pad(t14, False, ((0, 6, 0), (0, 0, 0)))  # t15: \"cpu b8[8, 8]\"
+    # t12 = prims.where(t15, t13, t7)  # t12: \"cpu f32[8, 8]\"";
 
     #[test]
     fn a_write_through_a_slice_of_a_made_tensor_runs_in_place() {
@@ -205,6 +232,14 @@ mod tests {
         // Read after the write: the new values, now the base's.
         let (methods, _) = reinplaced(&[MADE, VIEW, WRITE, SCATTER, "t8 = prims.exp(t7)", "return t8"]);
         assert_eq!(methods, ["mul", "slice", "mul_", "exp"]);
+        // The computed values returned with the base, nothing writing it after: the slice itself.
+        let (methods, outputs) = reinplaced(&[MADE, VIEW, WRITE, SCATTER, "return (t7, t3)"]);
+        assert_eq!(methods, ["mul", "slice", "mul_"]);
+        assert_eq!(outputs, format!("{:?}", Arg::Tuple(vec![Arg::Value(ValueId(1)), Arg::Value(ValueId(3))])));
+        // The base only read after: its values stay the slice's.
+        let sum = "t8 = prims.sum(t7, (0, 1))  # t8: \"cpu f32[]\"";
+        let (methods, _) = reinplaced(&[MADE, VIEW, WRITE, SCATTER, sum, "return (t7, t3, t8)"]);
+        assert_eq!(methods, ["mul", "slice", "mul_", "sum"]);
     }
 
     #[test]
@@ -221,8 +256,9 @@ mod tests {
             vec![MADE, alias, VIEW, WRITE, SCATTER, "return (t7, t9)"],
             // The base's old values returned.
             vec![MADE, VIEW, WRITE, SCATTER, "return (t7, t1)"],
-            // The computed values returned too.
-            vec![MADE, VIEW, WRITE, SCATTER, "return (t7, t3)"],
+            // The computed values returned too, the base written again after the write (the second
+            // write-back, which runs in place, first).
+            vec![MADE, VIEW, WRITE, SCATTER, SECOND_WRITE, SECOND_SCATTER, "return (t12, t3)"],
             // The slice of an argument.
             vec![argument, WRITE, &of_argument, "return t7"],
             // Another slice than the one the scatter writes.

@@ -61,7 +61,7 @@ from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_w
 from thunder_rs.core.lang.torch_overrides import noting_checkpoints, tracing_overrides
 from thunder_rs.core.lang.snapshots import FirstOutputs
 from thunder_rs.core.lang.values import ValueReads, reading
-from thunder_rs.core.acquisition.output_views import OutputViews, plan_views
+from thunder_rs.core.acquisition.output_views import OutputViews, own_outputs, plan_views
 from thunder_rs.core.acquisition.writeback import WriteBacks, eager_versions, plan
 from thunder_rs.core.acquisition.traced_inputs import (
     SizeInputs,
@@ -556,7 +556,8 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     leaf_outputs = inner_leaves.grad_outputs(outputs) if through_leaves else ()
     vids = [getattr(o, "_vid", None) for o in (outputs if type(outputs) in (tuple, list) else (outputs,))]
     made_outputs = {k: outputs_made[v] for k, v in enumerate(vids) if v in outputs_made}
-    versions = eager_versions(outputs if type(outputs) in (tuple, list) else (outputs,), writes_of)
+    own = {j for _, j in views.own} if views is not None else ()  # (the roots' versions are theirs)
+    versions = eager_versions(outputs if type(outputs) in (tuple, list) else (outputs,), writes_of, own)
     finished = rec.finish(outputs)
     planned = (writebacks, views, first, leaf_outputs, made_outputs, versions)
     return finished, out_spec, out_kind, effects, num_outputs, planned
@@ -579,9 +580,10 @@ def _planned(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, capt
         num_outputs = len(out)
     traced = inputs.args + inputs.params + captured
     sizes = tuple(f"t{size.values()[0]}" for size in rec.size_inputs())
-    views, out = plan_views(out, _kind(out), traced, sizes, rec.is_read)
+    views, out, own = plan_views(out, _kind(out), traced, sizes, rec.is_read)
     if extras:
         out = (*out, *extras)
+    views, out = own_outputs(views, out, own)
     out_kind = _kind(out)
     n_args, n_traced = len(inputs.args), len(traced)
     separate = (*range(n_args), *range(n_traced - len(captured), n_traced))

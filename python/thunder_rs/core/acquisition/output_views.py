@@ -14,7 +14,7 @@ Function (inputs the program writes are the write-backs', ``writeback``). Only v
 prims (``writeback.replayable_view``) are taken again, only in calls with outputs that carry
 gradients (others run no Function); other outputs cost a call nothing."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,6 +35,12 @@ class OutputViews:
     views: tuple
     #: the names of the trace's size inputs (``writeback.WriteBacks.sizes``)
     sizes: tuple = ()
+    #: (output position, trace output position) of views of memory written since they were taken,
+    #: in calls that record no gradient, whose own values the trace also returns, after all its
+    #: other outputs: where the write ran in place into the view (``passes::reinplace``), that value
+    #: is the view itself, a view of the root, returned as it is (eager's own: ``y = x * 1; v =
+    #: y[1:]; v.mul_(2); return v``), with no view taken again (~1.4 us)
+    own: tuple = ()
 
 
 def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
@@ -42,7 +48,8 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     the outputs the trace returns instead: at the first view of an intermediate the intermediate
     (unless the program returns it too), at the other views None. An input the program does not
     write, or a view of it, is the caller's tensor or taken of it (the Function would return its
-    own view of it, which torch refuses to write in place). ``(None, out)`` when there are none.
+    own view of it, which torch refuses to write in place). ``(None, out, ())`` when there are none;
+    the third: ``OutputViews.own``'s views, ``(output position, proxy)`` (``own_outputs``).
     ``is_read(vid)``: whether a top-level call of the recording reads the value; an intermediate
     no top-level call reads is internal to a composite (``tensordot``'s product, which its output
     reshapes), which the trace cannot return: such a view is returned as it is.
@@ -55,6 +62,9 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
     that requires grad is taken under ``no_grad`` (eager's has no history)."""
     leaves = [out] if out_kind == "single" else list(out)
     trained = any(isinstance(o, TensorProxy) and o.requires_grad for o in leaves)
+    # (no input requires grad: no autograd function around the trace, whose passes may run in place)
+    ungraded = not trained and not any(p.requires_grad for p in traced)
+    own: list = []
     inputs = {id(p): k for k, p in enumerate(traced)}
     held: dict = {}
     for i, o in enumerate(leaves):
@@ -90,15 +100,27 @@ def plan_views(out, out_kind: str, traced: list, sizes: tuple, is_read=None):
             at = held.setdefault(id(link.root), i)
             leaves[i] = link.root if at == i else None
             views.append((i, False, at, link.steps, detached, rebased))
+            if written and ungraded and not detached:
+                own.append((i, o))
         elif link.root._vid == link.root._input_vid:  # (a view of a written input is the write-backs')
             leaves[i] = None
             views.append((i, True, k, link.steps, detached, rebased))
         if len(views) > planned:
             taken[id(o)] = i
     if not views:
-        return None, out
+        return None, out, ()
     kept = leaves[0] if out_kind == "single" else type(out)(leaves)
-    return OutputViews(out_kind, tuple(views), sizes), kept
+    return OutputViews(out_kind, tuple(views), sizes), kept, tuple(own)
+
+
+def own_outputs(plan: OutputViews | None, out, own: tuple) -> tuple:
+    """``plan`` and the trace's outputs ``out`` (the program's, then the effects'), with the own
+    values of ``plan_views``'s ``own`` views (``(output position, proxy)``) returned after them."""
+    if plan is None or not own:
+        return plan, out
+    kept = tuple(out) if type(out) in (tuple, list) else (out,)
+    at = tuple((i, len(kept) + r) for r, (i, _) in enumerate(own))
+    return replace(plan, own=at), (*kept, *(o for _, o in own))
 
 
 def _same_output(t, inputs):
@@ -127,10 +149,16 @@ def with_views(fn, plan: OutputViews):
         (i, of_input, at, same if of_input is None else _taker(steps, plan.sizes, detached, rebased))
         for i, of_input, at, steps, detached, rebased in plan.views
     ]
+    if plan.own:
+        return _with_own(fn, plan, takes)
     if plan.out_kind == "single":
         _, of_input, k, take = takes[0]
         if of_input:
             return lambda *inputs: (fn(*inputs), take(inputs[k], inputs))[1]
+        one = getattr(take, "op_call", None)  # (a view one op takes: called here, no frame of its taker)
+        if one is not None:
+            op, args = one
+            return lambda *inputs: op(fn(*inputs), *args)
         return lambda *inputs: take(fn(*inputs), inputs)
     as_list = plan.out_kind == "list"
 
@@ -140,6 +168,38 @@ def with_views(fn, plan: OutputViews):
         for i, of_input, at, take in takes:
             if of_input is None:  # the same output again
                 outs[i] = outs[at]
+            else:
+                outs[i] = take(inputs[at] if of_input else roots[at], inputs)
+        return outs if as_list else tuple(outs)
+
+    return call
+
+
+def _with_own(fn, plan: OutputViews, takes: list):
+    """``with_views``'s callable where the trace also returns the own values of views (``plan.own``,
+    its last outputs): each returned as it is where it is a view of its root (its write ran in place),
+    else taken of the root as the other views are."""
+    own = dict(plan.own)
+    end = min(own.values())  # (the trace's outputs before the own values: the program's, the effects')
+    if plan.out_kind == "single":
+        (_, _, at, take), j = takes[0], own[0]
+
+        def call_single(*inputs):
+            roots = fn(*inputs)
+            root, value = roots[at], roots[j]
+            return value if value._base is root else take(root, inputs)
+
+        return call_single
+    as_list = plan.out_kind == "list"
+
+    def call(*inputs):
+        roots = fn(*inputs)
+        outs = list(roots[:end])
+        for i, of_input, at, take in takes:
+            if of_input is None:  # the same output again
+                outs[i] = outs[at]
+            elif i in own and (value := roots[own[i]])._base is roots[at]:
+                outs[i] = value
             else:
                 outs[i] = take(inputs[at] if of_input else roots[at], inputs)
         return outs if as_list else tuple(outs)

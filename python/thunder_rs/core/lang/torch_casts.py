@@ -177,7 +177,7 @@ def cached_cast(t: torch.Tensor, device_type: str, dtype: torch.dtype) -> torch.
 
 
 #: Empty partners in the autocast dtype that require grad, by ``(shape, device, dtype)``: autocast
-#: leaves them as they are, so a lookup casts the leaf alone (``_probed``).
+#: leaves them as they are, so a lookup casts the leaf alone (``read_casts``).
 _low_partners: dict = {}
 #: The tensors a lookup of ``read_casts`` may be made for: plain ones, no subclass or mode's.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -197,28 +197,18 @@ def _plan(t: torch.Tensor, dtype: torch.dtype) -> tuple | bool:
     return t.ndim == 2, low, _partner(t, shape)
 
 
-def _probed(t: torch.Tensor, plan: tuple, now: weakref.ref | None) -> tuple:
-    """``cached_cast``'s lookup where the caller's region is as it needs (grad mode on, autocast
-    on in the cast's dtype, no modes or saved-tensor hooks): ``t`` alone is cast through the cache
-    (its partner is of that dtype already), read back from what ``mm`` (a matrix) or ``mv`` (a
-    vector) saved; the first lookup of a generation (``now`` None) takes the float32 partner, whose
-    cast marks it. ``(cast, generation)``; the cast None where a cast of another dtype is cached
-    (an enclosing region's: ``cached_cast`` raises the error)."""
-    matrix, low, full = plan
-    partner = low if now is not None else full
-    try:
-        node: Any = torch.mm(t, partner).grad_fn if matrix else torch.matmul(partner, t).grad_fn
-    except RuntimeError:  # (mm of two dtypes)
-        return None, now
-    if now is None:
-        now = _new_generation(node._saved_mat2 if matrix else node._saved_self)
-    return (node._saved_self if matrix else node._saved_vec), now
+#: the probes' ops and the lookups' weak references, bound once
+_mm, _matmul, _ref = torch.mm, torch.matmul, weakref.ref
 
 
 def read_casts(given: list, casts: tuple, plans: list) -> None:
     """Places in ``given`` (a call's inputs) the casts ``casts`` names (``with_cached_casts``), as
     ``cached_cast`` looks them up, its checks of the caller's modes made once per call and the
-    partners once per entry (``plans``, by cast)."""
+    partners once per entry (``plans``, by cast). Where the caller's region is as the lookup needs
+    (grad mode on, autocast on in the cast's dtype, no modes or saved-tensor hooks), a leaf alone is
+    cast through the cache (its partner is of that dtype already), read back from what ``mm`` (a
+    matrix) or ``mv`` (a vector) saved; the first lookup of a generation takes the float32 partner,
+    whose cast marks it. (Inline, not a function per weight: ~0.4 us a weight less.)"""
     now = _current()
     ready = (
         torch.is_grad_enabled()
@@ -227,9 +217,12 @@ def read_casts(given: list, casts: tuple, plans: list) -> None:
         and not (_top_hooks(False) is not None and _hooks_enabled())
     )
     device, lower = None, None  # (the autocast dtype of ``device``, None where autocast is off there)
+    looked = _looked
     for i, (at, leaf, device_type, dtype) in enumerate(casts):
         t = given[leaf]
-        cast = _hit(t, now) if now is not None else None
+        cast = None
+        if now is not None and (hit := looked.get(id(t))) is not None and hit[2] is now and hit[0]() is t:
+            cast = hit[1]()
         if cast is None and ready and type(t) in _PLAIN:
             if device_type != device:
                 device = device_type
@@ -237,10 +230,20 @@ def read_casts(given: list, casts: tuple, plans: list) -> None:
             plan = plans[i]
             if plan is None:
                 plan = plans[i] = _plan(t, dtype)
-            if plan and lower == dtype:
-                cast, now = _probed(t, plan, now)  # (of ``dtype``: ``mm`` and ``mv`` take one dtype)
-                if cast is not None:
-                    _looked[id(t)] = (weakref.ref(t), weakref.ref(cast), now)
+            if plan and lower == dtype:  # (of ``dtype``: ``mm`` and ``mv`` take one dtype)
+                matrix, low, full = plan
+                try:
+                    if matrix:
+                        node: Any = _mm(t, low if now is not None else full).grad_fn
+                    else:
+                        node = _matmul(low if now is not None else full, t).grad_fn
+                except RuntimeError:  # (mm of two dtypes: ``cached_cast`` raises the error)
+                    node = None
+                if node is not None:
+                    if now is None:
+                        now = _new_generation(node._saved_mat2 if matrix else node._saved_self)
+                    cast = node._saved_self if matrix else node._saved_vec
+                    looked[id(t)] = (_ref(t), _ref(cast), now)
         if cast is None:
             cast = cached_cast(t, device_type, dtype)
             now = _current()
