@@ -15,7 +15,8 @@ so ``torch.arange(len(x))`` or ``x[: len(x) // 2]`` compiled once per length whe
 ``x.shape[0]`` compiles once (torch.compile keeps both symbolic); a flip or a roll that keeps
 every element in place (length 1) returned its input, and the copy eager makes there came at the
 trace's end, so its gradient was added to the input's others first, not at the op's place as
-eager's engine adds it (1 ulp off; ``test_dynamic_round9``'s strict xfail).
+eager's engine adds it (1 ulp off; ``test_dynamic_round9``'s strict xfail), and its strides were
+row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -136,6 +137,27 @@ def test_a_flip_or_roll_of_length_1_is_a_new_tensor_with_eagers_strides():
         e, g = fn(x), thunder_rs.jit(fn)(x)
         for a, b in zip(e, g):
             assert torch.equal(a, b) and a.stride() == b.stride() and b.data_ptr() != x.data_ptr()
+
+
+def unpadded(x):
+    return x.exp(), F.pad(x, (0, 0)), x.sin() * 2, F.pad(x, [0, 0, 0, 0], value=1.0), x.cos()
+
+
+def test_a_constant_pad_of_nothing_is_eagers_copy_at_its_place():
+    """``F.pad`` by amounts all 0 copies in eager (``empty_like``: the input's layout) at the
+    pad's place among the input's uses; the trace's copy was made after the call, row-major, and
+    its gradient added to the input's others first (1 ulp off for some inputs)."""
+    torch.manual_seed(0)
+    jfn = thunder_rs.jit(unpadded)
+    for _ in range(6):
+        x = torch.randn(3, 1, 2).permute(2, 1, 0).requires_grad_()
+        y = copied(x)
+        e, g = unpadded(x), jfn(y)
+        for a, b in zip(e, g):
+            assert torch.equal(a, b) and a.stride() == b.stride() and b.data_ptr() != y.data_ptr()
+        for out in (e, g):
+            torch.stack([t.sin().sum() for t in out]).sum().backward()
+        assert torch.equal(x.grad, y.grad)
 
 
 # -- the patterns of the sweep, each over sizes that change ------------------------------------------

@@ -22,7 +22,6 @@ from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import ltorch, read_numbers, torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
 from thunder_rs.torch.shape import clone, slice_in_dim
-from thunder_rs.torch.views import copy_of
 
 __all__ = ["constant_pad_nd", "reflection_pad", "replication_pad", "circular_pad"]
 
@@ -48,7 +47,8 @@ def take_positions(a, dim: int, positions):
 
 def fresh(out, a):
     """``out``, or a copy of ``a`` when ``out`` is ``a``: what eager returns from an op that copies
-    even when it has nothing to do."""
+    even when it has nothing to do, made where the op is called (its gradient reaches ``a`` in
+    eager's order among ``a``'s others) and laid out as ``a`` (``empty_like``)."""
     return clone(a) if out is a else out
 
 
@@ -237,9 +237,8 @@ def _pad(input, pad, mode="constant", value=None):
     given as 0-dim integer tensors are read as eager's argument parser reads them (EnCodec pads
     by a buffer and by a length it computes with tensors)."""
     (pad,), _ = read_numbers((pad,), {}, 0)
-    if mode == "constant":  # eager copies even when nothing is padded
-        out = constant_pad(input, pad, mode, value)
-        return copy_of(out) if out is input else out
+    if mode == "constant":  # eager copies even when nothing is padded (its layout: ``fresh``)
+        return fresh(constant_pad(input, pad, mode, value), input)
     check(mode in _MODES, "ltorch.pad", f"Unrecognised padding mode {mode} (argument mode)", ThunderNotImplementedError)
     check(
         value is None or value == 0,
