@@ -16,7 +16,8 @@ so ``torch.arange(len(x))`` or ``x[: len(x) // 2]`` compiled once per length whe
 every element in place (length 1) returned its input, and the copy eager makes there came at the
 trace's end, so its gradient was added to the input's others first, not at the op's place as
 eager's engine adds it (1 ulp off; ``test_dynamic_round9``'s strict xfail), and its strides were
-row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise.
+row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise; ``tril`` and
+``triu`` of a permuted batch under grad were laid out as their decomposition's ``where``.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -158,6 +159,20 @@ def test_a_constant_pad_of_nothing_is_eagers_copy_at_its_place():
         for out in (e, g):
             torch.stack([t.sin().sum() for t in out]).sum().backward()
         assert torch.equal(x.grad, y.grad)
+
+
+def triangles(x):
+    T = x.shape[-1]
+    return x.triu(1), x.tril(-1) * 2, x.tril(T // 2), torch.triu(x, -T)
+
+
+def test_triangles_of_a_permuted_batch_under_grad_are_laid_out_as_eagers():
+    """``tril``/``triu`` of a permuted batch that requires grad ran as their decomposition, a
+    ``where`` over a mask broadcast across the batch, laid out as the ``where`` (strides ``(1, 6,
+    2)`` where eager's kernel gives row-major ones). They run as eager's kernel, with its
+    gradient (the gradient's own triangle)."""
+    jfn = run_lengths(triangles, lambda T: [torch.randn(T + 1, T + 2, 2).permute(2, 1, 0).requires_grad_()])
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
 
 
 # -- the patterns of the sweep, each over sizes that change ------------------------------------------
