@@ -19,7 +19,8 @@ eager's engine adds it (1 ulp off; ``test_dynamic_round9``'s strict xfail), and 
 row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise; ``tril`` and
 ``triu`` of a permuted batch under grad were laid out as their decomposition's ``where``;
 ``diff``'s two slices were taken in the other order than eager's, so their gradients were added
-in another order among the input's other uses (1 ulp off at most lengths).
+in another order among the input's other uses (1 ulp off at most lengths), and the
+trapezoids' likewise (a cumulative trapezoid by ``dx`` also scaled the sums, not the heights).
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -186,6 +187,32 @@ def test_differences_among_other_uses_add_their_gradients_in_eagers_order():
     slices' gradients reached ``x`` in the other order among its other uses (1 ulp off for most
     inputs, at every length)."""
     jfn = run_lengths(differences, lambda T: grads((2, T + 1, T + 3)))
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def trapezoids(y, x):
+    return (
+        y.exp(),
+        torch.cumulative_trapezoid(y, dim=2),
+        y.sin() * 2,
+        torch.cumulative_trapezoid(y, dx=0.3, dim=2),
+        torch.cumulative_trapezoid(y, x, dim=2),
+        torch.trapezoid(y, x, dim=2),
+        y.cos(),
+        x.cos(),
+    )
+
+
+def test_trapezoids_among_other_uses_add_their_gradients_in_eagers_order():
+    """The trapezoids' later slice was taken before the earlier one (eager's takes the earlier
+    first), so their gradients reached ``y`` and ``x`` in another order among their other uses;
+    a cumulative trapezoid by ``dx`` scaled the sums (``cumsum(h) * dx / 2``) where eager sums the
+    scaled heights (``cumsum(dx / 2 * h)``), its gradient rounded otherwise."""
+
+    def make(T):
+        return [*grads((2, 3, T + 2)), torch.randn(T + 2).cumsum(0).requires_grad_()]
+
+    jfn = run_lengths(trapezoids, make)
     assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
 
 
