@@ -20,7 +20,9 @@ row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise; `
 ``triu`` of a permuted batch under grad were laid out as their decomposition's ``where``;
 ``diff``'s two slices were taken in the other order than eager's, so their gradients were added
 in another order among the input's other uses (1 ulp off at most lengths), and the
-trapezoids' likewise (a cumulative trapezoid by ``dx`` also scaled the sums, not the heights).
+trapezoids' likewise (a cumulative trapezoid by ``dx`` also scaled the sums, not the heights);
+``scaled_dot_product_attention(x, x, x)`` of a 3-D ``x`` summed its three gradients query first,
+where eager's reach ``x`` through the views it unsqueezed, value first.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -214,6 +216,18 @@ def test_trapezoids_among_other_uses_add_their_gradients_in_eagers_order():
 
     jfn = run_lengths(trapezoids, make)
     assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def self_attention(x, y):
+    return x.exp(), F.scaled_dot_product_attention(x, x, x), y.sin(), F.scaled_dot_product_attention(y, y, y), x.cos()
+
+
+def test_attention_of_one_tensor_as_query_key_and_value_sums_its_gradients_as_eager():
+    """3-D inputs reach eager's kernel unsqueezed, and their gradients through those views, the
+    value's first: ``sdpa(x, x, x)``'s three gradients were summed query first (1 ulp off for
+    most inputs). 4-D inputs take the kernel's own order."""
+    jfn = run_lengths(self_attention, lambda T: grads((2, T + 1, 4), (2, 2, T + 1, 4)))
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
 
 
 # -- the patterns of the sweep, each over sizes that change ------------------------------------------
