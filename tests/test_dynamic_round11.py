@@ -22,7 +22,8 @@ row-major where eager's keep the input's; ``F.pad`` by amounts all 0 likewise; `
 in another order among the input's other uses (1 ulp off at most lengths), and the
 trapezoids' likewise (a cumulative trapezoid by ``dx`` also scaled the sums, not the heights);
 ``scaled_dot_product_attention(x, x, x)`` of a 3-D ``x`` summed its three gradients query first,
-where eager's reach ``x`` through the views it unsqueezed, value first.
+where eager's reach ``x`` through the views it unsqueezed, value first; ``F.bilinear(x, x, w)``
+likewise added its first operand's gradient first, where eager adds the second's.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -227,6 +228,18 @@ def test_attention_of_one_tensor_as_query_key_and_value_sums_its_gradients_as_ea
     value's first: ``sdpa(x, x, x)``'s three gradients were summed query first (1 ulp off for
     most inputs). 4-D inputs take the kernel's own order."""
     jfn = run_lengths(self_attention, lambda T: grads((2, T + 1, 4), (2, 2, T + 1, 4)))
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def quadratic(x, w):
+    return x.exp(), F.bilinear(x, x, w), x.sin() * 2, x.cos()
+
+
+def test_a_bilinear_form_of_one_tensor_sums_its_gradients_as_eager():
+    """``F.bilinear(x, x, w)``: eager's gradients reach ``x`` through the views it flattened each
+    operand with, the second's first, each added to what ``x``'s later uses gave; the trace added
+    the first's first (1 ulp off for most inputs)."""
+    jfn = run_lengths(quadratic, lambda T: grads((2, T + 1, 5), (3, 5, 5)))
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
 
 
