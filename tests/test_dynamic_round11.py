@@ -23,7 +23,8 @@ in another order among the input's other uses (1 ulp off at most lengths), and t
 trapezoids' likewise (a cumulative trapezoid by ``dx`` also scaled the sums, not the heights);
 ``scaled_dot_product_attention(x, x, x)`` of a 3-D ``x`` summed its three gradients query first,
 where eager's reach ``x`` through the views it unsqueezed, value first; ``F.bilinear(x, x, w)``
-likewise added its first operand's gradient first, where eager adds the second's.
+likewise added its first operand's gradient first, where eager adds the second's; circular
+padding gave its input one gradient per slice it took, where eager's gives one.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
@@ -241,6 +242,30 @@ def test_a_bilinear_form_of_one_tensor_sums_its_gradients_as_eager():
     the first's first (1 ulp off for most inputs)."""
     jfn = run_lengths(quadratic, lambda T: grads((2, T + 1, 5), (3, 5, 5)))
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def wrapped(x, y, z):
+    return (
+        x.exp(),
+        F.pad(x, (2, 1), mode="circular"),
+        x.sin() * 2,
+        F.pad(y, (1, 2, 2, 0), mode="circular"),
+        y.cos(),
+        F.pad(z, (0, 1, 1, 1, 2, 1), mode="circular"),
+        z.sin(),
+    )
+
+
+def test_circular_padding_among_other_uses_adds_its_gradient_as_eager():
+    """Eager's circular padding copies the input into the middle, then the wraps from the
+    output: the input gets one gradient (the wraps' moved onto their sources), added among its
+    other uses' as one. The trace's slices each gave one, added in another order (1 ulp off)."""
+
+    def make(T):
+        return grads((2, 3, T + 3), (1, 2, T + 3, T + 4), (1, 2, 3, T + 3, 4))
+
+    jfn = run_lengths(wrapped, make)
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
 
 
 # -- the patterns of the sweep, each over sizes that change ------------------------------------------

@@ -229,6 +229,44 @@ def circular_pad(input, pad):
     return fresh(out, input)
 
 
+@register_grad(ltorch.circular_pad)
+def circular_pad_grad(input, pad):
+    """Eager's backward of its circular padding (``_pad_circular``: the input copied into the
+    middle of a new tensor, then each dim's wraps copied from it, last dim first, left before
+    right): each wrap's gradient moved onto its source's, in the reverse order, and the middle's
+    the input's, one gradient. (Differentiating the slices the trace takes gave the input one per
+    slice, added among the input's other uses in another order.) Crops keep the decomposition's."""
+    out = circular_pad(input, pad)
+    dims = _check_modes("ltorch.circular_pad", "circular", input, pad)
+    if not (input.requires_grad and input.dtype.is_floating_point) or any(lo < 0 or hi < 0 for _, lo, hi in dims):
+        return out
+    g = get_grad(out)
+    for d, lo, hi in reversed(dims):
+        n = g.shape[d]
+        if hi > 0:
+            g = _copied_grad(g, d, n - hi, lo, hi)
+        if lo > 0:
+            g = _copied_grad(g, d, 0, n - lo - hi, lo)
+    for d, lo, hi in dims:
+        g = ltorch.narrow(g, d, lo, g.shape[d] - lo - hi)
+    put_grad(input, g)
+    return out
+
+
+def _copied_grad(g, d: int, dst, src, n):
+    """The gradient before eager's ``copy_`` of ``[src, src + n)`` along ``d`` into ``[dst, dst +
+    n)`` of one tensor: ``g`` zeroed where it was written, plus the written part's gradient at its
+    source (two full-size tensors added, as autograd adds them)."""
+    size = g.shape[d]
+
+    def zeros(k):
+        return ltorch.zeros(tuple(k if i == d else s for i, s in enumerate(g.shape)), dtype=g.dtype, device=g.device)
+
+    written = ltorch.narrow(g, d, dst, n)
+    kept = ltorch.cat([ltorch.narrow(g, d, 0, dst), zeros(n), ltorch.narrow(g, d, dst + n, size - dst - n)], d)
+    return kept + ltorch.cat([zeros(src), written, zeros(size - src - n)], d)
+
+
 _MODES = {"reflect": reflection_pad, "replicate": replication_pad, "circular": circular_pad}
 
 
