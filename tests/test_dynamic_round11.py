@@ -108,6 +108,27 @@ def test_len_outside_a_traced_program_is_the_builtin():
     assert builtins.len is builtin
 
 
+def split_by_lengths(x, lengths):
+    parts = x.split(lengths.tolist())
+    return [p * 2 for p in parts], [p.shape[0] for p in parts]
+
+
+@pytest.mark.parametrize("lengths", [(5, 3, 7, 9, 12, 6), (5, 7, 9, 12, 3, 6, 8, 2)])
+def test_split_by_lengths_with_an_empty_part_compiles_twice(lengths):
+    """Round 10 left ``x.split(lengths.tolist())`` compiling once more where a part is empty (a
+    size read of 0 specialised); at HEAD a part of 0, at the symbolic compile or after it, is
+    served by the symbolic entry: pinned."""
+
+    def make(T):
+        return [
+            torch.randn(T, 3, dtype=torch.float64, requires_grad=True),
+            torch.tensor([T // 3, T - T // 3 - T // 4, T // 4]),
+        ]
+
+    jfn = run_lengths(split_by_lengths, make, lengths)
+    assert misses(jfn) == 2, thunder_rs.compile_stats(jfn).miss_reasons
+
+
 # -- several uses of one input at length 1 -----------------------------------------------------------
 
 
