@@ -219,6 +219,10 @@ def uses_len(x):
     return x * len(x)
 
 
+def uses_int(x):
+    return x * int(x.shape[0])
+
+
 def test_sizes_read_as_values_are_computed_per_call():
     jf = thunder_rs.jit(sizes_as_values, dynamic=True)
     for n in [3, 8, 5]:
@@ -227,12 +231,18 @@ def test_sizes_read_as_values_are_computed_per_call():
         torch.testing.assert_close(out[0], expected[0])
         assert out[1:] == expected[1:] and type(out[1]) is int and type(out[2]) is torch.Size
     assert misses(jf) == 1
-    # ``len()`` needs a Python int: the size is specialised, each length its own compile.
+    # ``len()`` is the first size, symbolic (``test_dynamic_round11``); ``int()`` needs a Python
+    # int: the size is specialised, each length its own compile.
     jl = thunder_rs.jit(uses_len, dynamic=True)
     for n in [3, 8, 8]:
         x = torch.randn(n, 2)
         torch.testing.assert_close(jl(x), uses_len(x))
-    assert misses(jl) == 2 and all(f"t0 - {n} == 0" in e.guards for n, e in zip([3, 8], symbolic(jl)))
+    assert misses(jl) == 1
+    ji = thunder_rs.jit(uses_int, dynamic=True)
+    for n in [3, 8, 8]:
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(ji(x), uses_int(x))
+    assert misses(ji) == 2 and all(f"t0 - {n} == 0" in e.guards for n, e in zip([3, 8], symbolic(ji)))
 
 
 class Attention(torch.nn.Module):

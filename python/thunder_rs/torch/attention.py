@@ -458,7 +458,10 @@ def scaled_dot_product_attention_grad(
         g = get_grad(out)
         g = ltorch.unsqueeze(g, 0) if batched else g
         grads = sdpa_flash_backward(g, q, k, v, kernel_out, lse, is_causal, scale, mask)
-        for x, grad in zip((query, key, value), grads):
+        # (3-D, eager's gradients reach the inputs through the views it unsqueezed them with, the
+        # last taken first: one tensor passed as several of them sums its gradients in that order)
+        pairs = list(zip((query, key, value), grads))
+        for x, grad in reversed(pairs) if batched else pairs:
             if x.requires_grad:
                 put_grad(x, ltorch.squeeze(grad, 0) if batched else grad)
         return out

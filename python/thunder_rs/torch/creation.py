@@ -17,6 +17,7 @@ from thunder_rs import clang, prims
 from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.devices import indexed
 from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import PROXY_CALLS, SIZE_DATA
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical
@@ -421,6 +422,24 @@ def _define_triangle(name: str, keep):
 
 tril = _define_triangle("tril", prims.le)
 triu = _define_triangle("triu", prims.ge)
+
+
+def _triangle_grad(symbol):
+    """Eager's ``TrilBackward0``/``TriuBackward0``: the gradient's own triangle. The forward stays
+    one call, as eager's kernel (differentiated through its decomposition, a ``where`` over a
+    mask broadcast across the batch, it was laid out as the ``where``, not row-major as eager's
+    ``tril``/``triu`` of a permuted input)."""
+
+    def grad(input, diagonal=0):
+        out = symbol(input, diagonal)
+        put_grad(input, symbol(get_grad(out), diagonal))
+        return out
+
+    register_grad(symbol)(grad)
+
+
+_triangle_grad(tril)
+_triangle_grad(triu)
 
 
 # -- eye, linspace and logspace; conjugation -------------------------------------------------------

@@ -148,12 +148,14 @@ def bilinear_grad(input1, input2, weight, bias=None):
     g = ltorch.reshape(cotangent, (rows, outs))
     x1, x2 = ltorch.reshape(input1, (rows, ins1)), ltorch.reshape(input2, (rows, ins2))
     e1, e2, e3, sumdim = _BILINEAR_DIMS
-    if input1.requires_grad:
-        put_grad(input1, ltorch.reshape(trilinear(g, weight, x2, sumdim, e2, e3, e1), input1.shape))
     if weight.requires_grad:
         put_grad(weight, trilinear(x1, g, x2, e1, sumdim, e3, e2))
+    # (input2's first: eager's reach the inputs through the views it flattened them with, the last
+    # taken first, so one tensor passed as both sums its gradients in that order)
     if input2.requires_grad:
         put_grad(input2, ltorch.reshape(trilinear(x1, weight, g, e1, e2, sumdim, e3), input2.shape))
+    if input1.requires_grad:
+        put_grad(input1, ltorch.reshape(trilinear(g, weight, x2, sumdim, e2, e3, e1), input1.shape))
     if bias is not None and bias.requires_grad:
         put_grad(bias, sum_to(cotangent, bias.shape))  # (the bias is added after the reshape)
     return out

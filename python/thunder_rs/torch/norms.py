@@ -340,9 +340,12 @@ def msort(input):
 
 
 def _difference(x, d: int):
-    """``x[1:] - x[:-1]`` along ``d`` (for bools, ``!=``)."""
+    """``x[1:] - x[:-1]`` along ``d`` (for bools, ``!=``). The slices are taken in the order
+    eager's ``diff`` takes them (its C++ evaluates the right operand first), so that their
+    gradients reach ``x`` in the order its autograd adds them among ``x``'s other uses."""
     n = x.shape[d]
-    later, earlier = ltorch.narrow(x, d, 1, n - 1), ltorch.narrow(x, d, 0, n - 1)
+    earlier = ltorch.narrow(x, d, 0, n - 1)
+    later = ltorch.narrow(x, d, 1, n - 1)
     return ltorch.ne(later, earlier) if x.dtype == torch.bool else sub(later, earlier)
 
 

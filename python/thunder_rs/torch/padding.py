@@ -22,7 +22,6 @@ from thunder_rs.torch.common import is_int
 from thunder_rs.torch.symbols import ltorch, read_numbers, torchsymbol
 from thunder_rs.torch.joins import pad as constant_pad
 from thunder_rs.torch.shape import clone, slice_in_dim
-from thunder_rs.torch.views import copy_of
 
 __all__ = ["constant_pad_nd", "reflection_pad", "replication_pad", "circular_pad"]
 
@@ -48,7 +47,8 @@ def take_positions(a, dim: int, positions):
 
 def fresh(out, a):
     """``out``, or a copy of ``a`` when ``out`` is ``a``: what eager returns from an op that copies
-    even when it has nothing to do."""
+    even when it has nothing to do, made where the op is called (its gradient reaches ``a`` in
+    eager's order among ``a``'s others) and laid out as ``a`` (``empty_like``)."""
     return clone(a) if out is a else out
 
 
@@ -229,6 +229,44 @@ def circular_pad(input, pad):
     return fresh(out, input)
 
 
+@register_grad(ltorch.circular_pad)
+def circular_pad_grad(input, pad):
+    """Eager's backward of its circular padding (``_pad_circular``: the input copied into the
+    middle of a new tensor, then each dim's wraps copied from it, last dim first, left before
+    right): each wrap's gradient moved onto its source's, in the reverse order, and the middle's
+    the input's, one gradient. (Differentiating the slices the trace takes gave the input one per
+    slice, added among the input's other uses in another order.) Crops keep the decomposition's."""
+    out = circular_pad(input, pad)
+    dims = _check_modes("ltorch.circular_pad", "circular", input, pad)
+    if not (input.requires_grad and input.dtype.is_floating_point) or any(lo < 0 or hi < 0 for _, lo, hi in dims):
+        return out
+    g = get_grad(out)
+    for d, lo, hi in reversed(dims):
+        n = g.shape[d]
+        if hi > 0:
+            g = _copied_grad(g, d, n - hi, lo, hi)
+        if lo > 0:
+            g = _copied_grad(g, d, 0, n - lo - hi, lo)
+    for d, lo, hi in dims:
+        g = ltorch.narrow(g, d, lo, g.shape[d] - lo - hi)
+    put_grad(input, g)
+    return out
+
+
+def _copied_grad(g, d: int, dst, src, n):
+    """The gradient before eager's ``copy_`` of ``[src, src + n)`` along ``d`` into ``[dst, dst +
+    n)`` of one tensor: ``g`` zeroed where it was written, plus the written part's gradient at its
+    source (two full-size tensors added, as autograd adds them)."""
+    size = g.shape[d]
+
+    def zeros(k):
+        return ltorch.zeros(tuple(k if i == d else s for i, s in enumerate(g.shape)), dtype=g.dtype, device=g.device)
+
+    written = ltorch.narrow(g, d, dst, n)
+    kept = ltorch.cat([ltorch.narrow(g, d, 0, dst), zeros(n), ltorch.narrow(g, d, dst + n, size - dst - n)], d)
+    return kept + ltorch.cat([zeros(src), written, zeros(size - src - n)], d)
+
+
 _MODES = {"reflect": reflection_pad, "replicate": replication_pad, "circular": circular_pad}
 
 
@@ -237,9 +275,8 @@ def _pad(input, pad, mode="constant", value=None):
     given as 0-dim integer tensors are read as eager's argument parser reads them (EnCodec pads
     by a buffer and by a length it computes with tensors)."""
     (pad,), _ = read_numbers((pad,), {}, 0)
-    if mode == "constant":  # eager copies even when nothing is padded
-        out = constant_pad(input, pad, mode, value)
-        return copy_of(out) if out is input else out
+    if mode == "constant":  # eager copies even when nothing is padded (its layout: ``fresh``)
+        return fresh(constant_pad(input, pad, mode, value), input)
     check(mode in _MODES, "ltorch.pad", f"Unrecognised padding mode {mode} (argument mode)", ThunderNotImplementedError)
     check(
         value is None or value == 0,

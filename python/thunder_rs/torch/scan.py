@@ -109,7 +109,10 @@ def _trapezoids(op: str, y, x, dx, dim):
     n = y.shape[d]
     y = _float(y)
     pairs = max(n - 1, 0)
-    heights = ltorch.add(ltorch.narrow(y, d, min(n, 1), pairs), ltorch.narrow(y, d, 0, pairs))
+    # (Each pair's earlier slice taken first, as eager's slices are: their gradients reach ``y``
+    # and ``x`` in the order its autograd adds them among their other uses.)
+    earlier = ltorch.narrow(y, d, 0, pairs)
+    heights = ltorch.add(ltorch.narrow(y, d, min(n, 1), pairs), earlier)
     if x is None:
         return (1 if dx is None else dx), heights, d
     check(
@@ -127,7 +130,8 @@ def _trapezoids(op: str, y, x, dx, dim):
         )
         x = ltorch.reshape(x, tuple(n if k == d else 1 for k in range(y.ndim)))
     xd = clang.canonicalize_dim(x.ndim, d - y.ndim, op)
-    widths = ltorch.sub(ltorch.narrow(x, xd, min(n, 1), pairs), ltorch.narrow(x, xd, 0, pairs))
+    earlier = ltorch.narrow(x, xd, 0, pairs)
+    widths = ltorch.sub(ltorch.narrow(x, xd, min(n, 1), pairs), earlier)
     return widths, heights, d
 
 
@@ -150,9 +154,7 @@ def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     widths, heights, d = _trapezoids(op, y, x, dx, dim)
     if isinstance(widths, torch.Tensor):
         return ltorch.true_divide(cumsum(ltorch.mul(widths, heights), d), 2)
-    return ltorch.mul(
-        cumsum(heights, d), ltorch.true_divide(widths, 2) if isinstance(widths, torch.Tensor) else widths / 2
-    )
+    return cumsum(ltorch.mul(heights, widths / 2), d)  # (eager's ``(dx / 2.) * (left + right)``, then summed)
 
 
 # -- associative scan ------------------------------------------------------------------------------

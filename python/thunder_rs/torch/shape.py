@@ -487,7 +487,10 @@ def flip(a, *args, dims=None):
     op = "ltorch.flip"
     dims = _unique_dims(op, a.ndim, _one_of(op, args, dims, "dims"), "dims")
     dims = tuple(d for d in dims if a.ndim > 0 and a.shape[d] > 1)
-    return prims.flip(a, dims) if dims else a
+    # Nothing to reverse is still eager's new tensor, made here: returned as ``a``, the copy the
+    # output needs came at the trace's end, and its gradient reached ``a`` first in the backward,
+    # where eager's engine adds it in at the flip's place (``_kept``).
+    return prims.flip(a, dims) if dims else _kept(a)
 
 
 @torchsymbol(torch.roll, Tensor.roll)
@@ -524,7 +527,15 @@ def roll(a, shifts, dims=None):
             continue
         cut = size - rest
         out = prims.cat([slice_in_dim(out, d, cut, size), slice_in_dim(out, d, 0, cut)], d)
-    return out
+    return _kept(out) if out is a else out
+
+
+def _kept(a):
+    """A new tensor of ``a``'s values, recorded where the op that keeps them all in place is called
+    (a flip or roll of length 1): eager's node for it, whose gradient its engine adds to ``a``'s
+    others in the order of the ops that made them (several uses of one input at length 1 add up
+    as eager's do)."""
+    return prims.convert_element_type(a, a.dtype)
 
 
 # -- sizes as aten reads them (Dynamo's graphs: ``torch.ops.aten.sym_size.int(t, 0)``) -------------

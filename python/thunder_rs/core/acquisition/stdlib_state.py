@@ -27,6 +27,9 @@ here lives behind library calls it does not follow, so it is handled by a table 
   traced (``consuming_iterators``), so eager code pays nothing otherwise. A generator passed in
   and advanced another way (``for v in gen``, which no wrapper sees) is refused after tracing.
   Repeating ``next`` per call cannot work: the trace is specialised on the item it took.
+- **lengths.** ``len(x)`` of a traced tensor in program code is ``x.shape[0]``, symbolic where that
+  is (``builtins.len`` is a wrapper only while some program is traced, as ``next`` is): Python's
+  own takes the size's ``__index__``, a guard on its value.
 - **entropy.** ``os.urandom`` (and ``random``'s, under ``SystemRandom``, ``secrets`` and
   ``uuid.uuid4``), ``os.getrandom`` and ``random.Random`` seeded from them (``random.Random()``)
   read by program code are refused the same way, naming the function it called;
@@ -79,16 +82,20 @@ only in the entries that carry such guards.
 """
 
 import builtins
+import operator
 import sys
 import contextlib
 import threading
 import types
+
+import torch
 
 from thunder_rs.core.acquisition import reparametrize
 from thunder_rs.core.acquisition.logged import end_filters, install_logged, note_filters
 from thunder_rs.core.acquisition.stdlib_frames import site_of
 from thunder_rs.core.acquisition.stdlib_readers import put_back_readers, put_readers
 from thunder_rs.core.acquisition.stdlib_reads import install_reads
+from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.handed_effects import passes_on
 from thunder_rs.core.state.hook import is_program, thread_state
@@ -117,6 +124,23 @@ def _next(iterator, *default):
 
 passes_on(_next)  # (a ``map`` of ``os.read`` it advances reads for the program)
 
+# -- len of a tensor -------------------------------------------------------------------------------
+
+_builtin_len = builtins.len
+
+
+def _len(obj):
+    """``len(x)`` of a traced tensor in program code: its first size as ``x.shape[0]`` answers it,
+    symbolic where that is (Python's ``len`` would take the size's ``__index__``, a guard on its
+    value: a compile per length where the program only passes the length on to torch, as
+    ``torch.arange(len(x))``). A decision on it, or a plain int taken of it, guards as for
+    ``x.shape[0]``; anything else is Python's ``len``."""
+    if isinstance(obj, torch.Tensor) and thread_state.observer is not None and not thread_state.inside:
+        if is_program(sys._getframe(1)):
+            n = obj.__len__()  # (a 0-dim tensor raises eager's TypeError)
+            return n if type(n) is SymInt else operator.index(n)
+    return _builtin_len(obj)
+
 
 def _generator_position(gen):
     frame = gen.gi_frame
@@ -139,6 +163,7 @@ def consuming_iterators(flat_inputs: list):
     with _tracings_lock:
         _tracings += 1
         builtins.next = _next
+        builtins.len = _len
         keep_out()  # the garbage collector's callbacks and finalizers are not the program
         put_readers()
         reparametrize.put()
@@ -151,6 +176,7 @@ def consuming_iterators(flat_inputs: list):
             _tracings -= 1
             if not _tracings:
                 builtins.next = _builtin_next
+                builtins.len = _builtin_len
                 put_back_readers()
                 reparametrize.put_back()
     for i, gen, position in generators:
