@@ -7,7 +7,8 @@ Round 1: ``out=`` arguments eager's kernels refuse, where the trace wrote a resu
 ``torch.complex``'s or ``torch.multinomial``'s result; ``torch.cat`` into one of its inputs;
 ``torch.aminmax`` with one tensor for ``min`` and ``max``. And eager's exception types: a
 convolution's negative padding or non-positive stride or dilation (RuntimeError), an adaptive
-pool's listed ``output_size`` of as many sizes as the input has dims (ValueError).
+pool's listed ``output_size`` of as many sizes as the input has dims (ValueError), ``narrow``'s
+``start`` tensor of more than 0 dims, ``narrow_copy``'s dim past the last (RuntimeError).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SILENT = [
 OTHER_TYPE = [
     *[(f"nn.functional.conv{n}d", i) for n in (1, 2, 3) for i in (2, 3, 4)],
     *[(f"nn.functional.adaptive_{kind}_pool{n}d", 0) for kind in ("avg", "max") for n in (2, 3)],
+    ("narrow", 7),
+    ("narrow_copy", 1),
 ]
 FIXED = SILENT + OTHER_TYPE
 
