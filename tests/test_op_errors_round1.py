@@ -8,7 +8,8 @@ Round 1: ``out=`` arguments eager's kernels refuse, where the trace wrote a resu
 ``torch.aminmax`` with one tensor for ``min`` and ``max``. And eager's exception types: a
 convolution's negative padding or non-positive stride or dilation (RuntimeError), an adaptive
 pool's listed ``output_size`` of as many sizes as the input has dims (ValueError), ``narrow``'s
-``start`` tensor of more than 0 dims, ``narrow_copy``'s dim past the last (RuntimeError).
+``start`` tensor of more than 0 dims, ``narrow_copy``'s dim past the last, ``gradient``'s spacing
+on another device (RuntimeError).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ OTHER_TYPE = [
     *[(f"nn.functional.adaptive_{kind}_pool{n}d", 0) for kind in ("avg", "max") for n in (2, 3)],
     ("narrow", 7),
     ("narrow_copy", 1),
+    *[("gradient", i) for i in (3, 10, 17)],
 ]
 FIXED = SILENT + OTHER_TYPE
 
