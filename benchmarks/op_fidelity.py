@@ -32,6 +32,10 @@ of each op under ``torch.compile(backend="thunder_rs")``), each classed by ``ERR
 - ``crashed``: an internal error (a Rust panic, ``KeyError``, ``AttributeError``, an ``assert``, ...);
 - ``silent``: a result where eager raises (the worst);
 - ``eager-runs``: eager does not raise on it here (not judged).
+
+Under ``torch.compile`` most ``other-type`` rows are Dynamo's own ``TorchRuntimeError`` ("RuntimeError
+when making fake tensor call"), raised while it traces, before any backend runs (``backend="eager"``
+raises the same).
 """
 
 from __future__ import annotations
