@@ -20,15 +20,33 @@ backward in the dtype: never for integers and bool), are compared with
 Forward and gradients are classified apart (``fwd`` and ``grad``); an op's class is the worse.
 Run: ``python benchmarks/op_fidelity.py [--samples N] [--only a,b] [--bf16] [--dtypes a,b] [--out NAME]``;
 the table goes to ``benchmarks/results/NAME.{json,md}``.
+
+With ``--errors``, each OpInfo's CPU error inputs (``op.error_inputs("cpu")``; sparse ones are out
+of scope) run instead, in eager and under ``thunder_rs.jit`` (and, with ``--with-compile``, the first
+of each op under ``torch.compile(backend="thunder_rs")``), each classed by ``ERROR_ORDER``:
+
+- ``matches``: eager's exception type (or a subclass), and eager's own message, or one that the
+  OpInfo's ``error_regex`` matches, or one that names the op;
+- ``type-only``: eager's type, a message that neither matches nor names the op;
+- ``other-type``: an exception eager would not have raised;
+- ``crashed``: an internal error (a Rust panic, ``KeyError``, ``AttributeError``, an ``assert``, ...);
+- ``silent``: a result where eager raises (the worst);
+- ``eager-runs``: eager does not raise on it here (not judged).
+
+Under ``torch.compile`` most ``other-type`` rows are Dynamo's own ``TorchRuntimeError`` ("RuntimeError
+when making fake tensor call"), raised while it traces, before any backend runs (``backend="eager"``
+raises the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import pathlib
+import re
 import time
 import warnings
 from typing import Any
@@ -151,6 +169,131 @@ def judge(op, dtype, n_samples: int) -> dict[str, Any]:
     return row
 
 
+ERROR_ORDER = ["matches", "type-only", "other-type", "crashed", "silent", "eager-runs"]
+#: internal errors: never what bad input should raise (unless eager raises the same)
+CRASHES = (KeyError, AttributeError, AssertionError, NameError, UnboundLocalError, ZeroDivisionError, RecursionError)
+
+
+def _error_inputs(op) -> list:
+    """``op``'s CPU error inputs, made afresh from the same seed (so eager and compiled get equal ones)."""
+    if op.error_inputs_func is None:
+        return []
+    torch.manual_seed(0)
+    return list(op.error_inputs("cpu"))
+
+
+def _raised(fn, error) -> BaseException | None:
+    sample = error.sample_input
+    try:
+        fn(sample.input, *sample.args, **sample.kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001  a pyo3 PanicException is a BaseException
+        return e
+    return None
+
+
+def _message(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:110] if str(e) else ''}"
+
+
+def error_class(op, error, expected: BaseException | None, actual: BaseException | None) -> str:
+    """The class (``ERROR_ORDER``) of what the compiled call raised, ``actual``, against eager's ``expected``."""
+    if expected is None:
+        return "eager-runs"
+    if actual is None:
+        return "silent"
+    internal = type(actual).__name__ == "PanicException" or "internal error" in str(actual).lower()
+    if internal or (isinstance(actual, CRASHES) and not isinstance(actual, type(expected))):
+        return "crashed"
+    if not isinstance(actual, type(expected)):
+        return "other-type"
+    text = str(actual)
+    if text == str(expected) or (error.error_regex and re.search(error.error_regex, text)):
+        return "matches"
+    return "matches" if op.name.split(".")[-1].lower() in text.lower() else "type-only"
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="thunder_rs", dynamic=False)
+
+
+def judge_errors(op, with_compile: bool) -> list[dict[str, Any]]:
+    """One row per error input of ``op``: eager's exception and what ``thunder_rs.jit`` (and
+    ``torch.compile``'s backend, on the first) raised, classed."""
+    rows = []
+    eager, jitted = _error_inputs(op), _error_inputs(op)
+    compiled = _error_inputs(op)[:1] if with_compile else []
+    for i, (e_in, j_in) in enumerate(zip(eager, jitted)):
+        fn = lambda *a, **k: op.op(*a, **k)  # noqa: E731  a fresh function: a fresh cache
+        expected = _raised(fn, e_in)
+        actual = _raised(thunder_rs.jit(fn), j_in)
+        row = {
+            "i": i,
+            "jit": error_class(op, e_in, expected, actual),
+            "eager": _message(expected) if expected is not None else "",
+            "got": _message(actual) if actual is not None else "",
+            "regex": e_in.error_regex,
+        }
+        if i < len(compiled):
+            with contextlib.redirect_stderr(None):
+                got = _raised(_compiled(lambda *a, **k: op.op(*a, **k)), compiled[i])
+            row["compile"] = error_class(op, e_in, expected, got)
+            row["compile_got"] = _message(got) if got is not None else ""
+        rows.append(row)
+    return rows
+
+
+def _errors_markdown(table: dict, counts: dict) -> str:
+    lines = ["# Op error inputs against eager (CPU)", "", "| path | " + " | ".join(ERROR_ORDER) + " |"]
+    lines.append("|" + "---|" * (len(ERROR_ORDER) + 1))
+    for key, c in counts.items():
+        lines.append(f"| {key} | " + " | ".join(str(c.get(k, 0)) for k in ERROR_ORDER) + " |")
+    lines += ["", "| op | input | jit | compile | eager raised | jit raised |", "|---|---|---|---|---|---|"]
+    for name, rows in sorted(table.items()):
+        for r in rows:
+            if r["jit"] in ("matches", "eager-runs") and r.get("compile", "matches") in ("matches", "eager-runs"):
+                continue
+            cells = [name, str(r["i"]), r["jit"], r.get("compile", ""), r["eager"], r["got"]]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main_errors(options) -> None:
+    """The ``--errors`` mode: every error input of every OpInfo, classed; see the module doc."""
+    only = set(filter(None, options.only.split(",")))
+    table: dict[str, list] = {}
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    start = time.perf_counter()
+    for op in op_db:
+        name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+        if only and op.name not in only and name not in only:
+            continue
+        try:
+            rows = judge_errors(op, options.with_compile)
+        except Exception as e:  # noqa: BLE001  the error-input generator itself failed
+            print(f"{name}: skipped ({type(e).__name__}: {e})", flush=True)
+            continue
+        if not rows:
+            continue
+        table[name] = rows
+        for r in rows:
+            counts["jit"][r["jit"]] += 1
+            if "compile" in r:
+                counts["torch.compile"][r["compile"]] += 1
+            if r["jit"] not in ("matches", "eager-runs"):
+                print(f"{name:36} {r['i']:3} {r['jit']:10} {r['got'][:70]}  (eager {r['eager'][:60]})", flush=True)
+    for key, c in sorted(counts.items()):
+        print(f"{key:14} " + "  ".join(f"{k}={c.get(k, 0)}" for k in ERROR_ORDER))
+    print(f"{len(table)} ops, {time.perf_counter() - start:.0f} s")
+    if options.out:
+        RESULTS.mkdir(exist_ok=True)
+        payload = {"counts": {k: dict(v) for k, v in sorted(counts.items())}, "ops": table}
+        (RESULTS / f"{options.out}.json").write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+        (RESULTS / f"{options.out}.md").write_text(_errors_markdown(table, dict(sorted(counts.items()))))
+
+
 def _markdown(table: dict, counts: dict) -> str:
     lines = ["# Op fidelity to eager (CPU)", "", "| dtype | kind | " + " | ".join(ORDER) + " |"]
     lines.append("|" + "---|" * (len(ORDER) + 2))
@@ -175,7 +318,11 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bfloat16 too (the summary only)")
     parser.add_argument("--dtypes", default="", help="comma-separated dtypes instead (int64,bool,complex64,...)")
     parser.add_argument("--out", default="", help="results/NAME.{json,md}; nothing written when empty")
+    parser.add_argument("--errors", action="store_true", help="the OpInfos' error inputs instead")
+    parser.add_argument("--with-compile", action="store_true", help="--errors: torch.compile's backend too")
     options = parser.parse_args()
+    if options.errors:
+        return main_errors(options)
     only = set(filter(None, options.only.split(",")))
     dtypes = [torch.float32, torch.float64] + ([torch.bfloat16] if options.bf16 else [])
     if options.dtypes:

@@ -17,6 +17,7 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.errors import (
     ThunderRuntimeError,
     ThunderTypeError,
+    ThunderValueError,
     check,
 )
 from thunder_rs.torch.common import is_int
@@ -116,7 +117,20 @@ def adaptive_sizes(op: str, input, n: int, output_size) -> tuple[int, ...]:
     return sizes
 
 
+def _check_listed_rank(op: str, n: int, input, output_size) -> None:
+    """Eager's ValueError (``F._list_with_default``, before the kernel's checks) for an input of no
+    more dims than a listed ``output_size`` of a 2-d or 3-d pool has sizes."""
+    if n > 1 and isinstance(output_size, (tuple, list)):
+        check(
+            input.ndim > len(output_size),
+            op,
+            f"Input dimension should be at least {len(output_size) + 1} (argument input of shape {list(input.shape)})",
+            ThunderValueError,
+        )
+
+
 def _adaptive_avg(op: str, n: int, input, output_size):
+    _check_listed_rank(op, n, input, output_size)
     check_pool_input(op, input, n)
     _require_dtype(op, input, floats_only=True)
     outs = adaptive_sizes(op, input, n, output_size)
@@ -157,6 +171,7 @@ def adaptive_avg_pool3d(input, output_size):
 
 
 def _adaptive_max(op: str, n: int, input, output_size, return_indices):
+    _check_listed_rank(op, n, input, output_size)
     check_pool_input(op, input, n)
     _require_dtype(op, input, floats_only=True)
     outs = adaptive_sizes(op, input, n, output_size)

@@ -84,6 +84,24 @@ def _same_padding(input, weight, dilation, stride, op: str):
     return input, tuple(t // 2 for t in totals)
 
 
+#: eager's checks of a convolution's geometry, in its order (``at::_convolution``): (argument,
+#: whether its values are refused, eager's message)
+_GEOMETRY = (
+    ("padding", lambda v: v < 0, "negative padding is not supported"),
+    ("output_padding", lambda v: v < 0, "negative output_padding is not supported"),
+    ("stride", lambda v: v <= 0, "non-positive stride is not supported"),
+    ("dilation", lambda v: v <= 0, "dilation should be greater than zero"),
+)
+
+
+def _check_geometry(op: str, stride, padding, dilation, output_padding) -> None:
+    """Eager's RuntimeError for a negative padding, a non-positive stride or dilation."""
+    values = {"stride": stride, "padding": padding, "dilation": dilation, "output_padding": output_padding}
+    for arg, refused, message in _GEOMETRY:
+        if any(refused(v) for v in values[arg]):
+            raise ThunderRuntimeError(f"{op}: {message} (argument {arg} = {list(values[arg])})")
+
+
 def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, groups, transposed=False, output_padding=0):
     _check_operands(op, input, weight, bias, n)
     stride, dilation = _ints(stride, n, op, "stride"), _ints(dilation, n, op, "dilation")
@@ -107,6 +125,7 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
         )
         input, padding = _same_padding(input, weight, dilation, stride, op) if padding == "same" else (input, (0,) * n)
     padding = _ints(padding, n, op, "padding")
+    _check_geometry(op, stride, padding, dilation, output_padding)
     out = prims.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     return prims.reshape(out, tuple(out.shape[1:])) if unbatched else out
 

@@ -10,12 +10,25 @@ import torch
 
 from thunder_rs.core.lang.fallback import fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
-from thunder_rs.errors import ThunderNotImplementedError, check
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, check
 from thunder_rs.torch import arrange, diagonals, indexing, joins, shape, view_scatters
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.shape import clone
 
 __all__: list[str] = []
+
+
+def _narrow_copy(a, dim, start, length):
+    """``narrow``, with eager's ``narrow_copy`` check of a dim past the last (a RuntimeError there,
+    where ``narrow``'s is an IndexError)."""
+    check(
+        not isinstance(dim, int) or dim < a.ndim,
+        "ltorch.narrow_copy",
+        "Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false. (argument dim)",
+        ThunderRuntimeError,
+    )
+    return joins.narrow(a, dim, start, length)
+
 
 #: copy op -> the symbol of the view op it copies.
 _VIEWS = {
@@ -29,7 +42,7 @@ _VIEWS = {
     "unbind_copy": indexing.unbind,
     "select_copy": indexing.select,
     "diagonal_copy": view_scatters.diagonal,
-    "narrow_copy": joins.narrow,
+    "narrow_copy": _narrow_copy,
     "split_copy": joins.split,
     "split_with_sizes_copy": arrange.split_with_sizes,
     "unfold_copy": diagonals.unfold,

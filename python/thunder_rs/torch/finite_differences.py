@@ -187,7 +187,7 @@ def gradient_at_coordinates(input, coordinates, dim, edge_order):
     return tuple(out)
 
 
-def _coordinates(op: str, spacing, dims) -> None:
+def _coordinates(op: str, spacing, dims, device) -> None:
     for x in spacing:
         check(
             isinstance(x, torch.Tensor) and x.ndim == 1,
@@ -198,13 +198,22 @@ def _coordinates(op: str, spacing, dims) -> None:
             ),
             ThunderRuntimeError,
         )
+        check(
+            x.device == device,
+            op,
+            lambda: (
+                f"torch.gradient expected each tensor to be on the same device, but got devices {device} and "
+                f"{x.device}! (argument spacing)"
+            ),
+            ThunderRuntimeError,
+        )
 
 
 def _gradient_call(input, *, spacing=None, dim=None, edge_order=1):
     """``torch.gradient``: spacings as numbers or as coordinate tensors."""
     spacing, dims = _checked("ltorch.gradient", input, spacing, dim, edge_order)
     if any(isinstance(s, torch.Tensor) for s in spacing):
-        _coordinates("ltorch.gradient", spacing, dims)
+        _coordinates("ltorch.gradient", spacing, dims, input.device)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *spacing)):
             return fallback(torch.gradient, (input,), {"spacing": spacing, "dim": dim, "edge_order": edge_order})
         return gradient_at_coordinates(input, spacing, dims, edge_order)

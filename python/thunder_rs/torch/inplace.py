@@ -50,6 +50,7 @@ from thunder_rs.errors import (
     check,
 )
 from thunder_rs.torch import complex_views, narrowed_writes, saved_writes, view_scatters, views
+from thunder_rs.torch.out_checks import check_out, in_out_dtype
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.autograd import detach
 from thunder_rs.torch.common import is_number
@@ -680,12 +681,14 @@ def _resize_out(target, value) -> None:
 
 def write_out(func, args, kwargs):
     """``func(*args, out=out)``: the result computed out of place and written into ``out``; eager's
-    error where grad mode is on and an argument requires grad (``_refuse_out_under_autograd``)."""
+    error where its ``out=`` kernel refuses ``out`` (``out_checks``) or where grad mode is on and an
+    argument requires grad (``_refuse_out_under_autograd``)."""
     name = getattr(func, "__name__", "op")
-    _refuse_out_under_autograd(func, args, kwargs)
+    _refuse_out_under_autograd(func, args, kwargs)  # (eager's autograd checks before its kernel does)
+    check_out(func, args, kwargs)
     kwargs = dict(kwargs)
     out = kwargs.pop("out")
-    value = torch_function(func, args, kwargs)
+    value = torch_function(func, args, in_out_dtype(func, kwargs, out))
     targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     check(

@@ -370,6 +370,15 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
 @torchsymbol(torch.narrow, Tensor.narrow, reads_numbers_from=2)
 def narrow(a, dim, start, length):
     op = "ltorch.narrow"
+    if isinstance(start, torch.Tensor):  # (eager's ``narrow.Tensor`` overload reads a 0-dim integral one)
+        check(
+            start.ndim == 0
+            and not (start.dtype.is_floating_point or start.dtype.is_complex)
+            and start.dtype != torch.bool,
+            op,
+            "start must be an 0-dim integral Tensor. (argument start)",
+            ThunderRuntimeError,
+        )
     check(a.ndim > 0, op, "narrow() cannot be applied to a 0-dim tensor. (argument a)", ThunderRuntimeError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
