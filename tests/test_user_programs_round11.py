@@ -29,9 +29,11 @@ when the trace fails. The error now says which tensors were left as before the c
 Dynamo itself keeps a ``ChainMap``'s first values and a dict filled by ``"{}x{}".format(*x.shape)``
 keys as the first call left it (``backend="eager"`` too): left to it."""
 
+import array
 import collections
 import configparser
 import inspect
+import types
 import warnings
 
 import pytest
@@ -91,7 +93,7 @@ DYNAMO_DIFFERS = {
 #: Under torch.compile in the default run (Dynamo compiles each step's graphs anew, seconds per
 #: program): one of each kind; the others are marked slow.
 COMPILED_BY_DEFAULT = {
-    programs.rolling_window_cache,
+    programs.cache_reset_inside,
     programs.t5_like_half_clamp,
     programs.set_grad_enabled_from_state,
     state.heap_of_item_losses,
@@ -184,6 +186,7 @@ _WRITTEN = {
     "user_dict": collections.UserDict({"scale": 2.0}),
     "user_list": collections.UserList([2.0]),
     "config_parser": configparser.ConfigParser(),
+    "memoryview": memoryview(bytearray([2, 0])),
 }
 _WRITTEN["config_parser"].read_dict({"m": {"scale": "2.0"}})
 
@@ -196,6 +199,9 @@ def _counts_in(x, kind: str):
     if kind == "config_parser":
         held.set("m", "calls", "1")  # counts in the container
         return x * held.getfloat("m", "scale")
+    if kind == "memoryview":
+        held[1] += 1  # counts in the container
+        return x * held[0]
     held["calls"] = held.get("calls", 0) + 1  # counts in the container
     return x * held["scale"]
 
@@ -204,6 +210,8 @@ def _contents(kind: str):
     held = _WRITTEN[kind]
     if kind == "chain_map":
         return [dict(m) for m in held.maps]
+    if kind == "memoryview":
+        return held.tobytes()
     return (
         {s: dict(held[s]) for s in held.sections()}
         if kind == "config_parser"
@@ -211,6 +219,51 @@ def _contents(kind: str):
         if kind == "user_dict"
         else list(held)
     )
+
+
+_SHARED = bytearray([2])
+_VIEW = memoryview(_SHARED)
+
+
+def _scaled_by_the_view(x):
+    return x * _VIEW[0]
+
+
+def test_a_memoryview_changed_between_calls_is_read_again():
+    # Kept the first call's byte, silently: the view was guarded by identity alone.
+    run = thunder_rs.jit(_scaled_by_the_view)
+    for value in (2, 5, 5, 3):
+        _SHARED[0] = value
+        _assert_same(run(torch.ones(2)), _scaled_by_the_view(torch.ones(2)))
+    assert thunder_rs.cache_misses(run) == 3
+
+
+_HELD = {"set": {1.0}, "bytearray": bytearray([1]), "array": array.array("d", [1.0]), "proxy": None}
+
+
+def _by_a_computed_key(x, kind: str):
+    held = _HELD[kind]
+    return x * (max(held) if kind == "set" else held[0])
+
+
+@pytest.mark.parametrize("kind", list(_HELD))
+def test_a_container_held_in_a_dict_of_state_and_changed_between_calls_is_read_again(kind):
+    # Kept the first call's contents, silently: only lists and dicts held there were guarded by items.
+    table = {0: 1.0}
+    _HELD.update({"set": {1.0}, "bytearray": bytearray([1]), "array": array.array("d", [1.0])})
+    _HELD["proxy"] = types.MappingProxyType(table)
+    changes = {
+        "set": lambda: _HELD["set"].add(3.0),
+        "bytearray": lambda: _HELD["bytearray"].__setitem__(0, 3),
+        "array": lambda: _HELD["array"].__setitem__(0, 3.0),
+        "proxy": lambda: table.__setitem__(0, 3.0),
+    }
+    run = thunder_rs.jit(_by_a_computed_key)
+    for change in (None, changes[kind], None):
+        if change:
+            change()
+        _assert_same(run(torch.ones(2), kind), _by_a_computed_key(torch.ones(2), kind))
+    assert thunder_rs.cache_misses(run) == 2
 
 
 @pytest.mark.parametrize("kind", list(_WRITTEN))

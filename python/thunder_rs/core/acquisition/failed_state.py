@@ -173,6 +173,10 @@ def put_back_refused(guards, flat_inputs) -> None:
             continue
         if isinstance(expected, dict):
             before = ("dict", *items)
+        elif isinstance(expected, memoryview):
+            if not expected.readonly and expected.c_contiguous:
+                expected.cast("B")[:] = bytes(items)
+            continue
         elif isinstance(expected, bytearray):
             before = ("buffer", bytes(items), None)
         elif isinstance(expected, set):

@@ -42,7 +42,7 @@ from thunder_rs.core.state.guards import (
     is_simple,
     items_of,
 )
-from thunder_rs.core.state.items import DICTS, wrapped
+from thunder_rs.core.state.items import DICTS, changes_in_place
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
 from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore, same_order
@@ -182,10 +182,11 @@ class StateContainers:
         by every call; each one still where it was is guarded with its items (``relax``)."""
         source = ItemSource(container, label)
         for key, item in list(container.items() if type(container) in DICTS else enumerate(container)):
-            if (type(item) is list or type(item) in DICTS) and id(item) not in self._places:
-                self.note(item, source, key, origin)
-                self._held.append(self._places[id(item)])
-            elif isinstance(item, types.MappingProxyType) or wrapped(item) is not None:  # (a ChainMap, a parser)
+            if type(item) is list or type(item) in DICTS:
+                if id(item) not in self._places:
+                    self.note(item, source, key, origin)
+                    self._held.append(self._places[id(item)])
+            elif changes_in_place(item):  # (a set, a bytearray, a memoryview, a ChainMap, a parser: guarded whole)
                 at = read_site(origin, name)  # (the line reading what holds it: none reads it by its key)
                 self._held_wrapped.append((container, Guard(source, key, item, at)))  # (its items now)
 

@@ -23,7 +23,9 @@ _WEAK = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet
 #: read by its own code (``ChainMap.__getitem__``, ``UserDict.__getitem__``), which the observer does
 #: not follow, or by C (``MappingProxyType``): compared by what they hold now (``members``).
 WRAPPERS = (collections.ChainMap, collections.UserDict, collections.UserList)
-MUTABLE = (list, dict, set, collections.deque, bytearray, array.array, *WRAPPERS, types.MappingProxyType, *_WEAK)
+#: A ``memoryview`` of a buffer too (of a ``bytearray`` or shared memory), compared by its bytes.
+MUTABLE = (list, dict, set, collections.deque, bytearray, array.array, memoryview, *WRAPPERS, types.MappingProxyType)
+MUTABLE += _WEAK
 #: The dicts whose items a program's writes are replayed in (``containers``), read by key as a dict
 #: is: ``dict`` and the standard library's subclasses (a ``Counter`` of calls, a ``defaultdict``),
 #: whose ``__setitem__`` and ``__delitem__`` are dict's. Other subclasses may define their own.
@@ -33,8 +35,8 @@ DICTS = (dict, collections.Counter, collections.OrderedDict, collections.default
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order); a buffer's bytes (and an
     array's typecode), as numbers below 256, which are the same objects each time they are read; a
-    weak container's weak references (and values); a mapping proxy's keys and values; the dicts and
-    lists a ``wrapped`` container keeps and the members of each."""
+    weak container's weak references (and values); a memoryview's bytes; a mapping proxy's keys and
+    values; the dicts and lists a ``wrapped`` container keeps and the members of each."""
     if isinstance(container, dict):
         return tuple(chain.from_iterable(container.items()))
     if isinstance(container, _WEAK):
@@ -42,6 +44,8 @@ def members(container) -> tuple:
         return tuple(chain.from_iterable(data.items())) if isinstance(data, dict) else tuple(data)
     if isinstance(container, array.array):
         return (container.typecode, *memoryview(container).cast("B"))
+    if isinstance(container, memoryview):
+        return tuple(container.tobytes())
     if isinstance(container, types.MappingProxyType):
         return tuple(chain.from_iterable(container.items()))
     inner = wrapped(container)
@@ -82,6 +86,8 @@ def container_copy(value):
     t = type(value)
     if t in (list, dict, set):
         return t(value)
+    if isinstance(value, memoryview):  # (which no copy makes: its bytes, which it equals while they hold)
+        return value.tobytes()
     return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
 
 
