@@ -20,7 +20,11 @@ kept the first call's values when one of its maps changed between calls: its ite
 the standard library's ``__getitem__``, which the observer does not follow, and the ChainMap itself
 was guarded by identity alone. It is a container compared by its maps and what they hold now
 (``items.members``), so a change recompiles; a program writing into one is refused naming the line,
-and the refused call puts its maps back (``failed_state._put_back_chain_map``). A tensor (an
+and the refused call puts its maps back (``failed_state._put_back_wrapped``). So did a ``UserDict``,
+``UserList``, ``types.MappingProxyType``, ``configparser`` parser and ``memoryview`` (``items.wrapped``,
+``MUTABLE``), and a set, bytearray, array or any of those held in a dict of state and reached by a
+computed key (``_HELD[kind]``): only held lists and dicts were guarded by their items
+(``containers._note_held``). A tensor (an
 argument, a buffer) the program wrote in place before raising, its own error or eager's (a leaf
 requiring grad written in place), kept its value, where eager leaves it written: no call is made
 when the trace fails. The error now says which tensors were left as before the call
