@@ -336,3 +336,23 @@ def test_an_argument_written_before_eagers_error_is_named_on_the_error():
     assert issubclass(got, expected) and str(eager_error) in str(error)
     assert torch.equal(eager_w, 2 * w)
     assert "wrote the argument w in place before this error" in "".join(error.__notes__)
+
+
+_STEPS = torch.zeros(())
+
+
+def _counts_globally_then_raises(x, check: bool):
+    _STEPS.add_(1)
+    if check:
+        raise ValueError("checked")
+    return x * _STEPS
+
+
+def test_a_global_tensor_written_before_the_programs_error_is_named_on_the_error():
+    # Silently kept the global's value: eager leaves it counted.
+    run = thunder_rs.jit(_counts_globally_then_raises)
+    _assert_same(run(torch.ones(2), False), torch.ones(2))
+    with pytest.raises(ValueError, match="checked") as raised:
+        run(torch.ones(2), True)
+    assert _STEPS.item() == 1.0  # (eager's 2.0)
+    assert "wrote a tensor of its state of shape [] in place before this error" in "".join(raised.value.__notes__)

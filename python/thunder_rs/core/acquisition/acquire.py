@@ -403,7 +403,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
         note_attributes_made(e, observer.state.writes(), pairs, flat_inputs)
-        note_tensors_written(e, inputs, binding, _argument_names(program)[1], in_spec)
+        note_tensors_written(e, inputs, binding, _argument_names(program)[1], in_spec, captures)
         observer.state.containers.undo()
         reached.undo()
         raise

@@ -117,15 +117,17 @@ def note_attributes_made(error: BaseException, writes: list, pairs: list, flat_i
         )
 
 
-def note_tensors_written(error: BaseException, inputs, binding, names: list, in_spec) -> None:
+def note_tensors_written(error: BaseException, inputs, binding, names: list, in_spec, captures) -> None:
     """Notes on ``error``, the program's own or eager's error raised for it (not a refusal), the
     tensors it wrote in place before raising: arguments, parameters and buffers (``inputs``, a
-    ``TracedInputs``). The trace failed, so no call was made and they keep their values, where
-    eager, raising there, leaves them written: said on the error rather than left silently."""
+    ``TracedInputs``) and tensors of its state (``captures``: a global's). The trace failed, so no
+    call was made and they keep their values, where eager, raising there, leaves them written: said
+    on the error rather than left silently."""
     if isinstance(error, ThunderNotImplementedError) or not isinstance(getattr(error, "__dict__", None), dict):
         return
     written = [(k, p) for k, p in enumerate([*inputs.args, *inputs.params]) if p._vid != p._input_vid]
-    if not written:
+    held = [p for p in captures.proxies if p._vid != p._input_vid]
+    if not written and not held:
         return
     arg_specs, kwarg_spec = in_spec.children()
     owners = [n for n, spec in zip(names, arg_specs.children()) for _ in range(spec.num_leaves)]
@@ -139,6 +141,7 @@ def note_tensors_written(error: BaseException, inputs, binding, names: list, in_
             flat = inputs.positions[k]
             owner = owners[flat] if flat < len(owners) else None
             described.append(f"the argument {owner}" if owner is not None else f"the tensor argument at {flat}")
+    described += [f"a tensor of its state of shape {list(p.shape)}" for p in held]
     error.__dict__.setdefault("__notes__", []).append(
         f"thunder_rs: the traced program wrote {', '.join(described)} in place before this error; no call was "
         "made, so they were left as before the call, where eager leaves them written"
