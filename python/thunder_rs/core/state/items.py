@@ -24,8 +24,10 @@ _WEAK = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet
 #: not follow, or by C (``MappingProxyType``): compared by what they hold now (``members``).
 WRAPPERS = (collections.ChainMap, collections.UserDict, collections.UserList)
 #: A ``memoryview`` of a buffer too (of a ``bytearray`` or shared memory), compared by its bytes.
-MUTABLE = (list, dict, set, collections.deque, bytearray, array.array, memoryview, *WRAPPERS, types.MappingProxyType)
-MUTABLE += _WEAK
+MUTABLE = (
+    *(list, dict, set, collections.deque, bytearray, array.array, memoryview),
+    *(*WRAPPERS, types.MappingProxyType, *_WEAK),
+)
 #: The dicts whose items a program's writes are replayed in (``containers``), read by key as a dict
 #: is: ``dict`` and the standard library's subclasses (a ``Counter`` of calls, a ``defaultdict``),
 #: whose ``__setitem__`` and ``__delitem__`` are dict's. Other subclasses may define their own.
