@@ -356,3 +356,39 @@ def test_a_global_tensor_written_before_the_programs_error_is_named_on_the_error
         run(torch.ones(2), True)
     assert _STEPS.item() == 1.0  # (eager's 2.0)
     assert "wrote a tensor of its state of shape [] in place before this error" in "".join(raised.value.__notes__)
+
+
+class _LazyBufferCache(nn.Module):
+    """A cache buffer registered as None and made on the first call of each batch size."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("k", None, persistent=False)
+
+    def forward(self, x):
+        if self.k is None or self.k.shape[0] != x.shape[0]:
+            self.k = x.new_zeros(x.shape[0], 0, 2)
+        self.k = torch.cat([self.k, self.lin(x).detach()], 1)
+        return (self.lin(x) * self.k.mean(1, keepdim=True)).sum(), self.k.shape[1]
+
+
+def test_a_buffer_registered_as_none_and_made_in_the_forward_is_eagers():
+    # The second call raised a KeyError inside thunder_rs: the slot given a tensor by the first
+    # call's write-back moved no module write epoch, so the binding still had it empty.
+    torch.manual_seed(0)
+    got, expected = _LazyBufferCache(), _LazyBufferCache()
+    expected.load_state_dict(got.state_dict())
+    run = thunder_rs.jit(got)
+
+    def steps(call, module) -> list:  # (eager's calls write modules, which a compiled call must not need)
+        seen = []
+        for batch in (1, 1, 2, 2, 1):
+            out = call(torch.ones(batch, 1, 2))
+            out[0].backward()
+            seen += [out, module.lin.weight.grad.clone(), module.k]
+            module.zero_grad()
+        return seen
+
+    _assert_same(steps(run, got), steps(expected, expected))
+    assert "k" in got._buffers and sorted(got.state_dict()) == sorted(expected.state_dict())
