@@ -16,6 +16,7 @@ from thunder_rs.core.acquisition.argument_containers import TracedContainers, st
 from thunder_rs.core.acquisition.written_only import unprojected, write_logs
 from thunder_rs.core.acquisition.cache import input_names
 from thunder_rs.core.acquisition.failed_state import note_attributes_made, note_made_before_error, put_back_refused
+from thunder_rs.core.acquisition.failed_state import note_tensors_written
 from thunder_rs.core.acquisition.cuda_queue import refuse_escaped_events, refuse_switched_writes, stream_switch_site
 from thunder_rs.core.acquisition.effects import (
     attribute_writes,
@@ -404,6 +405,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         restore_hook_stores(pairs)
         # A failed trace leaves the state as it found it: no stand-in in a cache it filled.
         note_attributes_made(e, observer.state.writes(), pairs, flat_inputs)
+        note_tensors_written(e, inputs, binding, _argument_names(program)[1], in_spec, captures)
         observer.state.containers.undo()
         reached.undo()
         raise

@@ -32,10 +32,10 @@ from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.guards import _thawed as thawed
 from thunder_rs.core.state.guards import MISSING, InputSource
-from thunder_rs.core.state.items import MUTABLE
+from thunder_rs.core.state.items import changes_in_place, wrapped
 from thunder_rs.core.state.modules import attribute_writes as module_writes
 from thunder_rs.core.state.reached import _Contents, _changed, _contents, _items, _put_contents, _restore
-from thunder_rs.errors import ThunderError, note_made_again
+from thunder_rs.errors import ThunderError, ThunderNotImplementedError, note_made_again
 
 
 def _traced(value) -> bool:
@@ -117,6 +117,37 @@ def note_attributes_made(error: BaseException, writes: list, pairs: list, flat_i
         )
 
 
+def note_tensors_written(error: BaseException, inputs, binding, names: list, in_spec, captures) -> None:
+    """Notes on ``error``, the program's own or eager's error raised for it (not a refusal), the
+    tensors it wrote in place before raising: arguments, parameters and buffers (``inputs``, a
+    ``TracedInputs``) and tensors of its state (``captures``: a global's). The trace failed, so no
+    call was made and they keep their values, where eager, raising there, leaves them written: said
+    on the error rather than left silently."""
+    if isinstance(error, ThunderNotImplementedError) or not isinstance(getattr(error, "__dict__", None), dict):
+        return
+    written = [(k, p) for k, p in enumerate([*inputs.args, *inputs.params]) if p._vid != p._input_vid]
+    held = [p for p in captures.proxies if p._vid != p._input_vid]
+    if not written and not held:
+        return
+    arg_specs, kwarg_spec = in_spec.children()
+    owners = [n for n, spec in zip(names, arg_specs.children()) for _ in range(spec.num_leaves)]
+    owners += [None] * max(0, arg_specs.num_leaves - len(owners))  # (*args past the named)
+    owners += [k for k, spec in zip(kwarg_spec.context, kwarg_spec.children()) for _ in range(spec.num_leaves)]
+    described = []
+    for k, _ in written:
+        if k >= len(inputs.args):
+            described.append(f"the module's {binding.qualified[k - len(inputs.args)]}")
+        else:
+            flat = inputs.positions[k]
+            owner = owners[flat] if flat < len(owners) else None
+            described.append(f"the argument {owner}" if owner is not None else f"the tensor argument at {flat}")
+    described += [f"a tensor of its state of shape {list(p.shape)}" for p in held]
+    error.__dict__.setdefault("__notes__", []).append(
+        f"thunder_rs: the traced program wrote {', '.join(described)} in place before this error; no call was "
+        "made, so they were left as before the call, where eager leaves them written"
+    )
+
+
 def _set_attributes(writes: list) -> None:
     for holder, name, value in writes:
         if value is MISSING:
@@ -141,19 +172,43 @@ def put_back_refused(guards, flat_inputs) -> None:
         frozen = getattr(guard, "frozen", None)
         if frozen is not None and type(expected) in (tuple, list) and guard.read(flat_inputs) is expected:
             _put_back_lists(expected, thawed(frozen))  # a list in a tuple compared by value: ``TUP[0].append(1)``
-        if items is None or not isinstance(expected, MUTABLE):
+        if items is None or not changes_in_place(expected):
             continue
         if isinstance(expected, dict):
             before = ("dict", *items)
+        elif isinstance(expected, memoryview):
+            if not expected.readonly and expected.c_contiguous:
+                expected.cast("B")[:] = bytes(items)
+            continue
         elif isinstance(expected, bytearray):
             before = ("buffer", bytes(items), None)
         elif isinstance(expected, set):
             before = ("set", *items)
         elif isinstance(expected, (list, collections.deque)):
             before = ("items", *items)
+        elif wrapped(expected) is not None:
+            _put_back_wrapped(expected, items)
+            continue
         else:
             continue
         _put_contents(expected, _Contents(before))
+
+
+def _put_back_wrapped(container, items: tuple) -> None:
+    """Gives the dicts and lists ``container`` keeps its items in (``items.wrapped``) the items
+    that ``items`` (``items.members``) found there: a ``ChainMap``'s maps and what they held."""
+    count = items[0]
+    inner, at = items[1 : 1 + count], 1 + count
+    if isinstance(container, collections.ChainMap):
+        container.maps = inner[0]
+    for m in inner:
+        held, at = items[at + 1 : at + 1 + items[at]], at + 1 + items[at]
+        if wrapped(m) is not None:
+            _put_back_wrapped(m, held)
+        elif isinstance(m, dict):
+            _put_contents(m, _Contents(("dict", *held)))
+        elif isinstance(m, list):
+            _put_contents(m, _Contents(("items", *held)))
 
 
 def _put_back_lists(value, before) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from thunder_rs.core.acquisition.module_memory import module_sharing, root_id
+from thunder_rs.core.state.modules import write_epoch
 from thunder_rs.core.lang.executor_api import torch_executor
 from thunder_rs.core.lang.symint import SymInt, at_sizes
 from thunder_rs.core.base.proxies import TensorProxy
@@ -70,6 +71,10 @@ class WriteBacks:
     #: memory) of the copied inputs whose count is not the copy's one: set after the copies, so the
     #: caller's tensor (its views, its base) is at eager's version (``x.add_(1); x.mul_(2)``: two)
     versions: tuple = ()
+    #: whether a slot goes from None to a tensor or back (``if self.k is None: self.k = ...`` on a
+    #: buffer registered as None): the binding of the module's slots changes, which a call must
+    #: say (``modules.write_epoch``), as ``nn.Module.__setattr__`` does for eager's write
+    restructures: bool = False
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -111,6 +116,7 @@ def plan(
     if any(k in separate for k, _ in written):
         separate = tuple(range(len(inputs)))
     reassigned = [(d, n, v) for d, n, p, v in slot_values if v is not p]
+    restructures = any((p is None) != (v is None) for _, _, p, v in slot_values)
     if not written and not reassigned:
         return None, out
     leaves = [out] if out_kind == "single" else list(out)
@@ -155,6 +161,7 @@ def plan(
         tuple(module),
         rebinds=rebinds,
         versions=tuple((k, n) for k, _, _ in copies if writes is not None and (n := writes(inputs[k])) != 1),
+        restructures=restructures,
     )
     return wb, tuple(leaves + extra)
 
@@ -562,6 +569,9 @@ def with_writebacks(fn, wb: WriteBacks):
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
+    if wb.restructures:
+        namespace["epoch"] = write_epoch
+        lines.append("    epoch[0] += 1")
     results = [
         f"inputs[{aliased[i]}]" if i in aliased else f"o{i}" if i in values else f"outs[{i}]"
         for i in range(wb.num_outputs)

@@ -27,7 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.base.userframe import store_site
+from thunder_rs.core.base.userframe import read_site, store_site
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
@@ -42,7 +42,7 @@ from thunder_rs.core.state.guards import (
     is_simple,
     items_of,
 )
-from thunder_rs.core.state.items import DICTS
+from thunder_rs.core.state.items import DICTS, changes_in_place
 from thunder_rs.core.state.tensor_guards import tensor_meta
 from thunder_rs.core.state.keyed import DictAt, KeyUses, container_of
 from thunder_rs.core.state.reached import ArgumentTensor, _changed, _items, _restore, same_order
@@ -151,6 +151,8 @@ class StateContainers:
         self.cached_calls: list = []
         #: the places of the lists and dicts held by those of lasting state (``_note_held``)
         self._held: list = []
+        #: ``(holder, guard)`` of the ``items.wrapped`` containers they hold, made when read
+        self._held_wrapped: list = []
         #: the deques of state read, by id: ``(deque, source, name, origin)`` (for ``lasting`` only)
         self._deques: dict = {}
 
@@ -164,7 +166,7 @@ class StateContainers:
         if (type(value) is list or type(value) in DICTS) and id(value) not in self._places:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
             if rooted:
-                self._note_held(value, source.describe(name), origin)
+                self._note_held(value, source.describe(name), origin, name)
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
@@ -172,7 +174,7 @@ class StateContainers:
             self._dicts_of.setdefault(self.reading, []).append(self._places[id(value)])
             self._dicts_of_ids.add(id(self.reading))
 
-    def _note_held(self, container, label: str, origin: str) -> None:
+    def _note_held(self, container, label: str, origin: str, name=None) -> None:
         """Notes the lists and dicts ``container`` holds, as the items they are: the program may
         reach one by a key it computes (``self.seen[x.shape[1]].append(n)``, a ``defaultdict(list)``),
         which no read chain follows, so its changes were kept by the traced call alone and its
@@ -180,9 +182,13 @@ class StateContainers:
         by every call; each one still where it was is guarded with its items (``relax``)."""
         source = ItemSource(container, label)
         for key, item in list(container.items() if type(container) in DICTS else enumerate(container)):
-            if (type(item) is list or type(item) in DICTS) and id(item) not in self._places:
-                self.note(item, source, key, origin)
-                self._held.append(self._places[id(item)])
+            if type(item) is list or type(item) in DICTS:
+                if id(item) not in self._places:
+                    self.note(item, source, key, origin)
+                    self._held.append(self._places[id(item)])
+            elif changes_in_place(item):  # (a set, a bytearray, a memoryview, a ChainMap, a parser: guarded whole)
+                at = read_site(origin, name)  # (the line reading what holds it: none reads it by its key)
+                self._held_wrapped.append((container, Guard(source, key, item, at)))  # (its items now)
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
@@ -215,6 +221,9 @@ class StateContainers:
         for place in self._held:
             if (place.source.key, place.name) not in guards and self._lasting(place.container):
                 guards[(place.source.key, place.name)] = Guard(place.source, place.name, place.container, place.origin)
+        for holder, guard in self._held_wrapped:
+            if (guard.source.key, guard.name) not in guards and self._lasting(holder):
+                guards[(guard.source.key, guard.name)] = guard
         for place in self.key_uses.relaxed(guards):
             guard = guards.get((place.source.key, place.name))
             if type(guard) is Guard and guard.expected is place.container:

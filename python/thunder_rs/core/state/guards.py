@@ -22,8 +22,8 @@ from collections.abc import MutableMapping
 import numpy
 import torch
 
-from thunder_rs.core.state.items import ANY_TENSOR, DICTS, MUTABLE, SameType, members, same_held_items, same_items
-from thunder_rs.core.state.items import container_copy, same_attributes
+from thunder_rs.core.state.items import ANY_TENSOR, DICTS, SameType, members, same_held_items, same_items
+from thunder_rs.core.state.items import changes_in_place, container_copy, same_attributes
 
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
@@ -437,7 +437,7 @@ class Guard:
         self.frozen = None if self.by_identity else freeze(self.expected)
         # A list, dict or set changes in place, which no write counter sees: checked on every
         # call; one of objects compares its items by identity with a copy of them.
-        self.mutable = isinstance(self.expected, MUTABLE)
+        self.mutable = changes_in_place(self.expected)
         self.items = members(self.expected) if self.mutable and self.by_identity else None
         # Tensors a list or dict of an argument object holds are read per call (``held``, by id):
         # any tensor may take their place, whose metadata a ``TensorGuard`` checks.

@@ -6,6 +6,8 @@ import array
 import collections
 import copy
 import operator
+import sys
+import types
 import weakref
 from itertools import chain
 
@@ -17,7 +19,15 @@ import torch
 #: The weak containers too (a ``WeakKeyDictionary`` cache keyed by a module), compared through the
 #: weak references they hold (``members``), which keep nothing alive.
 _WEAK = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)
-MUTABLE = (list, dict, set, collections.deque, bytearray, array.array, *_WEAK)
+#: The standard library's containers that keep their items in plain dicts and lists (``wrapped``),
+#: read by its own code (``ChainMap.__getitem__``, ``UserDict.__getitem__``), which the observer does
+#: not follow, or by C (``MappingProxyType``): compared by what they hold now (``members``).
+WRAPPERS = (collections.ChainMap, collections.UserDict, collections.UserList)
+#: A ``memoryview`` of a buffer too (of a ``bytearray`` or shared memory), compared by its bytes.
+MUTABLE = (
+    *(list, dict, set, collections.deque, bytearray, array.array, memoryview),
+    *(*WRAPPERS, types.MappingProxyType, *_WEAK),
+)
 #: The dicts whose items a program's writes are replayed in (``containers``), read by key as a dict
 #: is: ``dict`` and the standard library's subclasses (a ``Counter`` of calls, a ``defaultdict``),
 #: whose ``__setitem__`` and ``__delitem__`` are dict's. Other subclasses may define their own.
@@ -27,7 +37,8 @@ DICTS = (dict, collections.Counter, collections.OrderedDict, collections.default
 def members(container) -> tuple:
     """A container's elements (a dict's keys and values, in order); a buffer's bytes (and an
     array's typecode), as numbers below 256, which are the same objects each time they are read; a
-    weak container's weak references (and values)."""
+    weak container's weak references (and values); a memoryview's bytes; a mapping proxy's keys and
+    values; the dicts and lists a ``wrapped`` container keeps and the members of each."""
     if isinstance(container, dict):
         return tuple(chain.from_iterable(container.items()))
     if isinstance(container, _WEAK):
@@ -35,7 +46,34 @@ def members(container) -> tuple:
         return tuple(chain.from_iterable(data.items())) if isinstance(data, dict) else tuple(data)
     if isinstance(container, array.array):
         return (container.typecode, *memoryview(container).cast("B"))
+    if isinstance(container, memoryview):
+        return tuple(container.tobytes())
+    if isinstance(container, types.MappingProxyType):
+        return tuple(chain.from_iterable(container.items()))
+    inner = wrapped(container)
+    if inner is not None:  # (the count of dicts and lists, those, then each one's count and members)
+        held = [members(m) if isinstance(m, MUTABLE) else () for m in inner]
+        return (len(held), *inner, *chain.from_iterable((len(h), *h) for h in held))
     return tuple(container)
+
+
+def wrapped(container) -> list | None:
+    """The plain dicts and lists a ``WRAPPERS`` container or a ``configparser`` parser keeps its
+    items in (a ``ChainMap``'s list of maps and the maps; a parser's defaults and sections), else None."""
+    if isinstance(container, collections.ChainMap):
+        return [container.maps, *container.maps]
+    if isinstance(container, (collections.UserDict, collections.UserList)):
+        return [container.data]
+    parsers = sys.modules.get("configparser")  # (none made unless it was imported)
+    if parsers is not None and isinstance(container, parsers.RawConfigParser):
+        found = vars(container)
+        return [found["_defaults"], found["_sections"], *found["_sections"].values()]
+    return None
+
+
+def changes_in_place(value) -> bool:
+    """Whether ``value`` is a container whose guard checks its items every call (``MUTABLE``, a parser)."""
+    return isinstance(value, MUTABLE) or (not isinstance(value, (str, int, float)) and wrapped(value) is not None)
 
 
 def has_item(container, key) -> bool:
@@ -50,6 +88,8 @@ def container_copy(value):
     t = type(value)
     if t in (list, dict, set):
         return t(value)
+    if isinstance(value, memoryview):  # (which no copy makes: its bytes, which it equals while they hold)
+        return value.tobytes()
     return copy.copy(value) if isinstance(value, MUTABLE) else value  # Counter, deque, a list subclass
 
 
