@@ -27,7 +27,6 @@ from thunder_rs.core.acquisition.effects import (
 )
 from thunder_rs.core.acquisition.dynamic import ArgInt, HeldInt
 from thunder_rs.core.acquisition.dynamic import leaf_paths
-from thunder_rs.core.acquisition.float_args import ArgFloat
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.acquisition.setters import note_settings_made
@@ -56,7 +55,7 @@ from thunder_rs.core.state.reached import ArgumentObjects, captured_inputs
 from thunder_rs.core.lang.inference import inference_outputs
 from thunder_rs.core.lang.recorder import INFERENCE_MADE, Captures, input_proxy, recording
 from thunder_rs.core.lang.regrown import regrowing
-from thunder_rs.core.lang import saved_outputs, symint, version_tracking
+from thunder_rs.core.lang import saved_outputs, version_tracking
 from thunder_rs.core.acquisition.stdlib_state import consuming_iterators
 from thunder_rs.core.acquisition.stdlib_state import install as install_stdlib_wrappers
 from thunder_rs.core.lang.torch_overrides import noting_checkpoints, tracing_overrides
@@ -67,6 +66,7 @@ from thunder_rs.core.acquisition.writeback import WriteBacks, eager_versions, pl
 from thunder_rs.core.acquisition.traced_inputs import (
     SizeInputs,
     TracedInputs,
+    input_leaves,
     int_stand_ins,
     module_stand_ins,
     kept_slots,
@@ -333,21 +333,7 @@ def _fresh(value, captures: Captures):
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured):
     """Runs the program on proxies (while recording); returns its output, the observer of its reads, the
     ``(clone, original)`` modules it ran and its ``TracedInputs``. (``captured``: ``CapturedModules``.)"""
-    program, leaves = fn, list(flat_inputs)
-    symbolic = size_inputs.of_inputs(flat_inputs)
-    for i in positions:
-        dims = symbolic.get(i, {})
-        strides = {d[1]: symint.wrap(s) for d, s in dims.items() if type(d) is tuple}
-        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides, i)
-    for i, dims in symbolic.items():
-        if None in dims:  # an int argument read as a size
-            leaves[i] = symint.wrap(dims[None])
-    for k, i in enumerate(size_inputs.float_positions):  # a float argument taken as an input
-        leaves[i] = size_inputs.float_of(flat_inputs[i], ArgFloat(i, k))
-    first = {id(flat_inputs[i]): i for i in positions}
-    for i, x in enumerate(flat_inputs):
-        if isinstance(x, torch.Tensor) and first[id(x)] != i:
-            leaves[i] = leaves[first[id(x)]]
+    program, leaves = fn, input_leaves(rec, flat_inputs, positions, size_inputs)
     pairs, params, slots = [], [], []
     if binding is not None:
         refuse_dtensors(binding.qualified, binding.tensors())

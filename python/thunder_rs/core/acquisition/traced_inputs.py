@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from thunder_rs.core.acquisition.dynamic import FLOAT, INT, ArgInt, HeldDim, HeldInt, HeldStride, in_other_items
-from thunder_rs.core.acquisition.float_args import HeldFloat
+from thunder_rs.core.acquisition.float_args import ArgFloat, HeldFloat
 from thunder_rs.core.acquisition.returned_objects import MadeObjects
 from thunder_rs.core.base.layouts import STRIDE
 from thunder_rs.core.lang import symfloat, symint
-from thunder_rs.core.lang.recorder import Captures
+from thunder_rs.core.lang.recorder import Captures, input_proxy
 from thunder_rs.core.state.guards import ModuleSource, attributes_of, items_of
 from thunder_rs.core.state.reached import ArgumentObjects, ArgumentTensor
 from thunder_rs.core.state.tensor_guards import tensor_meta
@@ -248,3 +248,25 @@ def put_back(placed: list, failed: bool = False) -> None:
         if failed or attributes.get(at.name) is at.stand_in:
             attributes[at.name] = t
         at.stand_in = None
+
+
+def input_leaves(rec, flat_inputs, positions, size_inputs: "SizeInputs") -> list:
+    """The flat inputs as the traced program gets them: a proxy for each tensor (at ``positions``;
+    a tensor passed twice gets its first proxy), the symbolic int of an int argument read as a size,
+    the symbolic float of a float argument taken as an input, the rest as they are."""
+    leaves = list(flat_inputs)
+    symbolic = size_inputs.of_inputs(flat_inputs)
+    for i in positions:
+        dims = symbolic.get(i, {})
+        strides = {d[1]: symint.wrap(s) for d, s in dims.items() if type(d) is tuple}
+        leaves[i] = input_proxy(rec, flat_inputs[i], {d: s for d, s in dims.items() if type(d) is int}, strides, i)
+    for i, dims in symbolic.items():
+        if None in dims:  # an int argument read as a size
+            leaves[i] = symint.wrap(dims[None])
+    for k, i in enumerate(size_inputs.float_positions):  # a float argument taken as an input
+        leaves[i] = size_inputs.float_of(flat_inputs[i], ArgFloat(i, k))
+    first = {id(flat_inputs[i]): i for i in positions}
+    for i, x in enumerate(flat_inputs):
+        if isinstance(x, torch.Tensor) and first[id(x)] != i:
+            leaves[i] = leaves[first[id(x)]]
+    return leaves
