@@ -111,6 +111,21 @@ def test_out_of_wider_dtype_computes_in_it(name: str) -> None:
     _jit_equal(lambda x, out: fn(x, 0, out=out), x, torch.empty(shape, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", [torch.std, torch.var, torch.logsumexp], ids=lambda f: f.__name__)
+def test_out_of_another_float_dtype_computes_as_eagers_kernel(fn, out_dtype, keepdim) -> None:
+    """``std``/``var`` read the input in ``out``'s dtype; ``logsumexp`` sums its shifted
+    exponentials in it (``logsumexp_out_impl``): not the float result cast. Infinite maxima too."""
+    inf = float("inf")
+    for x in (torch.randn(5, 7), torch.tensor([[inf, 1.0], [-inf, 2.0], [-inf, -inf]])):
+        shape = (x.shape[0], 1) if keepdim else (x.shape[0],)
+        expected, got = torch.empty(shape, dtype=out_dtype), torch.empty(shape, dtype=out_dtype)
+        fn(x, 1, keepdim=keepdim, out=expected)
+        thunder_rs.jit(lambda x, out: fn(x, 1, keepdim=keepdim, out=out))(x, got)
+        assert torch.equal(expected.nan_to_num(), got.nan_to_num()), (expected, got)
+
+
 @pytest.mark.parametrize(
     "fn",
     [torch.softmax, torch.log_softmax, torch.linalg.vector_norm, torch.amax, torch.argmax],

@@ -688,7 +688,7 @@ def write_out(func, args, kwargs):
     check_out(func, args, kwargs)
     kwargs = dict(kwargs)
     out = kwargs.pop("out")
-    value = torch_function(func, args, in_out_dtype(func, kwargs, out))
+    value = torch_function(*in_out_dtype(func, args, kwargs, out))
     targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     check(

@@ -7,11 +7,13 @@ float ``x`` raises), ``torch.complex``, ``torch.multinomial`` and ``torch.softma
 ``out`` that shares memory with an input, ``torch.aminmax`` one ``min`` that is its ``max``. Each
 raises here what eager raises, rather than a result eager never gives. And some reductions and
 scans compute in ``out``'s dtype (``torch.sum(x, 0, out=double)`` of a float ``x`` sums in
-double, as ``dtype=torch.float64`` would): ``in_out_dtype`` passes it as their ``dtype``.
+double, as ``dtype=torch.float64`` would): ``in_out_dtype`` passes it as their ``dtype``, and
+casts ``std``/``var``'s input, and sums ``logsumexp``'s exponentials, in it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -166,9 +168,30 @@ def check_out(func, args, kwargs) -> None:
 _COMPUTED_IN_OUT_DTYPE = frozenset({torch.sum, torch.nansum, torch.mean, torch.prod, torch.cumsum, torch.cumprod})
 
 
-def in_out_dtype(func, kwargs: dict, out) -> dict:
-    """``kwargs`` (without ``out``) of ``func(..., out=out)`` as eager's kernel computes it: with
-    ``dtype=out.dtype`` for the reductions and scans that compute in it."""
-    if func in _COMPUTED_IN_OUT_DTYPE and kwargs.get("dtype") is None and isinstance(out, TensorProxy):
-        return {**kwargs, "dtype": out.dtype}
-    return kwargs
+def in_out_dtype(func, args: tuple, kwargs: dict, out) -> tuple:
+    """``(func, args, kwargs)`` (``kwargs`` without ``out``) of ``func(..., out=out)`` as eager's
+    kernel computes it: with ``dtype=out.dtype`` for the reductions and scans that compute in it;
+    ``std``/``var`` of an input cast to ``out``'s floating dtype (their reduction iterator reads the
+    input in the result's dtype); ``logsumexp`` summing in ``out``'s dtype (``logsumexp_out``)."""
+    if not isinstance(out, TensorProxy):
+        return func, args, kwargs
+    if func in _COMPUTED_IN_OUT_DTYPE and kwargs.get("dtype") is None:
+        return func, args, {**kwargs, "dtype": out.dtype}
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, TensorProxy) or not x.dtype.is_floating_point or x.dtype == out.dtype:
+        return func, args, kwargs
+    if func in (torch.std, torch.var) and out.dtype.is_floating_point:
+        return func, (x.to(out.dtype), *args[1:]), kwargs
+    if func is torch.logsumexp and out.dtype.is_floating_point:
+        return functools.partial(_logsumexp_in, dtype=out.dtype), args, kwargs
+    return func, args, kwargs
+
+
+def _logsumexp_in(input, dim, keepdim=False, *, dtype: torch.dtype):
+    """``logsumexp_out_impl``: the maximum (0 where infinite) of the input's dtype, the shifted
+    exponentials summed in ``dtype`` (the ``out``'s), then its log plus the maximum."""
+    peak = torch.amax(input, dim, keepdim=True)
+    peak = torch.where(peak.abs() == float("inf"), torch.zeros_like(peak), peak)
+    total = torch.sum(torch.exp(input - peak), dim, keepdim=keepdim, dtype=dtype)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return torch.log(total) + (peak if keepdim else peak.squeeze(dims))
