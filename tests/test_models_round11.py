@@ -13,13 +13,14 @@ scan (Bamba, Falcon-H1), the gated delta rule (Qwen3-Next, Kimi Linear), lightni
 (MiniMax), the short convolution (LFM2), xIELU (Apertus)."""
 
 import copy
+import functools
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 from models_round11 import FAMILIES  # noqa: E402
-from test_models_round9 import MODES, _compiled  # noqa: E402
+from test_models_round9 import MODES, _assert_equal, _compiled  # noqa: E402
 from test_models_round9 import _train_and_evaluate as train_and_evaluate  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -41,9 +42,30 @@ EVAL_COMPILES = {"dbrx": 2, "nllb_moe": 2}
 EAGER_RAISES_UNDER_AUTOCAST = {"dbrx": r"index_add_\(\): self", "xmod": "Index put requires the source"}
 
 
+#: (family, mode) pairs compared at float32's tolerance. NLLB-MoE under Dynamo: its sparse
+#: decoder layer's ``nonzero`` breaks the graph between the decoder's layers, each of whose cross
+#: attentions projects the encoder's output twice (keys, values). Eager's autograd adds the four
+#: gradients of the encoder's output one by one as they arrive; each graph's backward returns its
+#: two already added, so the engine adds two sums: the same terms in another association, an ulp
+#: apart in the encoder's gradients (the decoder's are eager's bit for bit; whole under ``jit``,
+#: and node by node under Dynamo's ``backend="eager"``, they are eager's).
+TOLERANT = {("nllb_moe", "compile")}
+
+
+def _matches(actual: list, expected: list, what: str, tolerant: bool) -> None:
+    if not tolerant:
+        return _assert_equal(actual, expected, what)
+    assert len(actual) == len(expected), what
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        torch.testing.assert_close(a, e, msg=lambda m: f"{what} #{i}: {m}")
+
+
 def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     """Round 9's run (``test_models_round9``) over this round's families and expectations."""
-    train_and_evaluate(name, mode, autocast, FAMILIES, train_compiles=TRAIN_COMPILES, eval_compiles=EVAL_COMPILES)
+    check = functools.partial(_matches, tolerant=(name, mode) in TOLERANT)
+    train_and_evaluate(
+        name, mode, autocast, FAMILIES, check, train_compiles=TRAIN_COMPILES, eval_compiles=EVAL_COMPILES
+    )
 
 
 def _params(names, quick):
