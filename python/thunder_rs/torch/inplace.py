@@ -51,6 +51,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch import complex_views, narrowed_writes, saved_writes, view_scatters, views
 from thunder_rs.torch.out_checks import check_out, in_out_dtype
+from thunder_rs.torch.overlaps import check_partial_overlap, is_pointwise
 from thunder_rs.torch.activations import DIFFERENTIATED_FROM_RESULT
 from thunder_rs.torch.autograd import detach
 from thunder_rs.torch.common import is_number
@@ -364,7 +365,11 @@ def _in_place(fn, name: str, outplace):
     symbol = getattr(symbol, "symbol", None) or symbol  # (an ``inplace=`` function's: its ltorch symbol)
     facts = {"inplace": True} if symbol in DIFFERENTIATED_FROM_RESULT else {}
 
+    pointwise = is_pointwise(name)
+
     def in_place(a, *args, **kwargs):
+        if pointwise:
+            check_partial_overlap(name, a, (args, kwargs))
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
         if symbol is not None and not _computed_by_eager(name, a, args, kwargs):
@@ -455,6 +460,7 @@ def _refuse(name: str, reason: str):
 
 
 def copy_(a, src, non_blocking=False):
+    check_partial_overlap("copy_", a, src)
     return assign(a, src, "copy_", copy=True)
 
 
@@ -688,6 +694,9 @@ def write_out(func, args, kwargs):
     check_out(func, args, kwargs)
     kwargs = dict(kwargs)
     out = kwargs.pop("out")
+    if is_pointwise(getattr(func, "__name__", "")):
+        for target in out if isinstance(out, (tuple, list)) else (out,):
+            check_partial_overlap(name, target, (args, kwargs))
     value = torch_function(*in_out_dtype(func, args, kwargs, out))
     targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
