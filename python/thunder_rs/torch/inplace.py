@@ -365,10 +365,8 @@ def _in_place(fn, name: str, outplace):
     symbol = getattr(symbol, "symbol", None) or symbol  # (an ``inplace=`` function's: its ltorch symbol)
     facts = {"inplace": True} if symbol in DIFFERENTIATED_FROM_RESULT else {}
 
-    pointwise = is_pointwise(name)
-
     def in_place(a, *args, **kwargs):
-        if pointwise:
+        if is_pointwise(name):  # (asked at the first call: a lookup in torch.ops at import is slow)
             check_partial_overlap(name, a, (args, kwargs))
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
