@@ -14,6 +14,7 @@ import types
 import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
+from thunder_rs.core.run.output_hooks import guarding
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
@@ -414,6 +415,8 @@ def grad_function(
                 return _land_in_turn(ctx.landing, found) if landing else found
 
     apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
+    if len(differentiable) > 1:  # (hooks on an output a backward does not reach: see ``output_hooks``)
+        apply = guarding(apply, tuple(sorted(differentiable)), CompiledFunction)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 

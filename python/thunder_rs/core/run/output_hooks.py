@@ -1,0 +1,80 @@
+"""Tensor hooks on the outputs of a compiled call with several differentiable outputs.
+
+Eager gives each output its own autograd node: a backward that does not reach an output never runs
+its node, so the hooks the caller registers on it (``out.register_hook``) are not called. The
+compiled call is one node for all its outputs: autograd runs it when any of them is reached and
+calls the hooks of every output, with None for the gradient of one it did not reach (a hook
+written for eager, ``lambda g: g * 2``, raised a TypeError). ``guard_hooks`` gives each such output
+a hook dictionary whose one hook calls the caller's hooks only with a gradient, as eager's node
+would. Hooks of torch's own (``register_multi_grad_hook``'s, which count a call per output of a
+node that runs) are called with None still."""
+
+from collections import OrderedDict
+
+import torch
+
+_Tensor = torch.Tensor
+
+
+def _hook_name(hook) -> str:
+    return getattr(hook, "__name__", "<unknown>")
+
+
+def _checked(original: torch.Tensor, result, hook) -> None:
+    """Raises the error torch's engine raises for a hook that returned an unfit gradient
+    (``check_single_result`` in ``python_hook.cpp``)."""
+    if not isinstance(result, _Tensor):
+        raise RuntimeError(f"expected Variable or None (got {type(result).__name__})")
+    if result.dtype != original.dtype or result.layout != original.layout or result.device != original.device:
+        raise RuntimeError(
+            f"hook '{_hook_name(hook)}' has changed the type of value (was {original.type()} got {result.type()})"
+        )
+    if result.shape != original.shape:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value")
+
+
+def _of_torch(hook) -> bool:
+    return getattr(hook, "__module__", None) in _TORCH_HOOK_MODULES
+
+
+#: The modules of torch's hooks that expect a call per output of a node that runs, None included.
+_TORCH_HOOK_MODULES = frozenset({"torch.autograd.graph"})
+
+
+def _calling_with_gradients(hooks: OrderedDict):
+    def hook(grad):
+        for user_hook in tuple(hooks.values()):
+            if grad is None and not _of_torch(user_hook):
+                continue
+            result = user_hook(grad)
+            if result is not None:
+                if grad is None:
+                    raise RuntimeError("can't replace a None gradient with a non-None value")
+                _checked(grad, result, user_hook)
+                grad = result
+        return grad
+
+    return hook
+
+
+def guarding(apply, positions: tuple, function: type):
+    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
+    differentiable ones) get, where their node is the call's, a hook dictionary whose hooks run
+    only on a gradient (see the module)."""
+
+    def call(*inputs):
+        flat = apply(*inputs)
+        for i in positions:
+            out = flat[i]
+            if out._backward_hooks is not None:
+                continue  # (an output returned twice is guarded once)
+            fn = out.grad_fn
+            if getattr(fn, "_forward_cls", None) is not function:
+                continue  # (a view of an input: another node)
+            hooks: OrderedDict = OrderedDict()
+            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
+            fn._register_hook_dict(out)
+            out._backward_hooks = hooks  # (where ``Tensor.register_hook`` puts the caller's)
+        return flat
+
+    return call
