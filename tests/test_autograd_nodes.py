@@ -153,6 +153,47 @@ def test_a_hook_on_an_output_returning_an_unfit_gradient_raises_eagers_error(cha
     assert errors[1] == errors[0]
 
 
+def _loss_and_logits(C, backward_from):
+    torch.manual_seed(3)
+    lin, seen = torch.nn.Linear(3, 4).double(), []
+
+    def fn(x, y):
+        logits = lin(x)
+        return torch.nn.functional.cross_entropy(logits, y), logits
+
+    loss, logits = C(fn)(torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0]))
+    logits.register_hook(lambda g: seen.append(g.clone()) or g * 2)
+    (logits.sum() if backward_from == "logits" else loss).backward()
+    return seen, lin.weight.grad
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_a_hook_on_an_output_that_a_reached_output_was_computed_from_is_refused_naming_the_hook(compiler):
+    """Eager's hook on ``logits`` sees the gradient from ``loss``, computed from it inside the call,
+    which the call's one node does not compute: refused (it was called with None), naming the
+    hook's line; a backward from ``logits`` alone is eager's."""
+    _assert_as_eager(lambda C: _loss_and_logits(C, "logits"), compiler)
+    torch._dynamo.reset()
+    line = inspect.getsourcelines(_loss_and_logits)[1]
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"hook on output 1 .*test_autograd_nodes\.py:{line + 9}\).* outputs \[0\]"
+    ):
+        _loss_and_logits(COMPILERS[compiler], "loss")
+
+
+def _retained_grad_of_an_inner_output(C):
+    x = _leaf(3)
+
+    def fn(x):
+        h = x.sin()
+        return (h * 2).sum(), h
+
+    loss, h = C(fn)(x)
+    h.retain_grad()
+    loss.backward()
+    return h.grad
+
+
 class _MulInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -307,7 +348,9 @@ def _saved_tensor_hook_calls(C):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="one autograd node per call: eager's engine adds the gradients of an input's uses by different nodes "
+    reason="one autograd node per call: the .grad that retain_grad() keeps of an output others were computed from "
+    "inside the call lacks the gradient flowing back from them (None where only they are reached); "
+    "eager's engine adds the gradients of an input's uses by different nodes "
     "in place in its input buffer (x.grad._version 1, then AccumulateGrad's +=); the call's backward sums them "
     "out of place; hooks run per output of the one node in output order, and post-accumulate hooks as its "
     "AccumulateGrad nodes all become ready at once, not in eager's backward order; saved-tensor hooks pack the "
@@ -321,6 +364,7 @@ def _saved_tensor_hook_calls(C):
         _hook_order_across_outputs,
         _post_accumulate_hook_order,
         _saved_tensor_hook_calls,
+        _retained_grad_of_an_inner_output,
     ],
     ids=lambda s: s.__name__.strip("_"),
 )

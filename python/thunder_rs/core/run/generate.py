@@ -235,6 +235,21 @@ def _made(acquired, grad_positions: list) -> dict:
     return made
 
 
+def _inner_outputs(acquired, grad_positions: list) -> dict:
+    """Per differentiable flat output another's backward reaches inside the program (``logits`` of
+    a call returning ``loss, logits``), the positions of those others: eager's hooks on it see the
+    gradient from them, which the call's one node does not compute (``output_hooks.refuse_inner``)."""
+    if len(grad_positions) < 2:
+        return {}
+    vids, trace, inner = acquired.output_vids, acquired.trace, {}
+    for j in grad_positions:
+        if j < len(vids) and vids[j] is not None:
+            others = frozenset(trace.outputs_reaching([vids[j]], list(grad_positions))) - {j}
+            if others:
+                inner[j] = others
+    return inner
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -306,6 +321,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
         partial["made"] = _made(acquired, grad_positions)
+        partial["inner"] = _inner_outputs(acquired, grad_positions)
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
         if wb is None:

@@ -13,6 +13,8 @@ from collections import OrderedDict
 
 import torch
 
+from thunder_rs.errors import ThunderNotImplementedError
+
 _Tensor = torch.Tensor
 
 
@@ -57,7 +59,29 @@ def _calling_with_gradients(hooks: OrderedDict):
     return hook
 
 
-def guarding(apply, positions: tuple, function: type):
+def refuse_inner(ctx, inner: dict, grads: tuple) -> None:
+    """Raises where the caller's hooks ran on an output (``inner``: per such position, the outputs
+    a backward reaches it through inside the program) that a reached output was computed from:
+    eager's hooks see the gradient flowing back from those outputs, the call's one node gives
+    them the output's own cotangent only (or none)."""
+    for j, others in inner.items():
+        hooks = ctx.hooked.get(j) if hasattr(ctx, "hooked") else None
+        reached = sorted(k for k in others if grads[k] is not None)
+        user = [h for h in hooks.values() if not _of_torch(h)] if hooks else []
+        if user and reached:
+            code = getattr(user[0], "__code__", None)
+            at = "" if code is None else f" (registered hook at {code.co_filename}:{code.co_firstlineno})"
+            raise ThunderNotImplementedError(_INNER.format(j, reached, at))
+
+
+_INNER = (
+    "Tensor.register_hook: a hook on output {0} of a thunder_rs-compiled call{2}, from which the call computed "
+    "its outputs {1} that this backward reaches: eager's hook sees the gradient flowing back from them, which the "
+    "compiled call (one autograd node) does not compute; register the hook inside the compiled function"
+)
+
+
+def guarding(apply, positions: tuple, function: type, inner: dict):
     """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
     differentiable ones) get, where their node is the call's, a hook dictionary whose hooks run
     only on a gradient (see the module)."""
@@ -75,6 +99,8 @@ def guarding(apply, positions: tuple, function: type):
             out._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
             fn._register_hook_dict(out)
             out._backward_hooks = hooks  # (where ``Tensor.register_hook`` puts the caller's)
+            if i in inner:
+                fn.hooked = {**getattr(fn, "hooked", {}), i: hooks}
         return flat
 
     return call
