@@ -353,7 +353,7 @@ def grad_function(
     viewable: tuple | None = None,
     made: dict | None = None,
     landing: bool = False,
-    inner: dict | None = None,
+    inner: Callable[[int], frozenset] | None = None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -413,16 +413,16 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable, inner or {})
+    apply = _applied(CompiledFunction, unread, differentiable)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset, inner: dict):
+def _applied(function, unread: tuple, differentiable: frozenset):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
     ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guarding``)."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        apply = guarding(apply, tuple(sorted(differentiable)), function, inner)
+        apply = guarding(apply, tuple(sorted(differentiable)), function)
     return apply
 
 
@@ -479,7 +479,7 @@ def _reachable(made: dict | None, differentiable: frozenset) -> dict:
     return {j: m for j, m in made.items() if m.may_save and m.reach & differentiable}
 
 
-def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple, inner: dict | None, landing: bool) -> list:
+def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple, inner, landing: bool) -> list:
     """The residuals of a backward (a freed graph raises eager's error), after the errors of the
     outputs the caller wrote (``_check_made``) and of the nodes the program wrote (``_raise_stale``),
     which eager does not raise under saved-tensor hooks; of a reentrant checkpoint's backward not
@@ -487,7 +487,7 @@ def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple, inner: dict 
     ``output_hooks.refuse_inner``)."""
     if landing and not torch.autograd._is_checkpoint_valid():
         raise RuntimeError(_REENTRANT_UNDER_GRAD)
-    if inner:
+    if inner is not None:
         refuse_inner(ctx, inner, grads)
     saved = ctx.residuals
     if saved is None:

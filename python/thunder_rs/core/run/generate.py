@@ -235,19 +235,23 @@ def _made(acquired, grad_positions: list) -> dict:
     return made
 
 
-def _inner_outputs(acquired, grad_positions: list) -> dict:
-    """Per differentiable flat output another's backward reaches inside the program (``logits`` of
-    a call returning ``loss, logits``), the positions of those others: eager's hooks on it see the
-    gradient from them, which the call's one node does not compute (``output_hooks.refuse_inner``)."""
+def _inner_outputs(acquired, grad_positions: list):
+    """``j -> `` the differentiable flat outputs other than ``j`` whose backward reaches output ``j``
+    inside the program (``loss`` of a call returning ``loss, logits``, for ``logits``): eager's hooks
+    on ``j`` see the gradient from them, which the call's one node does not compute
+    (``output_hooks.refuse_inner``). Asked at a backward only for an output with the caller's hooks,
+    once each (a walk of the trace per output: too slow for every output of every compile)."""
     if len(grad_positions) < 2:
-        return {}
-    vids, trace, inner = acquired.output_vids, acquired.trace, {}
-    for j in grad_positions:
-        if j < len(vids) and vids[j] is not None:
-            others = frozenset(trace.outputs_reaching([vids[j]], list(grad_positions))) - {j}
-            if others:
-                inner[j] = others
-    return inner
+        return None
+    vids, trace, positions, known = acquired.output_vids, acquired.trace, list(grad_positions), {}
+
+    def others(j: int) -> frozenset:
+        if j not in known:
+            reach = trace.outputs_reaching([vids[j]], positions) if j < len(vids) and vids[j] is not None else []
+            known[j] = frozenset(reach) - {j}
+        return known[j]
+
+    return others
 
 
 def _with_captured(fn, captured: tuple):

@@ -59,16 +59,17 @@ def _calling_with_gradients(hooks: OrderedDict):
     return hook
 
 
-def refuse_inner(ctx, inner: dict, grads: tuple) -> None:
-    """Raises where the caller's hooks ran on an output (``inner``: per such position, the outputs
-    a backward reaches it through inside the program) that a reached output was computed from:
-    eager's hooks see the gradient flowing back from those outputs, the call's one node gives
-    them the output's own cotangent only (or none)."""
-    for j, others in inner.items():
-        hooks = ctx.hooked.get(j) if hasattr(ctx, "hooked") else None
-        reached = sorted(k for k in others if grads[k] is not None)
-        user = [h for h in hooks.values() if not _of_torch(h)] if hooks else []
-        if user and reached:
+def refuse_inner(ctx, inner, grads: tuple) -> None:
+    """Raises where the caller's hooks ran on an output that a reached output was computed from
+    inside the program (``inner``: ``j ->`` those outputs, ``generate._inner_outputs``): eager's
+    hooks see the gradient flowing back from them, the call's one node gives them the output's own
+    cotangent only (or none)."""
+    for j, hooks in getattr(ctx, "hooked", {}).items():
+        user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
+        if not user:
+            continue
+        reached = sorted(k for k in inner(j) if grads[k] is not None)
+        if reached:
             code = getattr(user[0], "__code__", None)
             at = "" if code is None else f" (registered hook at {code.co_filename}:{code.co_firstlineno})"
             raise ThunderNotImplementedError(_INNER.format(j, reached, at))
@@ -81,26 +82,26 @@ _INNER = (
 )
 
 
-def guarding(apply, positions: tuple, function: type, inner: dict):
+def guarding(apply, positions: tuple, function: type):
     """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
     differentiable ones) get, where their node is the call's, a hook dictionary whose hooks run
     only on a gradient (see the module)."""
 
     def call(*inputs):
-        flat = apply(*inputs)
+        flat, hooked, node = apply(*inputs), {}, None
         for i in positions:
             out = flat[i]
-            if out._backward_hooks is not None:
+            if not isinstance(out, _Tensor) or out._backward_hooks is not None:
                 continue  # (an output returned twice is guarded once)
             fn = out.grad_fn
             if getattr(fn, "_forward_cls", None) is not function:
                 continue  # (a view of an input: another node)
-            hooks: OrderedDict = OrderedDict()
+            node, hooks = fn, OrderedDict()
             out._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
             fn._register_hook_dict(out)
-            out._backward_hooks = hooks  # (where ``Tensor.register_hook`` puts the caller's)
-            if i in inner:
-                fn.hooked = {**getattr(fn, "hooked", {}), i: hooks}
+            out._backward_hooks = hooked[i] = hooks  # (where ``Tensor.register_hook`` puts the caller's)
+        if hooked:
+            node.hooked = hooked  # (read by ``refuse_inner``)
         return flat
 
     return call
