@@ -149,6 +149,8 @@ class Acquired:
     #: per flat output position, a tensor the program made (``saved_outputs.OutputMade``): the node and
     #: version eager's error names where the caller writes it before the backward
     made_outputs: dict = field(default_factory=dict)
+    #: per flat output position, its value id in the trace (None: not a traced value)
+    output_vids: tuple = ()
     #: the reentrant activation checkpoints the program ran with grad (``torch_overrides.noting_checkpoints``)
     checkpoints: tuple = ()
     #: the lists and dicts of state the program read, where it changes one or an argument's, that
@@ -547,7 +549,7 @@ def _finish(rec, out, writes, repeated, flat_inputs, inputs: TracedInputs, captu
     own = {j for _, j in views.own} if views is not None else ()  # (the roots' versions are theirs)
     versions = eager_versions(outputs if type(outputs) in (tuple, list) else (outputs,), writes_of, own)
     finished = rec.finish(outputs)
-    planned = (writebacks, views, first, leaf_outputs, made_outputs, versions)
+    planned = (writebacks, views, first, leaf_outputs, made_outputs, versions, tuple(vids))
     return finished, out_spec, out_kind, effects, num_outputs, planned
 
 
@@ -664,7 +666,7 @@ def acquire(
     trace, out_spec, out_kind, effects, num_outputs, planned = _finish(
         rec, out, writes, repeated, flat_inputs, inputs, captures.proxies, kept, reads, traced
     )
-    writebacks, views, first, leaf_outputs, made_outputs, versions = planned
+    writebacks, views, first, leaf_outputs, made_outputs, versions, output_vids = planned
     if writebacks is not None and binding is not None:  # (module_memory reads the tensors it holds)
         writebacks = dataclasses.replace(writebacks, memory=binding.metadata)
     positions, traced, placed = inputs.positions, (*inputs.args, *inputs.params, *captures.proxies), inputs.placed()
@@ -702,6 +704,7 @@ def acquire(
         stale_saves=stale_saves,
         leaf_outputs=leaf_outputs,
         made_outputs=made_outputs,
+        output_vids=output_vids,
         checkpoints=tuple(checkpoints),
         state_aliases=aliases,
         cached_casts=cached_casts,

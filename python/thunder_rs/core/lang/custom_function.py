@@ -55,8 +55,8 @@ class TraceContext:
 
     def mark_dirty(self, *tensors) -> None:
         raise ThunderNotImplementedError(
-            f"torch.autograd.Function: {self._name}.forward marks its inputs dirty (writes them in place), which "
-            "thunder_rs.jit does not trace; return new tensors instead"
+            f"torch.autograd.Function: {self._name}.forward marks its inputs dirty (writes them in place) at "
+            f"{user_location()}, which thunder_rs.jit does not trace; return new tensors instead"
         )
 
     def save_for_forward(self, *tensors) -> None:

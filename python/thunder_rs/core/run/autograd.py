@@ -14,6 +14,7 @@ import types
 import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
+from thunder_rs.core.run.output_hooks import guarding, refuse_inner
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
@@ -352,6 +353,7 @@ def grad_function(
     viewable: tuple | None = None,
     made: dict | None = None,
     landing: bool = False,
+    inner: Callable[[int], frozenset] | None = None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -372,7 +374,7 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
     ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
-    eager adds to its ``.grad`` in turn (``_land_in_turn``)."""
+    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``: see ``output_hooks.refuse_inner``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -397,9 +399,7 @@ def grad_function(
         @unseen_by_dynamo
         def backward(ctx, *grads):
             with queue_values.running(ctx.queue_values):  # (its call's streams, on whichever thread)
-                if landing and not torch.autograd._is_checkpoint_valid():
-                    raise RuntimeError(_REENTRANT_UNDER_GRAD)
-                saved = _residuals_checked(ctx, stale, made, grads)
+                saved = _residuals_checked(ctx, stale, made, grads, inner, landing)
                 cotangents = cotangents_of(grads)
                 # (absent cotangents: the residuals the backward for their pattern reads are checked)
                 pattern = unreached.of(cotangents) if partial else None
@@ -413,8 +413,17 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _without(CompiledFunction.apply, unread) if unread else CompiledFunction.apply  # (see ``_without``)
+    apply = _applied(CompiledFunction, unread, differentiable)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
+
+
+def _applied(function, unread: tuple, differentiable: frozenset):
+    """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
+    ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guarding``)."""
+    apply = _without(function.apply, unread) if unread else function.apply
+    if len(differentiable) > 1:
+        apply = guarding(apply, tuple(sorted(differentiable)), function)
+    return apply
 
 
 #: Eager's error for a backward through a reentrant checkpoint that does not accumulate into
@@ -470,10 +479,16 @@ def _reachable(made: dict | None, differentiable: frozenset) -> dict:
     return {j: m for j, m in made.items() if m.may_save and m.reach & differentiable}
 
 
-def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple) -> list:
+def _residuals_checked(ctx, stale: tuple, made: dict, grads: tuple, inner, landing: bool) -> list:
     """The residuals of a backward (a freed graph raises eager's error), after the errors of the
     outputs the caller wrote (``_check_made``) and of the nodes the program wrote (``_raise_stale``),
-    which eager does not raise under saved-tensor hooks."""
+    which eager does not raise under saved-tensor hooks; of a reentrant checkpoint's backward not
+    into ``.grad`` (``landing``), and of hooks on an output others were computed from (``inner``:
+    ``output_hooks.refuse_inner``)."""
+    if landing and not torch.autograd._is_checkpoint_valid():
+        raise RuntimeError(_REENTRANT_UNDER_GRAD)
+    if inner is not None:
+        refuse_inner(ctx, inner, grads)
     saved = ctx.residuals
     if saved is None:
         raise RuntimeError(_FREED)

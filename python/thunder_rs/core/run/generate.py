@@ -235,6 +235,25 @@ def _made(acquired, grad_positions: list) -> dict:
     return made
 
 
+def _inner_outputs(acquired, grad_positions: list):
+    """``j -> `` the differentiable flat outputs other than ``j`` whose backward reaches output ``j``
+    inside the program (``loss`` of a call returning ``loss, logits``, for ``logits``): eager's hooks
+    on ``j`` see the gradient from them, which the call's one node does not compute
+    (``output_hooks.refuse_inner``). Asked at a backward only for an output with the caller's hooks,
+    once each (a walk of the trace per output: too slow for every output of every compile)."""
+    if len(grad_positions) < 2:
+        return None
+    vids, trace, positions, known = acquired.output_vids, acquired.trace, list(grad_positions), {}
+
+    def others(j: int) -> frozenset:
+        if j not in known:
+            reach = trace.outputs_reaching([vids[j]], positions) if j < len(vids) and vids[j] is not None else []
+            known[j] = frozenset(reach) - {j}
+        return known[j]
+
+    return others
+
+
 def _with_captured(fn, captured: tuple):
     """``fn`` given the captured tensors after the caller's inputs, as the trace takes them."""
     return lambda *inputs: fn(*inputs, *captured)
@@ -306,6 +325,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
         partial["made"] = _made(acquired, grad_positions)
+        partial["inner"] = _inner_outputs(acquired, grad_positions)
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
         if wb is None:

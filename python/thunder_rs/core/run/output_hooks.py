@@ -1,0 +1,107 @@
+"""Tensor hooks on the outputs of a compiled call with several differentiable outputs.
+
+Eager gives each output its own autograd node: a backward that does not reach an output never runs
+its node, so the hooks the caller registers on it (``out.register_hook``) are not called. The
+compiled call is one node for all its outputs: autograd runs it when any of them is reached and
+calls the hooks of every output, with None for the gradient of one it did not reach (a hook
+written for eager, ``lambda g: g * 2``, raised a TypeError). ``guard_hooks`` gives each such output
+a hook dictionary whose one hook calls the caller's hooks only with a gradient, as eager's node
+would. Hooks of torch's own (``register_multi_grad_hook``'s, which count a call per output of a
+node that runs) are called with None still."""
+
+from collections import OrderedDict
+
+import torch
+
+from thunder_rs.errors import ThunderNotImplementedError
+
+_Tensor = torch.Tensor
+
+
+def _hook_name(hook) -> str:
+    return getattr(hook, "__name__", "<unknown>")
+
+
+def _checked(original: torch.Tensor, result, hook) -> None:
+    """Raises the error torch's engine raises for a hook that returned an unfit gradient
+    (``check_single_result`` in ``python_hook.cpp``)."""
+    if not isinstance(result, _Tensor):
+        raise RuntimeError(f"expected Variable or None (got {type(result).__name__})")
+    if result.dtype != original.dtype or result.layout != original.layout or result.device != original.device:
+        raise RuntimeError(
+            f"hook '{_hook_name(hook)}' has changed the type of value (was {original.type()} got {result.type()})"
+        )
+    if result.shape != original.shape:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value")
+
+
+def _of_torch(hook) -> bool:
+    return getattr(hook, "__module__", None) in _TORCH_HOOK_MODULES
+
+
+#: The modules of torch's hooks that expect a call per output of a node that runs, None included.
+_TORCH_HOOK_MODULES = frozenset({"torch.autograd.graph"})
+
+
+def _calling_with_gradients(hooks: OrderedDict):
+    def hook(grad):
+        for user_hook in tuple(hooks.values()):
+            if grad is None and not _of_torch(user_hook):
+                continue
+            result = user_hook(grad)
+            if result is not None:
+                if grad is None:
+                    raise RuntimeError("can't replace a None gradient with a non-None value")
+                _checked(grad, result, user_hook)
+                grad = result
+        return grad
+
+    return hook
+
+
+def refuse_inner(ctx, inner, grads: tuple) -> None:
+    """Raises where the caller's hooks ran on an output that a reached output was computed from
+    inside the program (``inner``: ``j ->`` those outputs, ``generate._inner_outputs``): eager's
+    hooks see the gradient flowing back from them, the call's one node gives them the output's own
+    cotangent only (or none)."""
+    for j, hooks in getattr(ctx, "hooked", {}).items():
+        user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
+        if not user:
+            continue
+        reached = sorted(k for k in inner(j) if grads[k] is not None)
+        if reached:
+            code = getattr(user[0], "__code__", None)
+            at = "" if code is None else f" (registered hook at {code.co_filename}:{code.co_firstlineno})"
+            raise ThunderNotImplementedError(_INNER.format(j, reached, at))
+
+
+_INNER = (
+    "Tensor.register_hook: a hook on output {0} of a thunder_rs-compiled call{2}, from which the call computed "
+    "its outputs {1} that this backward reaches: eager's hook sees the gradient flowing back from them, which the "
+    "compiled call (one autograd node) does not compute; register the hook inside the compiled function"
+)
+
+
+def guarding(apply, positions: tuple, function: type):
+    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
+    differentiable ones) get, where their node is the call's, a hook dictionary whose hooks run
+    only on a gradient (see the module)."""
+
+    def call(*inputs):
+        flat, hooked, node = apply(*inputs), {}, None
+        for i in positions:
+            out = flat[i]
+            if not isinstance(out, _Tensor) or out._backward_hooks is not None:
+                continue  # (an output returned twice is guarded once)
+            fn = out.grad_fn
+            if getattr(fn, "_forward_cls", None) is not function:
+                continue  # (a view of an input: another node)
+            node, hooks = fn, OrderedDict()
+            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
+            fn._register_hook_dict(out)
+            out._backward_hooks = hooked[i] = hooks  # (where ``Tensor.register_hook`` puts the caller's)
+        if hooked:
+            node.hooked = hooked  # (read by ``refuse_inner``)
+        return flat
+
+    return call

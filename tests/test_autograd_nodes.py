@@ -1,0 +1,372 @@
+"""Autograd around a compiled call, against eager PyTorch: a compiled call is one autograd node for
+all its outputs where eager makes one per op. What the caller sees of the graph (values and
+gradients, ``.grad`` and its version, the hooks it registers, the calls they get and the gradients
+they see, raised errors) is eager's, under ``thunder_rs.jit`` and ``torch.compile``; what one node
+per call cannot give is pinned below as strict xfails, with the reason."""
+
+import inspect
+
+import pytest
+import torch
+
+import thunder_rs
+from thunder_rs.errors import ThunderNotImplementedError
+
+COMPILERS = {
+    "jit": thunder_rs.jit,
+    "compile": lambda f: torch.compile(f, backend="thunder_rs"),
+}
+
+
+def _leaf(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+def _seen(v):
+    """What a test observed, detached, with each tensor's strides (compared with eager's)."""
+    if isinstance(v, torch.Tensor):
+        return _Observed(v.detach().clone(), v.stride())
+    if isinstance(v, (list, tuple)):
+        return [_seen(x) for x in v]
+    return v
+
+
+class _Observed:
+    def __init__(self, value, stride):
+        self.value, self.stride = value, stride
+
+    def __repr__(self):
+        return f"{self.value!r} strides {self.stride}"
+
+
+def _compare(actual, expected) -> None:
+    if isinstance(expected, _Observed):
+        assert isinstance(actual, _Observed), (actual, expected)
+        torch.testing.assert_close(actual.value, expected.value)
+        assert actual.stride == expected.stride
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), (actual, expected)
+        for a, e in zip(actual, expected):
+            _compare(a, e)
+    else:
+        assert actual == expected
+
+
+def _assert_as_eager(scenario, compiler):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    expected = _seen(scenario(lambda f: f))
+    torch.manual_seed(0)
+    actual = _seen(scenario(COMPILERS[compiler]))
+    _compare(actual, expected)
+
+
+def _two_outputs(x, w):
+    return (x * w).sin(), (x + w).cos()
+
+
+def _hook_on_an_unreached_output(C):
+    """Eager never runs the node of ``a``: its hook is not called (the call's one node called it
+    with None, and ``g * 2`` raised a TypeError)."""
+    x, w = _leaf(3), _leaf(3)
+    seen = []
+    a, b = C(_two_outputs)(x, w)
+    a.register_hook(lambda g: seen.append(g.clone()) or g * 2)
+    b.sum().backward()
+    return seen, x.grad, w.grad
+
+
+def _hooks_on_outputs_reached_once_each(C):
+    """A hook replacing the gradient, one removed, one raising nothing, over two backwards that
+    reach one output each."""
+    x, w = _leaf(3), _leaf(3)
+    seen = []
+    a, b = C(_two_outputs)(x, w)
+    a.register_hook(lambda g: seen.append(("a", g.clone())) or g * 3)
+    removed = a.register_hook(lambda g: seen.append(("removed", g.clone())))
+    b.register_hook(lambda g: seen.append(("b", g.clone())))
+    removed.remove()
+    a.retain_grad()
+    b.retain_grad()
+    (a * 2).sum().backward(retain_graph=True)
+    seen.append(("after a", a.grad, b.grad, x.grad))
+    b.sum().backward()
+    return seen, a.grad, b.grad, x.grad, w.grad
+
+
+def _hook_on_an_unreached_output_under_grad(C):
+    x, w = _leaf(3), _leaf(3)
+    seen = []
+    a, b = C(_two_outputs)(x, w)
+    a.register_hook(lambda g: seen.append(g.clone()) or g + 1)
+    return seen, torch.autograd.grad(b.sum(), [x, w])
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize(
+    "scenario",
+    [_hook_on_an_unreached_output, _hooks_on_outputs_reached_once_each, _hook_on_an_unreached_output_under_grad],
+    ids=lambda s: s.__name__.strip("_"),
+)
+def test_hooks_on_outputs_a_backward_does_not_reach_are_not_called(scenario, compiler):
+    _assert_as_eager(scenario, compiler)
+
+
+def _multi_grad_hook(mode):
+    def scenario(C):
+        x, w = _leaf(3), _leaf(3)
+        seen = []
+        a, b = C(_two_outputs)(x, w)
+
+        def hook(grads):
+            seen.append([None if g is None else g.clone() for g in grads] if mode == "all" else grads.clone())
+
+        torch.autograd.graph.register_multi_grad_hook((a, b), hook, mode=mode)
+        a.sum().backward(retain_graph=True)
+        (a.sum() + b.sum()).backward()
+        return seen
+
+    return scenario
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize("mode", ["all", "any"])
+def test_a_multi_grad_hook_on_the_outputs_of_one_call_fires_as_eagers(mode, compiler):
+    """torch's multi-grad hook counts a call per output whose node runs: it still gets them."""
+    _assert_as_eager(_multi_grad_hook(mode), compiler)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize("change", ["size", "type"])
+def test_a_hook_on_an_output_returning_an_unfit_gradient_raises_eagers_error(change, compiler):
+    def bad(g):
+        return g.sum() if change == "size" else g.float()
+
+    errors = []
+    for C in (lambda f: f, COMPILERS[compiler]):
+        x, w = _leaf(3), _leaf(3)
+        a, b = C(_two_outputs)(x, w)
+        a.register_hook(bad)
+        with pytest.raises(RuntimeError) as info:
+            (a.sum() + b.sum()).backward()
+        errors.append(str(info.value))
+    assert errors[1] == errors[0]
+
+
+def _loss_and_logits(C, backward_from):
+    torch.manual_seed(3)
+    lin, seen = torch.nn.Linear(3, 4).double(), []
+
+    def fn(x, y):
+        logits = lin(x)
+        return torch.nn.functional.cross_entropy(logits, y), logits
+
+    loss, logits = C(fn)(torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0]))
+    logits.register_hook(lambda g: seen.append(g.clone()) or g * 2)
+    (logits.sum() if backward_from == "logits" else loss).backward()
+    return seen, lin.weight.grad
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_a_hook_on_an_output_that_a_reached_output_was_computed_from_is_refused_naming_the_hook(compiler):
+    """Eager's hook on ``logits`` sees the gradient from ``loss``, computed from it inside the call,
+    which the call's one node does not compute: refused (it was called with None), naming the
+    hook's line; a backward from ``logits`` alone is eager's."""
+    _assert_as_eager(lambda C: _loss_and_logits(C, "logits"), compiler)
+    torch._dynamo.reset()
+    line = inspect.getsourcelines(_loss_and_logits)[1]
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"hook on output 1 .*test_autograd_nodes\.py:{line + 9}\).* outputs \[0\]"
+    ):
+        _loss_and_logits(COMPILERS[compiler], "loss")
+
+
+def _retained_grad_of_an_inner_output(C):
+    x = _leaf(3)
+
+    def fn(x):
+        h = x.sin()
+        return (h * 2).sum(), h
+
+    loss, h = C(fn)(x)
+    h.retain_grad()
+    loss.backward()
+    return h.grad
+
+
+class _MulInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)  # the line the refusal names
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2 + 0.5
+
+
+def _dirty(x):
+    z = _MulInPlace.apply(x * 1)
+    return (z * z).sum()
+
+
+def test_a_function_marking_its_input_dirty_runs_as_eager_under_compile_and_is_refused_by_jit_naming_the_line():
+    x = _leaf(3)
+    _dirty(x).backward()
+    expected = x.grad
+    x.grad = None
+    torch._dynamo.reset()
+    torch.compile(_dirty, backend="thunder_rs")(x).backward()
+    torch.testing.assert_close(x.grad, expected)
+    lines, first = inspect.getsourcelines(_MulInPlace.forward)
+    line = first + next(i for i, text in enumerate(lines) if "mark_dirty" in text)
+    with pytest.raises(
+        ThunderNotImplementedError, match=rf"_MulInPlace.forward marks .* at .*{__name__.split('.')[-1]}\.py:{line}"
+    ):
+        thunder_rs.jit(_dirty)(x)
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * g * x + 1  # (not the derivative: eager's backward is the one run)
+
+
+def _grad_of_a_subset(C):
+    x, w, unused = _leaf(3), _leaf(3), _leaf(3)
+    out = C(lambda x, w, u: (x * w).sin().sum() + w.exp().sum())(x, w, unused)
+    return torch.autograd.grad(out, [w, unused], materialize_grads=True), x.grad, w.grad
+
+
+def _grad_outputs_given(C):
+    x, w = _leaf(3), _leaf(3)
+    a, b = C(_two_outputs)(x, w)
+    return torch.autograd.grad([a], [x, w], grad_outputs=[torch.arange(3.0, dtype=torch.float64)])
+
+
+def _optimizer_in_backward(C):
+    lin = torch.nn.Linear(3, 2).double()
+    optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in lin.parameters()}
+
+    def step(p):
+        optimizers[p].step()
+        optimizers[p].zero_grad()
+
+    for p in lin.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    f = C(lambda x: lin(x).sin().sum())
+    x = torch.randn(4, 3, dtype=torch.float64)
+    for _ in range(3):
+        f(x).backward()
+    return list(lin.parameters()) + [p.grad for p in lin.parameters()]
+
+
+def _backward_inputs_and_grad_version(C):
+    x, w = _leaf(3), _leaf(3)
+    f = C(lambda x, w: (x * w).sin().sum())
+    f(x, w).backward(inputs=[w])
+    first = w.grad
+    f(x, w).backward()
+    return x.grad, w.grad, w.grad is first, w.grad._version
+
+
+def _double_backward_and_function(C):
+    x = _leaf(3)
+    (g,) = torch.autograd.grad(C(lambda x: (x.sin() * x).sum())(x), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    C(lambda x: _Square.apply(x.sin()).sum())(x).backward()
+    return g, gg, x.grad
+
+
+def _under_saved_tensors_hooks(C):
+    x = _leaf(3)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        out = C(lambda x: (x.exp() * x).sum())(x)
+    with torch.no_grad():
+        x.mul_(2)  # (the packed copies are what the backward reads)
+    out.backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        _grad_of_a_subset,
+        _grad_outputs_given,
+        _optimizer_in_backward,
+        _backward_inputs_and_grad_version,
+        _double_backward_and_function,
+        _under_saved_tensors_hooks,
+    ],
+    ids=lambda s: s.__name__.strip("_"),
+)
+def test_autograd_around_a_call_is_eagers(scenario, compiler):
+    _assert_as_eager(scenario, compiler)
+
+
+def _grad_version_of_an_input_feeding_two_outputs(C):
+    x = _leaf(3)
+    a, b = C(lambda x: (x.sin(), x.cos()))(x)
+    (a.sum() + b.sum()).backward()
+    return x.grad._version
+
+
+def _hook_order_across_outputs(C):
+    x = _leaf(3)
+    order = []
+    a, b = C(lambda x: (x.sin(), x.cos()))(x)
+    a.register_hook(lambda g: order.append("a"))
+    b.register_hook(lambda g: order.append("b"))
+    (a.sum() + b.sum()).backward()
+    return order
+
+
+def _post_accumulate_hook_order(C):
+    first, second = torch.nn.Linear(3, 2).double(), torch.nn.Linear(2, 1).double()
+    order = []
+    for name, p in [*first.named_parameters("first"), *second.named_parameters("second")]:
+        p.register_post_accumulate_grad_hook(lambda p, name=name: order.append(name))
+    C(lambda x: second(first(x).relu()).sum())(torch.randn(4, 3, dtype=torch.float64)).backward()
+    return order
+
+
+def _saved_tensor_hook_calls(C):
+    x, calls = _leaf(3), []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: calls.append("pack") or t, lambda t: t):
+        out = C(lambda x: (x.sin() * x).sum())(x)
+    out.backward()
+    return calls
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="one autograd node per call: the .grad that retain_grad() keeps of an output others were computed from "
+    "inside the call lacks the gradient flowing back from them (None where only they are reached); "
+    "eager's engine adds the gradients of an input's uses by different nodes "
+    "in place in its input buffer (x.grad._version 1, then AccumulateGrad's +=); the call's backward sums them "
+    "out of place; hooks run per output of the one node in output order, and post-accumulate hooks as its "
+    "AccumulateGrad nodes all become ready at once, not in eager's backward order; saved-tensor hooks pack the "
+    "call's residuals, not each eager op's saved tensors",
+)
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        _grad_version_of_an_input_feeding_two_outputs,
+        _hook_order_across_outputs,
+        _post_accumulate_hook_order,
+        _saved_tensor_hook_calls,
+        _retained_grad_of_an_inner_output,
+    ],
+    ids=lambda s: s.__name__.strip("_"),
+)
+def test_what_one_node_per_call_cannot_give_is_pinned(scenario, compiler):
+    _assert_as_eager(scenario, compiler)
