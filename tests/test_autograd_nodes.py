@@ -102,10 +102,26 @@ def _hook_on_an_unreached_output_under_grad(C):
     return seen, torch.autograd.grad(b.sum(), [x, w])
 
 
+def _hook_put_again_after_all_were_removed(C):
+    """The only hook removed, then another put on: it runs once per backward, as eager's."""
+    x, w = _leaf(3), _leaf(3)
+    seen = []
+    a, b = C(_two_outputs)(x, w)
+    a.register_hook(lambda g: seen.append(("first", g.clone()))).remove()
+    a.register_hook(lambda g: seen.append(("second", g.clone())) or g * 2)
+    (a.sum() + b.sum()).backward()
+    return seen, x.grad, w.grad
+
+
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize(
     "scenario",
-    [_hook_on_an_unreached_output, _hooks_on_outputs_reached_once_each, _hook_on_an_unreached_output_under_grad],
+    [
+        _hook_on_an_unreached_output,
+        _hooks_on_outputs_reached_once_each,
+        _hook_on_an_unreached_output_under_grad,
+        _hook_put_again_after_all_were_removed,
+    ],
     ids=lambda s: s.__name__.strip("_"),
 )
 def test_hooks_on_outputs_a_backward_does_not_reach_are_not_called(scenario, compiler):

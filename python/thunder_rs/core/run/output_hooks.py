@@ -9,6 +9,7 @@ a hook dictionary whose one hook calls the caller's hooks only with a gradient, 
 would. Hooks of torch's own (``register_multi_grad_hook``'s, which count a call per output of a
 node that runs) are called with None still."""
 
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -82,10 +83,32 @@ _INNER = (
 )
 
 
+class _Hooks(OrderedDict):
+    """An output's ``_backward_hooks`` (where ``Tensor.register_hook`` puts the caller's hooks, as
+    it finds one there): at the first hook put in, it registers with the output's node one hook
+    that calls them only on a gradient. Registering it then, not at every call, keeps the call's
+    cost for the outputs no hook is ever put on."""
+
+    def __init__(self, out: torch.Tensor):
+        super().__init__()
+        self.out: weakref.ref | None = weakref.ref(out)
+
+    def __setitem__(self, key, hook) -> None:
+        out = self.out() if self.out is not None else None
+        if out is not None:
+            self.out = None  # (registered once: a hook put in after all were removed runs once)
+            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(self)})
+            try:
+                out.grad_fn._register_hook_dict(out)
+            finally:
+                out._backward_hooks = self
+        super().__setitem__(key, hook)
+
+
 def guarding(apply, positions: tuple, function: type):
     """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
-    differentiable ones) get, where their node is the call's, a hook dictionary whose hooks run
-    only on a gradient (see the module)."""
+    differentiable ones) get, where their node is the call's, a ``_Hooks`` for the caller's hooks,
+    which run only on a gradient (see the module)."""
 
     def call(*inputs):
         flat, hooked, node = apply(*inputs), {}, None
@@ -96,10 +119,8 @@ def guarding(apply, positions: tuple, function: type):
             fn = out.grad_fn
             if getattr(fn, "_forward_cls", None) is not function:
                 continue  # (a view of an input: another node)
-            node, hooks = fn, OrderedDict()
-            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
-            fn._register_hook_dict(out)
-            out._backward_hooks = hooked[i] = hooks  # (where ``Tensor.register_hook`` puts the caller's)
+            node = fn
+            out._backward_hooks = hooked[i] = _Hooks(out)
         if hooked:
             node.hooked = hooked  # (read by ``refuse_inner``)
         return flat
