@@ -694,7 +694,7 @@ def write_out(func, args, kwargs):
     out = kwargs.pop("out")
     if is_pointwise(getattr(func, "__name__", "")):
         for target in out if isinstance(out, (tuple, list)) else (out,):
-            check_partial_overlap(name, target, (args, kwargs))
+            check_partial_overlap(name, target, (args, kwargs), in_place=False)
     value = torch_function(*in_out_dtype(func, args, kwargs, out))
     targets = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)

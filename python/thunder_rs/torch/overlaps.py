@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.lang.langctx import user_location
-from thunder_rs.errors import ThunderRuntimeError
+from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 from thunder_rs.torch.storage_offsets import eager_offset
 from thunder_rs.torch.strides import strides_of
 
@@ -74,10 +74,56 @@ def _partially_overlap(out: TensorProxy, other: TensorProxy) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def check_partial_overlap(op: str, out, operands) -> None:
-    """Eager's error where a tensor among ``operands`` (any nesting) partially overlaps ``out``."""
+def _addresses(p: TensorProxy, shape: tuple) -> torch.Tensor | None:
+    """The storage index of each element of ``p`` broadcast to ``shape`` (plain ints only)."""
+    sizes, strides, offset = tuple(p.shape), strides_of(p), eager_offset(p)
+    if type(offset) is not int or not all(type(v) is int for v in (*sizes, *strides, *shape)):
+        return None
+    span = offset + sum((n - 1) * t for n, t in zip(sizes, strides) if n > 0) + 1
+    if span > _MOST or any(n == 0 for n in sizes):
+        return None
+    return torch.arange(span).as_strided(sizes, strides, offset).expand(shape)
+
+
+#: The most storage elements the order check below works out (a trace-time cost).
+_MOST = 1 << 22
+
+
+def _order_dependent(out: TensorProxy, other: TensorProxy) -> bool:
+    """Whether eager's in-place kernel reads, for some element of ``out``, an element of ``other``
+    that an earlier element of ``out`` wrote (``x.add_(x[:, :1])``: eager adds the new ``x[0, 0]``
+    to ``x[0, 1]``), where the trace reads every value before writing. Views of one root that
+    ATen's check leaves alone (not dense: ``TooHard``); a read of an element written later
+    (``x[1].copy_(x[:, 2])``) reads the old value in both."""
+    root = out if out._view is None else out._view.root
+    if other is out or root is not (other if other._view is None else other._view.root):
+        return False
+    try:
+        shape = torch.broadcast_shapes(tuple(out.shape), tuple(other.shape))
+    except (RuntimeError, TypeError):
+        return False
+    if tuple(shape) != tuple(out.shape):
+        return False
+    with torch._C.DisableTorchFunction():
+        written, read = _addresses(out, shape), _addresses(other, shape)
+        if written is None or read is None:
+            return False
+        # (Elements written before they are read: the kernel goes through memory upwards.)
+        return bool((torch.isin(read, written) & (read < written)).any())
+
+
+def check_partial_overlap(op: str, out, operands, in_place: bool = True) -> None:
+    """Eager's error where a tensor among ``operands`` (any nesting) partially overlaps ``out``;
+    for an in-place op, a refusal where eager's result would depend on its kernel's order
+    (``_order_dependent``; an ``out=`` into a strided view may go through a buffer)."""
     if not isinstance(out, TensorProxy):
         return
     for t in tree_leaves(operands):
         if isinstance(t, TensorProxy) and _partially_overlap(out, t):
             raise ThunderRuntimeError(f"{op}: {_PARTIAL} (at {user_location()})")
+        if in_place and isinstance(t, TensorProxy) and _order_dependent(out, t):
+            raise ThunderNotImplementedError(
+                f"{op}: an operand shares memory with other elements of the written tensor (at {user_location()}); "
+                "eager's result depends on the order its kernel writes them in, the trace reads every value "
+                "before writing: clone() the operand"
+            )
