@@ -61,25 +61,35 @@ def _calling_with_gradients(hooks: OrderedDict):
 
 
 def refuse_inner(ctx, inner, grads: tuple) -> None:
-    """Raises where the caller's hooks ran on an output that a reached output was computed from
-    inside the program (``inner``: ``j ->`` those outputs, ``generate._inner_outputs``): eager's
-    hooks see the gradient flowing back from them, the call's one node gives them the output's own
-    cotangent only (or none)."""
+    """Raises where the caller's hooks ran, or ``retain_grad()`` keeps the gradient, of an output
+    that a reached output was computed from inside the program (``inner``: ``j ->`` those outputs,
+    ``generate._inner_outputs``): eager's hooks and ``.grad`` see the gradient flowing back from
+    them, the call's one node gives them the output's own cotangent only (or none)."""
     for j, hooks in getattr(ctx, "hooked", {}).items():
         user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
-        if not user:
+        out = hooks.tensor()
+        if not user and (out is None or not out.retains_grad):
             continue
         reached = sorted(k for k in inner(j) if grads[k] is not None)
-        if reached:
+        if reached and user:
             code = getattr(user[0], "__code__", None)
             at = "" if code is None else f" (registered hook at {code.co_filename}:{code.co_firstlineno})"
             raise ThunderNotImplementedError(_INNER.format(j, reached, at))
+        if reached:
+            raise ThunderNotImplementedError(_RETAINED.format(j, reached))
 
 
 _INNER = (
     "Tensor.register_hook: a hook on output {0} of a thunder_rs-compiled call{2}, from which the call computed "
     "its outputs {1} that this backward reaches: eager's hook sees the gradient flowing back from them, which the "
     "compiled call (one autograd node) does not compute; register the hook inside the compiled function"
+)
+
+_RETAINED = (
+    "Tensor.retain_grad: output {0} of a thunder_rs-compiled call keeps its .grad, and the call computed from it "
+    "its outputs {1} that this backward reaches: eager's .grad holds the gradient flowing back from them, which the "
+    "compiled call (one autograd node) does not compute; return the gradient you need from a backward of that "
+    "output alone, or call retain_grad() inside the compiled function"
 )
 
 
@@ -91,15 +101,19 @@ class _Hooks(OrderedDict):
 
     def __init__(self, out: torch.Tensor):
         super().__init__()
-        self.out: weakref.ref | None = weakref.ref(out)
+        #: the output (``retain_grad`` is read at the backward: ``refuse_inner``)
+        self.tensor = weakref.ref(out)
+        self.registered = False
 
     def __setitem__(self, key, hook) -> None:
-        out = self.out() if self.out is not None else None
+        out = None if self.registered else self.tensor()
         if out is not None:
-            self.out = None  # (registered once: a hook put in after all were removed runs once)
+            self.registered = True  # (once: a hook put in after all were removed runs once)
             out._backward_hooks = OrderedDict({-1: _calling_with_gradients(self)})
             try:
-                out.grad_fn._register_hook_dict(out)
+                node = out.grad_fn
+                assert node is not None  # (an output of the call's node: ``guarding``)
+                node._register_hook_dict(out)
             finally:
                 out._backward_hooks = self
         super().__setitem__(key, hook)
