@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.fallback import refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
@@ -203,7 +204,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(
         not (sparse and weight.requires_grad and torch.is_grad_enabled()),
         op,
-        "sparse gradients are not supported; use sparse=False (a dense gradient) (argument sparse)",
+        lambda: f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
+        "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)",
         ThunderNotImplementedError,
     )
     if padding_idx is not None:
