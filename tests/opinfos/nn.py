@@ -383,6 +383,32 @@ def mha_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     yield SampleInput(t(3, 8), t(5, 8), t(5, 8), 8, 2, *weights)  # unbatched
 
 
+_SELF_ATTENTION = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+
+
+def self_attention_fast_path(x, in_weight, in_bias, out_weight, out_bias, **kwargs):
+    """``nn.MultiheadAttention`` over ``x`` as its query, key and value, in evaluation with weights
+    that do not require grad: eager's fast path (``torch._native_multi_head_attention``)."""
+    weights = dict(in_proj_weight=in_weight, in_proj_bias=in_bias)
+    weights.update({"out_proj.weight": out_weight, "out_proj.bias": out_bias})
+    return torch.func.functional_call(_SELF_ATTENTION, weights, (x, x, x), kwargs)
+
+
+def self_attention_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """(batch, length, 8) inputs, two heads; masks by key, by query and key, rows fully masked."""
+
+    def t(*shape):
+        return make(shape, dtype, device)
+
+    x, weights = t(2, 3, 8), (t(24, 8), t(24), t(8, 8), t(8))
+    padding = torch.tensor([[False, False, True], [True, True, True]], device=device)
+    yield SampleInput(x, *weights)
+    yield SampleInput(x, *weights, need_weights=False)
+    yield SampleInput(x, *weights, key_padding_mask=padding, average_attn_weights=False)
+    yield SampleInput(x, *weights, attn_mask=torch.ones(3, 3, dtype=torch.bool, device=device).triu(1))
+    yield SampleInput(t(0, 3, 8), *weights, need_weights=False)
+
+
 def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """(batch, heads, length, embedding) inputs; keys and values may be longer than queries."""
 
@@ -489,4 +515,5 @@ OPS = [
         tolerances=ACCUMULATING,
     ),
     OpInfo("multi_head_attention_forward", F.multi_head_attention_forward, mha_samples, tolerances=ACCUMULATING),
+    OpInfo("native_self_attention", self_attention_fast_path, self_attention_samples, supports_grad=False),
 ]

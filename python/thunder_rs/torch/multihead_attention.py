@@ -10,9 +10,9 @@ what eager's kernels draw. Sequence lengths and the batch stay the proxies' size
 where the trace made them so.
 
 ``nn.MultiheadAttention``'s inference fast path (``torch._native_multi_head_attention``) is not
-reached while tracing: the module takes it only when no argument overrides torch functions,
-and proxies do; the module then calls this function. Under autocast the call stays eager (see
-``_call``).
+reached by the module's own check while tracing (proxies override torch functions): where eager
+would take it, ``transformer_fast_paths`` records the fused kernel whole instead of calling this
+function. Under autocast the call stays eager (see ``_call``).
 """
 
 import math

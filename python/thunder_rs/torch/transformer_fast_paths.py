@@ -2,8 +2,10 @@
 the results of eager's fast paths, which tracing cannot take (proxies override torch functions, and
 ``is_compiling()`` makes the encoder skip its check of the mask's values).
 
-In evaluation without grad eager runs fused kernels. Their kept tokens match the traced slow path
-within rounding, but they differ from it in what they give where a mask hides things:
+In evaluation without grad eager runs fused kernels. ``MultiheadAttention``'s the trace runs too
+(``ltorch.native_self_attention``, eager's ``torch._native_multi_head_attention`` whole: bit for bit
+eager's, the NaN of fully hidden rows included). The encoder layer's kept tokens match the traced
+slow path within rounding, but its kernel differs from it in what it gives where a mask hides things:
 
 - The encoder, given a ``src_key_padding_mask`` and ``enable_nested_tensor``, packs the batch into
   a nested tensor of the unpadded tokens and pads the result with zeros: its padded positions come
@@ -30,6 +32,8 @@ from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.lang.torch_overrides import OVERRIDES
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.errors import ThunderNotImplementedError
+from thunder_rs.torch.factorizations import opaque
+from thunder_rs.torch.linalg_metas import meta
 
 __all__: list[str] = []
 
@@ -173,15 +177,86 @@ def _layer_forward_in_trace(self, src, src_mask=None, src_key_padding_mask=None,
     return _nan_where_hidden(out, src_mask, src_key_padding_mask)
 
 
+def _native_self_attention(query, in_weight, in_bias, out_weight, out_bias, mask=None, **options):
+    """Eager's fused kernel as ``MultiheadAttention.forward`` calls it (``options``: ``embed_dim``,
+    ``num_heads``, ``need_weights``, ``average_attn_weights``, ``mask_type``): the output, and the
+    weights where ``need_weights`` (else the kernel gives none)."""
+    out, weights = torch._native_multi_head_attention(
+        query,
+        query,
+        query,
+        options["embed_dim"],
+        options["num_heads"],
+        in_weight,
+        in_bias,
+        out_weight,
+        out_bias,
+        mask,
+        options["need_weights"],
+        options.get("average_attn_weights", True),
+        options.get("mask_type"),
+    )
+    return (out, weights) if options["need_weights"] else out
+
+
+def _native_self_attention_meta(query, in_weight, in_bias, out_weight, out_bias, mask=None, **options):
+    """The kernel's outputs: the query's shape, and the weights ``(N, L, L)`` averaged over the
+    heads (else ``(N, heads, L, L)``)."""
+    if not options["need_weights"]:
+        return meta(query.shape, query.dtype)
+    batch, length = query.shape[:2]
+    heads = () if options.get("average_attn_weights", True) else (options["num_heads"],)
+    return meta(query.shape, query.dtype), meta((batch, *heads, length, length), query.dtype)
+
+
+#: ``ltorch.native_self_attention``: run whole by torch, in evaluation without grad only (the
+#: kernel has no derivative), where eager's module runs it.
+native_self_attention = opaque("native_self_attention", _native_self_attention, meta=_native_self_attention_meta)
+
+
 def _attention_forward_in_trace(
-    self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, *args, **kwargs
+    self,
+    query,
+    key,
+    value,
+    key_padding_mask=None,
+    need_weights=True,
+    attn_mask=None,
+    average_attn_weights=True,
+    is_causal=False,
 ):
-    out = _attention_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, *args, **kwargs)
-    if active_recorder() is None or not isinstance(query, TensorProxy) or need_weights:
-        return out  # (with the weights, the traced softmax gives NaN where the fused one does)
+    if active_recorder() is None or not isinstance(query, TensorProxy):
+        return _attention_forward(
+            self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
+        )
     if not _attention_is_fused(self, query, key, value, key_padding_mask, attn_mask):
-        return out
-    return _nan_where_hidden(out[0], attn_mask, key_padding_mask), out[1]
+        return _attention_forward(
+            self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
+        )
+    # Eager's fast path: its masks made float (-inf where True), merged, and its fused kernel run
+    # (bit for bit eager's; NaN where a query's every key is hidden, as the kernel gives).
+    padding = F._canonical_mask(
+        mask=key_padding_mask,
+        mask_name="key_padding_mask",
+        other_type=F._none_or_dtype(attn_mask),
+        other_name="attn_mask",
+        target_type=query.dtype,
+    )
+    attn_mask = F._canonical_mask(
+        mask=attn_mask,
+        mask_name="attn_mask",
+        other_type=None,
+        other_name="",
+        target_type=query.dtype,
+        check_other=False,
+    )
+    merged, mask_type = self.merge_masks(attn_mask, padding, query)
+    options = dict(embed_dim=self.embed_dim, num_heads=self.num_heads, need_weights=need_weights)
+    options.update(average_attn_weights=average_attn_weights)
+    masks = {} if merged is None else dict(mask=merged, mask_type=mask_type)
+    weights = (self.in_proj_weight, self.in_proj_bias, self.out_proj.weight, self.out_proj.bias)
+    out = native_self_attention(query, *weights, **masks, **options)
+    return out if need_weights else (out, None)
 
 
 OVERRIDES[(nn.TransformerEncoder, "forward")] = _encoder_forward_in_trace
