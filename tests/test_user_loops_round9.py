@@ -11,7 +11,6 @@ CutMix per step, curriculum lengths, learned task uncertainties, a rollback to a
 evaluation between micro-batches, dropout reseeded per epoch, anomaly detection, scheduled
 sampling per token, REINFORCE over a Python environment, sampling and beam search by hand."""
 
-import copy
 import io
 
 import pytest
@@ -28,6 +27,7 @@ from user_loops_round7 import Policy, batch, call_step, classify, loop, mlp
 from user_loops_round9 import (
     Adversaries,
     Corridor,
+    EncoderClassifier,
     KeyedEncoders,
     MultiTask,
     RecurrentLM,
@@ -386,9 +386,8 @@ def test_moco_with_its_queue_and_pointer_as_buffers_written_between_calls_is_eag
         return {"model": model, "keys": model.keys, "optimizer": torch.optim.SGD(model.query.parameters(), 0.1)}
 
     make = loop(build, moco_body, whole=False, forwards=("model", "keys"))
-    trains_as_eager(
-        make, lambda world, i: world["step"](torch.randn(4, 4)), modes=(mode,), steps=4, misses=None if mode == "compile" else 2
-    )
+    step = lambda world, i: world["step"](torch.randn(4, 4))  # noqa: E731
+    trains_as_eager(make, step, modes=(mode,), steps=4, misses=None if mode == "compile" else 2)
 
 
 def mix_body(world, x, y, classes=3):
@@ -484,7 +483,11 @@ def test_multi_task_losses_weighted_by_learned_log_variances_in_their_own_group_
         world["optimizer"].zero_grad()
         return loss.detach(), losses.detach()
 
-    trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](*batch()[:1], torch.randn(6, 2), batch()[1]), steps=4, misses=1)
+    def step(world, i):
+        x, y = batch()
+        return world["step"](x, torch.randn(6, 2), y)
+
+    trains_as_eager(loop(build, body, whole=False), step, steps=4, misses=1)
 
 
 def test_a_rollback_to_a_saved_state_after_a_loss_spike_continues_as_eager():
@@ -695,3 +698,35 @@ def test_beam_search_by_hand_over_a_growing_sequence_is_eagers(mode):
     prompt = torch.randint(0, 11, (1, 3), generator=torch.Generator().manual_seed(2))
     tol = {} if mode == "jit" else F32
     generates_as_eager(TinyLM, lambda call: beam_search_by_hand(call, prompt), mode, misses=2, **tol)
+
+
+@pytest.mark.parametrize("mode", ["jit", pytest.param("compile", marks=SLOW)])
+def test_a_transformer_classifier_evaluated_without_grad_every_other_step_is_eagers(mode):
+    """Training with dropout, and every other step an evaluation in ``eval()`` under ``no_grad``,
+    where eager's layers run their fused kernels (``torch._transformer_encoder_layer_fwd``), which
+    the jitted model runs too: bit for bit. Dynamo's graph holds the layers' other path
+    (``backend="eager"``'s differ from eager's in the last bits too): within float32's rounding."""
+    ids_val = torch.randint(0, 11, (3, 5))
+    padding_val = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] + [True] * 4])
+
+    def body(world, ids, y, i):
+        forward = world["forward"].model
+        padding = torch.zeros(ids.shape, dtype=torch.bool)
+        loss = F.cross_entropy(forward(ids, padding), y)
+        loss.backward()
+        world["optimizer"].step()
+        world["optimizer"].zero_grad()
+        evaluated = torch.zeros(())
+        if i % 2 == 1:
+            world["model"].eval()
+            with torch.no_grad():
+                evaluated = forward(ids_val, padding_val)
+            world["model"].train()
+        return loss.detach(), evaluated
+
+    def step(world, i):
+        return world["step"](torch.randint(0, 11, (4, 5)), torch.randint(0, 3, (4,)), i)
+
+    build = optimized(lambda ps: torch.optim.AdamW(ps, 1e-2), EncoderClassifier)
+    tol = {} if mode == "jit" else F32
+    trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=4, misses=2, **tol)

@@ -185,3 +185,20 @@ def beam_search_by_hand(model, prompt, beams: int = 3, new: int = 4):
         scores, flat = (scores[:, None] + log_probs).flatten().topk(beams)
         ids = torch.cat([ids[flat // vocab], (flat % vocab)[:, None]], 1)
     return ids, scores
+
+
+class EncoderClassifier(nn.Module):
+    """Tokens through a ``TransformerEncoder`` (two layers, not nested), their mean over the kept
+    positions, a head: in evaluation without grad eager runs its layers' fused kernels."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8, classes: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids, padding):
+        h = self.encoder(self.embed(ids), src_key_padding_mask=padding)
+        kept = (~padding).unsqueeze(-1).float()
+        return self.head((h * kept).sum(1) / kept.sum(1))

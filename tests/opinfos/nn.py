@@ -409,6 +409,28 @@ def self_attention_samples(dtype: torch.dtype, device: str) -> Iterable[SampleIn
     yield SampleInput(t(0, 3, 8), *weights, need_weights=False)
 
 
+_ENCODER_LAYERS = {
+    norm_first: torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=norm_first).eval()
+    for norm_first in (False, True)
+}
+
+
+def encoder_layer_fast_path(src, weights, norm_first=False, **kwargs):
+    """``nn.TransformerEncoderLayer`` in evaluation with ``weights`` (by name) that do not require
+    grad: eager's fast path (``torch._transformer_encoder_layer_fwd``)."""
+    return torch.func.functional_call(_ENCODER_LAYERS[norm_first], weights, (src,), kwargs)
+
+
+def encoder_layer_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
+    """(batch, length, 8) inputs, two heads; a padding mask (a row fully masked), a causal one."""
+    weights = {name: make(tuple(p.shape), dtype, device) for name, p in _ENCODER_LAYERS[False].named_parameters()}
+    x = make((2, 3, 8), dtype, device)
+    padding = torch.tensor([[False, False, True], [True, True, True]], device=device)
+    yield SampleInput(x, weights)
+    yield SampleInput(x, weights, norm_first=True, src_key_padding_mask=padding)
+    yield SampleInput(x, weights, src_mask=torch.ones(3, 3, dtype=torch.bool, device=device).triu(1))
+
+
 def sdpa_samples(dtype: torch.dtype, device: str) -> Iterable[SampleInput]:
     """(batch, heads, length, embedding) inputs; keys and values may be longer than queries."""
 
@@ -516,4 +538,5 @@ OPS = [
     ),
     OpInfo("multi_head_attention_forward", F.multi_head_attention_forward, mha_samples, tolerances=ACCUMULATING),
     OpInfo("native_self_attention", self_attention_fast_path, self_attention_samples, supports_grad=False),
+    OpInfo("native_encoder_layer", encoder_layer_fast_path, encoder_layer_samples, supports_grad=False),
 ]

@@ -204,8 +204,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(
         not (sparse and weight.requires_grad and torch.is_grad_enabled()),
         op,
-        lambda: f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
-        "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)",
+        lambda: (
+            f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
+            "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)"
+        ),
         ThunderNotImplementedError,
     )
     if padding_idx is not None:

@@ -2,10 +2,11 @@
 the results of eager's fast paths, which tracing cannot take (proxies override torch functions, and
 ``is_compiling()`` makes the encoder skip its check of the mask's values).
 
-In evaluation without grad eager runs fused kernels. ``MultiheadAttention``'s the trace runs too
-(``ltorch.native_self_attention``, eager's ``torch._native_multi_head_attention`` whole: bit for bit
-eager's, the NaN of fully hidden rows included). The encoder layer's kept tokens match the traced
-slow path within rounding, but its kernel differs from it in what it gives where a mask hides things:
+In evaluation without grad eager runs fused kernels, which the trace runs too where eager would:
+``ltorch.native_self_attention`` (``MultiheadAttention``'s ``torch._native_multi_head_attention``)
+and ``ltorch.native_encoder_layer`` (``TransformerEncoderLayer``'s ``_transformer_encoder_layer_fwd``),
+recorded whole: bit for bit eager's. They differ from the slow path, beyond rounding, where a mask
+hides things:
 
 - The encoder, given a ``src_key_padding_mask`` and ``enable_nested_tensor``, packs the batch into
   a nested tensor of the unpadded tokens and pads the result with zeros: its padded positions come
@@ -16,10 +17,8 @@ slow path within rounding, but its kernel differs from it in what it gives where
   left-aligned (eager then packs each row's first tokens, whichever were masked): refused.
 - The fused layer and attention read a mask as booleans (a float mask's nonzero entries hide their
   keys, where the slow path adds them to the scores), and a query whose every key is hidden in some
-  head gets NaN (their softmax divides 0 by 0; the slow path's gives zeros). The trace gives both.
+  head gets NaN (their softmax divides 0 by 0; the slow path's gives zeros). The kernels give both.
 """
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -112,27 +111,6 @@ def _attention_is_fused(attention, query, key, value, key_padding_mask, attn_mas
     return _fused((query, weight, bias, attention.out_proj.weight, attention.out_proj.bias))
 
 
-def _as_fused_reads(mask):
-    """A float mask as the fused kernels read it: its nonzero entries hide their keys (-inf)."""
-    if mask is None or not torch.is_floating_point(mask):
-        return mask
-    return torch.zeros_like(mask).masked_fill(mask != 0, -math.inf)
-
-
-def _nan_where_hidden(out, attn_mask, key_padding_mask):
-    """``out`` (batch, length, features) with NaN in the rows whose every key a mask (-inf or True)
-    hides in some head, as the fused kernels give them."""
-    batch, length = out.shape[:2]
-    hides = [m if m.dtype == torch.bool else m == -math.inf for m in (attn_mask, key_padding_mask) if m is not None]
-    if not hides:
-        return out
-    hidden = hides[-1][:, None, None, :] if key_padding_mask is not None else None
-    if attn_mask is not None:
-        masked = hides[0].view(batch, -1, length, hides[0].shape[-1]) if hides[0].dim() == 3 else hides[0][None, None]
-        hidden = masked if hidden is None else masked | hidden
-    return out.masked_fill(hidden.all(-1).any(1).unsqueeze(-1), math.nan)
-
-
 def _left_aligned(kept):
     """Whether every row of ``kept`` (a bool ``[batch, length]``) has its True entries first."""
     if kept.shape[-1] < 2:
@@ -169,12 +147,52 @@ def _encoder_forward_in_trace(self, src, mask=None, src_key_padding_mask=None, i
     return self.norm(output) if self.norm is not None else output
 
 
+def _native_encoder_layer(src, *weights, mask=None, **options):
+    """Eager's fused encoder layer as ``TransformerEncoderLayer.forward`` calls it (``weights``: the
+    attention's four, the norms' four, the feed-forward's four; ``options``: ``embed_dim``,
+    ``num_heads``, ``use_gelu``, ``norm_first``, ``eps``, ``mask_type``)."""
+    attention, norms, feed_forward = weights[:4], weights[4:8], weights[8:]
+    head = (options["embed_dim"], options["num_heads"], *attention, options["use_gelu"], options["norm_first"])
+    return torch._transformer_encoder_layer_fwd(
+        src, *head, options["eps"], *norms, *feed_forward, mask, options.get("mask_type")
+    )
+
+
+def _native_encoder_layer_meta(src, *weights, mask=None, **options):
+    return meta(src.shape, src.dtype)
+
+
+#: ``ltorch.native_encoder_layer``: run whole by torch, in evaluation without grad only, where
+#: eager's layer runs it.
+native_encoder_layer = opaque("native_encoder_layer", _native_encoder_layer, meta=_native_encoder_layer_meta)
+
+
+def _canonical_masks(mask, padding, dtype, names=("src_mask", "src_key_padding_mask")) -> tuple:
+    """The masks as eager's layer and attention make them before their fast paths (named as they
+    name them): float, -inf where True."""
+    padding = F._canonical_mask(
+        mask=padding,
+        mask_name=names[1],
+        other_type=F._none_or_dtype(mask),
+        other_name=names[0],
+        target_type=dtype,
+    )
+    mask = F._canonical_mask(
+        mask=mask, mask_name=names[0], other_type=None, other_name="", target_type=dtype, check_other=False
+    )
+    return mask, padding
+
+
 def _layer_forward_in_trace(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
     if active_recorder() is None or not isinstance(src, TensorProxy) or not _layer_is_fused(self, src):
         return _layer_forward(self, src, src_mask, src_key_padding_mask, is_causal)
-    src_mask, src_key_padding_mask = _as_fused_reads(src_mask), _as_fused_reads(src_key_padding_mask)
-    out = _layer_forward(self, src, src_mask, src_key_padding_mask, is_causal)
-    return _nan_where_hidden(out, src_mask, src_key_padding_mask)
+    # Eager's fast path: the masks merged, the fused kernel run (bit for bit eager's).
+    attention = self.self_attn
+    merged, mask_type = attention.merge_masks(*_canonical_masks(src_mask, src_key_padding_mask, src.dtype), src)
+    options = dict(embed_dim=attention.embed_dim, num_heads=attention.num_heads, norm_first=self.norm_first)
+    options.update(use_gelu=self.activation_relu_or_gelu == 2, eps=self.norm1.eps)
+    masks = {} if merged is None else dict(mask=merged, mask_type=mask_type)
+    return native_encoder_layer(src, *_first_layer_tensors(self), **masks, **options)
 
 
 def _native_self_attention(query, in_weight, in_bias, out_weight, out_bias, mask=None, **options):
@@ -235,22 +253,8 @@ def _attention_forward_in_trace(
         )
     # Eager's fast path: its masks made float (-inf where True), merged, and its fused kernel run
     # (bit for bit eager's; NaN where a query's every key is hidden, as the kernel gives).
-    padding = F._canonical_mask(
-        mask=key_padding_mask,
-        mask_name="key_padding_mask",
-        other_type=F._none_or_dtype(attn_mask),
-        other_name="attn_mask",
-        target_type=query.dtype,
-    )
-    attn_mask = F._canonical_mask(
-        mask=attn_mask,
-        mask_name="attn_mask",
-        other_type=None,
-        other_name="",
-        target_type=query.dtype,
-        check_other=False,
-    )
-    merged, mask_type = self.merge_masks(attn_mask, padding, query)
+    masks = _canonical_masks(attn_mask, key_padding_mask, query.dtype, ("attn_mask", "key_padding_mask"))
+    merged, mask_type = self.merge_masks(*masks, query)
     options = dict(embed_dim=self.embed_dim, num_heads=self.num_heads, need_weights=need_weights)
     options.update(average_attn_weights=average_attn_weights)
     masks = {} if merged is None else dict(mask=merged, mask_type=mask_type)
