@@ -75,7 +75,7 @@ OPTIMIZERS = {
     "adam_amsgrad_for_loop": lambda ps: torch.optim.Adam(ps, 1e-2, amsgrad=True, weight_decay=0.1, foreach=False),
     "sgd_dampened_fused_off": lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.8, dampening=0.3, fused=False),
 }
-DEFAULT_OPTIMIZERS = ("sgd_nesterov_for_loop", "rmsprop_centered_momentum", "nadam_momentum_decay")
+DEFAULT_OPTIMIZERS = ("sgd_nesterov_for_loop", "rmsprop_centered_momentum")
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT_OPTIMIZERS else pytest.param(n, marks=SLOW) for n in OPTIMIZERS])
@@ -256,6 +256,7 @@ def test_clipping_raising_on_a_non_finite_norm_skips_the_step_as_eager():
     trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](*batch(), i), steps=3, misses=1)
 
 
+@SLOW  # (the whole step compiled: about 20 s)
 def test_total_norms_clipped_by_hand_after_value_clipping_are_eagers():
     """``clip_grad_value_`` (foreach), then ``get_total_norm`` of the gradients (infinity norm) and
     ``clip_grads_with_norm_`` with it."""
@@ -353,9 +354,11 @@ def non_saturating_body(world, real, noise):
     return d_loss.detach(), torch.stack(g_losses)
 
 
-def test_a_non_saturating_gan_with_two_generator_steps_and_a_frozen_discriminator_is_eagers():
+@pytest.mark.parametrize("mode", ["jit", pytest.param("compile", marks=SLOW)])
+def test_a_non_saturating_gan_with_two_generator_steps_and_a_frozen_discriminator_is_eagers(mode):
     make = loop(adversaries(2e-3, 1e-3), non_saturating_body, whole=False, forwards=("generator", "critic"))
-    trains_as_eager(make, lambda world, i: world["step"](torch.randn(5, 4) + 1, torch.randn(5, 2)), misses=3)
+    step = lambda world, i: world["step"](torch.randn(5, 4) + 1, torch.randn(5, 2))  # noqa: E731
+    trains_as_eager(make, step, modes=(mode,), misses=3)
 
 
 # ----------------------------------------------------------------------- contrastive, mixing
@@ -490,7 +493,8 @@ def test_multi_task_losses_weighted_by_learned_log_variances_in_their_own_group_
     trains_as_eager(loop(build, body, whole=False), step, steps=4, misses=1)
 
 
-def test_a_rollback_to_a_saved_state_after_a_loss_spike_continues_as_eager():
+@pytest.mark.parametrize("mode", ["jit", pytest.param("compile", marks=SLOW)])
+def test_a_rollback_to_a_saved_state_after_a_loss_spike_continues_as_eager(mode):
     """The model's, the optimizer's and the scheduler's state dicts saved (``torch.save`` to bytes)
     at step 1 and loaded back at step 3, the loop going on from there with the jitted model."""
 
@@ -513,7 +517,8 @@ def test_a_rollback_to_a_saved_state_after_a_loss_spike_continues_as_eager():
                 world[name].load_state_dict(saved[name])
         return loss
 
-    trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](*batch(), i), steps=6, misses=1)
+    step = lambda world, i: world["step"](*batch(), i)  # noqa: E731
+    trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=6, misses=1)
 
 
 def test_evaluation_between_accumulated_micro_batches_keeps_the_gradients_as_eager():
@@ -544,8 +549,10 @@ def test_evaluation_between_accumulated_micro_batches_keeps_the_gradients_as_eag
     trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](*batch(), i), steps=4, misses=2)
 
 
-def test_dropout_reseeded_at_each_epoch_draws_eagers_masks():
-    """``torch.manual_seed(epoch)`` at each epoch's first batch: the same masks each epoch."""
+@pytest.mark.parametrize("whole", [False, pytest.param(True, marks=SLOW)])
+def test_dropout_reseeded_at_each_epoch_draws_eagers_masks(whole):
+    """``torch.manual_seed(epoch)`` at each epoch's first batch: the same masks each epoch (the
+    model jitted or compiled, or the whole step compiled)."""
 
     def body(world, x, y, i):
         if i % 2 == 0:
@@ -556,8 +563,11 @@ def test_dropout_reseeded_at_each_epoch_draws_eagers_masks():
         lambda ps: torch.optim.SGD(ps, 0.2), lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3))
     )
     x, y = batch()
-    trains_as_eager(loop(build, body), lambda world, i: world["step"](x, y, i), steps=4)
-    trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](x, y, i), steps=4, misses=1)
+    step = lambda world, i: world["step"](x, y, i)  # noqa: E731
+    if whole:
+        trains_as_eager(loop(build, body), step, modes=("compile",), steps=4)
+    else:
+        trains_as_eager(loop(build, body, whole=False), step, steps=4, misses=1)
 
 
 def test_a_step_under_anomaly_detection_is_eagers_and_a_nan_gradient_is_named():
