@@ -740,3 +740,28 @@ def test_a_transformer_classifier_evaluated_without_grad_every_other_step_is_eag
     build = optimized(lambda ps: torch.optim.AdamW(ps, 1e-2), EncoderClassifier)
     tol = {} if mode == "jit" else F32
     trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=4, misses=2, **tol)
+
+
+def test_a_linear_probe_over_a_frozen_encoder_in_evaluation_is_eagers():
+    """The embedding and encoder frozen (``requires_grad_(False)``) and in ``eval()``, a new head
+    trained on their pooled features with grad enabled: with no tensor of the layers requiring
+    grad eager's layers run their fused kernels, and so does the jitted model."""
+
+    def build():
+        model = EncoderClassifier()
+        model.embed.requires_grad_(False)
+        model.encoder.requires_grad_(False).eval()
+        return {"model": model, "optimizer": torch.optim.SGD(model.head.parameters(), 0.5, momentum=0.9)}
+
+    def body(world, ids, padding, y):
+        loss = F.cross_entropy(world["forward"].model(ids, padding), y)
+        loss.backward()
+        world["optimizer"].step()
+        world["optimizer"].zero_grad()
+        return loss.detach()
+
+    def step(world, i):
+        padding = torch.arange(5) >= torch.randint(1, 6, (4, 1))
+        return world["step"](torch.randint(0, 11, (4, 5)), padding, torch.randint(0, 3, (4,)))
+
+    trains_as_eager(loop(build, body, whole=False), step, modes=("jit",), misses=1)
