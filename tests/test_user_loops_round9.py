@@ -9,7 +9,8 @@ metric, lambdas over the loop's state), clipping that raises on a non-finite nor
 alternating with its generator, a non-saturating GAN, MoCo with its queue as buffers, mixup or
 CutMix per step, curriculum lengths, learned task uncertainties, a rollback to a saved state,
 evaluation between micro-batches, dropout reseeded per epoch, anomaly detection, scheduled
-sampling per token, REINFORCE over a Python environment, sampling and beam search by hand."""
+sampling per token, REINFORCE over a Python environment, sampling and beam search by hand, a
+transformer evaluated without grad and a linear probe over a frozen encoder (eager's fused kernels)."""
 
 import io
 
