@@ -467,6 +467,8 @@ class Observer(AttributeReads):
         if self._cached and code in self._cached:
             cached_call(self._cached[code], frame, self.state.containers.cached_calls)
         refuse_handed_clocks(frame)
+        for note in PROGRAM_CALLS:
+            note(code, frame.f_globals)
         if self._input_generators and code.co_flags & inspect.CO_GENERATOR:
             self._note_resumed(frame)
         self._on_code(code, frame.f_globals, frame, 1)
@@ -605,6 +607,9 @@ def _cell_value(cell):
 #: ids of what tracing puts in library modules' globals (``torch_overrides.SIZED_BUILTINS``): constants of
 #: tracing, absent otherwise, so not program state to guard
 TRACING_GLOBALS: set = set()
+#: What is told of each call of the program's code while it is traced, ``(code, globals)``, before
+#: its first instruction runs (``core.lang.program_builtins``).
+PROGRAM_CALLS: list = []
 
 
 def check_sizes(check) -> None:

@@ -1,0 +1,125 @@
+"""Shapes that change between calls (issue 26), a twelfth sweep: sizes the program converts with
+Python's ``int`` and ``float``, and the patterns the other sweeps left out. Every call's outputs,
+gradients and returned numbers are checked against eager over at least five sizes, 0 and 1 among
+them where eager takes them, and the compiles counted as in ``test_dynamic_round9``.
+
+What the sweep found, each fixed and pinned here: ``int(x.size(0))``, ``float(len(x))``,
+``torch.full((n,), float(n))``, ``math.sqrt(float(T))`` and ``x[: int(T / 2)]`` took the size's
+value (Python's ``int`` and ``float`` must return a plain number): a compile per length, where
+torch.compile keeps them symbolic. In the program's modules that only call ``int`` and ``float``
+they are symbolic now (``core.lang.program_builtins``); a module that reads the classes otherwise
+(``isinstance(v, float)``, ``type(v) is int``) keeps the builtins, a compile per length as before.
+
+This module only calls ``int`` and ``float`` (no other read of the names), as the stand-ins need.
+"""
+
+import importlib.util
+import linecache
+import math
+import sys
+
+import pytest
+import torch
+
+import thunder_rs
+from test_dynamic_round9 import assert_same, grads, misses, run_lengths
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled")]
+
+LENGTHS = (5, 7, 9, 1, 0, 12, 3)
+
+
+# -- int() and float() of sizes ----------------------------------------------------------------------
+
+
+def mean_over_length(x):
+    n = x.shape[0]
+    return x.sum(0) / float(n), torch.full((n,), float(n)) + x[:, 0], float(len(x)) * 2
+
+
+def int_of_size(x):
+    n = int(x.size(0))
+    return x.reshape(n * 3) * 2, torch.arange(int(x.shape[0])) * x[:, 0], x[: int(x.shape[0] / 2)] * 3, n
+
+
+def scaled_by_root(x):
+    return x / math.sqrt(float(x.size(0)) + 1.0), x * torch.tensor(float(x.shape[0])), int(len(x) * 0.75)
+
+
+@pytest.mark.parametrize("fn", [mean_over_length, int_of_size, scaled_by_root])
+def test_int_and_float_of_a_size_stay_symbolic(fn):
+    """``int()`` and ``float()`` of a size took its value, a guard on it: a compile per length (7
+    here). They are the size and ``T * 1.0`` (``T * 3 // 4`` for ``int(T * 0.75)``), computed per
+    call, as torch.compile keeps them: the first shapes, the symbolic entry, 0 and 1."""
+    jfn = run_lengths(fn, lambda T: grads((T, 3)))
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+    assert "int" not in globals() and "float" not in globals()  # (taken away after tracing)
+
+
+def branch_on_float(x):
+    n = float(x.shape[0])
+    if n > 6.5:
+        return x * n
+    return x - int(n)
+
+
+def test_a_branch_on_a_float_of_a_size_is_guarded():
+    """The comparison is a relation on the size (``T > 6``), guarded: each side compiles once."""
+    jfn = run_lengths(branch_on_float, lambda T: grads((T, 2)), (5, 7, 9, 3, 12, 4, 8, 6))
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- modules that read the classes keep the builtins ---------------------------------------------------
+
+_READS_THE_CLASS = """
+import torch
+
+
+def is_float(v):
+    return type(v) is float
+
+
+def program(x):
+    s = float(x.shape[0])
+    return x * s, is_float(s), int(x.shape[0]) + 1
+"""
+
+
+def _module(tmp_path, name, source):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def test_a_module_that_reads_the_class_keeps_the_builtin(tmp_path):
+    """``type(v) is float`` in the module would be False of a stand-in's class: its ``float`` stays
+    the builtin (a compile per length); ``int``, only called, is symbolic."""
+    module, _ = _module(tmp_path, "round12_reads_class", _READS_THE_CLASS)
+    jfn = run_lengths(module.program, lambda T: grads((T, 2)), (5, 7, 9, 12))
+    assert misses(jfn) == 4
+    assert "float" not in vars(module)
+
+
+_CALLS_ONLY = """
+def program(x):
+    return x * float(x.shape[0])
+"""
+
+
+def test_code_that_is_not_the_modules_source_keeps_the_builtin(tmp_path):
+    """The file changed after the import (its functions are not the source's): the stand-in is
+    not put, and each length compiles as before with eager's values."""
+    module, path = _module(tmp_path, "round12_stale", _CALLS_ONLY)
+    path.write_text(_CALLS_ONLY.replace("float(x.shape[0])", "float(x.shape[0]) + 1.0"))
+    linecache.checkcache(str(path))
+    jfn = run_lengths(module.program, lambda T: grads((T, 2)), (5, 7, 9, 12))
+    assert misses(jfn) == 4
+    code = compile("def made(x):\n    return x * float(x.shape[0])\n", str(path), "exec")
+    exec(code, vars(module))  # noqa: S102 (code of the module that its source does not hold)
+    jfn = run_lengths(module.made, lambda T: grads((T, 2)), (5, 7, 9))
+    assert misses(jfn) == 3
+    assert_same(module.made(torch.ones(2)), torch.full((2,), 2.0))
