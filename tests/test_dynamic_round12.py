@@ -123,3 +123,30 @@ def test_code_that_is_not_the_modules_source_keeps_the_builtin(tmp_path):
     jfn = run_lengths(module.made, lambda T: grads((T, 2)), (5, 7, 9))
     assert misses(jfn) == 3
     assert_same(module.made(torch.ones(2)), torch.full((2,), 2.0))
+
+
+# -- a jitted container ---------------------------------------------------------------------------
+
+
+def test_a_jitted_container_answers_the_container_protocol_as_the_module():
+    """``len``, indexing, slicing, iteration and ``in`` of a jitted ``nn.Sequential``, ``ModuleList``
+    or ``ModuleDict`` raised TypeError (the wrapper had none of them); they are the module's, an
+    empty one is false as the module is, and ``jm += [layer]`` keeps ``jm`` the jitted module."""
+    seq = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    jseq = thunder_rs.jit(seq)
+    assert len(jseq) == 3 and jseq[0] is seq[0] and list(jseq) == list(seq) and list(reversed(jseq)) == list(seq)[::-1]
+    assert list(jseq[1:]) == list(seq[1:]) and jseq[-1] is seq[-1]
+    assert not thunder_rs.jit(torch.nn.Sequential()) and thunder_rs.jit(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError):
+        len(thunder_rs.jit(torch.nn.Linear(2, 2)))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    assert_same(seq(x), jseq(x))
+    jseq[1] = torch.nn.Tanh()  # (the wrapped module's layer: the next call runs it)
+    assert isinstance(seq[1], torch.nn.Tanh)
+    assert_same(seq(x), jseq(x))
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    jlayers = before = thunder_rs.jit(layers)
+    jlayers += [torch.nn.Linear(2, 2)]
+    assert jlayers is before and len(layers) == 2 and jlayers[1] is layers[1]
+    heads = thunder_rs.jit(torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)}))
+    assert "a" in heads and "b" not in heads and list(heads) == ["a"] and heads["a"].out_features == 2
