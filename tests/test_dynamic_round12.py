@@ -125,6 +125,62 @@ def test_code_that_is_not_the_modules_source_keeps_the_builtin(tmp_path):
     assert_same(module.made(torch.ones(2)), torch.full((2,), 2.0))
 
 
+# -- RNNs over packed sequences -------------------------------------------------------------------------
+
+
+def doubles(*shapes):
+    return [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
+
+
+def _packed_gru():
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(3, 4, num_layers=2, bidirectional=True).double()
+
+    def program(x, lengths, h0):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=True)
+        out, h = gru(packed, h0)
+        padded, sizes = torch.nn.utils.rnn.pad_packed_sequence(out, total_length=x.shape[0] + 1, padding_value=-1.0)
+        return padded, h, sizes, out.data * 2, out.batch_sizes
+
+    return program
+
+
+def _packed_lstm():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 4, batch_first=True, proj_size=2).double()
+
+    def program(x, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, (h, c) = lstm(packed)
+        return torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0], h, c
+
+    return program
+
+
+def test_rnns_over_packed_sequences_of_every_length_run_as_eager():
+    """``pack_padded_sequence`` in the program was refused naming the line (torch's meta kernel
+    failed on it). Its sizes are the lengths' (data): read from the values, so the packing, the
+    RNN's packed kernel and the unpacking run as eager's, a compile per distinct packed sizes (the
+    lengths' sum and maximum; a call of other lengths with the same sizes runs the same variant),
+    up to the 16 variants of a call signature, past which calls run as eager code with a warning."""
+    gru = _packed_gru()
+    run_lengths(
+        gru,
+        lambda T: [*doubles((T + 2, 3, 3)), torch.tensor([T + 2, T, 1]), *doubles((4, 3, 4))],
+        (5, 7, 9, 1, 12),
+    )
+    jlstm = thunder_rs.jit(lstm := _packed_lstm())
+    for lengths in ([5, 3, 2], [5, 4, 1], [2, 5, 3], [1, 4, 5], [3, 3, 3]):
+        x = doubles((3, 5, 3))[0]
+        copies = [x.detach().clone().requires_grad_() for _ in range(2)]
+        expected, got = lstm(copies[0], torch.tensor(lengths)), jlstm(copies[1], torch.tensor(lengths))
+        assert_same(expected, got)
+        for outs in (expected, got):
+            torch.stack([t.sin().sum() for t in outs]).sum().backward()
+        assert_same(copies[0].grad, copies[1].grad)
+    assert misses(jlstm) == 2, thunder_rs.compile_stats(jlstm).miss_reasons  # (sums 10, 10, 10, 10 and 9)
+
+
 # -- a jitted container ---------------------------------------------------------------------------
 
 
