@@ -32,8 +32,8 @@ torch.compile keeps them symbolic by interpreting the bytecode), one compile per
 ``F.interpolate(..., recompute_scale_factor=True)`` by a factor with no short binary fraction
 (1.7) sizes its output by a double product's floor, taken at the value; ``pack_padded_sequence``
 is refused, naming the line (since ``test_dynamic_round12``: runs as eager); the encoder's fast
-path in evaluation matches within rounding (its fused kernels); the gradients of an input that some outputs are views of (``einsum("bij->bji",
-a)``) and that the trace uses twice more are added in another order than eager's (the views are
+path in evaluation matches within rounding (its fused kernels); the gradients of an input that
+some outputs are views of (``einsum("bij->bji", a)``) and that the trace uses twice more are added in another order than eager's (the views are
 made after the trace's call, so their gradients come first), likewise an input returned as it is
 (``F.dropout(x, 0.0)``); circular padding with a crop keeps the slices' gradients (added one by
 one); ``masked_select``'s first two compiles in a process import Dynamo's fake tensors and
