@@ -28,16 +28,18 @@ padding gave its input one gradient per slice it took, where eager's gives one.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
-torch.compile keeps them symbolic by interpreting the bytecode), one compile per length;
+torch.compile keeps them symbolic by interpreting the bytecode), one compile per length (since
+``test_dynamic_round12``: symbolic in modules that only call them);
 ``F.interpolate(..., recompute_scale_factor=True)`` by a factor with no short binary fraction
 (1.7) sizes its output by a double product's floor, taken at the value; ``pack_padded_sequence``
 is refused, naming the line (since ``test_dynamic_round12``: runs as eager); the encoder's fast
 path in evaluation matches within rounding (its fused kernels); the gradients of an input that
-some outputs are views of (``einsum("bij->bji", a)``) and that the trace uses twice more are added in another order than eager's (the views are
-made after the trace's call, so their gradients come first), likewise an input returned as it is
-(``F.dropout(x, 0.0)``); circular padding with a crop keeps the slices' gradients (added one by
-one); ``masked_select``'s first two compiles in a process import Dynamo's fake tensors and
-``ShapeEnv`` (about 10 s each on a loaded machine), which ``x[x > 0]`` does not.
+some outputs are views of (``einsum("bij->bji", a)``) and that the trace uses twice more are
+added in another order than eager's (the views are made after the trace's call, so their
+gradients come first), likewise an input returned as it is (``F.dropout(x, 0.0)``); circular
+padding with a crop keeps the slices' gradients (added one by one); ``masked_select``'s first two
+compiles in a process import Dynamo's fake tensors and ``ShapeEnv`` (about 10 s each on a loaded
+machine), which ``x[x > 0]`` does not.
 """
 
 import pytest
