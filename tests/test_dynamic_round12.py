@@ -20,8 +20,10 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder_rs
+from thunder_rs.torch.interpolate import _near_fraction
 from test_dynamic_round9 import assert_same, grads, misses, run_lengths
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled")]
@@ -123,6 +125,33 @@ def test_code_that_is_not_the_modules_source_keeps_the_builtin(tmp_path):
     jfn = run_lengths(module.made, lambda T: grads((T, 2)), (5, 7, 9))
     assert misses(jfn) == 3
     assert_same(module.made(torch.ones(2)), torch.full((2,), 2.0))
+
+
+# -- interpolation by a factor with no short binary fraction ---------------------------------------------
+
+
+def rescaled(x):
+    up = F.interpolate(x, scale_factor=1.7, mode="bilinear", recompute_scale_factor=True)
+    return up, F.interpolate(x, scale_factor=(0.3, 1.1), mode="nearest"), up.shape[-1]
+
+
+def test_interpolation_by_a_factor_with_no_short_binary_fraction_keeps_sizes_symbolic():
+    """``floor(float(T) * 1.7)`` was taken at each size's value (1.7 is no short binary fraction):
+    a compile per image size. It is ``T * 17 // 10`` wherever ``T * 17 / 10`` is no integer (then
+    the double product's rounding cannot reach one); a size of a multiple of 10 is taken at its
+    value, a compile of its own, as eager's floor of the rounded product (17, not 16, at 10)."""
+    sizes = (5, 7, 9, 12, 3, 6, 11, 13, 10)
+    jfn = run_lengths(rescaled, lambda T: [torch.randn(1, 2, T + 1, 2 * T + 1, requires_grad=True)], sizes)
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def test_the_near_fraction_gives_the_floor_of_the_double_product():
+    for c in (1.7, 0.3, 1.1, 2.2, 1 / 3, 0.1, 0.85, 1.3333, 3.14159):
+        a, b, limit = _near_fraction(c)
+        sizes = [*range(2, 20000), *(limit - k for k in range(1, 2000)), *range(2**40, 2**40 + 2000)]
+        for n in sizes:
+            if n < limit and (n * a) % b:
+                assert math.floor(float(n) * c) == n * a // b, (c, n)
 
 
 # -- RNNs over packed sequences -------------------------------------------------------------------------
