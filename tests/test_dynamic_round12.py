@@ -1,7 +1,8 @@
 """Shapes that change between calls (issue 26), a twelfth sweep: sizes the program converts with
-Python's ``int`` and ``float``, and the patterns the other sweeps left out. Every call's outputs,
-gradients and returned numbers are checked against eager over at least five sizes, 0 and 1 among
-them where eager takes them, and the compiles counted as in ``test_dynamic_round9``.
+Python's ``int`` and ``float``, interpolation by any factor, RNNs over packed sequences, jitted
+containers, and the patterns the other sweeps left out. Every call's outputs, gradients and
+returned numbers are checked against eager over at least five sizes, 0 and 1 among them where
+eager takes them, and the compiles counted as in ``test_dynamic_round9``.
 
 What the sweep found, each fixed and pinned here: ``int(x.size(0))``, ``float(len(x))``,
 ``torch.full((n,), float(n))``, ``math.sqrt(float(T))`` and ``x[: int(T / 2)]`` took the size's
@@ -9,6 +10,19 @@ value (Python's ``int`` and ``float`` must return a plain number): a compile per
 torch.compile keeps them symbolic. In the program's modules that only call ``int`` and ``float``
 they are symbolic now (``core.lang.program_builtins``); a module that reads the classes otherwise
 (``isinstance(v, float)``, ``type(v) is int``) keeps the builtins, a compile per length as before.
+``F.interpolate`` by a factor with no short binary fraction (1.7, 0.3) compiled once per size; it
+is ``T * 17 // 10`` where that is exact. ``pack_padded_sequence`` was refused; RNNs over packed
+sequences run eager's kernels, a compile per distinct packed sizes. A jitted ``nn.Sequential``
+had no ``len``, indexing or iteration.
+
+Checked and equal to eager, nothing to fix (compiles, thunder_rs / torch.compile(dynamic=None)):
+HF GPT-2 and Llama ``generate`` with left padding of varying lengths (3 / -) and training with
+right padding (2 / -); ``nn.MultiheadAttention`` with ``kdim``/``vdim`` and a float mask over
+varying key lengths (2 / 2), ``nn.Transformer`` with causal target masks (2 / 2); ``F.unfold``,
+``F.fold`` (2 / 2); ``torch.stft`` and ``istft(length=)`` (2 / 6); ``box_iou`` with
+``generalized_box_iou_loss`` (4 / 17); ``batched_nms``, ``roi_align`` and ``sigmoid_focal_loss``
+over the boxes kept (2 / 8). Left: ``int()``/``float()`` in modules that read the classes, and in
+library code (``torch_overrides.SIZED_BUILTINS`` lists the modules handled).
 
 This module only calls ``int`` and ``float`` (no other read of the names), as the stand-ins need.
 """
