@@ -59,7 +59,8 @@ def int_of_size(x):
 
 
 def scaled_by_root(x):
-    return x / math.sqrt(float(x.size(0)) + 1.0), x * torch.tensor(float(x.shape[0])), int(len(x) * 0.75)
+    n = float(x.size(0))
+    return x / math.sqrt(n + 1.0), x * torch.tensor(n), int(len(x) * 0.75), round(n / 3), x[: int(n / 2)] * 2
 
 
 @pytest.mark.parametrize("fn", [mean_over_length, int_of_size, scaled_by_root])
