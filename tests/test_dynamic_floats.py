@@ -386,10 +386,12 @@ FUNCTIONS = {
     "round T / 3": (lambda x: x[:, : round(_width(x) / 3)] * 2, 2),
     # ties (odd T) round to even: (T + 1) // 2 for even T, 2 * ((T + 2) // 4) for odd T
     "round T * 0.5": (lambda x: x[:, : round(_width(x) * 0.5)] * 2, 3),
-    # int() must return a plain int: a compile per value of the int (2, 3, 3, 4, 6), the range guarded
-    "int(T * 0.5)": (lambda x: x[:, : int(_width(x) * 0.5)] * 2, 4),
+    # int() of the program's module is T * 1 // 2 (``core.lang.program_builtins``: this module only
+    # calls ``int``), symbolic with ``T >= 0`` guarded
+    "int(T * 0.5)": (lambda x: x[:, : int(_width(x) * 0.5)] * 2, 2),
     "int of a negative float": (lambda x: x * int(1 - _width(x) / 4), 4),  # towards 0: 0, 0, 0, -1, -2
-    # a plain float is needed: a compile per size
+    # a plain float is needed (this module reads the class ``float``: ``isinstance(s, float)``, so
+    # ``program_builtins`` leaves its ``float`` the builtin): a compile per size
     "float(T)": (lambda x: x * float(_width(x)), len(SIZES)),
     "round T * 0.9": (lambda x: x[:, : round(_width(x) * 0.9)] * 2, len(SIZES)),  # 0.9 rounds T * 0.9
     "numpy.sqrt": (lambda x: x / numpy.sqrt(_width(x)), len(SIZES)),

@@ -28,16 +28,18 @@ padding gave its input one gradient per slice it took, where eager's gives one.
 
 Left as they are, each equal to eager: ``int(x.size(0))`` and ``float(len(x))`` are plain numbers
 (Python's ``int`` and ``float`` take exact ints and floats from ``__int__`` and ``__float__``;
-torch.compile keeps them symbolic by interpreting the bytecode), one compile per length;
+torch.compile keeps them symbolic by interpreting the bytecode), one compile per length (since
+``test_dynamic_round12``: symbolic in modules that only call them);
 ``F.interpolate(..., recompute_scale_factor=True)`` by a factor with no short binary fraction
 (1.7) sizes its output by a double product's floor, taken at the value; ``pack_padded_sequence``
-is refused, naming the line; the encoder's fast path in evaluation matches within rounding (its
-fused kernels); the gradients of an input that some outputs are views of (``einsum("bij->bji",
-a)``) and that the trace uses twice more are added in another order than eager's (the views are
-made after the trace's call, so their gradients come first), likewise an input returned as it is
-(``F.dropout(x, 0.0)``); circular padding with a crop keeps the slices' gradients (added one by
-one); ``masked_select``'s first two compiles in a process import Dynamo's fake tensors and
-``ShapeEnv`` (about 10 s each on a loaded machine), which ``x[x > 0]`` does not.
+is refused, naming the line (since ``test_dynamic_round12``: runs as eager); the encoder's fast
+path in evaluation matches within rounding (its fused kernels); the gradients of an input that
+some outputs are views of (``einsum("bij->bji", a)``) and that the trace uses twice more are
+added in another order than eager's (the views are made after the trace's call, so their
+gradients come first), likewise an input returned as it is (``F.dropout(x, 0.0)``); circular
+padding with a crop keeps the slices' gradients (added one by one); ``masked_select``'s first two
+compiles in a process import Dynamo's fake tensors and ``ShapeEnv`` (about 10 s each on a loaded
+machine), which ``x[x > 0]`` does not.
 """
 
 import pytest
@@ -420,11 +422,3 @@ def test_the_encoders_fast_path_over_padding_masks_of_every_length_compiles_thre
         with torch.no_grad():
             torch.testing.assert_close(jfn(*args), encoded(*args))
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
-
-
-def test_packing_padded_sequences_is_refused_naming_the_line():
-    def fn(x, lengths):
-        return torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-
-    with pytest.raises(NotImplementedError, match=r"pack_padded_sequence: packing at .*test_dynamic_round11.py:\d+"):
-        thunder_rs.jit(fn)(torch.randn(3, 5, 2), torch.tensor([5, 2, 4]))

@@ -15,6 +15,8 @@ divides them in, and nearest's branches on the sizes (out == in, out == 2 * in) 
 call by a ``where``, not by a guard; where the sizes are constants, the scales are constants.
 """
 
+import fractions
+import functools
 import math
 
 import torch
@@ -178,8 +180,9 @@ def _scaled(size, factor):
     """``floor(float(size) * factor)``, as F.interpolate sizes its output. A symbolic size stays
     symbolic by a whole factor (upsampling by 2), and by a short binary fraction ``m / d`` (1.5 is
     3 / 2): the double product is then exactly ``size * m / d`` wherever ``size * m < 2**53`` (a
-    guard), so its floor is ``size * m // d``. By any other factor (0.1 has no short fraction) the
-    size is taken at its value (a guard)."""
+    guard), so its floor is ``size * m // d``. By any other factor (0.1 has no short binary
+    fraction), ``size * a // b`` of the nearest short fraction ``a / b`` where ``size * a / b`` is
+    no integer (``_near_fraction``: guards); elsewhere the size is taken at its value (a guard)."""
     if type(factor) is SymFloat:
         exact = floor_of_product(size, factor)
         if exact is not None:
@@ -190,7 +193,28 @@ def _scaled(size, factor):
             return size * m
         if m < _SHORT and d < _SHORT and size * m < 2**53:
             return size * m // d
+        near = _near_fraction(float(factor))
+        if near is not None and size < near[2] and (size * near[0]) % near[1] != 0:
+            return size * near[0] // near[1]
     return int(math.floor(float(size) * factor))
+
+
+@functools.lru_cache(maxsize=64)
+def _near_fraction(c: float):
+    """``(a, b, limit)`` for a factor ``c`` with no short binary fraction (1.7, 0.3): ``a / b`` the
+    nearest fraction of a short denominator (17 / 10), and for every size ``T < limit`` whose
+    ``T * a`` is no multiple of ``b`` (a guard each), ``floor(float(T) * c)`` is ``T * a // b``:
+    ``T * a / b`` is at least ``1 / b`` from every integer, and the double product differs from it
+    by less (``T * |c - a / b|``, plus its rounding, ``T * c * 2**-53``). A size where ``T * a / b``
+    is an integer is taken at its value (there the rounding decides). None where no fraction is
+    near enough."""
+    exact = fractions.Fraction(c)
+    near = exact.limit_denominator(_SHORT)
+    if near == exact or near <= 0:
+        return None
+    error = abs(exact - near) + exact / 2**53
+    limit = min(math.floor(1 / (near.denominator * error)), 2**62 // near.numerator)
+    return (near.numerator, near.denominator, limit) if limit > 2 else None
 
 
 # -- taps ------------------------------------------------------------------------------------------

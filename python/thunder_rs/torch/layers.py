@@ -16,7 +16,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import prims
 from thunder_rs.core.lang import autocast
-from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, user_location
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
@@ -574,14 +573,3 @@ def embedding_bag_grad(
 
 #: The aten calls the torch executor runs for the kernels.
 TORCH_IMPLS = {embedding_bag_bounds: _aten_embedding_bag_bounds, embedding_bag_forward: _eager_bag_forward}
-
-
-def _packed_sequences(*args, **kwargs):
-    raise ThunderNotImplementedError(
-        f"torch.nn.utils.rnn.pack_padded_sequence: packing at {user_location()} inside a traced program; a packed "
-        "sequence's layout follows the values of its lengths. Run the RNN on the padded batch, or pack outside the "
-        "jitted function"
-    )
-
-
-TORCH_TO_LTORCH[torch._pack_padded_sequence] = _packed_sequences

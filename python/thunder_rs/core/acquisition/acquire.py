@@ -368,6 +368,7 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
     run_on_themselves = [(m, m) for m in (*captured.modules, *argument_modules(flat_inputs))]
     ints = int_stand_ins(reached, size_inputs, pairs + run_on_themselves)
     observer.state.symbolic_ints = {(id(attributes), p.name): type(v) for attributes, p, v in ints}
+    observer.sizes_symbolic = bool(size_inputs.flat or size_inputs.held or size_inputs.float_positions or ints)
     observer.guard_module_ints([(p.source, p.name, type(v)) for _, p, v in ints if type(p.source) is ModuleSource])
     placed += ints
     observer.mode_writes = modes = ModeWrites({id(c) for c, _ in pairs})

@@ -400,7 +400,7 @@ def _rational(ops):
         return None if inner is None else (-inner[0], inner[1])
     if len(ops) == 2:  # a function of math (sqrt, log): no rational
         return None
-    symbol, a, b = ops
+    symbol, a, b = map(_of_size, ops)
     if symbol == "/" and type(b) is _SymExpr:  # a constant over a size: D is the size's multiple
         c = _ratio(a)
         return None if c is None else (c[0], b * c[1])
@@ -419,6 +419,14 @@ def _rational(ops):
     if symbol in ("+", "-"):
         return a * den + (num if symbol == "+" else -num), den
     return None
+
+
+def _of_size(ops):
+    """The size ``T`` of ``float(T)`` (``T * 1.0``, exact where ``_rational`` takes it), else ``ops``:
+    ``float(T) / 3`` is ``T / 3``, one rounding."""
+    if type(ops) is tuple and len(ops) == 3 and ops[0] == "*" and type(ops[1]) is _SymExpr:
+        return ops[1] if type(ops[2]) is float and ops[2] == 1.0 else ops
+    return ops
 
 
 def exact(ops):

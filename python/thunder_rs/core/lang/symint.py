@@ -444,6 +444,16 @@ def _int(self) -> int:
     return m
 
 
+def int_of(x: SymFloat):
+    """``int(x)`` where the program's ``int`` may give a symbolic int (``program_builtins``): of a
+    float that is ``N / D`` (``_integer_form``) with ``N >= 0`` (guarded), ``N // D``; else the
+    plain int ``_int`` takes (its range guarded, or the value's)."""
+    form = _integer_form(x.ops)
+    if form is not None and current().decide("ge", form[0], 0):
+        return wrap(form[0] // form[1])
+    return _int(x)
+
+
 def _round(self, ndigits=None):
     """``round(x)`` of a SymFloat that is ``N / D`` (``_integer_form``): the nearest int, ties to
     even as Python's, a symbolic int: ``(2N + D) // 2D``, or where ``N / D`` is a tie (guarded

@@ -86,7 +86,15 @@ from torch.autograd.function import Function
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from thunder_rs.core.base import dtypes
-from thunder_rs.core.lang import autograd_functional, custom_function, dual_tensors, functorch_calls, symfloat, symint
+from thunder_rs.core.lang import (
+    autograd_functional,
+    custom_function,
+    dual_tensors,
+    functorch_calls,
+    program_builtins,
+    symfloat,
+    symint,
+)
 from thunder_rs.core.lang import vmap as thunder_vmap
 from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
@@ -515,3 +523,4 @@ def tracing_overrides():
             _active -= 1
             if _active == 0:
                 _restore(_saved)
+                program_builtins.take_away()

@@ -59,6 +59,7 @@ from thunder_rs.core.run.wrapped_module import (
     named_tensors_as_wrapped,
     present_names_as_wrapped,
     present_state_dict_as_wrapped,
+    wrapper_class,
 )
 from thunder_rs.errors import (
     ThunderError,
@@ -659,6 +660,10 @@ class ThunderModule(torch.nn.Module):
     Attributes it does not have come from the wrapped module (``jm.config``, ``jm.generate``; its
     methods call the module through this wrapper), and its state dict has the wrapped module's keys.
     """
+
+    def __new__(cls, module: torch.nn.Module, *args, **kwargs):
+        # (a container's protocol, answered by the module: ``len(jm)``, ``jm[0]``, ``for m in jm``)
+        return super().__new__(wrapper_class(cls, type(module)) if cls is ThunderModule else cls)
 
     def __init__(
         self, module: torch.nn.Module, cache: int = DEFAULT_CACHE_SIZE, passes=(), executors=None, dynamic=None

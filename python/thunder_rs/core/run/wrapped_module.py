@@ -164,3 +164,59 @@ def named_tensors_as_wrapped(wrapper: torch.nn.Module, method: str, prefix: str,
     if recurse:
         return named
     return itertools.chain(named, getattr(wrapper._modules[WRAPPED], method)(prefix, False, remove_duplicate))
+
+
+#: The container protocol a wrapped module's class may define (``nn.Sequential``, ``ModuleList``,
+#: ``ModuleDict``, a user's module): the wrapper answers each as the wrapped module does.
+_PROTOCOL = (
+    "__len__",
+    "__getitem__",
+    "__setitem__",
+    "__delitem__",
+    "__iter__",
+    "__reversed__",
+    "__contains__",
+    "__bool__",
+    "__add__",
+    "__radd__",
+    "__mul__",
+    "__rmul__",
+)
+#: In-place operators: the wrapped module's, then the wrapper itself (``jm += [layer]`` keeps ``jm``).
+_IN_PLACE = ("__iadd__", "__imul__")
+_with_protocol: dict = {}
+
+
+def _forwarded(name: str):
+    def method(self, *args):
+        return getattr(self.__dict__["_modules"][WRAPPED], name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+def _in_place(name: str):
+    def method(self, *args):
+        getattr(self.__dict__["_modules"][WRAPPED], name)(*args)
+        return self
+
+    method.__name__ = name
+    return method
+
+
+def wrapper_class(base: type, wrapped: type) -> type:
+    """``base`` (``ThunderModule``), or a subclass of it for a wrapped module whose class defines
+    some of the container protocol beyond ``nn.Module`` (``len(jm)``, ``jm[0]``, ``jm[:2]``, ``for
+    layer in jm``, ``bool(jm)`` of an empty ``nn.Sequential``): those methods, answered by the
+    wrapped module. Only those: a wrapper of a module without ``__len__`` has none (``bool(jm)`` is
+    True, as the module's). One class per wrapped class, named as ``base``."""
+    names = [n for n in (*_PROTOCOL, *_IN_PLACE) if getattr(wrapped, n, None) is not getattr(torch.nn.Module, n, None)]
+    if not names:
+        return base
+    key = (base, wrapped)
+    cls = _with_protocol.get(key)
+    if cls is None:
+        methods = {n: (_in_place if n in _IN_PLACE else _forwarded)(n) for n in names}
+        cls = _with_protocol[key] = type(base.__name__, (base,), {**methods, "__qualname__": base.__qualname__})
+        cls.__module__ = base.__module__
+    return cls

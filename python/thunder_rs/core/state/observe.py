@@ -105,6 +105,10 @@ class Observer(AttributeReads):
     read). ``reached`` (``reached.ArgumentObjects``) are the objects reachable from the inputs.
     """
 
+    #: whether the acquisition traces some sizes or floats as symbolic (set by it): the program's
+    #: calls are told to ``PROGRAM_CALLS`` then
+    sizes_symbolic = False
+
     def __init__(self, inputs: list, originals: dict, functions=(), reached=None):
         self._guards: dict = {}
         #: the train/eval modes the program sets on modules not cloned (``mode_writes``), and the writes
@@ -467,6 +471,9 @@ class Observer(AttributeReads):
         if self._cached and code in self._cached:
             cached_call(self._cached[code], frame, self.state.containers.cached_calls)
         refuse_handed_clocks(frame)
+        if self.sizes_symbolic:  # (``int`` and ``float`` of sizes: ``PROGRAM_CALLS``)
+            for note in PROGRAM_CALLS:
+                note(code, frame.f_globals)
         if self._input_generators and code.co_flags & inspect.CO_GENERATOR:
             self._note_resumed(frame)
         self._on_code(code, frame.f_globals, frame, 1)
@@ -605,6 +612,9 @@ def _cell_value(cell):
 #: ids of what tracing puts in library modules' globals (``torch_overrides.SIZED_BUILTINS``): constants of
 #: tracing, absent otherwise, so not program state to guard
 TRACING_GLOBALS: set = set()
+#: What is told of each call of the program's code while it is traced, ``(code, globals)``, before
+#: its first instruction runs (``core.lang.program_builtins``).
+PROGRAM_CALLS: list = []
 
 
 def check_sizes(check) -> None:
