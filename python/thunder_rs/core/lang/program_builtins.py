@@ -154,5 +154,5 @@ def take_away() -> None:
         _put.clear()
 
 
-PROGRAM_CALLS.append(note_call)
-assert sys.version_info >= (3, 11)  # (the callee flag of ``LOAD_GLOBAL``)
+if sys.version_info >= (3, 11):  # (the callee flag of ``LOAD_GLOBAL``; 3.10 keeps the builtins)
+    PROGRAM_CALLS.append(note_call)
