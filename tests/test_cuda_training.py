@@ -40,8 +40,9 @@ def cuda_ex(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "nvfuser_direct", fake)
     fake.definitions.clear()
-    # Torch's choice needs a GPU (test_attention_kernels.py); the H100's eager step ran cuDNN's.
-    monkeypatch.setattr(fa, "fused_sdp_choice", lambda *args: fa.CUDNN)
+    # Torch's choice needs a GPU (test_attention_kernels.py); the H100's eager bf16 step ran cuDNN's,
+    # float32 takes the memory-efficient kernel (neither flash nor cuDNN has float32).
+    monkeypatch.setattr(fa, "fused_sdp_choice", lambda q, *args: fa.CUDNN if q.element_size() == 2 else fa.EFFICIENT)
     # The weights' values do not matter on fake tensors; the seeded init draws on the CPU.
     monkeypatch.setattr(gpt, "init_weights", lambda model, seed: None)
     return NvFuserExecutor("nvfuser_stand_in_cuda", module=fake)
@@ -93,10 +94,11 @@ def _backward_checked(output: torch.Tensor) -> list:
     return taken
 
 
-def _assert_cuda_path(jfn, cuda_ex) -> None:
+def _assert_cuda_path(jfn, cuda_ex, attention: str | None = "cudnn") -> None:
     backward = thunder_rs.last_backward_traces(jfn)[-1]
     assert backward.regions(), "the backward ran in no nvFuser region"
-    assert "torch_cudnn_attention_backward(" in str(backward)
+    if attention is not None:
+        assert f"torch_{attention}_attention_backward(" in str(backward)
     assert cuda_ex.stats["failures"] == 0, cuda_ex.fallbacks
 
 
@@ -142,3 +144,61 @@ def _made_in(dtype):
             yield
     finally:
         torch.set_default_dtype(before)
+
+
+# -- models users train: Hugging Face GPT-2 and Llama, torchvision's ResNet-18 -----------------------
+
+
+def _hf(name: str):
+    pytest.importorskip("transformers")
+    from test_hf_models import tiny_model  # noqa: PLC0415 (imports transformers)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.nn.Module, "to", lambda self, *args, **kwargs: self)  # (float32 already; see _made_in)
+        model = tiny_model(name)
+    ids = torch.randint(3, 99, (2, 8), device="cuda")
+    # (no padding mask: HF reads a mask's values to decide whether it needs one, which fake tensors lack)
+    return model, dict(input_ids=ids, labels=ids), lambda out: out.loss
+
+
+def _resnet18():
+    torchvision = pytest.importorskip("torchvision")
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torchvision.models.resnet18(num_classes=10)
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    inputs = dict(x=torch.randn(2, 3, 32, 32, device="cuda"), y=torch.randint(0, 10, (2,), device="cuda"))
+    return Step().train(), inputs, lambda loss: loss
+
+
+MODELS = {"gpt2": lambda: _hf("gpt2"), "llama": lambda: _hf("llama"), "resnet18": _resnet18}
+
+
+@pytest.mark.parametrize(
+    ("name", "autocast"),
+    [
+        pytest.param(name, autocast, id=f"{name}-{'bf16_autocast' if autocast else 'float32'}", marks=marks)
+        for name in MODELS
+        for autocast in (False, True)
+        for marks in [() if (name, autocast) == ("llama", True) else pytest.mark.slow]
+    ],
+)
+def test_a_models_training_step_takes_the_cuda_path_with_eagers_dtypes(name, autocast, cuda_ex, monkeypatch):
+    """Float32 and under bfloat16 autocast: the loss's metadata is eager's, nvFuser regions and torch's
+    fused attention kernel (the transformers) run the backward, every gradient of its input's dtype."""
+    with FakeTensorMode():
+        with torch.device("cuda"):
+            model, inputs, loss_of = MODELS[name]()
+        jmodel = thunder_rs.jit(model, executors=[cuda_ex, "torch"])
+        with _cuda_autocast(monkeypatch, torch.bfloat16) if autocast else contextlib.nullcontext():
+            loss, expected = loss_of(jmodel(**inputs)), loss_of(model(**inputs))
+        assert _metadata(loss) == _metadata(expected)
+        grads = _backward_checked(loss)
+    assert len(grads) >= len(list(model.parameters()))
+    attention = None if name == "resnet18" else "cudnn" if autocast else "efficient"
+    _assert_cuda_path(jmodel, cuda_ex, attention)
