@@ -146,7 +146,7 @@ def _made_in(dtype):
         torch.set_default_dtype(before)
 
 
-# -- models users train: Hugging Face GPT-2 and Llama, torchvision's ResNet-18 -----------------------
+# -- models users train: the demo GPT, Hugging Face GPT-2 and Llama, torchvision's ResNet-18 ------------
 
 
 def _hf(name: str):
@@ -176,7 +176,13 @@ def _resnet18():
     return Step().train(), inputs, lambda loss: loss
 
 
-MODELS = {"gpt2": lambda: _hf("gpt2"), "llama": lambda: _hf("llama"), "resnet18": _resnet18}
+def _gpt():
+    config = GPTConfig()
+    idx, targets = (torch.randint(0, config.vocab_size, (2, config.block_size), device="cuda") for _ in range(2))
+    return GPT(config), dict(idx=idx, targets=targets), lambda out: out[1]
+
+
+MODELS = {"gpt": _gpt, "gpt2": lambda: _hf("gpt2"), "llama": lambda: _hf("llama"), "resnet18": _resnet18}
 
 
 @pytest.mark.parametrize(
