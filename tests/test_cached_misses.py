@@ -273,3 +273,18 @@ def test_a_cached_method_of_an_object_the_module_holds_misses_as_in_eager():
         counts.append(_RopeTables.table.cache_info()[:2])
     assert counts == [(1, 1), (2, 2), (4, 2), (5, 3)]  # (each size missed once, by the jitted call)
     assert type(vars(_RopeTables)["table"]) is functools._lru_cache_wrapper
+
+
+def test_a_miss_under_a_fake_tensor_mode_runs_as_in_eager():
+    """A program run under the caller's ``FakeTensorMode`` (shapes and dtypes without data; HF's
+    loss function is such a cached function): a miss ran eagerly, then compared the random
+    generators' real states under that mode, which refuses real tensors (AssertionError)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: PLC0415
+
+    (jcached, jprogram), (cached, program) = _masks(), _masks()
+    with FakeTensorMode():
+        x = torch.randn(3, 4)
+        actual, expected = thunder_rs.jit(jprogram)(x), program(x)
+    assert isinstance(actual, FakeTensor)
+    assert (actual.dtype, actual.shape, actual.stride()) == (expected.dtype, expected.shape, expected.stride())
+    assert jcached.cache_info() == cached.cache_info()

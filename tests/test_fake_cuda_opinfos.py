@@ -28,7 +28,7 @@ pytestmark = [*test_ops.WARNING_FILTERS, pytest.mark.filterwarnings("ignore")]
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: The ops the default run takes in bfloat16: sampling and resizing kernels, normalisations, losses,
-#: attention and indexing, whose CUDA paths differ from the CPU's.
+#: attention, indexing and pooling, whose CUDA paths differ from the CPU's.
 SUBSET = {
     "grid_sampler_3d",
     "interpolate_bicubic_align0",
@@ -36,6 +36,10 @@ SUBSET = {
     "cross_entropy",
     "scaled_dot_product_attention",
     "index_put",
+    # bf16 gradients the H100 failed whose CPU runs skip (eager has no bf16 avg_pool3d on the CPU)
+    # or share their cause (a pad fill of another kind than the tensor): h100_failures_audit.md row 5
+    "lp_pool3d",
+    "local_response_norm",
 }
 #: What a fake tensor cannot run without a GPU (torch's messages).
 NEEDS_A_GPU = ("Found no NVIDIA driver", "hasPrimaryContext", "Torch not compiled with CUDA")
@@ -107,6 +111,7 @@ def test_the_cuda_default_executors_take_what_the_torch_executor_takes(op, dtype
             lambda: test_ops.differentiable_call(op, sample, thunder_rs.jit(op.op, executors=[cuda_ex, "torch"]))
         )
         assert _metadata(outputs) == _metadata(expected)
+        assert cuda_ex.stats["failures"] == 0, cuda_ex.fallbacks  # no region nvFuser refused ran eagerly
         node = _compiled_node([t for t in outputs if t.requires_grad])
         if node is None:
             return

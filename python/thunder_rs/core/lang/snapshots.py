@@ -25,6 +25,7 @@ import contextlib
 import os
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.fallback import CALL_EFFECTS
@@ -244,7 +245,10 @@ def call_eagerly(fn, args: tuple, kwargs: dict) -> tuple:
     try:
         with paused_recording(), torch._C.DisableTorchFunction():
             result = fn(*args, **kwargs)
-            drew = any(not torch.equal(g.get_state(), state) for g, state in states)
+            # (the generators' states are real tensors: compared outside the caller's dispatch
+            # modes, a FakeTensorMode refusing real tensors among them)
+            with _disable_current_modes():
+                drew = any(not torch.equal(g.get_state(), state) for g, state in states)
     finally:
         thread_state.inside -= 1
     if drew:
