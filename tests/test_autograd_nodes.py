@@ -128,6 +128,21 @@ def test_hooks_on_outputs_a_backward_does_not_reach_are_not_called(scenario, com
     _assert_as_eager(scenario, compiler)
 
 
+def _hook_dictionaries(C):
+    """An output holds no hook dictionary until a hook is put on it (eager's ``_backward_hooks`` is
+    None): the call pays nothing per output for hooks never registered."""
+    x, w = _leaf(3), _leaf(3)
+    a, b = C(_two_outputs)(x, w)
+    before = [a._backward_hooks, b._backward_hooks]
+    b.register_hook(lambda g: g * 2)
+    return before, a._backward_hooks, [type(h).__name__ for h in b._backward_hooks.values()]
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_outputs_hold_no_hook_dictionary_until_a_hook_is_put_on(compiler):
+    _assert_as_eager(_hook_dictionaries, compiler)
+
+
 def _multi_grad_hook(mode):
     def scenario(C):
         x, w = _leaf(3), _leaf(3)

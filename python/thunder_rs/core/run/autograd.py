@@ -14,7 +14,7 @@ import types
 import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
-from thunder_rs.core.run.output_hooks import guarding, refuse_inner
+from thunder_rs.core.run.output_hooks import guard_hooks, refuse_inner, watching
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
@@ -413,17 +413,19 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable)
+    apply = _applied(CompiledFunction, unread, differentiable, inner)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset):
+def _applied(function, unread: tuple, differentiable: frozenset, inner):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
-    ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guarding``)."""
+    ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guard_hooks``),
+    those ``inner`` watches held by the node (``output_hooks.watching``)."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        apply = guarding(apply, tuple(sorted(differentiable)), function)
-    return apply
+        guard_hooks(function)
+    watched = getattr(inner, "watched", ())
+    return watching(apply, watched, function) if watched else apply
 
 
 #: Eager's error for a backward through a reentrant checkpoint that does not accumulate into

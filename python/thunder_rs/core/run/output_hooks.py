@@ -63,11 +63,14 @@ def _calling_with_gradients(hooks: OrderedDict):
 def refuse_inner(ctx, inner, grads: tuple) -> None:
     """Raises where the caller's hooks ran, or ``retain_grad()`` keeps the gradient, of an output
     that a reached output was computed from inside the program (``inner``: ``j ->`` those outputs,
-    ``generate._inner_outputs``): eager's hooks and ``.grad`` see the gradient flowing back from
-    them, the call's one node gives them the output's own cotangent only (or none)."""
-    for j, hooks in getattr(ctx, "hooked", {}).items():
+    ``generate._inner_outputs``; asked only of the outputs ``watching`` watched): eager's hooks and
+    ``.grad`` see the gradient flowing back from them, the call's one node gives them the output's
+    own cotangent only (or none)."""
+    hooked = getattr(ctx, "hooked", None)
+    for j, ref in getattr(ctx, "watched", ()):
+        hooks = hooked.get(j) if hooked else None
         user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
-        out = hooks.tensor()
+        out = ref()
         if not user and (out is None or not out.retains_grad):
             continue
         reached = sorted(k for k in inner(j) if grads[k] is not None)
@@ -94,49 +97,54 @@ _RETAINED = (
 
 
 class _Hooks(OrderedDict):
-    """An output's ``_backward_hooks`` (where ``Tensor.register_hook`` puts the caller's hooks, as
-    it finds one there): at the first hook put in, it registers with the output's node one hook
-    that calls them only on a gradient. Registering it then, not at every call, keeps the call's
-    cost for the outputs no hook is ever put on."""
-
-    def __init__(self, out: torch.Tensor):
-        super().__init__()
-        #: the output (``retain_grad`` is read at the backward: ``refuse_inner``)
-        self.tensor = weakref.ref(out)
-        self.registered = False
-
-    def __setitem__(self, key, hook) -> None:
-        out = None if self.registered else self.tensor()
-        if out is not None:
-            self.registered = True  # (once: a hook put in after all were removed runs once)
-            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(self)})
-            try:
-                node = out.grad_fn
-                assert node is not None  # (an output of the call's node: ``guarding``)
-                node._register_hook_dict(out)
-            finally:
-                out._backward_hooks = self
-        super().__setitem__(key, hook)
+    """An output's ``_backward_hooks``, where ``Tensor.register_hook`` puts the caller's hooks (as
+    it finds one there), which the node calls only on a gradient (``_calling_with_gradients``)."""
 
 
-def guarding(apply, positions: tuple, function: type):
-    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
-    differentiable ones) get, where their node is the call's, a ``_Hooks`` for the caller's hooks,
-    which run only on a gradient (see the module)."""
+def _register_hook_dict(node, tensor: torch.Tensor) -> None:
+    """``grad_fn._register_hook_dict`` of the call's node, which ``Tensor.register_hook`` calls at
+    the first hook put on one of its outputs (``tensor``, whose ``_backward_hooks`` it has just
+    set): the output gets a ``_Hooks``, and the node one hook calling them on a gradient only.
+    A hook put on after all were removed runs once (the dictionary stays: no second call)."""
+    hooks = _Hooks()
+    tensor._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
+    try:
+        _FunctionBase._register_hook_dict(node, tensor)
+    finally:
+        tensor._backward_hooks = hooks
+    hooked = getattr(node, "hooked", None)
+    if hooked is None:
+        node.hooked = hooked = {}
+    hooked[tensor.output_nr] = hooks  # (read by ``refuse_inner``)
+
+
+_FunctionBase = torch._C._FunctionBase
+
+
+def guard_hooks(function: type) -> None:
+    """Makes the hooks the caller registers on the outputs of the autograd ``function`` of a call
+    with several differentiable outputs, where their node is the call's (not a view of an input),
+    run only on a gradient (see the module). Nothing is done per call: torch's ``register_hook``
+    asks the output's node to register its hook dictionary (``_register_hook_dict``), which the
+    node of ``function`` (its ``_backward_cls``) does as above; no other node is touched."""
+    function._backward_cls._register_hook_dict = _register_hook_dict  # type: ignore[attr-defined]
+
+
+def watching(apply, watched: tuple, function: type):
+    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``watched`` (those a
+    call of the program reads along gradients: ``generate._inner_outputs``), where their node is
+    the call's, the node holds by weak reference, for ``refuse_inner`` (``retain_grad``)."""
 
     def call(*inputs):
-        flat, hooked, node = apply(*inputs), {}, None
-        for i in positions:
+        flat, kept, node = apply(*inputs), [], None
+        for i in watched:
             out = flat[i]
-            if not isinstance(out, _Tensor) or out._backward_hooks is not None:
-                continue  # (an output returned twice is guarded once)
-            fn = out.grad_fn
-            if getattr(fn, "_forward_cls", None) is not function:
-                continue  # (a view of an input: another node)
-            node = fn
-            out._backward_hooks = hooked[i] = _Hooks(out)
-        if hooked:
-            node.hooked = hooked  # (read by ``refuse_inner``)
+            fn = out.grad_fn if isinstance(out, _Tensor) else None
+            if getattr(fn, "_forward_cls", None) is function:  # (not a view of an input: another node)
+                node = fn
+                kept.append((i, weakref.ref(out)))
+        if node is not None:
+            node.watched = kept
         return flat
 
     return call
