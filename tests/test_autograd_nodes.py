@@ -337,6 +337,24 @@ def _under_saved_tensors_hooks(C):
     return x.grad
 
 
+def _hook_order_across_outputs(C):
+    """Eager runs the outputs' nodes latest made first (ExpBackward0, CosBackward0, SinBackward0),
+    each calling its output's hooks in the order they were put on, whatever order the outputs got
+    their first hook in."""
+    x = _leaf(3)
+    order = []
+    a, b, c = C(lambda x: (x.sin(), x.cos(), x.exp()))(x)
+    a.register_hook(lambda g: order.append("a") or g * 3)
+    a.retain_grad()  # (sees the gradient a's hooks return, as eager's, when they register again after c's)
+    c.register_hook(lambda g: order.append("c") or g * 2)
+    b.register_hook(lambda g: order.append("b"))
+    a.register_hook(lambda g: order.append("a2"))
+    (a.sum() + b.sum() + c.sum()).backward(retain_graph=True)
+    c.register_hook(lambda g: order.append("c2"))
+    (a.sum() + c.sum()).backward()
+    return order, x.grad, a.grad
+
+
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize(
     "scenario",
@@ -347,6 +365,7 @@ def _under_saved_tensors_hooks(C):
         _backward_inputs_and_grad_version,
         _double_backward_and_function,
         _under_saved_tensors_hooks,
+        _hook_order_across_outputs,
     ],
     ids=lambda s: s.__name__.strip("_"),
 )
@@ -359,16 +378,6 @@ def _grad_version_of_an_input_feeding_two_outputs(C):
     a, b = C(lambda x: (x.sin(), x.cos()))(x)
     (a.sum() + b.sum()).backward()
     return x.grad._version
-
-
-def _hook_order_across_outputs(C):
-    x = _leaf(3)
-    order = []
-    a, b = C(lambda x: (x.sin(), x.cos()))(x)
-    a.register_hook(lambda g: order.append("a"))
-    b.register_hook(lambda g: order.append("b"))
-    (a.sum() + b.sum()).backward()
-    return order
 
 
 def _post_accumulate_hook_order(C):
@@ -395,10 +404,6 @@ _ONE_NODE = {
     "(InputBuffer::accumulate), and AccumulateGrad steals the buffer; the call's one node sums them in its backward "
     "out of place. Eager's count depends per input on each node's gradient (fresh or passed through: AddBackward0 "
     "passes its own), which the call does not know",
-    "hook_order_across_outputs": "hooks on a, b: eager runs b's then a's (its output nodes run latest made first: "
-    "CosBackward0, then SinBackward0); the call's node calls each output's hook dictionary in the order the first "
-    "register_hook per output registered it (torch's tensor pre-hook gives a dictionary its own output's gradient "
-    "only, so one cannot run another's first without the call keeping every output)",
     "post_accumulate_hook_order": "post-accumulate hooks: eager second.bias, second.weight, first.bias, "
     "first.weight (each AccumulateGrad is ready when the earliest node reading it ran: AddmmBackward0 gives the "
     "bias before TBackward0 the weight); the call's backward returns every gradient at once: the AccumulateGrad "
@@ -418,7 +423,6 @@ def _pinned(scenario):
     "scenario",
     [
         _pinned(_grad_version_of_an_input_feeding_two_outputs),
-        _pinned(_hook_order_across_outputs),
         _pinned(_post_accumulate_hook_order),
         _pinned(_saved_tensor_hook_calls),
     ],

@@ -354,6 +354,7 @@ def grad_function(
     made: dict | None = None,
     landing: bool = False,
     inner: Callable[[int], frozenset] | None = None,
+    ranks: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -374,7 +375,7 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
     ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
-    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``: see ``output_hooks.refuse_inner``."""
+    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: see ``output_hooks``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -413,17 +414,18 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable, inner)
+    apply = _applied(CompiledFunction, unread, differentiable, inner, ranks)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset, inner):
+def _applied(function, unread: tuple, differentiable: frozenset, inner, ranks: tuple):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
-    ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guard_hooks``),
+    ``differentiable`` outputs, whose hooks run on gradients only, in the order of ``ranks``
+    (``output_hooks.guard_hooks``),
     those ``inner`` watches held by the node (``output_hooks.watching``)."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        guard_hooks(function)
+        guard_hooks(function, ranks)
     watched = getattr(inner, "watched", ())
     return watching(apply, watched, function) if watched else apply
 

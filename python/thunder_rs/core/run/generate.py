@@ -340,7 +340,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
         partial["made"] = _made(acquired, grad_positions)
-        partial["inner"] = _inner_outputs(acquired, grad_positions)
+        partial["inner"], partial["ranks"] = _inner_outputs(acquired, grad_positions), acquired.output_vids
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
         if wb is None:

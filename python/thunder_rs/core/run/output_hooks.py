@@ -98,35 +98,56 @@ _RETAINED = (
 
 class _Hooks(OrderedDict):
     """An output's ``_backward_hooks``, where ``Tensor.register_hook`` puts the caller's hooks (as
-    it finds one there), which the node calls only on a gradient (``_calling_with_gradients``)."""
+    it finds one there), which the node calls only on a gradient (``_calling_with_gradients``),
+    through the dictionary it registered last for them (``holder``)."""
+
+    def __init__(self, out: torch.Tensor, rank: int):
+        super().__init__()
+        self.tensor, self.rank = weakref.ref(out), rank
+        self.holder: OrderedDict = OrderedDict()
 
 
-def _register_hook_dict(node, tensor: torch.Tensor) -> None:
-    """``grad_fn._register_hook_dict`` of the call's node, which ``Tensor.register_hook`` calls at
-    the first hook put on one of its outputs (``tensor``, whose ``_backward_hooks`` it has just
-    set): the output gets a ``_Hooks``, and the node one hook calling them on a gradient only.
-    A hook put on after all were removed runs once (the dictionary stays: no second call)."""
-    hooks = _Hooks()
-    tensor._backward_hooks = OrderedDict({-1: _calling_with_gradients(hooks)})
+def _register(node, out: torch.Tensor, hooks: _Hooks) -> None:
+    """Registers with ``node`` a dictionary whose one hook calls ``hooks`` on ``out``'s gradient."""
+    hooks.holder.clear()  # (a dictionary registered before calls nothing more)
+    hooks.holder = OrderedDict({-1: _calling_with_gradients(hooks)})
+    out._backward_hooks = hooks.holder
     try:
-        _FunctionBase._register_hook_dict(node, tensor)
+        _FunctionBase._register_hook_dict(node, out)
     finally:
-        tensor._backward_hooks = hooks
-    hooked = getattr(node, "hooked", None)
-    if hooked is None:
-        node.hooked = hooked = {}
-    hooked[tensor.output_nr] = hooks  # (read by ``refuse_inner``)
+        out._backward_hooks = hooks
 
 
 _FunctionBase = torch._C._FunctionBase
 
 
-def guard_hooks(function: type) -> None:
+def guard_hooks(function: type, ranks: tuple) -> None:
     """Makes the hooks the caller registers on the outputs of the autograd ``function`` of a call
     with several differentiable outputs, where their node is the call's (not a view of an input),
-    run only on a gradient (see the module). Nothing is done per call: torch's ``register_hook``
-    asks the output's node to register its hook dictionary (``_register_hook_dict``), which the
-    node of ``function`` (its ``_backward_cls``) does as above; no other node is touched."""
+    run only on a gradient (see the module), output by output in eager's order. Nothing is done
+    per call: torch's ``register_hook`` asks the output's node to register its hook dictionary
+    (``_register_hook_dict``), which the node of ``function`` (its ``_backward_cls``) does as below;
+    no other node is touched.
+
+    Eager runs the outputs' nodes, and so their hooks, latest made first; the call's node calls the
+    dictionaries registered with it in the order they were. ``ranks``: per flat output position,
+    the value id of its value in the trace (recorded in program order; -1: none). An output hooked
+    for the first time registers its dictionary before those of outputs made before it, which
+    register theirs again after it (the ones registered before call nothing more)."""
+
+    def _register_hook_dict(node, tensor: torch.Tensor) -> None:
+        j = tensor.output_nr
+        hooked = getattr(node, "hooked", None)
+        if hooked is None:
+            node.hooked = hooked = {}
+        hooks = hooked[j] = _Hooks(tensor, ranks[j] if j < len(ranks) and ranks[j] is not None else -1)
+        after = sorted((h for h in hooked.values() if h.rank < hooks.rank), key=lambda h: -h.rank)
+        _register(node, tensor, hooks)
+        for h in after:
+            out = h.tensor()
+            if out is not None:  # (a dropped output's hooks stay where they were)
+                _register(node, out, h)
+
     function._backward_cls._register_hook_dict = _register_hook_dict  # type: ignore[attr-defined]
 
 
