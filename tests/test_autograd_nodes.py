@@ -355,6 +355,25 @@ def _hook_order_across_outputs(C):
     return order, x.grad, a.grad
 
 
+def _sine_twice(x):
+    h = x.sin()
+    return h, h, x.cos()
+
+
+def _an_output_returned_twice(C):
+    """One tensor at two output positions, as eager's: its hooks and ``.grad`` see the gradient of
+    both uses, nothing is computed from it (a hook on it was refused as if the other position were)."""
+    x = _leaf(3)
+    seen = []
+    a, b, c = C(_sine_twice)(x)
+    a.register_hook(lambda g: seen.append(("a", g.clone())) or g * 2)
+    c.register_hook(lambda g: seen.append(("c", g.clone())))
+    a.retain_grad()
+    (a.sum() + b.sum() + c.sum()).backward(retain_graph=True)
+    b.sum().backward()
+    return seen, a is b, x.grad, a.grad
+
+
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize(
     "scenario",
@@ -366,6 +385,7 @@ def _hook_order_across_outputs(C):
         _double_backward_and_function,
         _under_saved_tensors_hooks,
         _hook_order_across_outputs,
+        _an_output_returned_twice,
     ],
     ids=lambda s: s.__name__.strip("_"),
 )

@@ -4,8 +4,6 @@ executors' regions, and the generated Python source of its forward (and of its b
 
 from __future__ import annotations
 
-import collections
-
 import math
 import time
 
@@ -242,18 +240,18 @@ class _InnerOutputs:
     inside the program (``loss`` of a call returning ``loss, logits``, for ``logits``): eager's hooks
     on ``j`` and its retained ``.grad`` see the gradient from them, which the call's one node does
     not compute (``output_hooks.refuse_inner``). ``watched``: the outputs for which it may be any
-    (read by a call of the program along gradients, or returned twice), found in one walk of the
-    trace at the compile; it is asked at a backward only for one of those with the caller's hooks
-    or a retained ``.grad``, once each (a walk of the trace per output)."""
+    (read by a call of the program along gradients), found in one walk of the trace at the compile;
+    it is asked at a backward only for one of those with the caller's hooks or a retained
+    ``.grad``, once each (a walk of the trace per output)."""
 
     def __init__(self, trace, vids: tuple, positions: list, watched: tuple):
         self.trace, self.vids, self.positions, self.watched = trace, vids, positions, watched
         self.known: dict[int, frozenset] = {}
 
     def __call__(self, j: int) -> frozenset:
-        if j not in self.known:
+        if j not in self.known:  # (an output returned twice is one tensor, as eager's: not computed from itself)
             reach = self.trace.outputs_reaching([self.vids[j]], self.positions)
-            self.known[j] = frozenset(reach) - {j}
+            self.known[j] = frozenset(k for k in reach if self.vids[k] != self.vids[j])
         return self.known[j]
 
 
@@ -264,8 +262,7 @@ def _inner_outputs(acquired, grad_positions: list) -> _InnerOutputs | None:
     vids = acquired.output_vids
     held = {j: vids[j] for j in grad_positions if j < len(vids) and vids[j] is not None}
     read = acquired.trace.values_read_along_gradients(list(held.values()))
-    count = collections.Counter(held.values())
-    watched = tuple(j for (j, v), r in zip(held.items(), read) if r or count[v] > 1)
+    watched = tuple(j for j, r in zip(held, read) if r)
     return _InnerOutputs(acquired.trace, vids, list(grad_positions), watched) if watched else None
 
 
