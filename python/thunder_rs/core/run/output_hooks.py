@@ -63,16 +63,17 @@ def _calling_with_gradients(hooks: OrderedDict):
 def refuse_inner(ctx, inner, grads: tuple) -> None:
     """Raises where the caller's hooks ran, or ``retain_grad()`` keeps the gradient, of an output
     that a reached output was computed from inside the program (``inner``: ``j ->`` those outputs,
-    ``generate._inner_outputs``; asked only of the outputs ``watching`` watched): eager's hooks and
-    ``.grad`` see the gradient flowing back from them, the call's one node gives them the output's
-    own cotangent only (or none)."""
+    ``generate._inner_outputs``; asked only of the outputs it watches, which the forward keeps by
+    weak reference: ``autograd._keep_residuals``): eager's hooks and ``.grad`` see the gradient
+    flowing back from them, the call's one node gives them the output's own cotangent only (or
+    none)."""
     hooked = getattr(ctx, "hooked", None)
     for j, ref in getattr(ctx, "watched", ()):
         hooks = hooked.get(j) if hooked else None
         user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
         out = ref()
-        if not user and (out is None or not out.retains_grad):
-            continue
+        if not user and (out is None or not out.retains_grad or out.grad_fn is not ctx):
+            continue  # (no hook, no retained .grad of the call's node: a view of an input's is another's)
         reached = sorted(k for k in inner(j) if grads[k] is not None)
         if reached and user:
             code = getattr(user[0], "__code__", None)
@@ -149,23 +150,3 @@ def guard_hooks(function: type, ranks: tuple) -> None:
                 _register(node, out, h)
 
     function._backward_cls._register_hook_dict = _register_hook_dict  # type: ignore[attr-defined]
-
-
-def watching(apply, watched: tuple, function: type):
-    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``watched`` (those a
-    call of the program reads along gradients: ``generate._inner_outputs``), where their node is
-    the call's, the node holds by weak reference, for ``refuse_inner`` (``retain_grad``)."""
-
-    def call(*inputs):
-        flat, kept, node = apply(*inputs), [], None
-        for i in watched:
-            out = flat[i]
-            fn = out.grad_fn if isinstance(out, _Tensor) else None
-            if getattr(fn, "_forward_cls", None) is function:  # (not a view of an input: another node)
-                node = fn
-                kept.append((i, weakref.ref(out)))
-        if node is not None:
-            node.watched = kept
-        return flat
-
-    return call
