@@ -1,6 +1,7 @@
 """Per-call cost of a compiled call with two differentiable outputs (``core.run.output_hooks``: the
 hook bookkeeping of its outputs): the call's autograd function applied alone (``grad_function``
-around a forward of two ops, no trace, no guards) and the jitted call, with eager's two ops.
+around a forward of four ops, no trace, no guards) and the jitted call, with eager's ops; and a
+jitted call returning an output another is computed from.
 
 Thread CPU time (``time.thread_time_ns``: a machine shared with other jobs moves wall times more),
 us/call, min and median of ``--rounds`` rounds of ``--calls`` calls. Run with OMP_NUM_THREADS=1;
@@ -17,6 +18,12 @@ from thunder_rs.core.run.autograd import grad_function
 
 def two(x, w):
     return (x * w).sin(), (x + w).cos()
+
+
+def loss_and_h(x, w):
+    """An output another is computed from (``loss, logits``): the call keeps it by weak reference."""
+    h = (x * w).sin()
+    return h.sum(), h
 
 
 class _Program:
@@ -58,9 +65,13 @@ def main() -> None:
     torch.set_num_threads(1)
     x, w = (torch.randn(8, requires_grad=True) for _ in range(2))
     apply = grad_function(_forward, _backward, [0, 1], False, False, program=_Program(), reads=((0, 1), (0, 1)))
-    jitted = thunder_rs.jit(two)
     rows = []
-    for name, f in (("apply", apply), ("jit", jitted), ("eager", two)):
+    for name, f in (
+        ("apply", apply),
+        ("jit", thunder_rs.jit(two)),
+        ("eager", two),
+        ("jit loss_and_h", thunder_rs.jit(loss_and_h)),
+    ):
         low, mid = _timed(lambda f=f: f(x, w), args.calls, args.rounds)
         rows.append(f"{name} {low:.2f}/{mid:.2f}")
     print(" | ".join(rows) + " (us/call, min/median)")
