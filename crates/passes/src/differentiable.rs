@@ -61,6 +61,19 @@ pub fn outputs_reaching(trace: &Trace, values: &[ValueId], outputs: &[usize]) ->
     outputs.iter().copied().filter(|&i| reaches(i)).collect()
 }
 
+/// Per value of `values`, whether a top-level call of the trace computing a value that requires
+/// grad reads it along gradients (it requires grad too): one walk for all of them. Only such a
+/// value may be reached by the backward of an output other than its own ([`outputs_reaching`],
+/// a walk per value): `loss` computed from a returned `logits`.
+pub fn values_read_along_gradients(trace: &Trace, values: &[ValueId]) -> Vec<bool> {
+    let requires_grad = |v: ValueId| trace.tensor(v).is_some_and(|t| t.requires_grad);
+    let mut read = vec![false; trace.values.len()];
+    for bsym in trace.bsyms.iter().filter(|b| b.outputs.iter().any(|&o| requires_grad(o))) {
+        bsym.for_each_read(&mut |v| read[v.index()] |= requires_grad(v));
+    }
+    values.iter().map(|v| read.get(v.index()).copied().unwrap_or(false)).collect()
+}
+
 /// The positions of the trace's inputs a run of it reads: those the calls DCE keeps read (the
 /// outputs' computations and calls with an effect, [`crate::dce`]'s roots) and those the outputs
 /// hold. A compiled call needs no other input: its caller may leave them out (torch's autograd
@@ -159,6 +172,14 @@ mod tests {
         assert!(at(3).is_empty());
         assert!(at(4).is_empty());
         assert_eq!(at(0), vec![0]);
+    }
+
+    #[test]
+    fn values_read_along_gradients_are_those_a_call_requiring_grad_reads() {
+        let trace = no_grad_scale();
+        // exp(x) and mul(t2, t3) read x, t2 and t3 (t3 needs no grad); the outputs t5, t4 no call reads.
+        let read = values_read_along_gradients(&trace, &[ValueId(0), ValueId(2), ValueId(3), ValueId(4), ValueId(5)]);
+        assert_eq!(read, [true, true, false, false, false]);
     }
 
     #[test]

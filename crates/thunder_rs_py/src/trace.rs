@@ -146,6 +146,13 @@ impl PyTrace {
         passes::differentiable::outputs_reaching(&self.trace, &values, &outputs)
     }
 
+    /// Per value of `values`, whether a call of the trace reads it along gradients
+    /// (`passes::differentiable::values_read_along_gradients`).
+    fn values_read_along_gradients(&self, values: Vec<u32>) -> Vec<bool> {
+        let values: Vec<trace_ir::ValueId> = values.into_iter().map(trace_ir::ValueId).collect();
+        passes::differentiable::values_read_along_gradients(&self.trace, &values)
+    }
+
     /// The positions among a backward's outputs (a tuple) of the gradients that are absent where
     /// the values `absent` are and the values `materialized` are not, the last `num_cotangents`
     /// inputs being its cotangents (`passes::absent::absent_outputs`).

@@ -14,7 +14,7 @@ import types
 import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
-from thunder_rs.core.run.output_hooks import guarding, refuse_inner
+from thunder_rs.core.run.output_hooks import guard_hooks, refuse_inner
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
@@ -208,17 +208,19 @@ def _as_written_inputs(ctx, inputs, flat, written) -> None:
             ctx.versions[i] = inputs[k]._version + n
 
 
-def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs: tuple = (), made=None) -> None:
+def _keep_residuals(ctx, residuals, hooks, inputs, flat, written, stale_inputs=(), made=None, watched=()) -> None:
     """Keeps the residuals on ``ctx`` in a list the backward empties, with their versions; under
     ``saved_tensors_hooks``/``save_on_cpu`` (``hooks``), packed as eager's saved tensors are.
     With inputs the call writes (``written``), as ``_unshared`` and ``_as_written_inputs`` keep them;
     the inputs at ``stale_inputs`` as they were at the call (``saved_errors.state_at_call``: the
     forward writes none of them, the call's write-backs come after it); the outputs at ``made`` by weak
-    reference, with their versions (``_check_made``)."""
+    reference, with their versions (``_check_made``), and those at ``watched`` (``output_hooks.refuse_inner``)."""
     if stale_inputs:
         ctx.at_call = state_at_call(inputs, stale_inputs)
     if made:  # (the outputs the program made, and their versions: see ``_check_made``)
         ctx.made_refs = [(j, weakref.ref(flat[j]), flat[j]._version) for j in made]
+    if watched:
+        ctx.watched = [(j, weakref.ref(flat[j])) for j in watched]
     ctx.residuals = _unshared(residuals, inputs, [k for k, *_ in written]) if written else list(residuals)
     if hooks is None:
         ctx.versions, ctx.unpack = version_counters(ctx.residuals), None
@@ -354,6 +356,7 @@ def grad_function(
     made: dict | None = None,
     landing: bool = False,
     inner: Callable[[int], frozenset] | None = None,
+    ranks: tuple = (),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -374,18 +377,18 @@ def grad_function(
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
     ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
-    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``: see ``output_hooks.refuse_inner``."""
+    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: see ``output_hooks``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
-    stale_inputs = inputs_at_call(stale)  # (the versions of the memories eager's errors count from)
+    stale_inputs, watched = inputs_at_call(stale), getattr(inner, "watched", ())  # (see ``_keep_residuals``)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
-            flat = _run_forward(ctx, inputs, forward, program, single, viewable, (written, stale_inputs, made))
+            flat = _run_forward(ctx, inputs, forward, program, single, viewable, (written, stale_inputs, made, watched))
             if landing:
                 ctx.landing = inputs
             constant = outputs_at.constant(flat)
@@ -413,16 +416,17 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable)
+    apply = _applied(CompiledFunction, unread, differentiable, ranks)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset):
+def _applied(function, unread: tuple, differentiable: frozenset, ranks: tuple):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
-    ``differentiable`` outputs, whose hooks run on gradients only (``output_hooks.guarding``)."""
+    ``differentiable`` outputs, whose hooks run on gradients only, in the order of ``ranks``
+    (``output_hooks.guard_hooks``)."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        apply = guarding(apply, tuple(sorted(differentiable)), function)
+        guard_hooks(function, ranks)
     return apply
 
 

@@ -235,23 +235,35 @@ def _made(acquired, grad_positions: list) -> dict:
     return made
 
 
-def _inner_outputs(acquired, grad_positions: list):
+class _InnerOutputs:
     """``j -> `` the differentiable flat outputs other than ``j`` whose backward reaches output ``j``
     inside the program (``loss`` of a call returning ``loss, logits``, for ``logits``): eager's hooks
-    on ``j`` see the gradient from them, which the call's one node does not compute
-    (``output_hooks.refuse_inner``). Asked at a backward only for an output with the caller's hooks,
-    once each (a walk of the trace per output: too slow for every output of every compile)."""
+    on ``j`` and its retained ``.grad`` see the gradient from them, which the call's one node does
+    not compute (``output_hooks.refuse_inner``). ``watched``: the outputs for which it may be any
+    (read by a call of the program along gradients), found in one walk of the trace at the compile;
+    it is asked at a backward only for one of those with the caller's hooks or a retained
+    ``.grad``, once each (a walk of the trace per output)."""
+
+    def __init__(self, trace, vids: tuple, positions: list, watched: tuple):
+        self.trace, self.vids, self.positions, self.watched = trace, vids, positions, watched
+        self.known: dict[int, frozenset] = {}
+
+    def __call__(self, j: int) -> frozenset:
+        if j not in self.known:  # (an output returned twice is one tensor, as eager's: not computed from itself)
+            reach = self.trace.outputs_reaching([self.vids[j]], self.positions)
+            self.known[j] = frozenset(k for k in reach if self.vids[k] != self.vids[j])
+        return self.known[j]
+
+
+def _inner_outputs(acquired, grad_positions: list) -> _InnerOutputs | None:
+    """The ``_InnerOutputs`` of a call with several grad outputs, where any may have some."""
     if len(grad_positions) < 2:
         return None
-    vids, trace, positions, known = acquired.output_vids, acquired.trace, list(grad_positions), {}
-
-    def others(j: int) -> frozenset:
-        if j not in known:
-            reach = trace.outputs_reaching([vids[j]], positions) if j < len(vids) and vids[j] is not None else []
-            known[j] = frozenset(reach) - {j}
-        return known[j]
-
-    return others
+    vids = acquired.output_vids
+    held = {j: vids[j] for j in grad_positions if j < len(vids) and vids[j] is not None}
+    read = acquired.trace.values_read_along_gradients(list(held.values()))
+    watched = tuple(j for j, r in zip(held, read) if r)
+    return _InnerOutputs(acquired.trace, vids, list(grad_positions), watched) if watched else None
 
 
 def _with_captured(fn, captured: tuple):
@@ -325,7 +337,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         partial["unread"] = _unread(acquired)
         partial["stale"] = _stale(acquired, grad_positions)
         partial["made"] = _made(acquired, grad_positions)
-        partial["inner"] = _inner_outputs(acquired, grad_positions)
+        partial["inner"], partial["ranks"] = _inner_outputs(acquired, grad_positions), acquired.output_vids
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
         if wb is None:

@@ -63,13 +63,17 @@ def _calling_with_gradients(hooks: OrderedDict):
 def refuse_inner(ctx, inner, grads: tuple) -> None:
     """Raises where the caller's hooks ran, or ``retain_grad()`` keeps the gradient, of an output
     that a reached output was computed from inside the program (``inner``: ``j ->`` those outputs,
-    ``generate._inner_outputs``): eager's hooks and ``.grad`` see the gradient flowing back from
-    them, the call's one node gives them the output's own cotangent only (or none)."""
-    for j, hooks in getattr(ctx, "hooked", {}).items():
+    ``generate._inner_outputs``; asked only of the outputs it watches, which the forward keeps by
+    weak reference: ``autograd._keep_residuals``): eager's hooks and ``.grad`` see the gradient
+    flowing back from them, the call's one node gives them the output's own cotangent only (or
+    none)."""
+    hooked = getattr(ctx, "hooked", None)
+    for j, ref in getattr(ctx, "watched", ()):
+        hooks = hooked.get(j) if hooked else None
         user = [h for h in hooks.values() if not _of_torch(h)] if hooks else None
-        out = hooks.tensor()
-        if not user and (out is None or not out.retains_grad):
-            continue
+        out = ref()
+        if not user and (out is None or not out.retains_grad or out.grad_fn is not ctx):
+            continue  # (no hook, no retained .grad of the call's node: a view of an input's is another's)
         reached = sorted(k for k in inner(j) if grads[k] is not None)
         if reached and user:
             code = getattr(user[0], "__code__", None)
@@ -94,49 +98,55 @@ _RETAINED = (
 
 
 class _Hooks(OrderedDict):
-    """An output's ``_backward_hooks`` (where ``Tensor.register_hook`` puts the caller's hooks, as
-    it finds one there): at the first hook put in, it registers with the output's node one hook
-    that calls them only on a gradient. Registering it then, not at every call, keeps the call's
-    cost for the outputs no hook is ever put on."""
+    """An output's ``_backward_hooks``, where ``Tensor.register_hook`` puts the caller's hooks (as
+    it finds one there), which the node calls only on a gradient (``_calling_with_gradients``),
+    through the dictionary it registered last for them (``holder``)."""
 
-    def __init__(self, out: torch.Tensor):
+    def __init__(self, out: torch.Tensor, rank: int):
         super().__init__()
-        #: the output (``retain_grad`` is read at the backward: ``refuse_inner``)
-        self.tensor = weakref.ref(out)
-        self.registered = False
-
-    def __setitem__(self, key, hook) -> None:
-        out = None if self.registered else self.tensor()
-        if out is not None:
-            self.registered = True  # (once: a hook put in after all were removed runs once)
-            out._backward_hooks = OrderedDict({-1: _calling_with_gradients(self)})
-            try:
-                node = out.grad_fn
-                assert node is not None  # (an output of the call's node: ``guarding``)
-                node._register_hook_dict(out)
-            finally:
-                out._backward_hooks = self
-        super().__setitem__(key, hook)
+        self.tensor, self.rank = weakref.ref(out), rank
+        self.holder: OrderedDict = OrderedDict()
 
 
-def guarding(apply, positions: tuple, function: type):
-    """``apply`` (of the autograd ``function`` of a call) whose outputs at ``positions`` (the
-    differentiable ones) get, where their node is the call's, a ``_Hooks`` for the caller's hooks,
-    which run only on a gradient (see the module)."""
+def _register(node, out: torch.Tensor, hooks: _Hooks) -> None:
+    """Registers with ``node`` a dictionary whose one hook calls ``hooks`` on ``out``'s gradient."""
+    hooks.holder.clear()  # (a dictionary registered before calls nothing more)
+    hooks.holder = OrderedDict({-1: _calling_with_gradients(hooks)})
+    out._backward_hooks = hooks.holder
+    try:
+        _FunctionBase._register_hook_dict(node, out)
+    finally:
+        out._backward_hooks = hooks
 
-    def call(*inputs):
-        flat, hooked, node = apply(*inputs), {}, None
-        for i in positions:
-            out = flat[i]
-            if not isinstance(out, _Tensor) or out._backward_hooks is not None:
-                continue  # (an output returned twice is guarded once)
-            fn = out.grad_fn
-            if getattr(fn, "_forward_cls", None) is not function:
-                continue  # (a view of an input: another node)
-            node = fn
-            out._backward_hooks = hooked[i] = _Hooks(out)
-        if hooked:
-            node.hooked = hooked  # (read by ``refuse_inner``)
-        return flat
 
-    return call
+_FunctionBase = torch._C._FunctionBase
+
+
+def guard_hooks(function: type, ranks: tuple) -> None:
+    """Makes the hooks the caller registers on the outputs of the autograd ``function`` of a call
+    with several differentiable outputs, where their node is the call's (not a view of an input),
+    run only on a gradient (see the module), output by output in eager's order. Nothing is done
+    per call: torch's ``register_hook`` asks the output's node to register its hook dictionary
+    (``_register_hook_dict``), which the node of ``function`` (its ``_backward_cls``) does as below;
+    no other node is touched.
+
+    Eager runs the outputs' nodes, and so their hooks, latest made first; the call's node calls the
+    dictionaries registered with it in the order they were. ``ranks``: per flat output position,
+    the value id of its value in the trace (recorded in program order; -1: none). An output hooked
+    for the first time registers its dictionary before those of outputs made before it, which
+    register theirs again after it (the ones registered before call nothing more)."""
+
+    def _register_hook_dict(node, tensor: torch.Tensor) -> None:
+        j = tensor.output_nr
+        hooked = getattr(node, "hooked", None)
+        if hooked is None:
+            node.hooked = hooked = {}
+        hooks = hooked[j] = _Hooks(tensor, ranks[j] if j < len(ranks) and ranks[j] is not None else -1)
+        after = sorted((h for h in hooked.values() if h.rank < hooks.rank), key=lambda h: -h.rank)
+        _register(node, tensor, hooks)
+        for h in after:
+            out = h.tensor()
+            if out is not None:  # (a dropped output's hooks stay where they were)
+                _register(node, out, h)
+
+    function._backward_cls._register_hook_dict = _register_hook_dict  # type: ignore[attr-defined]
