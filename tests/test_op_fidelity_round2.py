@@ -158,3 +158,73 @@ def test_complex_gradients_of_padded_transforms_are_laid_out_as_eager_s(fn, dtyp
     cotangent = torch.randn(expected.shape, dtype=expected.dtype)
     (e,), (a,) = (torch.autograd.grad(out, x, cotangent) for out in (expected, actual))
     assert torch.equal(a, e) and a.stride() == e.stride() and a.is_conj() == e.is_conj()
+
+
+_W = torch.randn(4, 6, dtype=torch.complex64)
+#: Complex calls with gradients that move, copy, select, zero or sum elements: traced (no eager
+#: fallback; they ran eager's op), values, strides and gradients eager's.
+MOVING_OPS = {
+    "cat": lambda z: torch.cat([z, _W, z[:1]]),
+    "cat_legacy_empty": lambda z: torch.cat([z, torch.zeros(0, dtype=z.dtype, requires_grad=True)], 1),
+    "stack": lambda z: torch.stack([z, z * 2], 1),
+    "hstack_vstack": lambda z: torch.hstack([z, z]) + torch.vstack([z, z]).reshape(4, 12),
+    "split": lambda z: torch.split(z, [1, 3])[1] * 2,
+    "chunk": lambda z: z.chunk(3, 1)[2],
+    "tensor_split": lambda z: torch.tensor_split(z, [1, 4], 1)[1],
+    "unbind": lambda z: torch.unbind(z, 1)[3],
+    "select_narrow": lambda z: z.select(1, 2) + z.narrow(1, 1, 1).squeeze(1),
+    "t": lambda z: z.t(),
+    "T_mT": lambda z: z.T + z.mT,
+    "flip_roll": lambda z: torch.flip(z, [0]) + torch.roll(z, 2, 1),
+    "rot90": lambda z: torch.rot90(z, 1, [0, 1]),
+    "movedim": lambda z: torch.movedim(z.reshape(2, 2, 6), 0, 2),
+    "tril_triu": lambda z: torch.tril(z, 1) + torch.triu(z, -1),
+    "diagonal": lambda z: torch.diagonal(z, 1),
+    "repeat_tile": lambda z: z.repeat(2, 1) + torch.tile(z, (2, 1)),
+    "broadcast_to": lambda z: torch.broadcast_to(z[:1], (3, 6)),
+    "sum": lambda z: z.sum(0) + z.sum_to_size(1, 6).squeeze(0),
+    "clone": lambda z: torch.clone(z.t()),
+    "pad": lambda z: torch.nn.functional.pad(z, (1, 2, 0, 1)),
+    "unflatten_ravel": lambda z: torch.unflatten(z, 1, (2, 3)).ravel(),
+    "pixel_shuffle": lambda z: torch.pixel_shuffle(z.reshape(1, 4, 3, 2), 2),
+    "fftshift": lambda z: torch.fft.fftshift(z) + torch.fft.ifftshift(z, 1),
+}
+
+
+@pytest.mark.parametrize("name", MOVING_OPS)
+def test_complex_calls_with_gradients_that_move_elements_are_traced_as_eager(name):
+    torch.manual_seed(0)
+    fn = MOVING_OPS[name]
+    z = torch.randn(4, 6, dtype=torch.complex64, requires_grad=True)
+    assert thunder_rs.examine(fn, z).fallbacks == {}
+    expected, actual = fn(z), thunder_rs.jit(fn)(z)
+    assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+    cotangent = torch.randn(expected.shape, dtype=expected.dtype)
+    (e,), (a,) = (torch.autograd.grad(out, z, cotangent) for out in (expected, actual))
+    assert torch.equal(a, e) and a.stride() == e.stride()
+
+
+def test_a_legacy_empty_complex_operand_of_cat_gets_eager_s_empty_gradient():
+    z = torch.randn(3, dtype=torch.complex128, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.complex128, requires_grad=True)
+
+    def fn(a, b):
+        return torch.cat([a, b])
+
+    expected, actual = fn(z, empty), thunder_rs.jit(fn)(z, empty)
+    cotangent = torch.randn(3, dtype=torch.complex128)
+    grads = [torch.autograd.grad(out, (z, empty), cotangent) for out in (expected, actual)]
+    assert all(torch.equal(a, e) for a, e in zip(grads[1], grads[0]))
+
+
+def test_non_constant_complex_padding_with_gradients_still_runs_eager_s_op():
+    z = torch.randn(1, 3, 5, dtype=torch.complex64, requires_grad=True)
+
+    def fn(a):
+        return torch.nn.functional.pad(a, (2, 1), mode="reflect")
+
+    assert thunder_rs.examine(fn, z).fallbacks == {"torch.nn.functional.pad": 1}
+    expected, actual = fn(z), thunder_rs.jit(fn)(z)
+    cotangent = torch.randn(expected.shape, dtype=expected.dtype)
+    (e,), (a,) = (torch.autograd.grad(out, z, cotangent) for out in (expected, actual))
+    assert torch.equal(actual, expected) and torch.equal(a, e)

@@ -603,5 +603,5 @@ def stack_grad(tensors, dim=0, *, out=None):
     d = clang.canonicalize_dim(result.ndim, dim, "ltorch.stack")
     g = get_grad(result)
     for i, x in wanting:
-        put_grad(x, clang.maybe_convert(ltorch.select(g, d, i), x.dtype))
+        put_grad(x, clang.maybe_convert(ltorch.select(g, d, i), x.dtype), complex_values=True)  # (selected)
     return result
