@@ -161,6 +161,7 @@ def test_complex_gradients_of_padded_transforms_are_laid_out_as_eager_s(fn, dtyp
 
 
 _W = torch.randn(4, 6, dtype=torch.complex64)
+_MASK = torch.rand(4, 6) > 0.5
 #: Complex calls with gradients that move, copy, select, zero or sum elements: traced (no eager
 #: fallback; they ran eager's op), values, strides and gradients eager's.
 MOVING_OPS = {
@@ -180,6 +181,9 @@ MOVING_OPS = {
     "movedim": lambda z: torch.movedim(z.reshape(2, 2, 6), 0, 2),
     "tril_triu": lambda z: torch.tril(z, 1) + torch.triu(z, -1),
     "diagonal": lambda z: torch.diagonal(z, 1),
+    "diag_trace": lambda z: torch.diag(z, 2) + torch.trace(z) + torch.linalg.diagonal(z),
+    "block_diag": lambda z: torch.block_diag(z, z[:2, :3]),
+    "where": lambda z: torch.where(_MASK, z, _W) + z.where(_MASK[0], _W[0]),
     "repeat_tile": lambda z: z.repeat(2, 1) + torch.tile(z, (2, 1)),
     "broadcast_to": lambda z: torch.broadcast_to(z[:1], (3, 6)),
     "sum": lambda z: z.sum(0) + z.sum_to_size(1, 6).squeeze(0),

@@ -192,6 +192,8 @@ COMPLEX_GRADS = (
     *(torch.Tensor.reshape_as, torch.Tensor.view_as, torch.unflatten, torch.Tensor.unflatten),
     *(torch.atleast_1d, torch.atleast_2d, torch.atleast_3d, torch.Tensor.repeat, torch.tile, torch.Tensor.tile),
     *(torch.tril, torch.Tensor.tril, torch.triu, torch.Tensor.triu, torch.diagonal, torch.Tensor.diagonal),
+    *(torch.diagonal_copy, torch.linalg.diagonal, torch.diag, torch.Tensor.diag, torch.trace, torch.Tensor.trace),
+    *(torch.block_diag, torch.where, torch.Tensor.where),
     *(torch.pixel_shuffle, torch.pixel_unshuffle, torch.channel_shuffle),
     *(torch.meshgrid, torch.sum, torch.Tensor.sum, torch.Tensor.sum_to_size, torch.rsub, torch.constant_pad_nd),
 )
