@@ -43,4 +43,4 @@ def fft_ifftshift(input, dim=None):
 
 
 # (rolls: the elements moved, their complex gradients moved back; ``complex_values.COMPLEX_GRADS``)
-fft_fftshift.complex_grads = fft_ifftshift.complex_grads = True  # type: ignore[attr-defined]
+fft_fftshift.complex_grads = fft_ifftshift.complex_grads = True
