@@ -541,14 +541,14 @@ def pixel_unshuffle(input, downscale_factor):
 @register_grad(pixel_shuffle)
 def pixel_shuffle_grad(input, upscale_factor):
     out = pixel_shuffle(input, upscale_factor)
-    put_grad(input, pixel_unshuffle(get_grad(out), upscale_factor))
+    put_grad(input, pixel_unshuffle(get_grad(out), upscale_factor), complex_values=True)  # (moved)
     return out
 
 
 @register_grad(pixel_unshuffle)
 def pixel_unshuffle_grad(input, downscale_factor):
     out = pixel_unshuffle(input, downscale_factor)
-    put_grad(input, pixel_shuffle(get_grad(out), downscale_factor))
+    put_grad(input, pixel_shuffle(get_grad(out), downscale_factor), complex_values=True)  # (moved)
     return out
 
 

@@ -77,7 +77,7 @@ def also_zero_gradient(out, *inputs):
     ``with_zero_gradient``, whether or not ``out`` requires grad from other inputs): eager's
     empty gradient of a legacy empty operand ``cat`` skips."""
     wanting = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    if not (torch.is_grad_enabled() and wanting) or not out.dtype.is_floating_point:
+    if not (torch.is_grad_enabled() and wanting) or not (out.dtype.is_floating_point or out.dtype.is_complex):
         return out
     total = None
     for x in wanting:

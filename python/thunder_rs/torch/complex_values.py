@@ -17,7 +17,7 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.fallback import user_fallback
-from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
+from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.indexing import is_basic, traced_bounds
@@ -176,6 +176,26 @@ COMPLEX_GRADS = (
     torch.Tensor.transpose,
     torch.Tensor.expand,
     torch.Tensor.contiguous,
+    # (ops that move, copy, select, zero or sum elements, with their grad rules' complex gradients:
+    # ``put_grad(..., complex_values=True)``)
+    *(torch.broadcast_to, torch.Tensor.broadcast_to, torch.broadcast_tensors, torch.Tensor.expand_as),
+    *(torch.chunk, torch.Tensor.chunk, torch.unsafe_chunk, torch.split, torch.Tensor.split, torch.unsafe_split),
+    *(torch.split_with_sizes, torch.Tensor.split_with_sizes, torch.split_with_sizes_copy),
+    *(torch.tensor_split, torch.Tensor.tensor_split, torch.hsplit, torch.vsplit, torch.dsplit),
+    *(torch.unbind, torch.Tensor.unbind, torch.unbind_copy, torch.select, torch.Tensor.select),
+    *(torch.narrow, torch.Tensor.narrow, torch.narrow_copy, torch.clone, torch.Tensor.clone, torch.positive),
+    *(torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack, torch.vstack, torch.dstack),
+    *(torch.column_stack, torch.flip, torch.Tensor.flip, torch.fliplr, torch.flipud, torch.roll, torch.Tensor.roll),
+    *(torch.rot90, torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.swapaxes, torch.swapdims),
+    *(torch.t, torch.Tensor.t, torch.t_copy, torch.transpose_copy, torch.permute_copy, torch.view_copy),
+    *(torch.expand_copy, torch.squeeze_copy, torch.unsqueeze_copy, torch.alias_copy, torch.ravel, torch.Tensor.ravel),
+    *(torch.Tensor.reshape_as, torch.Tensor.view_as, torch.unflatten, torch.Tensor.unflatten),
+    *(torch.atleast_1d, torch.atleast_2d, torch.atleast_3d, torch.Tensor.repeat, torch.tile, torch.Tensor.tile),
+    *(torch.tril, torch.Tensor.tril, torch.triu, torch.Tensor.triu, torch.diagonal, torch.Tensor.diagonal),
+    *(torch.diagonal_copy, torch.linalg.diagonal, torch.diag, torch.Tensor.diag, torch.trace, torch.Tensor.trace),
+    *(torch.block_diag, torch.where, torch.Tensor.where),
+    *(torch.pixel_shuffle, torch.pixel_unshuffle, torch.channel_shuffle),
+    *(torch.meshgrid, torch.sum, torch.Tensor.sum, torch.Tensor.sum_to_size, torch.rsub, torch.constant_pad_nd),
 )
 
 
@@ -193,6 +213,15 @@ def _mark_complex_grads() -> None:
         if symbol is not None:
             symbol.complex_grads = True
     TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
+    TORCH_TO_LTORCH[torch.nn.functional.pad].complex_grads = _constant_mode
+    for prop in ("T", "mT"):
+        PROPERTY_TO_LTORCH[prop].complex_grads = True
+
+
+def _constant_mode(args, kwargs) -> bool:
+    """Whether ``F.pad`` pads with a constant (the ``pad`` symbol); its other modes run eager's op."""
+    mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+    return mode == "constant"
 
 
 _register_views()

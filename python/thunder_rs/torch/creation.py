@@ -432,7 +432,7 @@ def _triangle_grad(symbol):
 
     def grad(input, diagonal=0):
         out = symbol(input, diagonal)
-        put_grad(input, symbol(get_grad(out), diagonal))
+        put_grad(input, symbol(get_grad(out), diagonal), complex_values=True)  # (elements kept or zeroed)
         return out
 
     register_grad(symbol)(grad)

@@ -15,7 +15,13 @@ from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent, user_location
 from thunder_rs.core.lang.vmap import batch_as_elementwise
 from thunder_rs.core.lang.symfloat import SymFloat
-from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
+from thunder_rs.errors import (
+    ThunderNotImplementedError,
+    ThunderRuntimeError,
+    ThunderTypeError,
+    check,
+    thunder_error_like,
+)
 from thunder_rs.torch import creation
 from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
@@ -301,6 +307,12 @@ def rtruediv(a, b):
     """``b / a`` of a number ``b``: eager's ``a.reciprocal() * b``, which rounds twice (and so
     does its gradient, ``-(g * b) * (r * r)``) where a quotient rounds once."""
     op = "ltorch.rtruediv"
+    if not isinstance(a, torch.Tensor):  # (``Tensor.__rdiv__(2, x)``: eager's ``self.reciprocal()`` of the number)
+        raise thunder_error_like(
+            AttributeError(),
+            f"{op}: torch.Tensor.__rdiv__ called with a {type(a).__name__} for self: "
+            f"'{type(a).__name__}' object has no attribute 'reciprocal' (at {user_location()})",
+        )
     return clang.elementwise(prims.mul, op, clang.elementwise(prims.reciprocal, op, a, kind=INT_TO_FLOAT), b)
 
 

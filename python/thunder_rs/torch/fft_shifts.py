@@ -40,3 +40,7 @@ def fft_fftshift(input, dim=None):
 @torchsymbol(torch.fft.ifftshift)
 def fft_ifftshift(input, dim=None):
     return _shift("ltorch.fft_ifftshift", input, dim, 1)
+
+
+# (rolls: the elements moved, their complex gradients moved back; ``complex_values.COMPLEX_GRADS``)
+fft_fftshift.complex_grads = fft_ifftshift.complex_grads = True

@@ -26,11 +26,12 @@ from thunder_rs.errors import (
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.autograd import also_zero_gradient
-from thunder_rs.torch.common import is_int, pieces, require_tensors, size_value, slice_indices
+from thunder_rs.torch.common import SCALAR_NAMES, is_int, pieces, require_tensors, size_value, slice_indices
 from thunder_rs.torch.indexing import put_slice_gradient
-from thunder_rs.torch.symbols import ltorch, torchsymbol
+from thunder_rs.torch.symbols import ltorch, read_numbers, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
+from thunder_rs.core.base.userframe import user_location
 
 Tensor = torch.Tensor
 __all__ = [
@@ -332,7 +333,37 @@ def chunk(a, chunks, dim=0):
     return _split_sizes(a, pieces(size, step), d)
 
 
-@torchsymbol(torch.tensor_split, Tensor.tensor_split, sequence=True)
+def _split_points_read(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``tensor_split``'s split points given as a tensor, checked and read as eager's overload
+    (``tensor_indices_or_sections``: a CPU int64 tensor, 0-dim for a number of sections, 1-D for
+    indices), before the symbol is recorded: the compiled call checks the values read."""
+    key = next((k for k in ("tensor_indices_or_sections", "sections", "indices") if k in kwargs), None)
+    points = args[1] if len(args) > 1 else kwargs.get(key) if key else None
+    if not (isinstance(points, torch.Tensor) and isinstance(args[0], torch.Tensor) and args[0].ndim > 0):
+        return args, kwargs
+    op, say = "ltorch.tensor_split", "tensor_split expected tensor_indices_or_sections to"
+    where = f"(argument indices_or_sections, at {user_location()})"
+    check(points.device.type == "cpu", op, f"{say} be on cpu, but it's on {points.device} {where}", ThunderRuntimeError)
+    check(
+        points.dtype == torch.int64,
+        op,
+        f"{say} have dtype of long, but got {SCALAR_NAMES.get(points.dtype, points.dtype)} {where}",
+        ThunderRuntimeError,
+    )
+    check(
+        points.ndim <= 1,
+        op,
+        f"{say} be a zero-dimensional or one-dimensional tensor, but got a tensor with {points.ndim} dims {where}",
+        ThunderRuntimeError,
+    )
+    read = points.item() if points.ndim == 0 else tuple(points.tolist())
+    if len(args) > 1:
+        return (args[0], read, *args[2:]), kwargs
+    kwargs = {k: v for k, v in kwargs.items() if k != key}  # (named as eager's overload for the values)
+    return args, {**kwargs, ("sections" if points.ndim == 0 else "indices"): read}
+
+
+@torchsymbol(torch.tensor_split, Tensor.tensor_split, sequence=True, reads=_split_points_read)
 def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sections=None):
     op = "ltorch.tensor_split"
     indices_or_sections = next((x for x in (sections, indices, tensor_indices_or_sections) if x is not None), None)
@@ -367,18 +398,25 @@ def tensor_split(a, sections=None, dim=0, *, indices=None, tensor_indices_or_sec
     return tuple(out)
 
 
-@torchsymbol(torch.narrow, Tensor.narrow, reads_numbers_from=2)
-def narrow(a, dim, start, length):
-    op = "ltorch.narrow"
-    if isinstance(start, torch.Tensor):  # (eager's ``narrow.Tensor`` overload reads a 0-dim integral one)
+def _narrow_reads(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``narrow``'s start read (``read_numbers``) after eager's check of a tensor one
+    (``narrow.Tensor``: 0-dim and integral; read unchecked, ``tensor([1])`` was a start of 1)."""
+    start = args[2] if len(args) > 2 else kwargs.get("start")
+    if isinstance(start, torch.Tensor):
         check(
             start.ndim == 0
             and not (start.dtype.is_floating_point or start.dtype.is_complex)
             and start.dtype != torch.bool,
-            op,
-            "start must be an 0-dim integral Tensor. (argument start)",
+            "ltorch.narrow",
+            f"start must be an 0-dim integral Tensor. (argument start, at {user_location()})",
             ThunderRuntimeError,
         )
+    return read_numbers(args, kwargs, 2)
+
+
+@torchsymbol(torch.narrow, Tensor.narrow, reads=_narrow_reads)
+def narrow(a, dim, start, length):
+    op = "ltorch.narrow"
     check(a.ndim > 0, op, "narrow() cannot be applied to a 0-dim tensor. (argument a)", ThunderRuntimeError)
     d = clang.canonicalize_dim(a.ndim, dim, op)
     size = a.shape[d]
@@ -490,8 +528,8 @@ def pad_grad(input, pad_, mode="constant", value=None):
     ``narrow(...).clone()``). The pad prim's VJP crops the cotangent as a view of it, with its
     strides: ``(7, 1)`` for a ``[3, 4]`` input padded to ``[3, 7]``, where eager's are ``(4, 1)``."""
     out = pad(input, pad_, mode, value)
-    if out is not input and not input.dtype.is_complex:  # (complex: the prim's VJP, a view)
-        put_grad(input, pad(get_grad(out), [-amount for amount in pad_]))
+    if out is not input:  # (a crop: its elements moved, for complex values too)
+        put_grad(input, pad(get_grad(out), [-amount for amount in pad_]), complex_values=True)
     return out
 
 
@@ -565,5 +603,5 @@ def stack_grad(tensors, dim=0, *, out=None):
     d = clang.canonicalize_dim(result.ndim, dim, "ltorch.stack")
     g = get_grad(result)
     for i, x in wanting:
-        put_grad(x, clang.maybe_convert(ltorch.select(g, d, i), x.dtype))
+        put_grad(x, clang.maybe_convert(ltorch.select(g, d, i), x.dtype), complex_values=True)  # (selected)
     return result

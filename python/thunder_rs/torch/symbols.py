@@ -156,6 +156,7 @@ def torchsymbol(
     sequence: bool = False,
     meta=None,
     reads_numbers_from: int | None = None,
+    reads=None,
     cuda_device_at: int | None = None,
     elementwise: bool = False,
 ):
@@ -163,7 +164,9 @@ def torchsymbol(
     A kernel (``layer_norms.native_layer_norm``) gives ``meta``, which describes its outputs as ``(shape, dtype)``
     pairs (or returns None to have the decomposition recorded), so that it can be recorded
     whole (``record_kernel``). ``reads_numbers_from``: the position from which the op takes sizes
-    or numbers that may be given as tensors (``read_numbers``); ``cuda_device_at``: the position of a
+    or numbers that may be given as tensors (``read_numbers``); ``reads(args, kwargs)``, instead, the
+    arguments with such tensors read as the op's eager overload checks and reads them (``narrow``'s
+    0-dim start, ``tensor_split``'s split points); ``cuda_device_at``: the position of a
     device that is the current CUDA device when left ``None`` (``indexed_devices``); ``elementwise``: the
     kernel (with ``meta``) computes each element from its operands' broadcast elements."""
 
@@ -175,6 +178,8 @@ def torchsymbol(
 
             @functools.wraps(fn)
             def symbol(*args, **kwargs):
+                if reads is not None:
+                    args, kwargs = reads(args, kwargs)
                 if reads_numbers_from is not None:
                     args, kwargs = read_numbers(args, kwargs, reads_numbers_from)
                 args, kwargs = indexed_devices(sym_name, args, kwargs, cuda_device_at)

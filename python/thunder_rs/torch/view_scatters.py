@@ -157,7 +157,7 @@ def diagonal_grad(input, offset=0, dim1=0, dim2=1):
     amounts = [0] * (2 * ndim)
     for d in {clang.canonicalize_dim(ndim, d, "ltorch.diagonal") for d in (dim1, dim2)}:
         amounts[2 * (ndim - 1 - d) + 1] = input.shape[d] - embedded.shape[d]
-    put_grad(input, ltorch.pad(embedded, amounts))
+    put_grad(input, ltorch.pad(embedded, amounts), complex_values=True)  # (placed among zeros)
     return out
 
 

@@ -440,6 +440,21 @@ def _shift_meta(func):
     return meta
 
 
+def _no_bool_shift(name: str, args) -> None:
+    """Eager's refusal of a shift of two bools (its kernels have no bool one: a NotImplementedError,
+    ``"lshift_cpu" not implemented for 'Bool'``), where torch's meta kernel raises a RuntimeError."""
+    bools = [type(x) is bool or (isinstance(x, torch.Tensor) and x.dtype == torch.bool) for x in args[:2]]
+    if len(bools) == 2 and all(bools):
+        a = args[0] if isinstance(args[0], torch.Tensor) else args[1]
+        kind = "lshift" if "left" in name or "lshift" in name else "rshift"
+        raise ThunderNotImplementedError(
+            f"{name}: \"{kind}_{a.device.type}\" not implemented for 'Bool' (at {user_location()})"
+        )
+
+
+#: Eager's checks of arguments that torch's meta kernels make otherwise: ``check(name, args)``.
+EAGER_CHECKS: dict[Callable, Callable] = {}
+
 for _shift in (
     torch.bitwise_left_shift,
     torch.bitwise_right_shift,
@@ -451,6 +466,7 @@ for _shift in (
     torch.Tensor.__rrshift__,
 ):
     META_RULES[_shift] = _shift_meta(_shift)
+    EAGER_CHECKS[_shift] = _no_bool_shift
 
 
 def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: bool):
@@ -459,6 +475,8 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
     generator does not change what a call returns, so the call goes without it. Raises
     ``_NeedsValues`` where only the real values tell."""
     kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    if (eager_check := EAGER_CHECKS.get(func)) is not None:
+        eager_check(name, args)
     # (recording paused: a custom op's autograd.Function runs on its stand-ins as eager's does)
     with torch._C.DisableTorchFunctionSubclass(), paused_recording():
         try:

@@ -53,11 +53,14 @@ def get_grad(x):
     return cotangent
 
 
-def put_grad(x, grad) -> None:
-    """Declares ``grad`` the gradient of ``x``, an input of the rule."""
+def put_grad(x, grad, *, complex_values: bool = False) -> None:
+    """Declares ``grad`` the gradient of ``x``, an input of the rule. A complex ``x`` only with
+    ``complex_values``: a rule whose gradient moves the cotangent's elements, or scales them by
+    real numbers (``pad``'s crop), holds for complex values as eager's conjugate convention takes
+    them; others are written for real values."""
     _proxy(x, "put_grad", "x")
     _proxy(grad, "put_grad", "grad")
-    if x.dtype.is_complex:
+    if x.dtype.is_complex and not complex_values:
         raise ThunderNotImplementedError("put_grad: gradients of complex tensors are not supported (argument x)")
     if not same_shape(grad.shape, x.shape):
         raise ThunderValueError(
