@@ -7,7 +7,9 @@
 //! that are not needed anyway, take no more bytes than it does. The forward's inputs cost
 //! nothing to save (the caller holds them). Random prims are never recomputed, and neither is a
 //! conversion of a forward input to a narrower dtype (autocast's bfloat16 copy of a float32
-//! weight): see `narrows_input`.
+//! weight): see `narrows_input`. The output of a composite that decomposes into one cheap prim
+//! (`ltorch.div` into `prims.div`) is recomputed by that prim when everything it reads is free or
+//! needed anyway, as eager's `DivBackward0` keeps `x` and `y` rather than the quotient.
 //!
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
@@ -37,6 +39,9 @@ enum Source<'a> {
     Input,
     /// Made by a prim the backward could run again.
     Prim(&'a BoundSymbol),
+    /// The output of a composite whose decomposition is this one elementwise prim (`ltorch.div`
+    /// of two tensors of one dtype is `prims.div`): the same kernel run again gives the same bits.
+    Composite(&'a BoundSymbol),
     /// Made by something that must run in the forward (a composite's output, a fallback).
     Opaque,
 }
@@ -111,7 +116,7 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
     needed_values(t, &backward, cot_inputs, grads).into_iter().for_each(|v| need(v, &mut seen, &mut heap));
     let mut recomputed = Vec::new();
     while let Some(v) = heap.pop() {
-        let Some(Source::Prim(bsym)) = sources.get(&v).copied() else { return Ok(None) };
+        let Some(Source::Prim(bsym) | Source::Composite(bsym)) = sources.get(&v).copied() else { return Ok(None) };
         if !recomputable(bsym) {
             return Ok(None);
         }
@@ -193,10 +198,22 @@ fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxH
             }),
             _ => {
                 bsym.subsymbols.iter().for_each(|sub| add(sub, out));
+                let source = single_prim(bsym).map_or(Source::Opaque, Source::Composite);
                 bsym.outputs.iter().for_each(|&v| {
-                    out.insert(v, Source::Opaque);
+                    out.insert(v, source);
                 });
             }
+        }
+    }
+    // The one elementwise prim a composite (nested ones too) decomposes into, defining its
+    // outputs. (A view's storage is held by its base either way: a composite view stays saved.)
+    fn single_prim(bsym: &BoundSymbol) -> Option<&BoundSymbol> {
+        match &bsym.symbol {
+            Symbol::Prim(p) => p.is_elementwise().then_some(bsym),
+            _ => match &bsym.subsymbols[..] {
+                [sub] if sub.outputs == bsym.outputs => single_prim(sub),
+                _ => None,
+            },
         }
     }
     let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
@@ -251,8 +268,9 @@ fn choose_residuals(
     }
     let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
     while let Some(v) = heap.pop() {
-        let bsym = match sources.get(&v) {
-            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => *b,
+        let (bsym, composite) = match sources.get(&v) {
+            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => (*b, false),
+            Some(Source::Composite(b)) if recomputable(b) && !narrows_input(t, sources, b) => (*b, true),
             _ => {
                 residuals.push(v);
                 continue;
@@ -265,7 +283,10 @@ fn choose_residuals(
                 extra += bytes(t, i);
             }
         });
-        if extra > bytes(t, v) {
+        // A composite's output is recomputed only from what is free or needed anyway: its prim
+        // then costs a kernel in the backward and no bytes (eager's `DivBackward0` keeps `x`
+        // and `y` and divides again; saving the quotient held it besides `y`).
+        if extra > bytes(t, v) || (composite && extra > 0) {
             residuals.push(v);
             continue;
         }
@@ -312,6 +333,39 @@ mod tests {
         let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
         let s = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
         b.finish(Arg::Tuple(vec![Arg::Value(e), Arg::Value(s)])).unwrap()
+    }
+
+    /// `x -> ltorch.div(x, d)`, `d` a composite of two prims (`abs(x) + x`), `x` requiring grad.
+    fn composite_quotient() -> Trace {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
+        let x = b.add_input(ValueKind::Tensor(meta));
+        let composite = |name: &str| trace_ir::SymbolTable::register(name, trace_ir::SymbolKind::Composite);
+        b.begin_composite(composite("ltorch.divisor"), vec![Arg::Value(x)], Vec::new());
+        let a = b.record_prim("abs", vec![Arg::Value(x)]).unwrap()[0];
+        let d = b.record_prim("add", vec![Arg::Value(a), Arg::Value(x)]).unwrap()[0];
+        b.end_composite(vec![d]).unwrap();
+        b.begin_composite(composite("ltorch.div"), vec![Arg::Value(x), Arg::Value(d)], Vec::new());
+        let q = b.record_prim("div", vec![Arg::Value(x), Arg::Value(d)]).unwrap()[0];
+        b.end_composite(vec![q]).unwrap();
+        b.finish(Arg::Value(q)).unwrap()
+    }
+
+    #[test]
+    fn a_composites_output_made_of_what_is_kept_anyway_is_computed_again() {
+        // div's backward reads the quotient and the divisor: the divisor is saved (its composite
+        // is two prims), the quotient divided again from x (free) and the divisor, as eager keeps
+        // `x` and `y` for `DivBackward0`, not the quotient.
+        let trace = composite_quotient();
+        let (d, q) = (trace.bsyms[0].outputs[0], trace.bsyms[1].outputs[0]);
+        let halves = split(&joint(&trace).unwrap().unwrap()).unwrap();
+        assert_eq!(halves.residuals, [trace.inputs[0], d], "{}", halves.forward);
+        assert!(halves.backward.bsyms[0].outputs == [q] && halves.backward.bsyms[0].subsymbols.is_empty());
+        assert_eq!(halves.forward.bsyms, trace.bsyms, "the forward keeps its composites whole");
+        let partial = joint_without(&trace, &[]).unwrap().unwrap();
+        let backward = backward_from(&partial, &halves.residuals).unwrap().expect("the quotient is made again");
+        assert_eq!(backward.bsyms[0].outputs, [q]);
+        trace_ir::verify::verify(&halves.backward).unwrap();
     }
 
     #[test]
