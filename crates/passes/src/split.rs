@@ -39,9 +39,11 @@ enum Source<'a> {
     Input,
     /// Made by a prim the backward could run again.
     Prim(&'a BoundSymbol),
-    /// The output of a composite whose decomposition is this one elementwise prim (`ltorch.div`
-    /// of two tensors of one dtype is `prims.div`): the same kernel run again gives the same bits.
-    Composite(&'a BoundSymbol),
+    /// The output of a composite whose decomposition is this one elementwise prim, after
+    /// conversions of its operands (`ltorch.div` of two tensors of one dtype is `prims.div`): the
+    /// same kernel run again gives the same bits. With the composite when the prim is all of it
+    /// (the backward runs it whole, as the forward: its executor claims it again).
+    Composite(&'a BoundSymbol, Option<&'a BoundSymbol>),
     /// Made by something that must run in the forward (a composite's output, a fallback).
     Opaque,
 }
@@ -116,13 +118,15 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
     needed_values(t, &backward, cot_inputs, grads).into_iter().for_each(|v| need(v, &mut seen, &mut heap));
     let mut recomputed = Vec::new();
     while let Some(v) = heap.pop() {
-        let Some(Source::Prim(bsym) | Source::Composite(bsym)) = sources.get(&v).copied() else { return Ok(None) };
+        let Some(source @ (Source::Prim(bsym) | Source::Composite(bsym, _))) = sources.get(&v).copied() else {
+            return Ok(None);
+        };
         if !recomputable(bsym) {
             return Ok(None);
         }
         bsym.for_each_input(|i| need(i, &mut seen, &mut heap));
         for_each_param_size(t, bsym, &mut |i| need(i, &mut seen, &mut heap));
-        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
+        recomputed.extend(recomputation(source));
     }
     recomputed.sort_by_key(|b| b.outputs[0]);
     recomputed.extend(backward);
@@ -198,23 +202,35 @@ fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxH
             }),
             _ => {
                 bsym.subsymbols.iter().for_each(|sub| add(sub, out));
-                let source = single_prim(bsym).map_or(Source::Opaque, Source::Composite);
+                let source = single_prim(bsym)
+                    .map_or(Source::Opaque, |(prim, alone)| Source::Composite(prim, alone.then_some(bsym)));
                 bsym.outputs.iter().for_each(|&v| {
                     out.insert(v, source);
                 });
             }
         }
     }
-    // The one elementwise prim a composite (nested ones too) decomposes into, defining its
-    // outputs. (A view's storage is held by its base either way: a composite view stays saved.)
-    fn single_prim(bsym: &BoundSymbol) -> Option<&BoundSymbol> {
-        match &bsym.symbol {
-            Symbol::Prim(p) => p.is_elementwise().then_some(bsym),
-            _ => match &bsym.subsymbols[..] {
-                [sub] if sub.outputs == bsym.outputs => single_prim(sub),
-                _ => None,
-            },
+    // The elementwise prim that defines a composite's output when the rest of its decomposition
+    // (nested composites too) converts operands to the dtype it computes in (type promotion:
+    // `ltorch.div` of float32 by bfloat16 converts, then divides, as torch's kernel does). (A
+    // view's storage is held by its base either way: a composite view stays saved.)
+    // (And whether it is the whole decomposition.)
+    fn single_prim(bsym: &BoundSymbol) -> Option<(&BoundSymbol, bool)> {
+        fn leaves<'b>(bsym: &'b BoundSymbol, out: &mut Vec<&'b BoundSymbol>) {
+            match bsym.symbol {
+                Symbol::Prim(_) => out.push(bsym),
+                _ => bsym.subsymbols.iter().for_each(|s| leaves(s, out)),
+            }
         }
+        let mut prims = Vec::new();
+        leaves(bsym, &mut prims);
+        let (last, converts) = prims.split_last()?;
+        let convert = |b: &&BoundSymbol| {
+            matches!(b.symbol, Symbol::Prim(Prim::Elementwise(Elementwise::ConvertElementType { .. })))
+        };
+        let elementwise = matches!(&last.symbol, Symbol::Prim(p) if p.is_elementwise());
+        (elementwise && last.outputs == bsym.outputs && converts.iter().all(convert))
+            .then_some((*last, converts.is_empty()))
     }
     let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
     out.reserve(t.values.len());
@@ -252,6 +268,18 @@ fn bytes(t: &Trace, v: ValueId) -> i64 {
     }
 }
 
+/// The call that computes a recomputed value again in the backward: its prim, or its composite
+/// whole where that is one prim (`Source::Composite`).
+fn recomputation(source: Source) -> Option<BoundSymbol> {
+    match source {
+        Source::Composite(_, Some(whole)) => Some(BoundSymbol { grad: None, ..whole.clone() }),
+        Source::Prim(b) | Source::Composite(b, None) => {
+            Some(BoundSymbol { subsymbols: Default::default(), grad: None, ..b.clone() })
+        }
+        Source::Input | Source::Opaque => None,
+    }
+}
+
 /// Decides, from the last-defined needed value to the first, what the backward saves and what
 /// it recomputes. Returns the residuals (by id) and the prims to recompute.
 fn choose_residuals(
@@ -268,9 +296,10 @@ fn choose_residuals(
     }
     let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
     while let Some(v) = heap.pop() {
-        let (bsym, composite) = match sources.get(&v) {
-            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => (*b, false),
-            Some(Source::Composite(b)) if recomputable(b) && !narrows_input(t, sources, b) => (*b, true),
+        let source = sources.get(&v).copied();
+        let (bsym, composite) = match source {
+            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => (b, false),
+            Some(Source::Composite(b, _)) if recomputable(b) && !narrows_input(t, sources, b) => (b, true),
             _ => {
                 residuals.push(v);
                 continue;
@@ -297,7 +326,7 @@ fn choose_residuals(
         };
         bsym.for_each_input(&mut need);
         for_each_param_size(t, bsym, &mut need);
-        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
+        recomputed.extend(source.and_then(recomputation));
     }
     residuals.sort_unstable();
     (residuals, recomputed)
@@ -355,16 +384,21 @@ mod tests {
     fn a_composites_output_made_of_what_is_kept_anyway_is_computed_again() {
         // div's backward reads the quotient and the divisor: the divisor is saved (its composite
         // is two prims), the quotient divided again from x (free) and the divisor, as eager keeps
-        // `x` and `y` for `DivBackward0`, not the quotient.
+        // `x` and `y` for `DivBackward0`, not the quotient; by the composite, whole, as the
+        // forward runs it.
         let trace = composite_quotient();
         let (d, q) = (trace.bsyms[0].outputs[0], trace.bsyms[1].outputs[0]);
         let halves = split(&joint(&trace).unwrap().unwrap()).unwrap();
         assert_eq!(halves.residuals, [trace.inputs[0], d], "{}", halves.forward);
-        assert!(halves.backward.bsyms[0].outputs == [q] && halves.backward.bsyms[0].subsymbols.is_empty());
+        let again = &halves.backward.bsyms[0];
+        assert_eq!(
+            (&again.symbol, &again.subsymbols, &again.outputs),
+            (&trace.bsyms[1].symbol, &trace.bsyms[1].subsymbols, &vec![q])
+        );
         assert_eq!(halves.forward.bsyms, trace.bsyms, "the forward keeps its composites whole");
         let partial = joint_without(&trace, &[]).unwrap().unwrap();
         let backward = backward_from(&partial, &halves.residuals).unwrap().expect("the quotient is made again");
-        assert_eq!(backward.bsyms[0].outputs, [q]);
+        assert_eq!(backward.bsyms[0], BoundSymbol { grad: None, ..trace.bsyms[1].clone() });
         trace_ir::verify::verify(&halves.backward).unwrap();
     }
 
