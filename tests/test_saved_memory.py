@@ -103,7 +103,6 @@ def test_a_promoting_quotient_is_divided_again_from_what_eager_keeps():
     _compare(lambda x, w: x / ((x @ w).abs() + 1), [(16, 64), (64, 64)], autocast=True, activations=True)
 
 
-
 def _checkpointed(x, w1, w2):
     """A block under a non-reentrant checkpoint: eager keeps its input ``x`` (the checkpoint's
     own pack hook takes what the block's nodes save) and computes the block again in the backward."""
