@@ -13,6 +13,12 @@ For each program (a step that returns its loss) and each way of running it, afte
 
 Eager's autocast keeps its casts of the weights in a cache until the region exits; both ways count them
 where they are saved. Dropout runs (the models are in training mode); the values are not compared here.
+``blocks-ckpt``: eager's non-reentrant checkpoint packs the region's saved tensors with hooks of its own (the
+pack hook here sees none of them; it keeps the region's inputs): compare the peaks.
+
+    python benchmarks/saved_memory.py --ops all [--modes eager,jit]
+
+prints instead, per op (``_ops``), the bytes of the activations it keeps for backward, each way.
 """
 
 import argparse
@@ -124,6 +130,43 @@ def _mlp():
     return model, (x, labels), lambda m, x, y: F.cross_entropy(m(x), y)
 
 
+class _Block(torch.nn.Module):
+    """A pre-norm residual MLP block."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        nn = torch.nn
+        self.norm, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class _Blocks(torch.nn.Module):
+    """Three blocks and a head; each block under ``torch.utils.checkpoint`` (``use_reentrant``
+    True or False) unless ``reentrant`` is None."""
+
+    def __init__(self, reentrant: bool | None, d: int = 128):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block(d) for _ in range(3))
+        self.head, self.reentrant = torch.nn.Linear(d, 10), reentrant
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.reentrant is None:
+                x = block(x)
+            else:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.head(x)
+
+
+def _blocks(reentrant: bool | None):
+    torch.manual_seed(0)
+    x = torch.randn(512, 128, generator=torch.Generator().manual_seed(1))  # (activations over the grads)
+    labels = torch.arange(512) % 10
+    return _Blocks(reentrant), (x, labels), lambda m, x, y: F.cross_entropy(m(x), y)
+
+
 PROGRAMS = {
     "gpt": _gpt,
     "gpt-explicit": lambda: _gpt(explicit=True),
@@ -133,6 +176,9 @@ PROGRAMS = {
     "resnet18": _resnet18,
     "vit": _vit,
     "mlp": _mlp,
+    "blocks": lambda: _blocks(None),
+    "blocks-ckpt": lambda: _blocks(False),
+    "blocks-ckpt-reentrant": lambda: _blocks(True),
 }
 MODES = {
     "eager": lambda m: m,
@@ -169,6 +215,79 @@ def measure(name: str, dtype: str, mode: str) -> dict:
     return {"saved": sum(storages.values()), "activations": activations, "count": count, "peak": peak}
 
 
+def _ops() -> dict:
+    """Per-op programs: name -> (fn, leaf shapes), each called as ``fn(p, *leaves)``. The op reads
+    activations, ``a @ p`` of a leaf ``a`` and the identity ``p`` (an input that requires no grad:
+    eager's matmul keeps only ``p``), so what it keeps for backward shows among the activations;
+    in float32, and in bfloat16 under autocast (the matmul casts)."""
+    x, w64 = (16, 64), (64,)
+    return {
+        "div": (lambda p, a, b: (a @ p) / ((b @ p).abs() + 1), [x, x]),
+        "div-self": (lambda p, a: (a @ p) / ((a @ p).abs() + 1), [x]),
+        "div-leaf": (lambda p, a: a / ((a @ p).abs() + 1), [x]),
+        "mul": (lambda p, a, b: (a @ p) * (b @ p), [x, x]),
+        "exp": (lambda p, a: (a @ p).exp(), [x]),
+        "tanh": (lambda p, a: (a @ p).tanh(), [x]),
+        "sigmoid": (lambda p, a: (a @ p).sigmoid(), [x]),
+        "rsqrt": (lambda p, a: ((a @ p).abs() + 1).rsqrt(), [x]),
+        "pow": (lambda p, a: (a @ p).pow(3), [x]),
+        "softmax": (lambda p, a: (a @ p).softmax(-1), [x]),
+        "log_softmax": (lambda p, a: (a @ p).log_softmax(-1), [x]),
+        "layer_norm": (lambda p, a, w, b: F.layer_norm(a @ p, (64,), w, b), [x, w64, w64]),
+        "rms_norm": (lambda p, a, w: F.rms_norm(a @ p, (64,), w), [x, w64]),
+        "gelu": (lambda p, a: F.gelu(a @ p), [x]),
+        "gelu-tanh": (lambda p, a: F.gelu(a @ p, approximate="tanh"), [x]),
+        "silu": (lambda p, a: F.silu(a @ p), [x]),
+        "relu": (lambda p, a: F.relu(a @ p), [x]),
+        "dropout": (lambda p, a: F.dropout(a @ p, 0.1), [x]),
+        "matmul": (lambda p, a, w: (a @ p) @ w, [x, (64, 32)]),
+        "linear": (lambda p, a, w, b: F.linear(a @ p, w, b), [x, (32, 64), (32,)]),
+        "conv2d": (lambda p, a, w, b: F.conv2d((a @ p).view(4, 4, 8, 8), w, b, padding=1), [x, (8, 4, 3, 3), (8,)]),
+        "batch_norm": (
+            lambda p, a, w, b: F.batch_norm((a @ p).view(4, 4, 8, 8), None, None, w, b, training=True),
+            [x, (4,), (4,)],
+        ),
+        "max_pool2d": (lambda p, a: F.max_pool2d((a @ p).view(4, 4, 8, 8), 2), [x]),
+        "embedding": (lambda p, w: F.embedding(torch.arange(16) % 8, w @ p), [(8, 64)]),
+        "cross_entropy": (lambda p, a: F.cross_entropy(a @ p, torch.arange(16)), [x]),
+        "sdpa": (lambda p, a: F.scaled_dot_product_attention(*((a @ p).view(2, 2, 4, 64),) * 3, is_causal=True), [x]),
+    }
+
+
+def measure_op(name: str, dtype: str, mode: str) -> tuple:
+    """``(activation bytes, tensors packed)`` one op keeps for backward, run one way (its second call)."""
+    fn, shapes = _ops()[name]
+    run = MODES[mode](fn)
+    p = torch.eye(64)
+    for _ in range(2):
+        g = torch.Generator().manual_seed(0)
+        leaves = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            out, storages, count = saved_storages(lambda: run(p, *leaves))
+        out.float().sum().backward()
+    held = {t.untyped_storage().data_ptr() for t in [p, *leaves]}
+    return sum(n for ptr, n in storages.items() if ptr not in held), count
+
+
+def main_ops(args) -> list:
+    """The ``--ops`` table: each op's activation bytes kept for backward, each way."""
+    modes = args.modes.split(",")
+    lines = [
+        "| op | dtype | " + " | ".join(f"{m} act bytes [n]" for m in modes) + " |",
+        "|" + "---|" * (2 + len(modes)),
+    ]
+    print(lines[0], flush=True)
+    for name in _ops() if args.ops == "all" else args.ops.split(","):
+        for dtype in args.dtypes.split(","):
+            r = {m: measure_op(name, dtype, m) for m in modes}
+            more = " (more)" if any(r[m][0] > r[modes[0]][0] for m in modes) else ""
+            cells = " | ".join(f"{r[m][0]} [{r[m][1]}]" for m in modes)
+            lines.append(f"| {name}{more} | {dtype} | {cells} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def _kib(n: int) -> str:
     return f"{n / 1024:.0f}"
 
@@ -178,9 +297,18 @@ def main() -> None:
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--dtypes", default="f32,bf16")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--ops", default=None, help="'all' or names: the per-op table instead of the models'")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    lines = main_ops(args) if args.ops else main_programs(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def main_programs(args) -> list:
+    """The models' table: saved bytes and peak, each way."""
     modes = args.modes.split(",")
     cols = " | ".join(f"{m} {k}" for k in ("saved (act) KiB [n]", "peak KiB") for m in modes)
     lines = [f"| program | dtype | {cols} |", "|" + "---|" * (2 + 2 * len(modes))]
@@ -192,9 +320,7 @@ def main() -> None:
             peaks = [_kib(r[m]["peak"]) for m in modes]
             lines.append(f"| {name} | {dtype} | " + " | ".join(saved + peaks) + " |")
             print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    return lines
 
 
 if __name__ == "__main__":
