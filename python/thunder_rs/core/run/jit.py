@@ -50,7 +50,7 @@ from thunder_rs.core.lang.value_sizes import above_values, place_guards
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
-from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
+from thunder_rs.core.state.modules import ModuleBinding, dict_stamp, hooks_version, write_epoch
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.wrapped_module import (
     WRAPPED,
@@ -346,6 +346,10 @@ class ThunderFunction:
         that were seen to change symbolic (``values.widened``), and those that differ from the
         reads of ``prior`` (the variant whose check failed; else the entry compiled last); where
         that fails, with them constant."""
+        if self._binding is not None and not self._binding.same_structure():
+            # (changed past ``nn.Module.__setattr__``, ``model._modules["act"] = nn.Tanh()``: no epoch
+            # moved, a module guard found it)
+            self._check_binding()
         sites = self._sized_sites
         prior = self._last_entry if prior is None else prior
         reads = prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
@@ -386,7 +390,7 @@ class ThunderFunction:
         (``ValueReads._groups``)."""
         start = time.perf_counter()
         # (hooks registered and module attributes written while tracing: ``entries.make_check``)
-        traced_from, epoch_from = hooks_version(), write_epoch[0]
+        traced_from, epoch_from, stamp_from = hooks_version(), write_epoch[0], dict_stamp()
         made, key = self._floats.generate(
             lambda f: self._generated(flat, spec, forced, sites, sizes, self._floats.held(held), prior, f), key, flat
         )
@@ -420,7 +424,7 @@ class ThunderFunction:
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
         # through ``_inputs``, which it takes for entries with a tail.)
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else no_tail
-        entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
+        entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from, stamp_from)
         if _forward_ad._current_level >= 0 and entry.tail is not None and entry.tail is not no_tail:
             entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles
