@@ -52,6 +52,12 @@ PROGRAMS = [
     programs.functional_call_with_changing_params,
     programs.partial_attribute_replaced,
     programs.cached_property_of_a_module,
+    programs.int_enum_indexes,
+    programs.context_manager_sets_and_restores,
+    programs.module_dict_reordered,
+    programs.getattr_computes_names,
+    programs.functional_call_updates_given_buffers,
+    programs.try_except_key_error_memo,
     state.nested_dataclass_config,
     state.lru_cached_float_helper,
     state.singledispatch_on_an_option,
@@ -68,6 +74,9 @@ PROGRAMS = [
 #: Programs Dynamo itself runs otherwise than eager (``backend="eager"`` too): left to it.
 DYNAMO_DIFFERS = {
     state.enum_and_flag_members: "Dynamo keeps the first call's branch after self.norm becomes Norm.RMS",
+    programs.descriptor_on_a_module: "Dynamo keeps the gain of the first call a data descriptor gave",
+    state.lru_cached_float_helper: "Dynamo runs the lru_cache'd function on every call, past its cache",
+    state.environment_read_each_call: "Dynamo keeps the first call's os.environ mode",
 }
 #: Under torch.compile in the default run (Dynamo compiles each step's graphs anew, seconds per
 #: program): one of each kind; the others are marked slow.
@@ -158,3 +167,29 @@ def test_a_module_attribute_written_past_setattr_is_read_again(way, jitted):
         assert torch.equal(run(x), eager(x))
     assert thunder_rs.cache_misses(run) == 3  # (the unchanged calls hit)
     assert thunder_rs.cache_hits(run) == 1
+
+
+# -- functional_call on a module the program reaches ----------------------------------------------
+
+_NORMED = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+
+
+def _through_functional_call(x, state):
+    return torch.func.functional_call(_NORMED, state, (x,))
+
+
+def test_functional_call_on_a_global_module_reads_its_attributes_again():
+    # Kept the training call's batch statistics after eval() and the first momentum, silently:
+    # the module's forward runs from functional_call (library code), whose reads were not seen.
+    torch.manual_seed(0)
+    _NORMED.train()
+    fresh = {k: v.detach().clone() for k, v in _NORMED.state_dict().items()}
+    got, expected = dict(fresh), {k: v.clone() for k, v in fresh.items()}
+    run = thunder_rs.jit(_through_functional_call)
+    changes = (lambda: None, lambda: setattr(_NORMED[1], "momentum", 0.5), _NORMED.eval, _NORMED.train)
+    for change in changes:
+        change()
+        x = torch.randn(4, 3)
+        _assert_same(run(x, got), _through_functional_call(x, expected))
+        _assert_same(got, expected)
+    assert thunder_rs.cache_misses(run) == 3  # (train() again finds the entry of the second call)

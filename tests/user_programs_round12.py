@@ -4,6 +4,8 @@
 ``functional_call`` with a changing dict. Each takes how to compile, runs it over several calls
 with the state changed between them, and returns what the calls gave and left behind."""
 
+import contextlib
+import enum
 import functools
 
 import torch
@@ -340,4 +342,162 @@ def cached_property_of_a_module(compile_it) -> list:
         elif change == "set":
             model.__dict__["factor"] = 7.0
         seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen
+
+
+class Stage(enum.IntEnum):
+    EARLY = 0
+    MID = 1
+    LATE = 2
+
+
+class Staged(nn.Module):
+    """An ``IntEnum`` member indexes a ``ModuleList`` and a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(3, 3) for _ in Stage)
+        self.stage = Stage.EARLY
+
+    def forward(self, x):
+        return self.blocks[self.stage](x) * torch.arange(1.0, 4.0)[self.stage]
+
+
+def int_enum_indexes(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Staged()
+    run, seen = compile_it(model), []
+    for stage in (Stage.EARLY, Stage.LATE, Stage.MID, Stage.MID):
+        model.stage = stage
+        seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen
+
+
+class Tempered(nn.Module):
+    """A context manager of the module's sets its temperature for a block and puts it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.temperature = nn.Linear(3, 3), 1.0
+
+    @contextlib.contextmanager
+    def tempered(self, t):
+        before, self.temperature = self.temperature, t
+        try:
+            yield
+        finally:
+            self.temperature = before
+
+    def forward(self, x, sharpen: bool):
+        y = self.lin(x)
+        if sharpen:
+            with self.tempered(self.temperature / 2):
+                return torch.softmax(y / self.temperature, -1)
+        return torch.softmax(y / self.temperature, -1)
+
+
+def context_manager_sets_and_restores(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Tempered()
+    run, seen = compile_it(model), []
+    for t, sharpen in ((1.0, False), (1.0, True), (2.0, True), (2.0, False)):
+        model.temperature = t
+        seen += _backward_steps(model, run, [(torch.randn(2, 3), sharpen)])
+        seen.append(model.temperature)
+    return seen
+
+
+class Heads(nn.Module):
+    """Heads in a ``ModuleDict`` applied in its order, popped and put back between calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleDict({"a": nn.Linear(3, 3), "b": nn.Linear(3, 3), "c": nn.Linear(3, 3)})
+
+    def forward(self, x):
+        for name, head in self.heads.items():
+            x = head(x) if name != "b" else torch.tanh(head(x))
+        return x
+
+
+def module_dict_reordered(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Heads()
+    run, seen = compile_it(model), []
+    for change in (None, "a", "c", None):
+        if change is not None:
+            model.heads[change] = model.heads.pop(change)  # (moved last)
+        seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen + [list(model.heads)]
+
+
+class Computed(nn.Module):
+    """``__getattr__`` answering ``scale_<n>`` names by computing them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.which = nn.Linear(3, 3), "scale_2"
+
+    def __getattr__(self, name):
+        if name.startswith("scale_"):
+            return float(name[len("scale_") :])
+        return super().__getattr__(name)
+
+    def forward(self, x):
+        return self.lin(x) * getattr(self, self.which)
+
+
+def getattr_computes_names(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Computed()
+    run, seen = compile_it(model), []
+    for which, set_it in (("scale_2", None), ("scale_3", None), ("scale_3", 0.5), ("scale_2", None)):
+        model.which = which
+        if set_it is not None:
+            setattr(model, which, set_it)  # (an instance attribute: __getattr__ is not asked)
+        seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen
+
+
+def functional_call_updates_given_buffers(compile_it) -> list:
+    """BatchNorm's running statistics given in the dict, updated in place by training calls."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+
+    def program(x, state):
+        return torch.func.functional_call(model, state, (x,))
+
+    run, seen = compile_it(program), []
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for training in (True, True, False, True):
+        model.train(training)
+        out = run(torch.randn(4, 3), state)
+        seen += [out, {k: v.clone() for k, v in state.items()}, {k: v.clone() for k, v in model.state_dict().items()}]
+    return seen
+
+
+class Memo(nn.Module):
+    """Scales looked up in a dict of state by key, computed and stored on a KeyError."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.memo = nn.Linear(3, 3), {}
+
+    def forward(self, x, key: str):
+        try:
+            scale = self.memo[key]
+        except KeyError:
+            scale = self.memo[key] = float(len(key))
+        return self.lin(x) * scale
+
+
+def try_except_key_error_memo(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Memo()
+    run, seen = compile_it(model), []
+    for key in ("ab", "abc", "ab", "abcd"):
+        if key == "abcd":
+            model.memo["ab"] = 10.0
+        seen += _backward_steps(model, run, [(torch.randn(2, 3), key)])
+        seen.append(dict(model.memo))
     return seen

@@ -277,6 +277,11 @@ class AttributeReads:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
 
+    def read_nested(self, obj, origin: str) -> None:
+        """Reads ``obj`` whole, and what it holds (``_read_nested``): library code runs it, whose
+        reads are not observed (``functional_call``'s module, its forward called from there)."""
+        self._step(obj, ALL_NESTED, origin)
+
     def _module_read_whole(self, module, origin: str, as_dict: bool = False) -> None:
         """Reads every attribute of ``module`` (not its stores or hooks): the program reads one by
         a computed name (``getattr(self.inner, name)`` in a wrapper's ``__getattr__``) or all of
