@@ -67,6 +67,10 @@ PROGRAMS = [
     state.environment_read_each_call,
     state.warnings_per_call,
     state.logging_with_lazy_formatting,
+    state.logged_tensor_formatted_late,
+    state.property_reading_globals,
+    state.slotted_dataclass_options,
+    state.applied_through_the_dict,
     state.generators_inside,
     state.try_except_around_a_shape_error,
     state.asserts_on_tensor_values,
@@ -193,3 +197,31 @@ def test_functional_call_on_a_global_module_reads_its_attributes_again():
         _assert_same(run(x, got), _through_functional_call(x, expected))
         _assert_same(got, expected)
     assert thunder_rs.cache_misses(run) == 3  # (train() again finds the entry of the second call)
+
+
+# -- a class attribute read through type(self) after another attribute ------------------------------
+
+
+class _ClassScaled(nn.Module):
+    base = 1.0
+
+    @property
+    def gain(self):
+        return 2.0 * type(self).base
+
+    def forward(self, x):
+        return x * self.gain
+
+
+def test_a_class_attribute_read_through_type_of_self_after_another_read_is_guarded():
+    # Kept the first base, silently: ``type(self)`` on an object read before (``self.gain``) took the
+    # fast path of its instance reads, where ``__class__`` found nothing to follow.
+    model = _ClassScaled()
+    run = thunder_rs.jit(model)
+    try:
+        for base in (1.0, 3.0, 3.0):
+            _ClassScaled.base = base
+            _assert_same(run(torch.ones(2)), model(torch.ones(2)))
+    finally:
+        _ClassScaled.base = 1.0
+    assert thunder_rs.cache_misses(run) == 2

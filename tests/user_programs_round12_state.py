@@ -409,3 +409,108 @@ def asserts_on_tensor_values(compile_it) -> list:
     run = compile_it(_checked)
     calls = ((torch.ones(3), 2.0), (torch.full((3,), 3.0), 2.0), (torch.ones(1), 2.0), (torch.ones(3), 4.0))
     return [_raised(run, x, limit) for x, limit in calls]
+
+
+class _Kept(logging.Handler):
+    """Keeps the records, formatted only when read (as a memory handler or a test's caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def _logs_then_writes(x):
+    y = x * 2
+    _LOG.info("y=%s", y)  # (a tensor, formatted when the record is read)
+    y.add_(1)
+    return y
+
+
+def logged_tensor_formatted_late(compile_it) -> list:
+    """A tensor logged, then written in place: its record, formatted after the calls, shows it
+    written, as eager's does."""
+    handler = _Kept()
+    _LOG.addHandler(handler)
+    _LOG.setLevel(logging.INFO)
+    try:
+        run = compile_it(_logs_then_writes)
+        seen = [run(torch.full((2,), v)) for v in (1.0, 2.0, 3.0)]
+    finally:
+        _LOG.removeHandler(handler)
+        _LOG.setLevel(logging.NOTSET)
+    return seen + [[r.getMessage() for r in handler.records]]
+
+
+_GLOBAL_GAIN = [1.0]
+
+
+class GlobalProperty(nn.Module):
+    """A property reading a global list's item and one reading a class attribute."""
+
+    base = 1.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    @property
+    def gain(self):
+        return _GLOBAL_GAIN[0] * type(self).base
+
+    def forward(self, x):
+        return self.lin(x) * self.gain
+
+
+def property_reading_globals(compile_it) -> list:
+    torch.manual_seed(0)
+    model = GlobalProperty()
+    run, seen = compile_it(model), []
+    try:
+        for gain, base in ((1.0, 1.0), (2.0, 1.0), (2.0, 3.0), (2.0, 3.0)):
+            _GLOBAL_GAIN[0], GlobalProperty.base = gain, base
+            seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    finally:
+        _GLOBAL_GAIN[0], GlobalProperty.base = 1.0, 1.0
+    return seen
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedOptions:
+    scale: float = 1.0
+    clip: float | None = None
+
+
+class Slotted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.options = nn.Linear(3, 3), SlottedOptions()
+
+    def forward(self, x):
+        y = self.lin(x) * self.options.scale
+        return y if self.options.clip is None else y.clamp(-self.options.clip, self.options.clip)
+
+
+def slotted_dataclass_options(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Slotted()
+    run, seen = compile_it(model), []
+    for scale, clip in ((1.0, None), (2.0, None), (2.0, 0.1), (2.0, 0.1), (0.5, None)):
+        model.options.scale, model.options.clip = scale, clip
+        seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen
+
+
+def applied_through_the_dict(compile_it) -> list:
+    """``model.apply`` setting a flag on every submodule through its instance dict."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5), nn.Linear(3, 3))
+    model.eval()
+    run, seen = compile_it(model), []
+    for p in (0.5, 0.0, 0.0):
+        model.apply(lambda m: m.__dict__.__setitem__("training", p > 0) if isinstance(m, nn.Dropout) else None)
+        torch.manual_seed(1)
+        seen += _backward_steps(model, run, [(torch.randn(2, 3),)])
+    return seen

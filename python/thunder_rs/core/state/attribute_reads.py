@@ -239,6 +239,7 @@ class AttributeReads:
         known = self._objects_read.get(id(obj))
         if (
             known is not None
+            and attr != "__class__"  # (``type(self).base`` after ``self.gain``: its class's, below)
             and known[0] is obj
             and type(obj) is known[1]
             and getattr(obj, "__dict__", None) is known[2]
