@@ -27,8 +27,8 @@ registered after the call, as eager's call leaves it.
 
 Python's ``random`` and a NumPy generator the program draws from stay refused, naming the line,
 with the generators set back. Dynamo itself (``backend="eager"`` too) keeps the first call's branch
-on an enum, a descriptor's value, ``os.environ`` mode and a computed ``__getattr__`` value, and runs an ``lru_cache``'d helper past
-its cache: left to it."""
+on an enum, a descriptor's value, ``os.environ`` mode and a computed ``__getattr__`` value, and runs
+an ``lru_cache``'d helper past its cache: left to it."""
 
 import inspect
 import random
