@@ -22,7 +22,9 @@ not find, and a ``functools.cached_property`` computed or set later, are guarded
 by ``torch.func.functional_call`` from a global (library code calls its forward, whose reads were
 not seen) kept its first ``training`` and ``momentum``: all its attributes are now guarded.
 ``type(self).base`` read after another attribute of ``self`` (a property's getter) kept the first
-class attribute. A buffer the forward registers (lazy initialisation) was refused; it is now
+class attribute. A submodule store written directly (``model._modules["1"] = nn.Tanh()``, as model
+surgery does) kept the jitted module's first binding: its stores' stamps are read too
+(``ThunderFunction._stores_newest``). A buffer the forward registers (lazy initialisation) was refused; it is now
 registered after the call, as eager's call leaves it.
 
 Python's ``random`` and a NumPy generator the program draws from stay refused, naming the line,
@@ -238,3 +240,16 @@ def test_a_class_attribute_read_through_type_of_self_after_another_read_is_guard
     finally:
         _ClassScaled.base = 1.0
     assert thunder_rs.cache_misses(run) == 2
+
+
+def test_a_submodule_store_written_directly_rebinds_the_jitted_module():
+    # Kept running the first activation, silently: the binding was checked only after a write
+    # through nn.Module.__setattr__ (model surgery writes ``model._modules[name] = new``).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    run, x = thunder_rs.jit(model), torch.randn(3, 2)
+    for act in (None, nn.Tanh(), nn.Sigmoid(), None):
+        if act is not None:
+            model._modules["1"] = act
+        _assert_same(run(x), model(x))
+    assert thunder_rs.cache_misses(run) == 3

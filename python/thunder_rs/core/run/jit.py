@@ -37,7 +37,7 @@ from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.run.deferred_gc import collections_deferred
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
-from thunder_rs.core.state.guards import Guards
+from thunder_rs.core.state.guards import DICT_STAMPS, Guards
 from thunder_rs.core.state.tensor_guards import grad_state_guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
@@ -50,6 +50,7 @@ from thunder_rs.core.lang.value_sizes import above_values, place_guards
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
+from thunder_rs._core import DictStamps
 from thunder_rs.core.state.modules import ModuleBinding, dict_stamp, hooks_version, write_epoch
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.wrapped_module import (
@@ -85,6 +86,11 @@ MISS_WARNING_THRESHOLD = 8
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
 DEFAULT_CACHE_SIZE = 128
+
+
+def _NO_STORES() -> int:
+    """The stamp of a module tree not bound yet (``ThunderFunction._stores_newest``)."""
+    return 0
 
 
 @dataclass
@@ -152,6 +158,10 @@ class ThunderFunction:
         self._last_entry: Entry | None = None
         self._binding: ModuleBinding | None = None
         self._epoch = -1
+        #: the newest change stamp of the module tree's submodule stores, and the stamp before
+        #: which they last matched the binding: a store written directly (``model._modules["act"]
+        #: = nn.Tanh()``, no write epoch moved) has the next call check the binding
+        self._stores_newest, self._stores_stamp = _NO_STORES, 0
         self._cleared_because: str | None = None
         self._lock = threading.RLock()
         #: Set when an object some stored key holds by identity died: the next miss drops its entries.
@@ -250,7 +260,7 @@ class ThunderFunction:
         every call; the binding of slots is checked first when a module was written since. Their
         dtype, device and requires_grad are part of the cache key (``model.half()`` or unfreezing
         a layer recompiles), with the module's train/eval mode (``ModuleBinding.metadata``)."""
-        if write_epoch[0] != self._epoch:
+        if write_epoch[0] != self._epoch or self._stores_newest() > self._stores_stamp:
             self._check_binding()
         assert self._binding is not None  # _check_binding made it (the epoch starts unset)
         tensors = self._binding.slots.read()
@@ -262,14 +272,17 @@ class ThunderFunction:
     def _check_binding(self) -> None:
         """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
         with self._lock:
-            epoch = write_epoch[0]
+            epoch, stamp = write_epoch[0], dict_stamp()
             if self._binding is None or not self._binding.same_structure():
                 if self._binding is not None:
                     self._clear(
                         "the module's structure (submodules, parameters, buffers or a forward set on one) changed"
                     )
                 self._binding = ModuleBinding(self._module)
-            self._epoch = epoch
+                if DICT_STAMPS:  # (elsewhere a store written directly is not seen)
+                    stores = [m.__dict__["_modules"] for m in self._binding.modules]
+                    self._stores_newest = DictStamps(stores).newest
+            self._epoch, self._stores_stamp = epoch, stamp
 
     # -- misses ----------------------------------------------------------------------------------
 
