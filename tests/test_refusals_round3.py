@@ -175,12 +175,34 @@ class _LazyBuffer(nn.Module):
         return self.lin(x)
 
 
-def test_a_buffer_registered_by_forward_is_refused_naming_the_line():
-    # Named RegBuf.forward and the buffer, not the line that registered it.
-    model = _LazyBuffer()
-    line = _line_of(_LazyBuffer.forward, "# registered")
+def test_a_buffer_registered_by_forward_is_registered_as_eager_registers_it():
+    # Was refused ("forward registers or removes buffers"): the call now registers it after.
+    torch.manual_seed(0)
+    model, eager = _LazyBuffer(), _LazyBuffer()
+    eager.load_state_dict(model.state_dict())
+    run = thunder_rs.jit(model)
+    for x in (torch.ones(2, 3), torch.arange(6.0).reshape(2, 3), torch.ones(2, 3)):
+        _same(run(x), eager(x))
+        assert torch.equal(model.running, eager.running) and "running" in model._buffers
+    assert sorted(model.state_dict()) == sorted(eager.state_dict())
+
+
+class _LazyParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        if not hasattr(self, "gain"):
+            self.register_parameter("gain", nn.Parameter(torch.ones(2)))  # registered
+        return self.lin(x) * self.gain
+
+
+def test_a_parameter_registered_by_forward_is_refused_naming_the_line():
+    model = _LazyParameter()
+    line = _line_of(_LazyParameter.forward, "# registered")
     with pytest.raises(
-        ThunderNotImplementedError, match=rf"forward registers or removes buffers \('running'\) at {line};"
+        ThunderNotImplementedError, match=rf"forward registers or removes parameters \('gain'\) at {line};"
     ):
         thunder_rs.jit(model)(torch.ones(2, 3))
-    assert not hasattr(model, "running")
+    assert not hasattr(model, "gain")

@@ -22,6 +22,7 @@ __all__ = [
     "LeafCall",
     "SymExpr",
     "SlotIdentity",
+    "DictStamps",
     "configure",
     "compile",
     "compile_backward",
@@ -32,6 +33,7 @@ __all__ = [
     "load_plugin_capsule",
     "register_rule_set",
     "same_objects",
+    "dict_versions_stamped",
 ]
 
 def configure(
@@ -468,6 +470,18 @@ class SlotIdentity:
     def __new__(cls, slots: list[tuple[dict, str, Any]]) -> SlotIdentity: ...
     def holds(self) -> bool: ...
     def __len__(self) -> int: ...
+
+@final
+class DictStamps:
+    """Dicts whose changes an entry watches: ``newest()`` is the newest change stamp among them
+    (CPython's ``ma_version_tag``), which grows when any of them changes, however written."""
+
+    def __new__(cls, dicts: Sequence[dict]) -> DictStamps: ...
+    def newest(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def dict_versions_stamped() -> bool:
+    """Whether this interpreter stamps each change of a dict into it (CPython 3.10 to 3.12)."""
 
 def same_objects(items: tuple, start: int, objects: list) -> bool:
     """Whether ``items[start:start + len(objects)]`` are the objects of ``objects``, each the same one."""

@@ -63,3 +63,49 @@ pub fn same_objects(items: &Bound<'_, PyTuple>, start: usize, objects: &Bound<'_
             == ffi::PyList_GetItem(objects, i as ffi::Py_ssize_t)
     })
 }
+
+/// Offset of `ma_version_tag` in CPython's `PyDictObject` (after `PyObject_HEAD` and `ma_used`):
+/// the same on 3.10 to 3.13, which stamp it from one interpreter-wide counter at every change of
+/// the dict. 3.14 dropped the stamp (`dict_versions_stamped` tells).
+const DICT_VERSION_OFFSET: usize = std::mem::size_of::<ffi::PyObject>() + std::mem::size_of::<ffi::Py_ssize_t>();
+
+/// Whether this interpreter stamps each dict change into the dict (`newest_dict_version` reads
+/// the stamp): CPython 3.10 to 3.12, those checked.
+#[pyfunction]
+pub fn dict_versions_stamped(py: Python<'_>) -> bool {
+    let version = py.version_info();
+    (version.major, version.minor) >= (3, 10) && (version.major, version.minor) < (3, 13)
+}
+
+/// Dicts (instance dicts and stores of modules) whose changes a cache entry watches: `newest()`
+/// is the newest change stamp among them, which grows when any of them changes, however written
+/// (`module.__dict__[k] = v`, `vars(m)[k] = v`, `object.__setattr__`, none of which
+/// `nn.Module.__setattr__` sees), since each change stamps its dict with the interpreter's next
+/// version. Only where `dict_versions_stamped()`; a few ns a dict.
+#[pyclass(frozen, module = "thunder_rs._core", name = "DictStamps")]
+pub struct DictStamps {
+    dicts: Vec<Py<PyDict>>,
+}
+
+#[pymethods]
+impl DictStamps {
+    #[new]
+    fn new(dicts: Vec<Bound<'_, PyDict>>) -> Self {
+        DictStamps { dicts: dicts.into_iter().map(Bound::unbind).collect() }
+    }
+
+    fn newest(&self) -> u64 {
+        self.dicts
+            .iter()
+            // SAFETY: the GIL is held (a method of a Python object runs under it) and each dict is
+            // alive (held here), so its `PyDictObject` header, `ma_version_tag` included, is
+            // readable at this offset; nothing is written.
+            .map(|d| unsafe { std::ptr::read((d.as_ptr() as *const u8).add(DICT_VERSION_OFFSET) as *const u64) })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn __len__(&self) -> usize {
+        self.dicts.len()
+    }
+}

@@ -55,6 +55,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<region::LeafCall>()?;
     m.add_class::<sizes::PySymExpr>()?;
     m.add_class::<identity::SlotIdentity>()?;
+    m.add_class::<identity::DictStamps>()?;
     m.add_function(wrap_pyfunction!(convert::configure, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile, m)?)?;
     m.add_function(wrap_pyfunction!(compile::compile_backward, m)?)?;
@@ -65,5 +66,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_symbol, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add_function(wrap_pyfunction!(identity::same_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(identity::dict_versions_stamped, m)?)?;
     Ok(())
 }

@@ -38,6 +38,7 @@ from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
 from thunder_rs.core.state.captured_modules import CapturedModules, argument_modules
 from thunder_rs.core.state.modules import attribute_writes as module_writes, changed_meanwhile, hook_changes
+from thunder_rs.core.state.modules import registered_slots
 from thunder_rs.core.state.modules import restore_hook_stores
 from thunder_rs.core.lang.tensor_hooks import noting_input_hooks
 from thunder_rs.core.lang import autocast, inner_leaves
@@ -249,6 +250,7 @@ def _trace_program(
             writes = module_writes(pairs) + observer.state.writes() + observer.mode_writes_made
             writes += captured.writes(observer.state)
             stored_writes, inputs.modules = writes, {id(c): o for c, o in pairs}
+            inputs.registered = registered_slots(writes, pairs)
             observer.state.interrupted.update(changed_meanwhile(pairs))
             # Tensors the program created from Python values (``torch.tensor(0.)``) and returns or
             # keeps: a copy per call, as eager makes them anew.

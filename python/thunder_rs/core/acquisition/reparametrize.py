@@ -19,7 +19,7 @@ import torch.nn.utils.stateless as stateless
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.bystanders import traced_modules
-from thunder_rs.core.state.observe import thread_state
+from thunder_rs.core.state.observe import read_module_whole, thread_state
 from thunder_rs.errors import ThunderNotImplementedError
 
 _original = stateless._reparametrize_module
@@ -52,6 +52,10 @@ def _checked(module, parameters_and_buffers, *args, **kwargs):
                     "compiled call could not tell them from its own. Pass the dict as an argument of the jitted "
                     "function, or jit a module that holds the module"
                 )
+        # Its forward runs from library code, whose reads of the attributes of a module not
+        # cloned for tracing (``self.training``, ``self.momentum``) the observer does not see:
+        # all are guarded (a global model's ``eval()`` kept the training call's batch statistics).
+        read_module_whole(module, user_location())
     return _original(module, parameters_and_buffers, *args, **kwargs)
 
 

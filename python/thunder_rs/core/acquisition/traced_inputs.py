@@ -40,6 +40,8 @@ class TracedInputs:
         self.places: dict = {}
         #: the user's module of each clone the program ran on, by the clone's id
         self.modules: dict = {}
+        #: ``(clone's store, name)`` of the buffers the forward registered (``modules.BufferRegistrar``)
+        self.registered: list = []
 
     def slot_values(self) -> list:
         """``(user's store, name, input proxy, value in the clone's slot now)`` per slot."""
@@ -48,7 +50,7 @@ class TracedInputs:
     def placed(self) -> list:
         """``(clone's store, name)`` per slot: references of thunder_rs's own, not stores of the
         program's elsewhere (``escapes._held_by_clones``)."""
-        return [(clone_store, name) for _, name, clone_store, _ in self.slots]
+        return [(clone_store, name) for _, name, clone_store, _ in self.slots] + self.registered
 
 
 def kept_slots(slots: list) -> dict:

@@ -16,7 +16,8 @@ from torch.utils.hooks import RemovableHandle as _handles
 
 from thunder_rs.core.acquisition.cache import forward_ad_duals
 from thunder_rs.core.state.guard_terms import compile_check
-from thunder_rs.core.state.guards import Guards
+from thunder_rs._core import DictStamps
+from thunder_rs.core.state.guards import Guards, StructureGuard, attributes_of
 from thunder_rs.core.state.modules import hook_snapshot, hook_stores_in_use, hooks_version, registered_since
 from thunder_rs.core.state.modules import write_epoch
 from thunder_rs.core.lang.values import ValueTree
@@ -50,8 +51,10 @@ class Entry:
     state_aliases: tuple | None = None
     #: the hit counter's value at the entry's last use, for least-recently-used eviction
     last_used: int = 0
-    #: the write epoch at which module guards last held, and the hooks seen then
+    #: the write epoch and the newest change stamp of ``module_dicts`` at which module guards last
+    #: held, and the hooks seen then
     epoch: int = -1
+    stamp: int = -1
     hooks_id: int = -1
     hooks: tuple = ()
     #: the modules (the user's) whose hooks a call runs, or None when the program calls none
@@ -120,13 +123,33 @@ def _compiled_when_called(guards: list):
     return check if guards else None
 
 
-def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: int | None = None):
+def module_dicts(guards: list) -> DictStamps:
+    """The dicts behind an entry's module guards: each module's instance dict and its submodule,
+    parameter and buffer stores. A write to one that ``nn.Module.__setattr__`` does not see
+    (``module.__dict__[k] = v``, ``vars(m)[k] = v``, ``object.__setattr__``) stamps it newer
+    (``_core.DictStamps``), which has the next call check the module guards."""
+    found: dict = {}
+    for guard in guards:
+        module = guard.module if isinstance(guard, StructureGuard) else getattr(guard.source, "obj", None)
+        attributes = attributes_of(module) if module is not None else None
+        if isinstance(attributes, dict):
+            found[id(attributes)] = attributes
+            for store in ("_modules", "_parameters", "_buffers"):
+                if isinstance(held := attributes.get(store), dict):
+                    found[id(held)] = held
+    return DictStamps(list(found.values()))
+
+
+def make_check(
+    entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: int | None = None, stamp_from: int = -1
+):
     """The entry's ``check``: module guards when a module attribute was written, hooks when a hook
     was registered anywhere, the metadata of captured tensors, then the per-call guards.
     ``traced_from`` is ``hooks_version()`` as tracing began: hooks the program registered since on
     the modules it called and left there fail the next call's check (eager's runs them).
     ``epoch_from`` is ``write_epoch`` as tracing began: a module write since (another thread's)
-    has the next call check the module guards.
+    has the next call check the module guards; ``stamp_from`` is ``modules.dict_stamp()`` then: a
+    dict of ``module_dicts`` changed since (through its ``__dict__``) has it check them too.
 
     Each check reads a counter before what it compares and records that reading: a write another
     thread makes meanwhile moves the counter past it, and the next call compares again."""
@@ -139,16 +162,17 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: 
         entry.captured_meta = tuple(map(captured_meta, captured))
     if per_call is None and modules is None and hooked is None and not captured:
         return None
-    epoch = write_epoch
+    epoch, newest = write_epoch, module_dicts(guards.modules if modules is not None else []).newest
 
     def check(flat) -> bool:
         nonlocal per_call
         if captured and tuple(map(captured_meta, captured)) != entry.captured_meta:
             return False
-        if modules is not None and (now := epoch[0]) != entry.epoch:
+        if modules is not None and ((now := epoch[0]) != entry.epoch or newest() > entry.stamp):
+            stamp = newest()  # (read before the guards compare, as the epoch)
             if not modules(flat):
                 return False
-            entry.epoch = now
+            entry.epoch, entry.stamp = now, stamp
         if hooked is not None:
             if (version := _handles.next_id) != entry.hooks_id:  # (``hooks_version()``, without its frame)
                 if hook_snapshot(hooked) != entry.hooks:
@@ -165,6 +189,7 @@ def make_check(entry: Entry, guards: Guards, traced_from: int = -1, epoch_from: 
         return per_call(flat)
 
     entry.epoch = write_epoch[0] if epoch_from is None else epoch_from
+    entry.stamp = stamp_from if stamp_from >= 0 else newest()
     present: tuple = ()
     if hooked is not None:
         version = hooks_version()

@@ -37,7 +37,7 @@ from thunder_rs.core.run.generate import generated, snapshot_runner
 from thunder_rs.core.run.deferred_gc import collections_deferred
 from thunder_rs.core.state.fsdp import FSDPCall
 from thunder_rs.core.state.cached_reads import PROGRAM_CALLS
-from thunder_rs.core.state.guards import Guards
+from thunder_rs.core.state.guards import DICT_STAMPS, Guards
 from thunder_rs.core.state.tensor_guards import grad_state_guards
 from thunder_rs.core.run.modes import RecordedModes
 from thunder_rs.core.lang.inference import making_inference
@@ -50,7 +50,8 @@ from thunder_rs.core.lang.value_sizes import above_values, place_guards
 from thunder_rs.core.lang.values import ValueReads, ValueTree
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
-from thunder_rs.core.state.modules import ModuleBinding, hooks_version, write_epoch
+from thunder_rs._core import DictStamps
+from thunder_rs.core.state.modules import ModuleBinding, dict_stamp, hooks_version, write_epoch
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.wrapped_module import (
     WRAPPED,
@@ -86,6 +87,11 @@ MISS_WARNING_THRESHOLD = 8
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
 DEFAULT_CACHE_SIZE = 128
+
+
+def _NO_STORES() -> int:
+    """The stamp of a module tree not bound yet (``ThunderFunction._stores_newest``)."""
+    return 0
 
 
 @dataclass
@@ -153,6 +159,10 @@ class ThunderFunction:
         self._last_entry: Entry | None = None
         self._binding: ModuleBinding | None = None
         self._epoch = -1
+        #: the newest change stamp of the module tree's submodule stores, and the stamp before
+        #: which they last matched the binding: a store written directly (``model._modules["act"]
+        #: = nn.Tanh()``, no write epoch moved) has the next call check the binding
+        self._stores_newest, self._stores_stamp = _NO_STORES, 0
         self._cleared_because: str | None = None
         self._lock = threading.RLock()
         #: Set when an object some stored key holds by identity died: the next miss drops its entries.
@@ -251,7 +261,7 @@ class ThunderFunction:
         every call; the binding of slots is checked first when a module was written since. Their
         dtype, device and requires_grad are part of the cache key (``model.half()`` or unfreezing
         a layer recompiles), with the module's train/eval mode (``ModuleBinding.metadata``)."""
-        if write_epoch[0] != self._epoch:
+        if write_epoch[0] != self._epoch or self._stores_newest() > self._stores_stamp:
             self._check_binding()
         assert self._binding is not None  # _check_binding made it (the epoch starts unset)
         tensors = self._binding.slots.read()
@@ -263,14 +273,17 @@ class ThunderFunction:
     def _check_binding(self) -> None:
         """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
         with self._lock:
-            epoch = write_epoch[0]
+            epoch, stamp = write_epoch[0], dict_stamp()
             if self._binding is None or not self._binding.same_structure():
                 if self._binding is not None:
                     self._clear(
                         "the module's structure (submodules, parameters, buffers or a forward set on one) changed"
                     )
                 self._binding = ModuleBinding(self._module)
-            self._epoch = epoch
+                if DICT_STAMPS:  # (elsewhere a store written directly is not seen)
+                    stores = [m.__dict__["_modules"] for m in self._binding.modules]
+                    self._stores_newest = DictStamps(stores).newest
+            self._epoch, self._stores_stamp = epoch, stamp
 
     # -- misses ----------------------------------------------------------------------------------
 
@@ -347,6 +360,10 @@ class ThunderFunction:
         that were seen to change symbolic (``values.widened``), and those that differ from the
         reads of ``prior`` (the variant whose check failed; else the entry compiled last); where
         that fails, with them constant."""
+        if self._binding is not None and not self._binding.same_structure():
+            # (changed past ``nn.Module.__setattr__``, ``model._modules["act"] = nn.Tanh()``: no epoch
+            # moved, a module guard found it)
+            self._check_binding()
         sites = self._sized_sites
         prior = self._last_entry if prior is None else prior
         reads = prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
@@ -387,7 +404,7 @@ class ThunderFunction:
         (``ValueReads._groups``)."""
         start = time.perf_counter()
         # (hooks registered and module attributes written while tracing: ``entries.make_check``)
-        traced_from, epoch_from = hooks_version(), write_epoch[0]
+        traced_from, epoch_from, stamp_from = hooks_version(), write_epoch[0], dict_stamp()
         made, key = self._floats.generate(
             lambda f: self._generated(flat, spec, forced, sites, sizes, self._floats.held(held), prior, f), key, flat
         )
@@ -421,7 +438,7 @@ class ThunderFunction:
         # (An entry taking a tensor passed twice once has positions: the hit path picks its inputs
         # through ``_inputs``, which it takes for entries with a tail.)
         entry.tail = acquired.tail if acquired.tail is not None or positions is None else no_tail
-        entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from)
+        entry.check = entries.make_check(entry, entry.guards, traced_from, epoch_from, stamp_from)
         if _forward_ad._current_level >= 0 and entry.tail is not None and entry.tail is not no_tail:
             entry.check = entries.checking_held_duals(entry, flat)
         apply_hook_changes(acquired.hook_changes)  # after the entry's hooks were read: the next call compiles

@@ -43,6 +43,7 @@ from thunder_rs.core.state.guards import (
     ModuleDictSource,
     ModuleSource,
     ModuleStoreSource,
+    NamesGuard,
     ObjectSource,
     StateGuard,
     attributes_of,
@@ -238,6 +239,7 @@ class AttributeReads:
         known = self._objects_read.get(id(obj))
         if (
             known is not None
+            and attr != "__class__"  # (``type(self).base`` after ``self.gain``: its class's, below)
             and known[0] is obj
             and type(obj) is known[1]
             and getattr(obj, "__dict__", None) is known[2]
@@ -276,6 +278,11 @@ class AttributeReads:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
         return self._instance_read(obj, mapping, module, source, attr, origin)
 
+    def read_nested(self, obj, origin: str) -> None:
+        """Reads ``obj`` whole, and what it holds (``_read_nested``): library code runs it, whose
+        reads are not observed (``functional_call``'s module, its forward called from there)."""
+        self._step(obj, ALL_NESTED, origin)
+
     def _module_read_whole(self, module, origin: str, as_dict: bool = False) -> None:
         """Reads every attribute of ``module`` (not its stores or hooks): the program reads one by
         a computed name (``getattr(self.inner, name)`` in a wrapper's ``__getattr__``) or all of
@@ -287,6 +294,11 @@ class AttributeReads:
             return
         if as_dict:
             source = ModuleDictSource(source.obj, source.label)
+        # A name it did not find must still be absent (a descriptor's ``obj.__dict__.get(name, 1.0)``):
+        # the names the module had when the call began.
+        names = ("names", source.key)
+        if names not in self._guards or as_dict:
+            self._guards[names] = NamesGuard(source, frozenset(source.fixed()), origin)
         for attr in [a for a in mapping if a not in _MODULE_INTERNALS]:
             first = (source.key, attr) not in self._guards
             if as_dict and not first and type(self._guards[(source.key, attr)]) is Guard:
@@ -412,6 +424,10 @@ class AttributeReads:
             self._guard_absent(obj, source, attr, origin)
         if type(value) is property and (chain := returned_chain(value.fget)) is not None:
             return self._through_property(obj, chain, origin)
+        if isinstance(value, functools.cached_property):
+            # Its ``__get__`` (library code, not observed) reads the instance dict, where a value
+            # put there later (its first computation, ``obj.__dict__[name] = v``) is found instead.
+            self._guard_absent(obj, source, value.attrname or attr, origin)
         if value is MISSING or hasattr(type(value), "__get__"):
             if program_method(value) or isinstance(value, (staticmethod, classmethod)):
                 # ``self.act(y)``: a method set on the instance (``m.act = ...``) or rebound on the

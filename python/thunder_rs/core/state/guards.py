@@ -6,8 +6,10 @@ the trace. Each such read becomes a guard: where the value lives (its *source*),
 and what it was. A cache entry runs only while all its guards hold.
 
 Guards on module attributes are checked only when some module attribute was written since the
-entry last validated them (``modules.write_epoch``), so a module whose forward reads twenty
-attributes pays one integer compare per call; only the requires_grad and leafness of the tensors
+entry last validated them (``modules.write_epoch``) or one of the dicts they read was changed
+otherwise (``module.__dict__[k] = v``: a newer change stamp, ``entry.module_dicts``), so a module
+whose forward reads twenty attributes pays an integer compare and a C read of a few stamps per
+call; only the requires_grad and leafness of the tensors
 module attributes hold, which change with no write, are checked every call (``GradStateGuard``).
 The others are compiled into one generated function.
 """
@@ -22,8 +24,13 @@ from collections.abc import MutableMapping
 import numpy
 import torch
 
+from thunder_rs._core import dict_versions_stamped
 from thunder_rs.core.state.items import ANY_TENSOR, DICTS, SameType, members, same_held_items, same_items
 from thunder_rs.core.state.items import changes_in_place, container_copy, same_attributes
+
+#: Whether each change of a dict stamps it (CPython 3.10-3.12; ``entry.module_dicts``): module
+#: guards then wait for a module write or a newer stamp; elsewhere they are checked on every call.
+DICT_STAMPS = dict_versions_stamped()
 
 #: Stands for "no such attribute" in guard checks.
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
@@ -195,7 +202,7 @@ class ObjectSource(FixedSource):
 class ModuleSource(ObjectSource):
     """The instance dict of an ``nn.Module`` of the program."""
 
-    per_call = False
+    per_call = not DICT_STAMPS
 
 
 class ModuleDictSource(ModuleSource):
@@ -209,7 +216,7 @@ class ModuleDictSource(ModuleSource):
 class ModuleStoreSource(FixedSource):
     """A module's parameter, buffer or submodule store (``store`` names it)."""
 
-    per_call = False
+    per_call = not DICT_STAMPS
 
     def __init__(self, obj, store: str, label: str):
         self.obj, self.store, self.label = obj, store, label
@@ -570,7 +577,7 @@ class StructureGuard:
     """A module the program called but does not own (a global model a function calls): its
     submodules, parameters and buffers must be the same objects. Checked after module writes."""
 
-    per_call = False
+    per_call = not DICT_STAMPS
 
     def __init__(self, module, origin: str):
         self.module, self.expected, self.origin = module, module_structure(module), origin

@@ -26,6 +26,7 @@ import torch.nn.utils.stateless as stateless
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from thunder_rs._core import DictStamps
 from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.state.cached_reads import holds_stand_in, original as stood_in_for
 from thunder_rs.core.state.fsdp import without_fsdp_hooks
@@ -39,6 +40,15 @@ _Module = torch.nn.Module
 
 #: Incremented by every module attribute or structure write, in any thread.
 write_epoch = [0]
+
+
+def dict_stamp() -> int:
+    """The stamp the next change of any dict gets, less one: a dict changed after this call holds
+    a newer one (``entry.module_dicts``)."""
+    probe: dict = {}
+    probe[0] = 0
+    return DictStamps([probe]).newest()
+
 
 #: thread id -> the ``mode_writes.ModeWrites`` of the program traced there: notes the writes of
 #: ``training`` to modules (``teacher.eval()`` on a module held in a closure)
@@ -377,8 +387,51 @@ def attribute_writes(pairs: list) -> list:
                 writes.append((original, name, _original_of(value, originals)))
         if not same_names:
             writes.extend((original, name, MISSING) for name in before if name not in now)
-        _check_structure(clone, original, originals)
+        registered = _registered_buffers(clone, original)
+        writes += registered
+        _check_structure(clone, original, originals, {name for _, name, _ in registered})
     return writes
+
+
+class BufferRegistrar:
+    """Stands for a module in the write of a buffer its forward registered (lazy initialisation,
+    ``self.register_buffer("running", torch.zeros(3))``): setting the name registers the value
+    as eager's call left it, persistent or not as the forward registered it."""
+
+    __slots__ = ("module", "persistent")
+    module: torch.nn.Module
+    persistent: bool
+
+    def __init__(self, module, persistent: bool):
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "persistent", persistent)
+
+    def __setattr__(self, name, value) -> None:
+        self.module.register_buffer(name, value, persistent=self.persistent)
+
+
+def registered_slots(writes: list, pairs: list) -> list:
+    """``(clone's buffer store, name)`` of the buffers among ``writes`` the forward registered:
+    thunder_rs's own references to what the call registers, not an escape."""
+    clones = {id(o): c for c, o in pairs}
+    return [
+        (clones[id(holder.module)].__dict__["_buffers"], name)
+        for holder, name, _ in writes
+        if type(holder) is BufferRegistrar and id(holder.module) in clones
+    ]
+
+
+def _registered_buffers(clone, original) -> list:
+    """``(BufferRegistrar, name, value)`` for each buffer the traced forward registered on
+    ``clone`` under a name its module has no buffer of, with a tensor."""
+    found = _found.get(clone)
+    names = set(original._buffers) if found is None else set(found.buffers)
+    nonpersistent = clone.__dict__.get("_non_persistent_buffers_set", ())
+    return [
+        (BufferRegistrar(original, name not in nonpersistent), name, value)
+        for name, value in clone.__dict__["_buffers"].items()
+        if name not in names and isinstance(value, torch.Tensor)
+    ]
 
 
 def _changed_names(now: dict, before: dict) -> tuple:
@@ -463,11 +516,13 @@ def _original_of(value, originals):
     return value
 
 
-def _check_structure(clone, original, originals) -> None:
+def _check_structure(clone, original, originals, registered: set) -> None:
+    """Refuses a change of ``clone``'s parameters, buffers or submodules but the buffers its
+    forward ``registered``, which every call registers after it (``BufferRegistrar``)."""
     found = _found.get(clone)
     stores = (tuple(original._parameters), tuple(original._buffers)) if found is None else found[1:3]
     for store, what, names in zip(("_parameters", "_buffers"), ("parameters", "buffers"), stores):
-        added = set(clone.__dict__[store]) ^ set(names)
+        added = (set(clone.__dict__[store]) ^ set(names)) - (registered if store == "_buffers" else set())
         if added:
             raise ThunderNotImplementedError(
                 f"thunder_rs.jit: {type(original).__name__}.forward registers or removes {what} "

@@ -627,6 +627,14 @@ def check_sizes(check) -> None:
         observer.size_checks.append(check)
 
 
+def read_module_whole(module, origin: str) -> None:
+    """While a program is traced: guards every attribute of ``module`` and of its submodules,
+    which library code runs (``functional_call``), whose reads the observer does not follow."""
+    observer = thread_state.observer
+    if observer is not None and not thread_state.inside:
+        own_work(observer.read_nested, module, origin)
+
+
 def _tensor_attribute(at, name: str):
     """``TensorProxy``'s read of a tensor's attribute, through the observer tracing it."""
     observer = thread_state.observer
