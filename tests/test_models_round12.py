@@ -65,21 +65,48 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     train_and_evaluate(name, mode, autocast, FAMILIES, _assert_equal, train_compiles=TRAIN_COMPILES)
 
 
-def _params(names, quick):
+#: Families one of whose Dynamo graphs runs eagerly (their values still eager's): BigBird's random
+#: blocks are NumPy calls, which Dynamo's graph holds as ``torch._numpy`` operators run under
+#: ``DisableTorchFunction`` (as PEGASUS-X's in round 10): a subtraction reaches torch's dispatch
+#: with a traced tensor.
+EAGER_GRAPH = pytest.mark.xfail(raises=AssertionError, strict=True, reason="a graph of NumPy operators runs eagerly")
+EAGER_GRAPHS = {"bigbird_pegasus"}
+#: Families whose Dynamo run is not eager's bit for bit (``jit``'s is), not root-caused: the first
+#: step's gradient of the first parameter is a few ulps apart (Autoformer's value projection,
+#: SpeechT5's first parameter with a gradient; Autoformer's autocast step in another). Both break Dynamo's graph in
+#: the middle of a layer (Autoformer at ``int(top_k_delays_index[i])``, SpeechT5 at its LayerDrop
+#: ``torch.rand([]) < layerdrop``), as NLLB-MoE's ``nonzero`` does in round 11, where gradients
+#: added across graphs are summed in another association: the likely cause, unconfirmed here.
+DYNAMO_ULPS = pytest.mark.xfail(
+    raises=AssertionError, strict=True, reason="gradients an ulp apart under Dynamo's broken graphs"
+)
+DYNAMO_ULPS_TRAINING = {"autoformer", "speecht5"}
+DYNAMO_ULPS_AUTOCAST = {"autoformer"}
+
+
+def _params(names, quick, ulps=frozenset()):
     return [
-        pytest.param(n, mode, marks=() if n in quick and mode == "jit" else pytest.mark.slow)
+        pytest.param(
+            n,
+            mode,
+            marks=[
+                *(() if n in quick and mode == "jit" else [pytest.mark.slow]),
+                *([EAGER_GRAPH] if mode == "compile" and n in EAGER_GRAPHS else []),
+                *([DYNAMO_ULPS] if mode == "compile" and n in ulps else []),
+            ],
+        )
         for n in names
         for mode in MODES
         if not (mode == "jit" and n in NUMPY_RANDOM)
     ]
 
 
-@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK))
+@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK, DYNAMO_ULPS_TRAINING))
 def test_family_trains_and_evaluates_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=False)
 
 
-@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK_AUTOCAST))
+@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK_AUTOCAST, DYNAMO_ULPS_AUTOCAST))
 def test_family_takes_an_autocast_step_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=True)
 
