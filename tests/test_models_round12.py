@@ -81,7 +81,14 @@ DYNAMO_ULPS = pytest.mark.xfail(
     raises=AssertionError, strict=True, reason="gradients an ulp apart under Dynamo's broken graphs"
 )
 DYNAMO_ULPS_TRAINING = {"autoformer", "speecht5"}
-DYNAMO_ULPS_AUTOCAST = {"autoformer"}
+DYNAMO_ULPS_AUTOCAST = {"autoformer", "speecht5"}
+#: Pix2Struct's autocast step under Dynamo (``jit``'s is eager's bit for bit), not root-caused: the
+#: gradient of the decoder's relative attention bias table (``relative_attention_bias.weight``,
+#: 8 buckets x 2 heads) is up to 3% apart (2.5e-5) in 9 of its 16 entries, more than an ulp of
+#: bfloat16 rounding in another order would make.
+BIAS_TABLE = pytest.mark.xfail(
+    raises=AssertionError, strict=True, reason="Pix2Struct's bias table gradient differs under Dynamo's autocast"
+)
 
 
 def _params(names, quick, ulps=frozenset()):
@@ -93,6 +100,7 @@ def _params(names, quick, ulps=frozenset()):
                 *(() if n in quick and mode == "jit" else [pytest.mark.slow]),
                 *([EAGER_GRAPH] if mode == "compile" and n in EAGER_GRAPHS else []),
                 *([DYNAMO_ULPS] if mode == "compile" and n in ulps else []),
+                *([BIAS_TABLE] if mode == "compile" and n == "pix2struct" and ulps is DYNAMO_ULPS_AUTOCAST else []),
             ],
         )
         for n in names
