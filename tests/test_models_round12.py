@@ -76,7 +76,8 @@ EAGER_GRAPHS = {"bigbird_pegasus"}
 #: SpeechT5's first parameter with a gradient; Autoformer's autocast step in another). Both break Dynamo's graph in
 #: the middle of a layer (Autoformer at ``int(top_k_delays_index[i])``, SpeechT5 at its LayerDrop
 #: ``torch.rand([]) < layerdrop``), as NLLB-MoE's ``nonzero`` does in round 11, where gradients
-#: added across graphs are summed in another association: the likely cause, unconfirmed here.
+#: added across graphs are summed in another association: the likely cause, unconfirmed here
+#: (under ``backend="eager"``, node by node, both are eager's bit for bit).
 DYNAMO_ULPS = pytest.mark.xfail(
     raises=AssertionError, strict=True, reason="gradients an ulp apart under Dynamo's broken graphs"
 )
