@@ -5,6 +5,8 @@ opaque kernels (``OpaqueKernel``).
 Each helper is written once here; a family keeps the helpers only it uses.
 """
 
+import operator
+
 import torch
 
 from thunder_rs import _core
@@ -42,6 +44,14 @@ def is_int(x) -> bool:
     """Whether ``x`` is a Python int (which ``bool`` is not for torch's argument parsing) or a
     symbolic size (``SymInt``)."""
     return (isinstance(x, int) and not isinstance(x, bool)) or type(x) is SymInt
+
+
+def read_ints(values: tuple) -> tuple:
+    """``values`` (an int list argument) with each tensor among them read as eager's argument
+    parser reads it, by ``__index__`` (a read of its value the compiled call checks; eager's error
+    where it is not one integer): ViLT's ``F.interpolate(..., size=(h, w))`` and
+    ``F.pad(x, (0, width - w, 0, height - h))`` of patch counts summed from a pixel mask."""
+    return tuple(operator.index(v) if isinstance(v, torch.Tensor) else v for v in values)
 
 
 def is_number(x) -> bool:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from thunder_rs import prims
 from thunder_rs.torch.adaptive_pooling import _adaptive_avg_grad
-from thunder_rs.torch.common import OpaqueKernel, size_value
+from thunder_rs.torch.common import OpaqueKernel, read_ints, size_value
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import (
     ThunderNotImplementedError,
@@ -132,7 +132,7 @@ def _sizes_and_scales(op: str, input, size, scale_factor, mode, recompute_scale_
             "recompute_scale_factor is not meaningful with an explicit size (argument recompute_scale_factor)",
             ThunderValueError,
         )
-        sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,) * n
+        sizes = read_ints(tuple(size) if isinstance(size, (list, tuple)) else (size,) * n)
         check(
             len(sizes) == n,
             op,

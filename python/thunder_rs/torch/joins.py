@@ -26,7 +26,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.torch.autograd import also_zero_gradient
-from thunder_rs.torch.common import SCALAR_NAMES, is_int, pieces, require_tensors, size_value, slice_indices
+from thunder_rs.torch.common import SCALAR_NAMES, is_int, pieces, read_ints, require_tensors, size_value, slice_indices
 from thunder_rs.torch.indexing import put_slice_gradient
 from thunder_rs.torch.symbols import ltorch, read_numbers, torchsymbol
 from thunder_rs.torch.shape import _atleast, _one_of, _sizes, reshape_to, slice_in_dim, unsqueeze
@@ -478,7 +478,7 @@ def pad(input, pad, mode="constant", value=None):
         f"only mode='constant' has a decomposition, got {mode!r} (argument mode)",
         ThunderNotImplementedError,
     )
-    pad = tuple(pad)
+    pad = read_ints(tuple(pad))
     check(
         all(is_int(p) for p in pad),
         op,

@@ -160,7 +160,12 @@ fn zero_filled(e: &mut Emitter, g: ValueId, dim: usize, n: &Dim) -> Result<Value
 
 /// `fft_c2r_backward`'s accumulation by conjugate symmetry: of the one-sided gradient `half`,
 /// the entries `1 ..= n - (n // 2 + 1)` along `dim` (those whose mirror image the forward
-/// filled in) doubled, for an output of `n` elements along `dim`.
+/// filled in) doubled, for an output of `n` elements along `dim`. In `half`'s layout, as eager's
+/// `mul_(2)` of a narrowed `_fft_r2c` output leaves it (the transformed dim innermost): `half`
+/// plus those entries padded with `-0.0` (each part), which adds `x + x = 2x` there and leaves
+/// every other entry as it is, `-0.0` and infinities too. (A `cat` of the three pieces would be
+/// dense, and a complex product of the gradient then takes another kernel path, rounding
+/// Autoformer's autocorrelation gradients otherwise.)
 fn doubled_mirrors(e: &mut Emitter, half: ValueId, dim: usize, n: &Dim) -> Result<ValueId> {
     let m = e.meta(half);
     let doubled = n.sub(&m.shape[dim]);
@@ -168,14 +173,19 @@ fn doubled_mirrors(e: &mut Emitter, half: ValueId, dim: usize, n: &Dim) -> Resul
         return Ok(half);
     }
     let end = Dim::Const(1).add(&doubled);
-    let part = |e: &mut Emitter, lo: &Dim, hi: &Dim| {
-        let start = (0..m.ndim()).map(|d| if d == dim { lo.clone() } else { Dim::Const(0) }).collect();
-        let end = (0..m.ndim()).map(|d| if d == dim { hi.clone() } else { m.shape[d].clone() }).collect();
-        e.emit(Shape::Slice { start, end, strides: vec![1; m.ndim()] }, vec![Arg::Value(half)])
-    };
-    let first = part(e, &Dim::Const(0), &Dim::Const(1))?;
-    let middle = part(e, &Dim::Const(1), &end)?;
-    let rest = part(e, &end, &m.shape[dim])?;
-    let twice = e.mul(middle, Arg::Scalar(number(m.dtype, 2.0)))?;
-    e.emit(Shape::Cat { dim }, [first, twice, rest].map(Arg::Value).to_vec())
+    let start = (0..m.ndim()).map(|d| if d == dim { Dim::Const(1) } else { Dim::Const(0) }).collect();
+    let stop = (0..m.ndim()).map(|d| if d == dim { end.clone() } else { m.shape[d].clone() }).collect();
+    let middle = e.emit(Shape::Slice { start, end: stop, strides: vec![1; m.ndim()] }, vec![Arg::Value(half)])?;
+    let after = m.shape[dim].sub(&end);
+    let config: Vec<_> = (0..m.ndim())
+        .map(|d| if d == dim { (Dim::Const(1), after.clone(), 0) } else { (Dim::Const(0), Dim::Const(0), 0) })
+        .collect();
+    let mut parts = Vec::with_capacity(2);
+    for part in [Complex::Real {}, Complex::Imag {}] {
+        let p = e.emit(part, vec![Arg::Value(middle)])?;
+        let value = number(m.dtype.to_real(), -0.0);
+        parts.push(Arg::Value(e.emit(Shape::Pad { value, config: config.clone() }, vec![Arg::Value(p)])?));
+    }
+    let mirrored = e.emit(Complex::Complex {}, parts)?;
+    e.add(half, mirrored)
 }

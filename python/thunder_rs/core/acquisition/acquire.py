@@ -343,6 +343,8 @@ def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, 
         refuse_dtensors(binding.qualified, binding.tensors())
         refuse_uninitialized(binding.qualified, binding.tensors())
         params = [input_proxy(rec, t) for t in binding.tensors()]
+        for t, p in zip(binding.tensors(), params):
+            captures.alias(t, p)
         clone, pairs = binding.clone(params)
         # The module's own call (hooks, forward): calling the clone would go through the
         # ``_compiled_call_impl`` it copied from the user's module (``compile_module``, or a jitted

@@ -174,6 +174,12 @@ class Captures:
             if isinstance(t, torch.Tensor) and not isinstance(t, TensorProxy) and not t.is_meta:
                 self._created[id(t)] = t
 
+    def alias(self, t: torch.Tensor, proxy: TensorProxy) -> None:
+        """Stands ``proxy`` (a module's parameter or buffer input) for ``t`` wherever the program
+        reaches ``t`` by another path than its module tree (a plain list of its submodules, as
+        UperNet's pyramid pooling keeps them): one trace input, written back to its slot."""
+        self._proxies[id(t)] = proxy
+
     def hold(self, t: torch.Tensor, held) -> None:
         """Reads ``t`` by every call where ``held`` (a ``reached.ArgumentTensor``) says."""
         self._held[id(t)] = held
