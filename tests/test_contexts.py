@@ -447,7 +447,9 @@ def _under_cuda_autocast(fn, dtype):
 #: Ops that run as an eager fallback under autocast (their decomposition would not cast inside
 #: as eager's Python does): the fallback computes its dtypes under ``torch.autocast("cuda")``, which
 #: torch turns off without a GPU, so only a GPU checks them (``test_multihead_attention.py``).
-_FALLBACK_UNDER_AUTOCAST = {"multi_head_attention_forward"}
+#: (``native_self_attention``'s sample is ``nn.MultiheadAttention``, whose fast path CUDA autocast
+#: turns off: it runs ``multi_head_attention_forward``.)
+_FALLBACK_UNDER_AUTOCAST = {"multi_head_attention_forward", "native_self_attention"}
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -181,11 +181,13 @@ STANDS_FOR = {
 }
 
 
-def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
+def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True, autocast_inside: bool = False):
     """Registers ``ltorch.<name>`` for ``torch_fns``: an opaque symbol the torch executor runs as
     ``torch_fns[0]``, with ``meta`` (or torch's meta kernel) for its outputs, and a backward that
     runs torch's derivative of ``torch_fns[0]``. ``integers_rejected``: eager raises
-    NotImplementedError for an integer input (else a RuntimeError, as its meta kernel does)."""
+    NotImplementedError for an integer input (else a RuntimeError, as its meta kernel does).
+    ``autocast_inside``: a kernel with a meta rule whose own calls autocast casts (a fused layer
+    calling linear), run as the eager fallback under autocast as the composites are."""
     sym_name, shown_name = f"ltorch.{name}", f"ltorch.{STANDS_FOR.get(name, name)}"
     sid = _core.register_symbol(sym_name, fallback=True)
     func = torch_fns[0]
@@ -204,7 +206,7 @@ def opaque(name: str, *torch_fns, meta=None, integers_rejected: bool = True):
     def symbol(*args, **kwargs):
         if "out" in kwargs and kwargs["out"] is None:  # torch.functional's wrappers pass it on
             del kwargs["out"]
-        if meta is None and _is_any_autocast_enabled():
+        if (meta is None or autocast_inside) and _is_any_autocast_enabled():
             # Eager's composites (pinv, ...) autocast the ops inside them: the call runs as an
             # eager fallback under the traced autocast state. (Those with a meta rule here are
             # kernels that autocast casts whole, as the language context has.)

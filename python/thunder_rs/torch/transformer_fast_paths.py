@@ -164,7 +164,9 @@ def _native_encoder_layer_meta(src, *weights, mask=None, **options):
 
 #: ``ltorch.native_encoder_layer``: run whole by torch, in evaluation without grad only, where
 #: eager's layer runs it.
-native_encoder_layer = opaque("native_encoder_layer", _native_encoder_layer, meta=_native_encoder_layer_meta)
+native_encoder_layer = opaque(
+    "native_encoder_layer", _native_encoder_layer, meta=_native_encoder_layer_meta, autocast_inside=True
+)
 
 
 def _canonical_masks(mask, padding, dtype, names=("src_mask", "src_key_padding_mask")) -> tuple:
@@ -229,7 +231,9 @@ def _native_self_attention_meta(query, in_weight, in_bias, out_weight, out_bias,
 
 #: ``ltorch.native_self_attention``: run whole by torch, in evaluation without grad only (the
 #: kernel has no derivative), where eager's module runs it.
-native_self_attention = opaque("native_self_attention", _native_self_attention, meta=_native_self_attention_meta)
+native_self_attention = opaque(
+    "native_self_attention", _native_self_attention, meta=_native_self_attention_meta, autocast_inside=True
+)
 
 
 def _attention_forward_in_trace(
