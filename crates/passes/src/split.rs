@@ -7,9 +7,7 @@
 //! that are not needed anyway, take no more bytes than it does. The forward's inputs cost
 //! nothing to save (the caller holds them). Random prims are never recomputed, and neither is a
 //! conversion of a forward input to a narrower dtype (autocast's bfloat16 copy of a float32
-//! weight): see `narrows_input`. The output of a composite that decomposes into one cheap prim
-//! (`ltorch.div` into `prims.div`) is recomputed by that prim when everything it reads is free or
-//! needed anyway, as eager's `DivBackward0` keeps `x` and `y` rather than the quotient.
+//! weight): see `narrows_input`.
 //!
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
@@ -39,11 +37,6 @@ enum Source<'a> {
     Input,
     /// Made by a prim the backward could run again.
     Prim(&'a BoundSymbol),
-    /// The output of a composite whose decomposition is this one elementwise prim, after
-    /// conversions of its operands (`ltorch.div` of two tensors of one dtype is `prims.div`): the
-    /// same kernel run again gives the same bits. With the composite when the prim is all of it
-    /// (the backward runs it whole, as the forward: its executor claims it again).
-    Composite(&'a BoundSymbol, Option<&'a BoundSymbol>),
     /// Made by something that must run in the forward (a composite's output, a fallback).
     Opaque,
 }
@@ -118,15 +111,13 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
     needed_values(t, &backward, cot_inputs, grads).into_iter().for_each(|v| need(v, &mut seen, &mut heap));
     let mut recomputed = Vec::new();
     while let Some(v) = heap.pop() {
-        let Some(source @ (Source::Prim(bsym) | Source::Composite(bsym, _))) = sources.get(&v).copied() else {
-            return Ok(None);
-        };
+        let Some(Source::Prim(bsym)) = sources.get(&v).copied() else { return Ok(None) };
         if !recomputable(bsym) {
             return Ok(None);
         }
         bsym.for_each_input(|i| need(i, &mut seen, &mut heap));
         for_each_param_size(t, bsym, &mut |i| need(i, &mut seen, &mut heap));
-        recomputed.extend(recomputation(source));
+        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
     recomputed.sort_by_key(|b| b.outputs[0]);
     recomputed.extend(backward);
@@ -202,35 +193,11 @@ fn sources<'a>(t: &Trace, inputs: &[ValueId], forward: &'a [BoundSymbol]) -> FxH
             }),
             _ => {
                 bsym.subsymbols.iter().for_each(|sub| add(sub, out));
-                let source = single_prim(bsym)
-                    .map_or(Source::Opaque, |(prim, alone)| Source::Composite(prim, alone.then_some(bsym)));
                 bsym.outputs.iter().for_each(|&v| {
-                    out.insert(v, source);
+                    out.insert(v, Source::Opaque);
                 });
             }
         }
-    }
-    // The elementwise prim that defines a composite's output when the rest of its decomposition
-    // (nested composites too) converts operands to the dtype it computes in (type promotion:
-    // `ltorch.div` of float32 by bfloat16 converts, then divides, as torch's kernel does). (A
-    // view's storage is held by its base either way: a composite view stays saved.)
-    // (And whether it is the whole decomposition.)
-    fn single_prim(bsym: &BoundSymbol) -> Option<(&BoundSymbol, bool)> {
-        fn leaves<'b>(bsym: &'b BoundSymbol, out: &mut Vec<&'b BoundSymbol>) {
-            match bsym.symbol {
-                Symbol::Prim(_) => out.push(bsym),
-                _ => bsym.subsymbols.iter().for_each(|s| leaves(s, out)),
-            }
-        }
-        let mut prims = Vec::new();
-        leaves(bsym, &mut prims);
-        let (last, converts) = prims.split_last()?;
-        let convert = |b: &&BoundSymbol| {
-            matches!(b.symbol, Symbol::Prim(Prim::Elementwise(Elementwise::ConvertElementType { .. })))
-        };
-        let elementwise = matches!(&last.symbol, Symbol::Prim(p) if p.is_elementwise());
-        (elementwise && last.outputs == bsym.outputs && converts.iter().all(convert))
-            .then_some((*last, converts.is_empty()))
     }
     let mut out: FxHashMap<ValueId, Source<'a>> = FxHashMap::default();
     out.reserve(t.values.len());
@@ -268,18 +235,6 @@ fn bytes(t: &Trace, v: ValueId) -> i64 {
     }
 }
 
-/// The call that computes a recomputed value again in the backward: its prim, or its composite
-/// whole where that is one prim (`Source::Composite`).
-fn recomputation(source: Source) -> Option<BoundSymbol> {
-    match source {
-        Source::Composite(_, Some(whole)) => Some(BoundSymbol { grad: None, ..whole.clone() }),
-        Source::Prim(b) | Source::Composite(b, None) => {
-            Some(BoundSymbol { subsymbols: Default::default(), grad: None, ..b.clone() })
-        }
-        Source::Input | Source::Opaque => None,
-    }
-}
-
 /// Decides, from the last-defined needed value to the first, what the backward saves and what
 /// it recomputes. Returns the residuals (by id) and the prims to recompute.
 fn choose_residuals(
@@ -296,10 +251,8 @@ fn choose_residuals(
     }
     let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
     while let Some(v) = heap.pop() {
-        let source = sources.get(&v).copied();
-        let (bsym, composite) = match source {
-            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => (b, false),
-            Some(Source::Composite(b, _)) if recomputable(b) && !narrows_input(t, sources, b) => (b, true),
+        let bsym = match sources.get(&v) {
+            Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => *b,
             _ => {
                 residuals.push(v);
                 continue;
@@ -312,10 +265,7 @@ fn choose_residuals(
                 extra += bytes(t, i);
             }
         });
-        // A composite's output is recomputed only from what is free or needed anyway: its prim
-        // then costs a kernel in the backward and no bytes (eager's `DivBackward0` keeps `x`
-        // and `y` and divides again; saving the quotient held it besides `y`).
-        if extra > bytes(t, v) || (composite && extra > 0) {
+        if extra > bytes(t, v) {
             residuals.push(v);
             continue;
         }
@@ -326,7 +276,7 @@ fn choose_residuals(
         };
         bsym.for_each_input(&mut need);
         for_each_param_size(t, bsym, &mut need);
-        recomputed.extend(source.and_then(recomputation));
+        recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
     residuals.sort_unstable();
     (residuals, recomputed)
@@ -362,44 +312,6 @@ mod tests {
         let e = b.record_prim("exp", vec![Arg::Value(x)]).unwrap()[0];
         let s = b.record_prim("sin", vec![Arg::Value(x)]).unwrap()[0];
         b.finish(Arg::Tuple(vec![Arg::Value(e), Arg::Value(s)])).unwrap()
-    }
-
-    /// `x -> ltorch.div(x, d)`, `d` a composite of two prims (`abs(x) + x`), `x` requiring grad.
-    fn composite_quotient() -> Trace {
-        let mut b = TraceBuilder::new();
-        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4]) };
-        let x = b.add_input(ValueKind::Tensor(meta));
-        let composite = |name: &str| trace_ir::SymbolTable::register(name, trace_ir::SymbolKind::Composite);
-        b.begin_composite(composite("ltorch.divisor"), vec![Arg::Value(x)], Vec::new());
-        let a = b.record_prim("abs", vec![Arg::Value(x)]).unwrap()[0];
-        let d = b.record_prim("add", vec![Arg::Value(a), Arg::Value(x)]).unwrap()[0];
-        b.end_composite(vec![d]).unwrap();
-        b.begin_composite(composite("ltorch.div"), vec![Arg::Value(x), Arg::Value(d)], Vec::new());
-        let q = b.record_prim("div", vec![Arg::Value(x), Arg::Value(d)]).unwrap()[0];
-        b.end_composite(vec![q]).unwrap();
-        b.finish(Arg::Value(q)).unwrap()
-    }
-
-    #[test]
-    fn a_composites_output_made_of_what_is_kept_anyway_is_computed_again() {
-        // div's backward reads the quotient and the divisor: the divisor is saved (its composite
-        // is two prims), the quotient divided again from x (free) and the divisor, as eager keeps
-        // `x` and `y` for `DivBackward0`, not the quotient; by the composite, whole, as the
-        // forward runs it.
-        let trace = composite_quotient();
-        let (d, q) = (trace.bsyms[0].outputs[0], trace.bsyms[1].outputs[0]);
-        let halves = split(&joint(&trace).unwrap().unwrap()).unwrap();
-        assert_eq!(halves.residuals, [trace.inputs[0], d], "{}", halves.forward);
-        let again = &halves.backward.bsyms[0];
-        assert_eq!(
-            (&again.symbol, &again.subsymbols, &again.outputs),
-            (&trace.bsyms[1].symbol, &trace.bsyms[1].subsymbols, &vec![q])
-        );
-        assert_eq!(halves.forward.bsyms, trace.bsyms, "the forward keeps its composites whole");
-        let partial = joint_without(&trace, &[]).unwrap().unwrap();
-        let backward = backward_from(&partial, &halves.residuals).unwrap().expect("the quotient is made again");
-        assert_eq!(backward.bsyms[0], BoundSymbol { grad: None, ..trace.bsyms[1].clone() });
-        trace_ir::verify::verify(&halves.backward).unwrap();
     }
 
     #[test]
