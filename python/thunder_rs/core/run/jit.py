@@ -360,20 +360,23 @@ class ThunderFunction:
         that were seen to change symbolic (``values.widened``), and those that differ from the
         reads of ``prior`` (the variant whose check failed; else the entry compiled last); where
         that fails, with them constant."""
-        if self._binding is not None and not self._binding.same_structure():
-            # (changed past ``nn.Module.__setattr__``, ``model._modules["act"] = nn.Tanh()``: no epoch
-            # moved, a module guard found it)
-            self._check_binding()
-        sites = self._sized_sites
-        prior = self._last_entry if prior is None else prior
-        reads = prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
-        if not sites and not reads and not any(r.sizes for r in forced):
-            return self._compile_with(flat, spec, key, guard_reason, forced, {}, **options)
-        try:
-            return self._compile_with(flat, spec, key, guard_reason, forced, sites, prior=reads, **options)
-        except Exception:  # noqa: BLE001 (a program's own error is raised again below)
-            constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
-            return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
+        with collections_deferred():  # (the structure check allocates too: one collection at the end)
+            if self._binding is not None and not self._binding.same_structure():
+                # (changed past ``nn.Module.__setattr__``, ``model._modules["act"] = nn.Tanh()``: no epoch
+                # moved, a module guard found it)
+                self._check_binding()
+            sites = self._sized_sites
+            prior = self._last_entry if prior is None else prior
+            reads = (
+                prior.reads if prior is not None and self._dynamic is not False and self._dynamic_off is None else ()
+            )
+            if not sites and not reads and not any(r.sizes for r in forced):
+                return self._compile_with(flat, spec, key, guard_reason, forced, {}, **options)
+            try:
+                return self._compile_with(flat, spec, key, guard_reason, forced, sites, prior=reads, **options)
+            except Exception:  # noqa: BLE001 (a program's own error is raised again below)
+                constant = next((i for i, r in enumerate(forced) if r.sizes), len(forced))
+                return self._compile_with(flat, spec, key, guard_reason, forced[:constant], {}, **options)
 
     def _compile_with(self, *args, **kwargs) -> Entry:
         """``_compile_entry``, with the garbage collections it would start run once at its end
