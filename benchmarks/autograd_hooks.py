@@ -8,12 +8,16 @@ us/call, min and median of ``--rounds`` rounds of ``--calls`` calls. Run with OM
 compare trees by running this with each tree's ``python`` on PYTHONPATH, alternating."""
 
 import argparse
-import time
+import os
+import sys
 
 import torch
 
-import thunder_rs
-from thunder_rs.core.run.autograd import grad_function
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import thunder_rs  # noqa: E402
+from inplace_views import _timed  # noqa: E402 (the same rounds of thread CPU time)
+from thunder_rs.core.run.autograd import grad_function  # noqa: E402
 
 
 def two(x, w):
@@ -42,19 +46,6 @@ def _forward(x, w):
 
 def _backward(saved, ga, gb):
     return ga, gb
-
-
-def _timed(call, calls: int, rounds: int) -> tuple[float, float]:
-    for _ in range(50):
-        call()
-    times = []
-    for _ in range(rounds):
-        t0 = time.thread_time_ns()
-        for _ in range(calls):
-            call()
-        times.append((time.thread_time_ns() - t0) / calls / 1e3)
-    times.sort()
-    return times[0], times[len(times) // 2]
 
 
 def main() -> None:
