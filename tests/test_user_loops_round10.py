@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim import lr_scheduler, swa_utils
 
 
-from user_loops_round6 import trains_as_eager
+from user_loops_round6 import trains_as_eager, wrap
 from user_loops_round7 import batch, call_step, classify, loop, mlp
 from user_loops_round9 import optimized
 from user_loops_round10 import (
@@ -448,3 +448,35 @@ def test_nn_transformer_translation_with_causal_and_padding_masks_and_greedy_dec
     build = optimized(lambda ps: torch.optim.Adam(ps, 1e-2), Translator)
     tol = {} if mode == "jit" else F32
     trains_as_eager(loop(build, translate_body, whole=False), step, modes=(mode,), steps=2, **tol)
+
+
+# ------------------------------------------------------------------ properties in Dynamo's graphs
+
+
+def transposed_heads(h, w, c):
+    """A head tied to a weight through each transposing property (Dynamo writes them as
+    ``aten.numpy_T``, ``aten.mT``, ``aten.matrix_H``, ``aten.mH``), one written through in place."""
+    v = w.detach().clone()
+    v.T.mul_(2)  # (through the view: v's own elements)
+    out = h @ w.T + h @ w.mT + h @ w.H + h @ w.mH
+    return out, v, (c.mH @ c).real.sum() + (c.H @ c).imag.sum()
+
+
+@pytest.mark.parametrize("mode", ["jit", "compile"])
+def test_a_head_tied_through_transposing_properties_gets_eagers_gradients_bit_for_bit(mode):
+    """The MLM's head ``h @ embed.weight.T`` compiled for thunder_rs gave a gradient differing from
+    eager's in the last bits: Dynamo's ``aten.numpy_T`` ran as an opaque eager call, and the
+    matmul's vjp computed ``h.T @ g`` where eager (its operand a transposed layout) computes
+    ``(g.T @ h).T``. The properties are now the symbols ``jit`` traces."""
+    generator = torch.Generator().manual_seed(3)
+    h, g = torch.randn(3, 7, 8, generator=generator), torch.randn(3, 7, 12, generator=generator)
+    c0 = torch.randn(4, 3, dtype=torch.complex64, generator=generator)
+    results = {}
+    for m in ("eager", mode):
+        torch._dynamo.reset()
+        w = torch.randn(12, 8, generator=torch.Generator().manual_seed(4)).requires_grad_()
+        c = c0.clone().requires_grad_()
+        out, v, z = wrap(m, transposed_heads)(h, w, c)
+        torch.autograd.backward([out, z], [g, torch.ones(())])
+        results[m] = out, v, z, w.grad, c.grad
+    torch.testing.assert_close(results[mode], results["eager"], rtol=0, atol=0)

@@ -337,6 +337,15 @@ def _symbol(name: str):
     return getattr(_shape, name, None) or getattr(_joins, name, None) or getattr(_indexing, name)
 
 
+#: The tensor properties Dynamo writes as aten calls, by property.
+_ATEN_PROPERTIES = {
+    "T": torch.ops.aten.numpy_T,
+    "mT": torch.ops.aten.mT,
+    "H": torch.ops.aten.matrix_H,
+    "mH": torch.ops.aten.mH,
+}
+
+
 def _register() -> None:
     rewrap = _Rewrap(TORCH_TO_LTORCH)
     for name in _PRIM_VIEWS:
@@ -357,6 +366,10 @@ def _register() -> None:
     PROPERTY_TO_LTORCH["imag"] = _eager_property("imag")
     PROPERTY_TO_LTORCH["mH"] = _of_real("mH", PROPERTY_TO_LTORCH["mT"], 2)
     PROPERTY_TO_LTORCH["H"] = _of_real("H", PROPERTY_TO_LTORCH["T"], 2, exact=True)
+    # Dynamo's graphs read these properties as aten calls (``torch.ops.aten.numpy_T(t)`` for
+    # ``t.T``): the same symbols, not an opaque eager call whose vjp's matmul layout is not eager's.
+    for name, packet in _ATEN_PROPERTIES.items():
+        TORCH_TO_LTORCH[packet] = TORCH_TO_LTORCH[packet.default] = PROPERTY_TO_LTORCH[name]
     rewrap(_shape.contiguous, _contiguous_or_copy(_shape.contiguous))
     rewrap(TORCH_TO_LTORCH[torch.ravel], _ravel(TORCH_TO_LTORCH[torch.ravel]))
     for name in _COPIES:
