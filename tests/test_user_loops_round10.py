@@ -480,3 +480,42 @@ def test_a_head_tied_through_transposing_properties_gets_eagers_gradients_bit_fo
         torch.autograd.backward([out, z], [g, torch.ones(())])
         results[m] = out, v, z, w.grad, c.grad
     torch.testing.assert_close(results[mode], results["eager"], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------ whole steps compiled
+
+WHOLE = {
+    "clip": (
+        optimized(lambda ps: torch.optim.SGD(ps, 0.5), ClipPair),
+        clip_body,
+        lambda world, i: world["step"](torch.randn(4, 6), torch.randint(0, 10, (4, 3))),
+    ),
+    "ranking": (
+        optimized(lambda ps: torch.optim.SGD(ps, 0.1), lambda: mlp(4, 8, 3)),
+        ranking_body,
+        lambda world, i: world["step"](torch.randn(8, 4), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])),
+    ),
+    "focal": (
+        optimized(lambda ps: torch.optim.SGD(ps, 0.1, momentum=0.9), lambda: mlp(4, 8, 5)),
+        focal_body,
+        lambda world, i: world["step"](torch.randn(6, 4), (torch.rand(6, 5) < 0.3).float()),
+    ),
+    "mlm": (
+        optimized(
+            lambda ps: torch.optim.SGD(ps, 0.1),
+            MaskedLM,
+            scheduler=lambda o: lr_scheduler.LinearLR(o, 0.1, 1.0, total_iters=3),
+        ),
+        mlm_body,
+        lambda world, i: world["step"](torch.randint(2, 12, (3, 7))),
+    ),
+}
+
+
+@SLOW
+@pytest.mark.parametrize("name", WHOLE)
+def test_whole_steps_compiled_for_thunder_rs_are_eagers(name):
+    """The step with its loss, backward and (plain SGD) optimizer step under one
+    ``torch.compile``."""
+    build, body, step = WHOLE[name]
+    trains_as_eager(loop(build, body), step, modes=("compile",), steps=3)

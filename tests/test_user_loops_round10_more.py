@@ -544,3 +544,56 @@ def test_temperature_scaling_by_lbfgs_after_training_is_eagers():
 
     build = optimized(lambda ps: torch.optim.SGD(ps, 0.5))
     trains_as_eager(loop(build, body, whole=False), lambda world, i: world["step"](*batch(), i), steps=3, misses=2)
+
+
+# ------------------------------------------------------------------------ whole steps compiled
+
+
+def maml_world():
+    layers = mlp(1, 8, 1)
+    weights = nn.ParameterList([layers[0].weight, layers[0].bias, layers[2].weight, layers[2].bias])
+    return {"weights": weights, "model": net_of, "optimizer": torch.optim.SGD(weights.parameters(), 1e-2)}
+
+
+def sine_tasks(world, i):
+    tasks = []
+    for _ in range(2):
+        amplitude, phase = torch.rand(()) + 0.5, torch.rand(()) * 3
+        xs, xq = torch.rand(5, 1) * 6 - 3, torch.rand(5, 1) * 6 - 3
+        tasks.append((xs, amplitude * (xs + phase).sin(), xq, amplitude * (xq + phase).sin()))
+    return world["step"](tasks)
+
+
+def online_and_target():
+    online, target = mlp(), mlp()
+    target.load_state_dict(online.state_dict())
+    return {"model": online, "target": target.requires_grad_(False), "replay": [],
+            "optimizer": torch.optim.SGD(online.parameters(), 1e-2, momentum=0.9)}  # fmt: skip
+
+
+WHOLE = {
+    "ppo": (
+        optimized(lambda ps: torch.optim.SGD(ps, 0.1), Policy),
+        ppo_body,
+        lambda world, i: world["step"](torch.randn(8, 4), torch.rand(8)),
+        ("model",),
+    ),
+    "dqn": (online_and_target, dqn_body, lambda world, i: world["step"](torch.randn(3, 4), i), ("model", "target")),
+    "fixmatch": (
+        optimized(lambda ps: torch.optim.SGD(ps, 0.3, momentum=0.9)),
+        fixmatch_body,
+        lambda world, i: world["step"](*batch(4), torch.randn(8, 4) * 2),
+        ("model",),
+    ),
+    "maml": (maml_world, maml_body, sine_tasks, ("model",)),
+}
+
+
+@SLOW
+@pytest.mark.parametrize("name", WHOLE)
+def test_whole_steps_compiled_for_thunder_rs_are_eagers(name):
+    """The step with its losses, backwards and (SGD) optimizer steps under one ``torch.compile``
+    (Dynamo breaking its graph where the step reads a value or calls ``autograd.grad``)."""
+    build, body, step, forwards = WHOLE[name]
+    tol = F32 if name == "maml" else {}
+    trains_as_eager(loop(build, body, forwards=forwards), step, modes=("compile",), steps=3, **tol)
