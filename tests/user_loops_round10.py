@@ -278,3 +278,18 @@ class DomainAdversarial(nn.Module):
     def forward(self, x, lam: float):
         h = self.features(x)
         return self.label(h), self.domain(Reverse.apply(h, lam)).squeeze(-1)
+
+
+def nucleus_translate(call, src, src_padding, length: int = 5, top_p: float = 0.8, eos: int = 0, start: int = 1):
+    """Sampling translations token by token: temperature, nucleus (top-p) filtering by a sorted
+    cumulative sum scattered back, ``torch.multinomial``; a finished row (its EOS drawn) gets EOS."""
+    tgt, done = torch.full((src.shape[0], 1), start), torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(length):
+        logits = call(src, tgt, src_padding)[:, -1] / 0.7
+        sorted_logits, order = logits.sort(-1, descending=True)
+        drop = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1) > top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        token = torch.multinomial(logits.softmax(-1), 1).masked_fill(done[:, None], eos)
+        done |= token[:, 0] == eos
+        tgt = torch.cat([tgt, token], 1)
+    return tgt, done
