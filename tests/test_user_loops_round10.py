@@ -37,7 +37,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),  # (Dynamo's graph breaks, at backward())
 ]
 SLOW = pytest.mark.slow
-F32 = dict(rtol=1.3e-6, atol=1e-5)
 MODES = ["jit", pytest.param("compile", marks=SLOW)]
 
 

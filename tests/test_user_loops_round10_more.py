@@ -229,12 +229,24 @@ def net_of(weights, x):
     return F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2)
 
 
+def warmed(world):
+    """A double backward through the jitted function once, before the loop, from fixed values and
+    into no ``.grad``: the first double backward through a compiled call is eager's within a
+    rounding (``test_double_backward_order.py``: it differentiates the program computed again),
+    every later one eager's bit for bit."""
+    if world.setdefault("warm", []):
+        return
+    x = torch.linspace(-1, 1, 5)[:, None]
+    weights = list(world["weights"])
+    (grad,) = torch.autograd.grad(world["forward"].model(weights, x).sum(), [weights[0]], create_graph=True)
+    world["warm"].append(torch.autograd.grad(grad.sum(), weights)[0])
+
+
 def maml_body(world, tasks, inner_lr=0.1, inner_steps=2):
     """Second-order MAML: per task, inner SGD steps by ``autograd.grad(create_graph=True)`` through
     the jitted function of the weights, the query loss of the adapted weights summed, and the meta
-    step of Adam over the initial weights. The second-order gradient is eager's within float32's
-    rounding: the call's backward of its backward sums the paths through the inner steps in its
-    own order, not eager's engine's (the first moment differs in the last bit at step 0)."""
+    step over the initial weights (after :func:`warmed`)."""
+    warmed(world)
     meta, query_losses = list(world["weights"]), []
     for xs, ys, xq, yq in tasks:
         fast = meta
@@ -261,7 +273,7 @@ def test_second_order_maml_through_a_jitted_function_of_the_weights_is_eagers(mo
             tasks.append((xs, amplitude * (xs + phase).sin(), xq, amplitude * (xq + phase).sin()))
         return world["step"](tasks)
 
-    trains_as_eager(loop(build, maml_body, whole=False), step, modes=(mode,), steps=2, misses=misses(mode, 2), **F32)
+    trains_as_eager(loop(build, maml_body, whole=False), step, modes=(mode,), steps=2, misses=misses(mode, 1))
 
 
 # ------------------------------------------------------------------- what the loop changes
@@ -595,5 +607,4 @@ def test_whole_steps_compiled_for_thunder_rs_are_eagers(name):
     """The step with its losses, backwards and (SGD) optimizer steps under one ``torch.compile``
     (Dynamo breaking its graph where the step reads a value or calls ``autograd.grad``)."""
     build, body, step, forwards = WHOLE[name]
-    tol = F32 if name == "maml" else {}
-    trains_as_eager(loop(build, body, forwards=forwards), step, modes=("compile",), steps=3, **tol)
+    trains_as_eager(loop(build, body, forwards=forwards), step, modes=("compile",), steps=3)
