@@ -6,8 +6,9 @@ gradient hooks outside ``no_sync``, a ``GradScaler`` over two optimizers one of 
 autocast with master weights, averaged models of a parametrized model, SWA with per-group SWA
 learning rates, distillation of hints, multi-crop DINO, masked language modelling, CLIP with its
 temperature clamped in place, margin ranking over mined negatives, CTC, ``nn.Transformer``
-translation, PPO with early stopping on the KL, double DQN, flows, DDIM, MAML through a jitted
-function, pruning, quantization observers, checkpointing toggled per epoch, gradient reversal."""
+translation and translations sampled by hand, whole steps compiled, and the transposing properties
+as Dynamo's graphs read them (``aten.numpy_T``: a head tied by ``h @ W.T``). The rest of the round
+is in ``test_user_loops_round10_more.py``."""
 
 import copy
 
