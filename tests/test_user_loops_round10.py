@@ -546,3 +546,26 @@ def test_nucleus_sampled_translations_after_training_are_eagers(mode):
 
     build = optimized(lambda ps: torch.optim.Adam(ps, 5e-2), Translator)
     trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=2)
+
+
+def rescaled_through_views(w, x):
+    with torch.no_grad():
+        w.T.mul_(0.5)
+        w.mT[0].add_(1)
+    return (x @ w.T).sum()
+
+
+@pytest.mark.parametrize("mode", ["jit", "compile"])
+def test_writes_under_no_grad_through_transposing_properties_of_a_parameter_are_eagers(mode):
+    """A weight rescaled in place through ``w.T`` and ``w.mT[0]`` under ``no_grad`` (as a norm
+    constraint by hand does) then read: compiled for thunder_rs before ``aten.numpy_T``/``aten.mT``
+    were the property symbols, the writes were lost (the weight, its version and the loss eager's
+    before the writes)."""
+    results = {}
+    for m in ("eager", mode):
+        torch._dynamo.reset()
+        w = torch.arange(6.0).reshape(2, 3).requires_grad_()
+        loss = wrap(m, rescaled_through_views)(w, torch.ones(4, 3))
+        loss.backward()
+        results[m] = loss.detach(), w.detach().clone(), w.grad, w._version
+    torch.testing.assert_close(results[mode], results["eager"], rtol=0, atol=0)
