@@ -460,21 +460,13 @@ def test_a_second_backward_from_another_output_reading_a_residual_the_first_read
     assert_grads_close(grads[1], grads[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eager raises where a second backward runs a node an earlier one ran and freed (MmBackward0 of x @ w, "
-    "saving x and w, reached from both outputs); the call frees the residuals a backward read, never its inputs: "
-    "which of eager's nodes saved an input, and whether a later backward runs that node again or another that "
-    "saved it too ((x * w1).sum(), (x * w2).sum(): eager runs), is not known per call (eager's saved tensors are "
-    "asked of eager only for calls writing memory in place: saved_versions)",
-)
 def test_a_second_backward_through_a_shared_node_of_one_call_raises_as_eagers():
     """Two outputs of one call share ``x @ w`` (eager: one ``MmBackward0`` saving ``x`` and ``w``).
     After ``a.backward()``, eager's ``b.backward()`` raises ("backward through the graph a second
     time"): the node's saved tensors were freed. The compiled call frees the residuals a backward
-    read but not its inputs (the caller holds them), so the second backward runs and accumulates
-    the gradients ``retain_graph=True`` would give. Pinned until the call knows which of eager's
-    nodes each backward ran."""
+    read but not its inputs (the caller holds them): the second backward ran, accumulating the
+    gradients ``retain_graph=True`` would give, until the call's second backward asked which of its
+    top-level calls both reach (``run.saving_nodes``)."""
 
     def f(x, w):
         h = x @ w
