@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import thunder_rs
-from thunder_rs.core.run.saving_nodes import SAVING
+from thunder_rs.core.run.saving_nodes import SAVING, SAVING_WITH
 
 
 def _shared_matmul(x, w):
@@ -32,7 +32,16 @@ _SCENARIOS = {
     "product_and_sum_a_then_b": (lambda x, w: ((x * w).sum(), (x + w).sum()), [0, 1]),
     "shared_sum_a_then_b": (lambda x, w: ((x + w).sum(), (x + w).sum() * 2), [0, 1]),
     "shared_exp_both_then_a": (lambda x, w: ((x.exp() + w).sum(), x.exp().mean()), [1, 0]),
+    "shared_linear_a_then_b": (lambda x, w: _linear_twice(F.linear(x, w)), [0, 1]),
+    "shared_linear_of_a_bias_alone_a_then_b": (
+        lambda x, w: _linear_twice(F.linear(x.detach(), w.detach(), w[0])),
+        [0, 1],
+    ),
 }
+
+
+def _linear_twice(h):
+    return h.sum(), (h * 2).sum()
 
 
 def _backwards(fn, order):
@@ -92,6 +101,7 @@ _CALLS = {
     "log_softmax": lambda x: F.log_softmax(x, -1),
     "layer_norm": lambda x: F.layer_norm(x, (3,)),
     "embedding": lambda x: F.embedding(torch.tensor([0, 2]), x),
+    "linear": lambda x: F.linear(x, torch.ones(3, 3, dtype=torch.float64)),
 }
 
 
@@ -99,7 +109,7 @@ def test_each_saving_symbol_saves_a_tensor_in_eager():
     """Every ``SAVING`` symbol that torch names as a function of one tensor, or that ``_CALLS`` calls:
     eager's node raises at a second backward (it saved a tensor)."""
     checked = 0
-    for symbol in sorted(SAVING):
+    for symbol in sorted(SAVING | SAVING_WITH.keys()):
         name = symbol.removeprefix("ltorch.")
         call = _CALLS.get(name) or _one_tensor(name)
         if call is None:

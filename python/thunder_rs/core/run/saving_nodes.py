@@ -19,8 +19,9 @@ from thunder_rs.core.lang.saved_aten import SAVES_RESULT, SAVES_SELF, SAVES_SELF
 #: one-tensor aten ops ``derivatives.yaml`` says save their tensor or result (``saved_aten``), and
 #: calls whose node saves the argument other than one requiring grad (``x * 2`` its wrapped
 #: scalar), or tensors of their own (``layer_norm`` its statistics, ``embedding`` its indices).
-#: ``linear`` is not among them: given only a bias requiring grad, ``AddmmBackward0`` saves none.
-#: ``tests/test_second_backward.py`` checks each against eager.
+#: ``linear`` saves where its input or weight requires grad (``SAVING_WITH``): given only a bias
+#: requiring grad, ``AddmmBackward0`` saves none. ``tests/test_second_backward.py`` checks each
+#: against eager.
 SAVING = frozenset(
     "ltorch." + name
     for name in (
@@ -30,6 +31,21 @@ SAVING = frozenset(
         *"matmul mm bmm mul div true_divide pow square softmax log_softmax layer_norm embedding".split(),
     )
 )
+
+
+#: Symbols whose node saves a tensor where one of their positional arguments at the positions given
+#: requires grad.
+SAVING_WITH = {"ltorch.linear": (0, 1)}
+
+
+def _saving_calls(trace) -> list:
+    """The output value ids of each top-level call of ``trace`` whose eager node saves a tensor."""
+    calls = trace.call_outputs(set(SAVING))
+    for name, positions in SAVING_WITH.items():
+        flags = trace.call_args_requiring_grad({name})
+        outs = trace.call_outputs({name})
+        calls += [o for o, f in zip(outs, flags) if any(f[i] for i in positions if i < len(f))]
+    return calls
 
 
 class SavingNodes:
@@ -47,7 +63,7 @@ class SavingNodes:
         if key not in self.known:
             if self.reaches is None:
                 index = {p: k for k, p in enumerate(self.positions)}
-                calls = self.trace.call_outputs(set(SAVING))
+                calls = _saving_calls(self.trace)
                 reach = self.trace.outputs_reaching
                 self.reaches = {frozenset(index[i] for i in reach(vids, self.positions)) for vids in calls}
             self.known[key] = any(r & earlier and r & now for r in self.reaches)
