@@ -444,10 +444,10 @@ def _shared_residual_read_by_two_nodes(x, w):
     reason="the call frees the residuals a backward read (h, read for both SinBackward0 and CosBackward0), so a "
     "second backward from the other output raises eager's 'second time' error, where eager's runs: each node "
     "saved h itself, and AddBackward0 saves nothing. run.saving_nodes tells this case (no node of SAVING both "
-    "reach), but only raises from it: SAVING lists the calls known to save (not linear: none with only a bias "
-    "requiring grad), so computing the freed residuals again where it finds no shared node would run a shared "
-    "F.linear's second backward, where eager raises. Keeping them needs the residuals each backward pattern reads "
-    "at the first (a backward compile per entry of loss, logits training)",
+    "reach), but only raises from it: SAVING lists the calls known to save (not conv2d, custom ops, opaque "
+    "fallbacks), so computing the freed residuals again where it finds no shared node would run a shared "
+    "convolution's second backward, where eager raises. Keeping them needs the residuals each backward pattern "
+    "reads at the first (a backward compile per entry of loss, logits training)",
     raises=RuntimeError,
 )
 def test_a_second_backward_from_another_output_reading_a_residual_the_first_read_runs_as_eagers():
