@@ -505,3 +505,49 @@ def _pinned(scenario):
 )
 def test_what_one_node_per_call_cannot_give_is_pinned(scenario, compiler):
     _assert_as_eager(scenario, compiler)
+
+
+def _loss_and_h(x, w):
+    h = x @ w
+    return h.sin().sum(), h
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize(
+    "ask",
+    [
+        lambda loss, h: torch.autograd.grad(loss, h),
+        lambda loss, h: torch.autograd.grad(loss + h.sum(), [h], retain_graph=True),
+        lambda loss, h: (loss * 2 + h.sum()).backward(inputs=[h]),
+        lambda loss, h: torch.autograd.backward([loss], inputs={"h": h}),
+    ],
+    ids=["grad", "grad_of_a_sum", "backward_inputs", "backward_inputs_dict"],
+)
+def test_the_gradient_of_an_output_another_was_computed_from_is_refused_with_the_line(ask, compiler):
+    """Eager's gradient of ``h`` flows back from ``loss``, computed from ``h`` inside the call; the
+    call's one node holds ``h``'s own cotangent only, which the engine took without running it
+    (None, or ones for ``loss + h.sum()``: silently not eager's). Refused naming the line."""
+    x, w = _leaf(4, 3), _leaf(3, 3)
+    loss, h = _loss_and_h(x, w)
+    ask(loss, h)  # (eager computes it)
+    loss, h = COMPILERS[compiler](_loss_and_h)(x, w)
+    with pytest.raises(
+        ThunderNotImplementedError, match=r"output 1 of a thunder_rs-compiled call.*test_autograd_nodes"
+    ):
+        ask(loss, h)
+
+
+def _gradients_of_h_alone_and_of_the_leaves(C):
+    """Asking for ``h``'s gradient where no output computed from it is reached, or for the leaves',
+    is eager's."""
+    x, w = _leaf(4, 3), _leaf(3, 3)
+    loss, h = C(_loss_and_h)(x, w)
+    (gh,) = torch.autograd.grad((h * h).sum(), h, retain_graph=True)
+    gx, gw = torch.autograd.grad(loss, [x, w], retain_graph=True)
+    (loss + h.sum()).backward(inputs=[w])
+    return gh, gx, gw, w.grad, x.grad
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_gradients_of_h_alone_and_of_the_leaves_are_eagers(compiler):
+    _assert_as_eager(_gradients_of_h_alone_and_of_the_leaves, compiler)

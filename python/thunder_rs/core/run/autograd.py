@@ -376,7 +376,6 @@ def grad_function(
     and get zeros. ``written`` pairs the inputs the call writes after it runs with their values and eager's counts
     of their writes (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with
     ``create_graph=True`` and torch.func transforms run instead, torch's autograd differentiating it.
-
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
@@ -393,7 +392,6 @@ def grad_function(
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
     cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
     stale_inputs, watched = inputs_at_call(stale), getattr(inner, "watched", ())  # (see ``_keep_residuals``)
-    nodes = nodes if partial else None  # (see ``_unfreed_read``)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -426,17 +424,17 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable, ranks)
+    apply = _applied(CompiledFunction, unread, differentiable, ranks, inner)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset, ranks: tuple):
+def _applied(function, unread: tuple, differentiable: frozenset, ranks: tuple, inner):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
     ``differentiable`` outputs, whose hooks run on gradients only, in the order of ``ranks``
-    (``output_hooks.guard_hooks``)."""
+    (``output_hooks.guard_hooks``), and whose gradients are asked for as ``captured_outputs`` says."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        guard_hooks(function, ranks)
+        guard_hooks(function, ranks, inner)
     return apply
 
 
