@@ -28,9 +28,11 @@ from thunder_rs.errors import ThunderNotImplementedError
 _WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
-_FREED = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
-    "already been freed). Specify retain_graph=True if you need to backward through the graph a second time."
+_FREED = (  # (torch's text)
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have already "
+    "been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). "
+    "Specify retain_graph=True if you need to backward through the graph a second time or if you need to access "
+    "saved tensors after calling backward."
 )
 
 
