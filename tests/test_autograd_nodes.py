@@ -337,6 +337,23 @@ def _under_saved_tensors_hooks(C):
     return x.grad
 
 
+def _mlp():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2), torch.nn.Softmax(-1)
+    ).double()
+
+
+def _under_save_on_cpu(C):
+    """``save_on_cpu`` (a GPU's offloading of saved tensors) around a call: unpacked, the residuals
+    give eager's gradients."""
+    model, x = _mlp(), _leaf(3, 4)
+    with torch.autograd.graph.save_on_cpu():
+        out = C(model)(x)
+    (out * torch.arange(2.0, dtype=out.dtype)).sum().backward()
+    return out, x.grad, [p.grad for p in model.parameters()]
+
+
 def _hook_order_across_outputs(C):
     """Eager runs the outputs' nodes latest made first (ExpBackward0, CosBackward0, SinBackward0),
     each calling its output's hooks in the order they were put on, whatever order the outputs got
@@ -384,6 +401,7 @@ def _an_output_returned_twice(C):
         _backward_inputs_and_grad_version,
         _double_backward_and_function,
         _under_saved_tensors_hooks,
+        _under_save_on_cpu,
         _hook_order_across_outputs,
         _an_output_returned_twice,
     ],
@@ -417,6 +435,42 @@ def _saved_tensor_hook_calls(C):
     return calls
 
 
+class _Box:
+    """A packed saved tensor (``saved_tensors_hooks``' pack returns any object)."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _tensors_in(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return _tensors_in(list(value.values()))
+    return []
+
+
+def test_a_call_under_saved_tensor_hooks_packs_what_eager_packs_and_holds_nothing_else():
+    """Offloading (``save_on_cpu``) moves every tensor the call keeps for its backward, as eager's:
+    each tensor the call packs is one eager packs (its memory, or its values: a value the call
+    computed itself), and the call's node holds none it did not pack."""
+    model, x = _mlp(), _leaf(3, 4)
+    packs = []
+    for C in (lambda f: f, thunder_rs.jit):
+        packed: list = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or _Box(t), lambda b: b.t):
+            out = C(model)(x)
+        packs.append(packed)
+    eager, call = packs
+    for t in call:
+        same = [u for u in eager if u.data_ptr() == t.data_ptr() or (u.shape == t.shape and torch.allclose(u, t))]
+        assert same, f"the call packed a {list(t.shape)} tensor eager does not save"
+    assert len(call) <= len(eager)
+    assert _tensors_in(list(vars(out.grad_fn).values())) == []
+
+
 #: Why each scenario below differs from eager (strict xfails: a change that makes one pass says so).
 _ONE_NODE = {
     "grad_version_of_an_input_feeding_two_outputs": "x.grad._version: eager 1, compiled 0. Eager's engine holds "
@@ -429,7 +483,9 @@ _ONE_NODE = {
     "bias before TBackward0 the weight); the call's backward returns every gradient at once: the AccumulateGrad "
     "nodes are ready together and run in the engine's order for them (first.weight, second.weight, ...)",
     "saved_tensor_hook_calls": "saved_tensors_hooks: eager packs each node's saved tensors (3: SinBackward0's x, "
-    "MulBackward0's sin(x) and x); the call packs its residuals, those its compiled backward reads (2)",
+    "MulBackward0's sin(x) and x); the call packs its residuals once each, those its compiled backward reads (2: x "
+    "and sin(x), the same tensors: test_a_call_under_saved_tensor_hooks_packs_what_eager_packs_and_holds_nothing_"
+    "else). Eager's count is per node, so save_on_cpu copies x twice there; matching it needs eager's nodes",
 }
 
 
@@ -449,3 +505,49 @@ def _pinned(scenario):
 )
 def test_what_one_node_per_call_cannot_give_is_pinned(scenario, compiler):
     _assert_as_eager(scenario, compiler)
+
+
+def _loss_and_h(x, w):
+    h = x @ w
+    return h.sin().sum(), h
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize(
+    "ask",
+    [
+        lambda loss, h: torch.autograd.grad(loss, h),
+        lambda loss, h: torch.autograd.grad(loss + h.sum(), [h], retain_graph=True),
+        lambda loss, h: (loss * 2 + h.sum()).backward(inputs=[h]),
+        lambda loss, h: torch.autograd.backward([loss], inputs={"h": h}),
+    ],
+    ids=["grad", "grad_of_a_sum", "backward_inputs", "backward_inputs_dict"],
+)
+def test_the_gradient_of_an_output_another_was_computed_from_is_refused_with_the_line(ask, compiler):
+    """Eager's gradient of ``h`` flows back from ``loss``, computed from ``h`` inside the call; the
+    call's one node holds ``h``'s own cotangent only, which the engine took without running it
+    (None, or ones for ``loss + h.sum()``: silently not eager's). Refused naming the line."""
+    x, w = _leaf(4, 3), _leaf(3, 3)
+    loss, h = _loss_and_h(x, w)
+    ask(loss, h)  # (eager computes it)
+    loss, h = COMPILERS[compiler](_loss_and_h)(x, w)
+    with pytest.raises(
+        ThunderNotImplementedError, match=r"output 1 of a thunder_rs-compiled call.*test_autograd_nodes"
+    ):
+        ask(loss, h)
+
+
+def _gradients_of_h_alone_and_of_the_leaves(C):
+    """Asking for ``h``'s gradient where no output computed from it is reached, or for the leaves',
+    is eager's."""
+    x, w = _leaf(4, 3), _leaf(3, 3)
+    loss, h = C(_loss_and_h)(x, w)
+    (gh,) = torch.autograd.grad((h * h).sum(), h, retain_graph=True)
+    gx, gw = torch.autograd.grad(loss, [x, w], retain_graph=True)
+    (loss + h.sum()).backward(inputs=[w])
+    return gh, gx, gw, w.grad, x.grad
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_gradients_of_h_alone_and_of_the_leaves_are_eagers(compiler):
+    _assert_as_eager(_gradients_of_h_alone_and_of_the_leaves, compiler)

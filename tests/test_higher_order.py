@@ -443,7 +443,11 @@ def _shared_residual_read_by_two_nodes(x, w):
     strict=True,
     reason="the call frees the residuals a backward read (h, read for both SinBackward0 and CosBackward0), so a "
     "second backward from the other output raises eager's 'second time' error, where eager's runs: each node "
-    "saved h itself, and AddBackward0 saves nothing. Eager's nodes and what each saved are not known per call",
+    "saved h itself, and AddBackward0 saves nothing. run.saving_nodes tells this case (no node of SAVING both "
+    "reach), but only raises from it: SAVING lists the calls known to save (not conv2d, custom ops, opaque "
+    "fallbacks), so computing the freed residuals again where it finds no shared node would run a shared "
+    "convolution's second backward, where eager raises. Keeping them needs the residuals each backward pattern "
+    "reads at the first (a backward compile per entry of loss, logits training)",
     raises=RuntimeError,
 )
 def test_a_second_backward_from_another_output_reading_a_residual_the_first_read_runs_as_eagers():
@@ -460,21 +464,13 @@ def test_a_second_backward_from_another_output_reading_a_residual_the_first_read
     assert_grads_close(grads[1], grads[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eager raises where a second backward runs a node an earlier one ran and freed (MmBackward0 of x @ w, "
-    "saving x and w, reached from both outputs); the call frees the residuals a backward read, never its inputs: "
-    "which of eager's nodes saved an input, and whether a later backward runs that node again or another that "
-    "saved it too ((x * w1).sum(), (x * w2).sum(): eager runs), is not known per call (eager's saved tensors are "
-    "asked of eager only for calls writing memory in place: saved_versions)",
-)
 def test_a_second_backward_through_a_shared_node_of_one_call_raises_as_eagers():
     """Two outputs of one call share ``x @ w`` (eager: one ``MmBackward0`` saving ``x`` and ``w``).
     After ``a.backward()``, eager's ``b.backward()`` raises ("backward through the graph a second
     time"): the node's saved tensors were freed. The compiled call frees the residuals a backward
-    read but not its inputs (the caller holds them), so the second backward runs and accumulates
-    the gradients ``retain_graph=True`` would give. Pinned until the call knows which of eager's
-    nodes each backward ran."""
+    read but not its inputs (the caller holds them): the second backward ran, accumulating the
+    gradients ``retain_graph=True`` would give, until the call's second backward asked which of its
+    top-level calls both reach (``run.saving_nodes``)."""
 
     def f(x, w):
         h = x @ w

@@ -103,6 +103,9 @@ class Trace:
         inputs being its cotangents."""
     def call_outputs(self, names: set[str]) -> list[list[int]]:
         """The value ids of the outputs of each top-level call of the symbols ``names``, in order."""
+    def call_args_requiring_grad(self, names: set[str]) -> list[list[bool]]:
+        """Per top-level call of the symbols ``names``, in order: per positional argument, whether it
+        is a tensor that requires grad."""
     def output_callees(self) -> list[str | None] | None:
         """Per flat output of a differentiated forward, the global name of the callable computing it
         (None: no call computes it); None for a trace without an execution plan."""

@@ -168,6 +168,17 @@ impl PyTrace {
         self.trace.bsyms.iter().filter(named).map(|b| b.outputs.iter().map(|v| v.0).collect()).collect()
     }
 
+    /// Per top-level call whose symbol's name is among `names`, in program order (as
+    /// `call_outputs`): per positional argument, whether it is a tensor that requires grad.
+    fn call_args_requiring_grad(&self, names: std::collections::HashSet<String>) -> Vec<Vec<bool>> {
+        let named = |b: &&trace_ir::BoundSymbol| names.contains(&b.symbol.qualified_name());
+        let requires_grad = |a: &trace_ir::Arg| match a {
+            trace_ir::Arg::Value(v) => self.trace.tensor(*v).is_some_and(|t| t.requires_grad),
+            _ => false,
+        };
+        self.trace.bsyms.iter().filter(named).map(|b| b.args.iter().map(requires_grad).collect()).collect()
+    }
+
     /// The positions of the inputs a run of the trace reads
     /// (`passes::differentiable::inputs_needed`).
     fn inputs_needed(&self) -> Vec<usize> {

@@ -20,6 +20,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
 from thunder_rs.core.base import problems
+from thunder_rs.core.base.captured_outputs import ORIGINALS  # (wraps torch.autograd.grad and backward)
 
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.reads import READERS
@@ -499,7 +500,7 @@ _GRAD_GET = _GRAD_DESCRIPTOR.__get__
 #: read or set while tracing, it would be the first call's.
 _GRAD_ACCESS = frozenset({_GRAD_GET, _GRAD_DESCRIPTOR.__set__})
 #: Differentiation the program runs itself (a gradient penalty, an inner optimisation step).
-_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward, *ORIGINALS})
 
 
 #: Forward-mode differentiation through dual tensors (``torch.autograd.forward_ad``): traced by

@@ -15,6 +15,7 @@ import torch
 
 from thunder_rs.core.run.differentiable import transforms_active, version_counters
 from thunder_rs.core.run.output_hooks import guard_hooks, refuse_inner
+from thunder_rs.core.run.saving_nodes import SavingNodes, present
 from thunder_rs.core.state.observe import thread_state
 from thunder_rs.core.lang import queue_values, torch_overrides
 from thunder_rs.core.lang.saved_errors import inputs_at_call, residual_error, state_at_call
@@ -27,9 +28,11 @@ from thunder_rs.errors import ThunderNotImplementedError
 _WRITEBACK = LazyModule("thunder_rs.core.acquisition.writeback")
 
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
-_FREED = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
-    "already been freed). Specify retain_graph=True if you need to backward through the graph a second time."
+_FREED = (  # (torch's text)
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have already "
+    "been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). "
+    "Specify retain_graph=True if you need to backward through the graph a second time or if you need to access "
+    "saved tensors after calling backward."
 )
 
 
@@ -281,20 +284,27 @@ def _free_read(ctx, saved: list, read: frozenset) -> None:
     held = getattr(ctx, "held", None)  # (under saved-tensor hooks)
     read = read - (_inputs_among(saved, ctx.inputs or ()) if held is None else held)
     freed = getattr(ctx, "freed", frozenset()) | read
-    if len(freed) >= len(saved):
+    if freed and len(freed) >= len(saved):  # (a call saving no residual frees none)
         ctx.residuals = ctx.inputs = None
         return
     ctx.freed = freed
     ctx.residuals = [None if i in read else r for i, r in enumerate(saved)]  # (the backward empties ``saved``)
 
 
-def _unfreed_read(ctx, pattern: tuple | None) -> frozenset | None:
+def _unfreed_read(ctx, pattern: tuple | None, nodes: SavingNodes | None = None, n: int = 0) -> frozenset | None:
     """The positions of the residuals a backward reads (``_Unreached``'s ``pattern``; None: all),
-    raising eager's error where it reads one an earlier backward freed (``_free_read``)."""
+    raising eager's error where it reads one an earlier backward freed (``_free_read``), or runs a
+    node of ``nodes`` one ran (``saving_nodes``: of ``n`` grad outputs, those it reached, kept)."""
     read = None if pattern is None else pattern[3]
     freed = getattr(ctx, "freed", None)
     if freed and (read is None or not freed.isdisjoint(read)):
         raise RuntimeError(_FREED)
+    if nodes is not None:
+        ran = getattr(ctx, "ran", None)  # (the patterns of the backwards that freed the graph)
+        if ran is not None and nodes.shared(present(ran, n), present((pattern,), n)):
+            raise RuntimeError(_FREED)
+        if not _keep_graph():
+            ctx.ran = (pattern,) if ran is None else (*ran, pattern)
     return read
 
 
@@ -357,6 +367,7 @@ def grad_function(
     landing: bool = False,
     inner: Callable[[int], frozenset] | None = None,
     ranks: tuple = (),
+    nodes: SavingNodes | None = None,
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -367,7 +378,6 @@ def grad_function(
     and get zeros. ``written`` pairs the inputs the call writes after it runs with their values and eager's counts
     of their writes (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with
     ``create_graph=True`` and torch.func transforms run instead, torch's autograd differentiating it.
-
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
@@ -376,8 +386,8 @@ def grad_function(
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
-    ``landing``: the program ran reentrant checkpoints, whose backward may give an input several gradients that
-    eager adds to its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: see ``output_hooks``."""
+    ``landing``: reentrant checkpoints ran, whose backward may give an input several gradients that eager adds to
+    its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: ``output_hooks``; ``nodes``: ``saving_nodes``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     # (one differentiable output always has a cotangent; written-back values get torch's zeros)
@@ -406,7 +416,7 @@ def grad_function(
                 cotangents = cotangents_of(grads)
                 # (absent cotangents: the residuals the backward for their pattern reads are checked)
                 pattern = unreached.of(cotangents) if partial else None
-                read = _unfreed_read(ctx, pattern)
+                read = _unfreed_read(ctx, pattern, nodes, len(grad_positions))
                 if _is_grad_enabled():  # create_graph=True: a backward autograd records
                     return _differentiated(ctx, program, grads, outputs, pattern)
                 saved = _unpacked(ctx, saved, outputs, read, grads)
@@ -416,17 +426,17 @@ def grad_function(
                     found = backward(saved, *cotangents)
                 return _land_in_turn(ctx.landing, found) if landing else found
 
-    apply = _applied(CompiledFunction, unread, differentiable, ranks)
+    apply = _applied(CompiledFunction, unread, differentiable, ranks, inner)
     return _entry_call(apply, program, single, as_list, bool(written), stale)
 
 
-def _applied(function, unread: tuple, differentiable: frozenset, ranks: tuple):
+def _applied(function, unread: tuple, differentiable: frozenset, ranks: tuple, inner):
     """``function.apply``, given None for the ``unread`` inputs (``_without``); with several
     ``differentiable`` outputs, whose hooks run on gradients only, in the order of ``ranks``
-    (``output_hooks.guard_hooks``)."""
+    (``output_hooks.guard_hooks``), and whose gradients are asked for as ``captured_outputs`` says."""
     apply = _without(function.apply, unread) if unread else function.apply
     if len(differentiable) > 1:
-        guard_hooks(function, ranks)
+        guard_hooks(function, ranks, inner)
     return apply
 
 

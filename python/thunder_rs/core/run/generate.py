@@ -30,6 +30,7 @@ from thunder_rs.core.run.differentiable import DifferentiableProgram, program_ge
 from thunder_rs.core.run.fresh_outputs import viewable_outputs
 from thunder_rs.core.run.input_names import trace_input_names
 from thunder_rs.core.run.modes import RecordedModes
+from thunder_rs.core.run.saving_nodes import SavingNodes
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError
 
 #: Write-backs wrap a computation whose program writes its inputs, made by a compile.
@@ -180,7 +181,8 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
         return _backward(trace, filename, namespace, regions, len(grad_positions)), read
 
     reads = tuple(frozenset(acquired.trace.inputs_read([i])) for i in grad_positions)
-    return {"reads": reads, "compile_backward": compile_backward}
+    nodes = SavingNodes(acquired.trace, grad_positions)
+    return {"reads": reads, "compile_backward": compile_backward, "nodes": nodes}
 
 
 def _backward(trace, filename: str, namespace: dict, regions, num_cotangents: int):

@@ -122,7 +122,7 @@ def _register(node, out: torch.Tensor, hooks: _Hooks) -> None:
 _FunctionBase = torch._C._FunctionBase
 
 
-def guard_hooks(function: type, ranks: tuple) -> None:
+def guard_hooks(function: type, ranks: tuple, inner=None) -> None:
     """Makes the hooks the caller registers on the outputs of the autograd ``function`` of a call
     with several differentiable outputs, where their node is the call's (not a view of an input),
     run only on a gradient (see the module), output by output in eager's order. Nothing is done
@@ -134,7 +134,9 @@ def guard_hooks(function: type, ranks: tuple) -> None:
     dictionaries registered with it in the order they were. ``ranks``: per flat output position,
     the value id of its value in the trace (recorded in program order; -1: none). An output hooked
     for the first time registers its dictionary before those of outputs made before it, which
-    register theirs again after it (the ones registered before call nothing more)."""
+    register theirs again after it (the ones registered before call nothing more). ``inner``: for
+    ``core.base.captured_outputs``."""
+    function._thunder_rs_inner = inner  # type: ignore[attr-defined]
 
     def _register_hook_dict(node, tensor: torch.Tensor) -> None:
         j = tensor.output_nr
