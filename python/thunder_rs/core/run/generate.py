@@ -171,6 +171,7 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
                 list(passes),
                 list(absent),
                 list(acquired.checkpoints),
+                list(acquired.recomputed),
             )
         except ThunderNotImplementedError:
             return None
@@ -311,6 +312,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         acquired.consts,
         list(passes),
         checkpoints=list(acquired.checkpoints),
+        recomputed=list(acquired.recomputed),
     )
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
     log_dumps(name, traces, backward_traces)
