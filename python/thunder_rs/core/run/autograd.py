@@ -111,7 +111,7 @@ def _exit_checkpoints(exit_):
     def exited(self, *exc):
         region = self.__dict__.pop("_thunder_rs_region", None)
         recomputed = self.__dict__.pop("_thunder_rs_recomputed", None)
-        if recomputed is not None and not exc[0]:
+        if recomputed is not None and not (exc and exc[0]):
             recomputed.close()
         if region is not None:
             region.__exit__(None, None, None)
