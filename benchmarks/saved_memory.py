@@ -13,6 +13,7 @@ For each program (a step that returns its loss) and each way of running it, afte
 
 Eager's autocast keeps its casts of the weights in a cache until the region exits; both ways count them
 where they are saved. Dropout runs (the models are in training mode); the values are not compared here.
+``hf-*-ckpt``: with ``gradient_checkpointing_enable()`` (non-reentrant, as HF's default).
 ``blocks-ckpt``: eager's non-reentrant checkpoint packs the region's saved tensors with hooks of its own (the
 pack hook here sees none of them; it keeps the region's inputs): compare the peaks.
 
@@ -79,7 +80,7 @@ def _gpt(explicit: bool = False):
     return model, (idx, targets), lambda m, idx, targets: m(idx, targets)[1]
 
 
-def _hf(kind: str):
+def _hf(kind: str, checkpointed: bool = False):
     import transformers  # noqa: PLC0415
 
     torch.manual_seed(0)
@@ -92,6 +93,8 @@ def _hf(kind: str):
         model = transformers.LlamaForCausalLM(config)
     else:
         model = transformers.BertForMaskedLM(transformers.BertConfig(max_position_embeddings=64, **small))
+    if checkpointed:  # (HF's default: torch.utils.checkpoint with use_reentrant=False per layer)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(1))
     return model, (ids,), lambda m, ids: m(input_ids=ids, labels=ids).loss
 
@@ -173,6 +176,8 @@ PROGRAMS = {
     "hf-gpt2": lambda: _hf("gpt2"),
     "hf-llama": lambda: _hf("llama"),
     "hf-bert": lambda: _hf("bert"),
+    "hf-gpt2-ckpt": lambda: _hf("gpt2", checkpointed=True),
+    "hf-llama-ckpt": lambda: _hf("llama", checkpointed=True),
     "resnet18": _resnet18,
     "vit": _vit,
     "mlp": _mlp,

@@ -123,10 +123,76 @@ def _checkpointed(x, w1, w2):
     return torch.utils.checkpoint.checkpoint(block, x * 2, use_reentrant=False).sum(-1)
 
 
-@pytest.mark.xfail(strict=True, reason="use_reentrant=False is traced inline: the block's intermediates are saved")
+def _checkpoint_held(fn, shapes, autocast: bool = False) -> tuple:
+    """``(eager's, the jitted call's)`` activation bytes kept for backward by ``fn`` on the same
+    leaves, its outputs and gradients checked bit-equal to eager's (a compile, then a cached call;
+    the generator seeded alike before each, for the dropout inside)."""
+
+    def run(f):
+        leaves = _leaves(*shapes)
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, held = saved_bytes(f, *leaves, activations=True)
+        out.float().square().sum().backward()
+        return out, held, [t.grad for t in leaves], torch.rand(4)  # (the generator after the backward too)
+
+    eager = run(fn)
+    jitted = thunder_rs.jit(fn)
+    for _ in range(2):
+        got = run(jitted)
+        assert got[0].dtype == eager[0].dtype and got[0].stride() == eager[0].stride()
+        for g, e in zip((got[0], *got[2], got[3]), (eager[0], *eager[2], eager[3])):
+            assert torch.equal(g, e)
+    return eager[1], got[1]
+
+
 def test_a_non_reentrant_checkpoint_keeps_no_intermediate_of_its_region():
-    leaves = _leaves((64, 32), (128, 32), (32, 128))
-    _, eager_held = saved_bytes(_checkpointed, *leaves, activations=True)
-    _, held = saved_bytes(thunder_rs.jit(_checkpointed), *leaves, activations=True)
-    region_input = 64 * 32 * 4  # (x * 2, which eager's checkpoint keeps)
-    assert held <= eager_held + region_input, (held, eager_held)
+    # The block's intermediates (two [64, 128] and the tanh) were saved: 80 KiB where eager keeps 8.
+    eager_held, held = _checkpoint_held(_checkpointed, [(64, 32), (128, 32), (32, 128)])
+    region_output = 64 * 32 * 4  # (the tanh's, read outside the region: saved, see passes::split)
+    assert held <= eager_held + region_output, (held, eager_held)
+
+
+def _checkpointed_dropout_nested(x, w1, w2):
+    """Dropout inside a checkpoint nested in another, under autocast where the caller enters it:
+    eager's recompute restores the generator's state and the autocast state of the forward."""
+
+    def inner(h):
+        return F.dropout(F.gelu(F.linear(h, w1)), 0.25)
+
+    def outer(h):
+        return F.linear(torch.utils.checkpoint.checkpoint(inner, h.sin(), use_reentrant=False), w2) + h
+
+    return torch.utils.checkpoint.checkpoint(outer, x * 2, use_reentrant=False).float().sum(-1)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["f32", "bf16"])
+def test_nested_checkpoints_with_dropout_keep_the_draws_not_the_regions_intermediates(autocast):
+    # Inlined, the regions' linear, gelu, sin and the dropout kept 160 KiB (f32; 124 bf16) where eager
+    # keeps 8 (x * 2): now the dropout's output and mask (a random call runs once, in the forward).
+    eager_held, held = _checkpoint_held(_checkpointed_dropout_nested, [(64, 32), (256, 32), (32, 256)], autocast)
+    dropout = 64 * 256 * (2 if autocast else 4) + 64 * 256
+    casts = 2 * 256 * 32 * 2 if autocast else 0  # (w1's and w2's bfloat16 casts: autocast's cache holds them)
+    assert held <= eager_held + dropout + casts, (held, eager_held)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="the weight a region reads through a closure is a residual whose version is checked"
+)
+def test_a_weight_written_before_the_backward_of_a_region_reading_it_is_recomputed_with_as_eager():
+    # Eager's non-reentrant checkpoint checks the tensors passed to it; its recompute reads a closure's
+    # weight as it is at the backward (written by an optimizer step meanwhile) and runs.
+    def grads(jit: bool) -> list:
+        x, w = _leaves((3, 4), (4, 4))
+
+        def f(x):
+            return torch.utils.checkpoint.checkpoint(lambda h: torch.tanh(h @ w), x * 2, use_reentrant=False).sin()
+
+        y = (thunder_rs.jit(f) if jit else f)(x)
+        with torch.no_grad():
+            w.add_(0.5)
+        y.sum().backward()
+        return [x.grad, w.grad]
+
+    for g, e in zip(grads(True), grads(False)):
+        assert torch.equal(g, e)

@@ -53,6 +53,7 @@ def compile(
     passes: list[str] = ...,
     differentiable: bool = ...,
     checkpoints: list[tuple[int, int, list[int], str]] = ...,
+    recomputed: list[tuple[int, int]] = ...,
 ) -> Compiled: ...
 def compile_backward(
     acquired: Trace,
@@ -63,6 +64,7 @@ def compile_backward(
     passes: list[str],
     absent_cotangents: list[int],
     checkpoints: list[tuple[int, int, list[int], str]] = ...,
+    recomputed: list[tuple[int, int]] = ...,
 ) -> Compiled: ...
 def prim_table() -> list[PrimInfo]: ...
 def registered_passes() -> list[str]: ...

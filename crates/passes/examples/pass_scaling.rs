@@ -64,7 +64,7 @@ fn main() {
             report(pass.0, median_seconds(repeats, || drop((pass.1)(&trace, &cx).expect("pass succeeds"))));
         }
         let joint = passes::joint(&trace).expect("vjp succeeds").expect("the output requires grad");
-        report("split", median_seconds(repeats, || drop(passes::split(&joint).expect("split succeeds"))));
+        report("split", median_seconds(repeats, || drop(passes::split(&joint, &[]).expect("split succeeds"))));
         let claimed = assignments(&trace);
         let partition =
             || drop(passes::partition::partition(&trace, &claimed, &["fuser"]).expect("partition succeeds"));

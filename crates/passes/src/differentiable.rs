@@ -203,8 +203,14 @@ mod tests {
             })
             .collect();
         let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];
-        let options =
-            Options { executors: &executors, passes: &[], differentiable, absent_cotangents: &[], checkpoints: &[] };
+        let options = Options {
+            executors: &executors,
+            passes: &[],
+            differentiable,
+            absent_cotangents: &[],
+            checkpoints: &[],
+            recomputed: &[],
+        };
         let compiled = crate::compile(trace, &options, &mut |_, _, _| Ok(true), &PassCx::default()).unwrap();
         let record = compiled.forward.last().unwrap();
         assert_eq!(compiled.backward.is_empty(), differentiable);

@@ -258,7 +258,7 @@ pub struct Compiled {
 ///     .into_iter()
 ///     .collect();
 /// let executors = [ExecutorSpec { name: "torch".into(), impls, ..Default::default() }];
-/// let options = Options { executors: &executors, passes: &[], differentiable: false, absent_cotangents: &[], checkpoints: &[] };
+/// let options = Options { executors: &executors, passes: &[], differentiable: false, absent_cotangents: &[], checkpoints: &[], recomputed: &[] };
 ///
 /// let acquired = parse_trace(concat!(
 ///     "def computation(t0):\n",

@@ -27,6 +27,7 @@ use crate::{
     dce::dce,
     views,
 };
+use std::ops::Range;
 use trace_ir::pysrc::Callee;
 use trace_ir::verify::verify;
 use trace_ir::{bail, Arg, BoundSymbol, Result, Trace};
@@ -205,6 +206,10 @@ pub struct Options<'a> {
     /// The reentrant activation checkpoints the program ran, whose gradients the VJP pass sums
     /// apart as eager does (see [`crate::reentrant`]).
     pub checkpoints: &'a [Checkpoint],
+    /// The non-reentrant activation checkpoints the program ran (the ids of the values recorded
+    /// while each function ran), whose calls the backward runs again instead of saving what they
+    /// define (see [`crate::split`]).
+    pub recomputed: &'a [Range<usize>],
 }
 
 /// What a stage made: the trace the next stage of its half reads (and its record keeps).
@@ -305,11 +310,11 @@ fn vjp(trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
 /// they cannot give, the whole backward pruned of what only they reach (`absent`).
 fn split(_trace: &Trace, unit: &mut Unit, _cx: &PassCx) -> Result<Output> {
     let Some(joint) = unit.joint.take() else { bail!(Runtime, "split", "runs after vjp") };
-    let mut halves = crate::split::split(&joint)?;
+    let mut halves = crate::split::split(&joint, unit.options.recomputed)?;
     let absent = unit.options.absent_cotangents;
     if !absent.is_empty() {
         let partial = match unit.partial.take() {
-            Some(partial) => crate::split::backward_from(&partial, &halves.residuals)?,
+            Some(partial) => crate::split::backward_from(&partial, &halves.residuals, unit.options.recomputed)?,
             None => None,
         };
         let pruned = || crate::absent::without_cotangents(&halves.backward, joint.num_cotangents, absent);

@@ -11,11 +11,20 @@
 //!
 //! A composite in the forward stays whole (an executor may run it as one call) unless a
 //! residual is defined inside it; then it is replaced by its decomposition.
+//!
+//! Non-reentrant activation checkpoints (`torch.utils.checkpoint(fn, ..., use_reentrant=False)`)
+//! are kept as eager keeps them: eager's backward runs the checkpointed function again on its
+//! inputs instead of keeping what its nodes saved. The calls the program recorded while such a
+//! function ran (`regions`: ranges of value ids) are run again in the backward, whole, where it
+//! reads a value they define: only what they read from outside the region is saved. A random
+//! call or an effect in a region runs once, in the forward (its output is saved: eager's
+//! recompute draws the same numbers from the generator state it restores).
 
 use crate::partition::for_each_param_size;
 use crate::vjp::Joint;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BinaryHeap;
+use std::ops::Range;
 use trace_ir::prims::{Elementwise, Prim};
 use trace_ir::{bail, Arg, BoundSymbol, Result, Symbol, Trace, ValueId, ValueKind};
 
@@ -47,7 +56,7 @@ enum Source<'a> {
 ///
 /// Errors (`RuntimeError`) when `joint` does not return `(outputs, grads)`, the form
 /// [`crate::vjp::joint`] builds.
-pub fn split(joint: &Joint) -> Result<Split> {
+pub fn split(joint: &Joint, regions: &[Range<usize>]) -> Result<Split> {
     let t = &joint.trace;
     let (forward, backward) = t.bsyms.split_at(joint.num_forward);
     let (primal_inputs, cot_inputs) = t.inputs.split_at(t.inputs.len() - joint.num_cotangents);
@@ -58,8 +67,8 @@ pub fn split(joint: &Joint) -> Result<Split> {
     let backward = backward.as_slice();
     let sources = sources(t, primal_inputs, forward);
     let needed = needed_values(t, backward, cot_inputs, grads);
-    let (residuals, mut recomputed) = choose_residuals(t, &sources, needed);
-    recomputed.sort_by_key(|b| b.outputs[0]);
+    let regions = Regions::new(t, forward, regions);
+    let (residuals, recomputed, regions) = choose_residuals(t, &sources, regions, needed);
 
     let mut is_residual = vec![false; t.values.len()];
     residuals.iter().for_each(|v| is_residual[v.index()] = true);
@@ -74,8 +83,7 @@ pub fn split(joint: &Joint) -> Result<Split> {
         outputs: Arg::Tuple(vec![outputs.clone(), residual_args]),
         facts: t.facts.clone(),
     };
-    let mut bwd_bsyms = recomputed;
-    bwd_bsyms.extend(backward.iter().cloned());
+    let bwd_bsyms = regions.scheduled(t, recomputed, backward.to_vec());
     let bwd = Trace {
         values: t.values.clone(),
         inputs: residuals.iter().chain(cot_inputs).copied().collect(),
@@ -92,7 +100,7 @@ pub fn split(joint: &Joint) -> Result<Split> {
 /// inputs `(residuals..., cotangents...)`, the absent cotangents among them unread. The forward
 /// values it needs that are not among them are recomputed where cheap prims make them from
 /// residuals; None where one is neither (the caller then prunes the whole backward).
-pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trace>> {
+pub fn backward_from(joint: &Joint, residuals: &[ValueId], regions: &[Range<usize>]) -> Result<Option<Trace>> {
     let t = &joint.trace;
     let (forward, backward) = t.bsyms.split_at(joint.num_forward);
     let (primal_inputs, cot_inputs) = t.inputs.split_at(t.inputs.len() - joint.num_cotangents);
@@ -100,6 +108,7 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
     let [_, grads] = parts.as_slice() else { bail!(Runtime, "split", "a joint trace returns (outputs, grads)") };
     let backward = live_backward(t, backward, grads);
     let sources = sources(t, primal_inputs, forward);
+    let mut regions = Regions::new(t, forward, regions);
     let mut seen = vec![false; t.values.len()];
     residuals.iter().for_each(|v| seen[v.index()] = true);
     let mut heap = BinaryHeap::new();
@@ -111,6 +120,9 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
     needed_values(t, &backward, cot_inputs, grads).into_iter().for_each(|v| need(v, &mut seen, &mut heap));
     let mut recomputed = Vec::new();
     while let Some(v) = heap.pop() {
+        if regions.take(t, v, &mut |i| need(i, &mut seen, &mut heap)) {
+            continue;
+        }
         let Some(Source::Prim(bsym)) = sources.get(&v).copied() else { return Ok(None) };
         if !recomputable(bsym) {
             return Ok(None);
@@ -119,8 +131,8 @@ pub fn backward_from(joint: &Joint, residuals: &[ValueId]) -> Result<Option<Trac
         for_each_param_size(t, bsym, &mut |i| need(i, &mut seen, &mut heap));
         recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
-    recomputed.sort_by_key(|b| b.outputs[0]);
-    recomputed.extend(backward);
+    let recomputed = regions.with_calls(recomputed);
+    let recomputed = regions.scheduled(t, recomputed, backward);
     Ok(Some(Trace {
         values: t.values.clone(),
         inputs: residuals.iter().chain(cot_inputs).copied().collect(),
@@ -237,11 +249,12 @@ fn bytes(t: &Trace, v: ValueId) -> i64 {
 
 /// Decides, from the last-defined needed value to the first, what the backward saves and what
 /// it recomputes. Returns the residuals (by id) and the prims to recompute.
-fn choose_residuals(
+fn choose_residuals<'a>(
     t: &Trace,
     sources: &FxHashMap<ValueId, Source>,
+    mut regions: Regions<'a>,
     needed: Vec<ValueId>,
-) -> (Vec<ValueId>, Vec<BoundSymbol>) {
+) -> (Vec<ValueId>, Vec<BoundSymbol>, Regions<'a>) {
     let mut seen = vec![false; t.values.len()];
     let mut heap = BinaryHeap::new();
     for v in needed {
@@ -251,6 +264,14 @@ fn choose_residuals(
     }
     let (mut residuals, mut recomputed) = (Vec::new(), Vec::new());
     while let Some(v) = heap.pop() {
+        let mut need = |i: ValueId| {
+            if !std::mem::replace(&mut seen[i.index()], true) {
+                heap.push(i);
+            }
+        };
+        if regions.take(t, v, &mut need) {
+            continue;
+        }
         let bsym = match sources.get(&v) {
             Some(Source::Prim(b)) if recomputable(b) && !narrows_input(t, sources, b) => *b,
             _ => {
@@ -279,7 +300,171 @@ fn choose_residuals(
         recomputed.push(BoundSymbol { subsymbols: Default::default(), grad: None, ..bsym.clone() });
     }
     residuals.sort_unstable();
-    (residuals, recomputed)
+    let recomputed = regions.with_calls(recomputed);
+    (residuals, recomputed, regions)
+}
+
+/// The forward's calls recorded inside non-reentrant checkpoints that the backward may run again
+/// (see the module doc), and which of them it does.
+#[derive(Clone)]
+struct Regions<'a> {
+    /// The calls, in program order: those without a random part (the backward could run a
+    /// random call's decomposition around its draws, a dropout's product with its mask, but the
+    /// forward's executor may compute it otherwise: eager's CPU dropout scales by `1 / (1 - p)`
+    /// rounded to bfloat16 first).
+    calls: Vec<&'a BoundSymbol>,
+    /// Per value one of `calls` defines: its index there.
+    call_of: FxHashMap<ValueId, usize>,
+    /// The calls the backward runs again, by index.
+    taken: Vec<bool>,
+    /// The values the backward reads that a call defines inside its decomposition (the call is
+    /// then run again decomposed, as the forward is where a residual is defined inside it).
+    inner: Vec<bool>,
+}
+
+impl<'a> Regions<'a> {
+    fn new(t: &Trace, forward: &'a [BoundSymbol], regions: &[Range<usize>]) -> Self {
+        let mut out =
+            Regions { calls: Vec::new(), call_of: FxHashMap::default(), taken: Vec::new(), inner: Vec::new() };
+        if regions.is_empty() {
+            return out;
+        }
+        let outermost = |v: ValueId| regions.iter().filter(|r| r.contains(&v.index())).map(|r| r.start).min();
+        // A value read outside its region (by a later call, or returned) may be saved by a node
+        // eager's checkpoint does not pack (`y = checkpoint(f, x); z = y * w` saves `y`): it is
+        // saved, as eager's node keeps it, and so is whatever the call defining it defines.
+        let mut exported = FxHashSet::default();
+        for b in forward {
+            let at = b.outputs.first().and_then(|&o| outermost(o));
+            reads(b, &mut |r| {
+                if outermost(r).is_some() && (b.outputs.is_empty() || outermost(r) != at) {
+                    exported.insert(r);
+                }
+            });
+        }
+        t.outputs.for_each_value(&mut |v| {
+            exported.insert(v);
+        });
+        let inside = |v: &ValueId| outermost(*v).is_some() && !exported.contains(v);
+        for b in forward {
+            let mut defined = FxHashSet::default();
+            b.for_each_defined(&mut |v| {
+                defined.insert(v);
+            });
+            if !b.outputs.is_empty() && defined.iter().all(inside) && pure(b) {
+                let i = out.calls.len();
+                out.calls.push(b);
+                defined.into_iter().for_each(|v| {
+                    out.call_of.insert(v, i);
+                });
+            }
+        }
+        (out.taken, out.inner) = (vec![false; out.calls.len()], vec![false; t.values.len()]);
+        out
+    }
+
+    /// Whether `v` is defined by a call inside a region: then that call runs again in the
+    /// backward, and `need` is told what it reads from outside it (operands, sizes).
+    fn take(&mut self, t: &Trace, v: ValueId, need: &mut impl FnMut(ValueId)) -> bool {
+        let Some(&i) = self.call_of.get(&v) else { return false };
+        let b = self.calls[i];
+        if !b.outputs.contains(&v) {
+            self.inner[v.index()] = true;
+        }
+        if std::mem::replace(&mut self.taken[i], true) {
+            return true;
+        }
+        let mut defined = FxHashSet::default();
+        b.for_each_defined(&mut |d| {
+            defined.insert(d);
+        });
+        let mut outside = |r: ValueId| {
+            if !defined.contains(&r) {
+                need(r)
+            }
+        };
+        reads(b, &mut outside);
+        for_each_param_size(t, b, &mut outside);
+        for &d in &defined {
+            t.tensor(d).iter().for_each(|m| m.shape.iter().for_each(|s| s.for_each_value(&mut outside)));
+        }
+        true
+    }
+
+    /// `recomputed` (prims) with the calls taken, in program order.
+    fn with_calls(&self, recomputed: Vec<BoundSymbol>) -> Vec<BoundSymbol> {
+        let mut groups: Vec<(ValueId, Vec<BoundSymbol>)> =
+            recomputed.into_iter().map(|b| (b.outputs[0], vec![b])).collect();
+        for (b, _) in self.calls.iter().zip(&self.taken).filter(|(_, &taken)| taken) {
+            let mut calls = Vec::new();
+            flatten_where_needed(&BoundSymbol { grad: None, ..(*b).clone() }, &self.inner, &mut calls);
+            groups.push((b.outputs[0], calls));
+        }
+        groups.sort_by_key(|(v, _)| *v);
+        groups.into_iter().flat_map(|(_, calls)| calls).collect()
+    }
+}
+
+impl Regions<'_> {
+    /// The backward: `recomputed` (in program order), then `backward`. With checkpoints, each
+    /// call recomputed runs just before the first call that reads what it defines, as eager's
+    /// backward computes a checkpoint's region again when it reaches it: one region's values are
+    /// live at a time, not all of them.
+    fn scheduled(&self, t: &Trace, recomputed: Vec<BoundSymbol>, backward: Vec<BoundSymbol>) -> Vec<BoundSymbol> {
+        if self.calls.is_empty() {
+            return recomputed.into_iter().chain(backward).collect();
+        }
+        let mut defined_by = FxHashMap::default();
+        for (i, b) in recomputed.iter().enumerate() {
+            b.for_each_defined(&mut |v| {
+                defined_by.insert(v, i);
+            });
+        }
+        let mut emitted = vec![false; recomputed.len()];
+        let mut out = Vec::with_capacity(recomputed.len() + backward.len());
+        let mut before = |b: &BoundSymbol, out: &mut Vec<BoundSymbol>| {
+            let (mut stack, mut due) = (Vec::new(), Vec::new());
+            touched(t, b, &mut |v| stack.extend(defined_by.get(&v).copied()));
+            while let Some(i) = stack.pop() {
+                if !std::mem::replace(&mut emitted[i], true) {
+                    due.push(i);
+                    touched(t, &recomputed[i], &mut |v| stack.extend(defined_by.get(&v).copied()));
+                }
+            }
+            due.sort_unstable();
+            out.extend(due.into_iter().map(|i| recomputed[i].clone()));
+        };
+        for b in backward {
+            before(&b, &mut out);
+            out.push(b);
+        }
+        // (what only the gradients returned read)
+        out.extend(recomputed.iter().zip(&emitted).filter(|(_, &e)| !e).map(|(b, _)| b.clone()));
+        out
+    }
+}
+
+/// Calls `f` on the values `bsym` needs defined before it runs: what it reads, the sizes its
+/// parameters and its outputs' shapes read.
+fn touched(t: &Trace, bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
+    reads(bsym, f);
+    for_each_param_size(t, bsym, f);
+    bsym.for_each_defined(&mut |d| {
+        t.tensor(d).iter().for_each(|m| m.shape.iter().for_each(|s| s.for_each_value(&mut *f)))
+    });
+}
+
+/// Calls `f` on what `bsym` reads, its decomposition's reads included (a custom Function's
+/// forward reads its module's parameters there), its grad rule's not.
+fn reads(bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
+    bsym.for_each_input(&mut *f);
+    bsym.subsymbols.iter().for_each(|s| reads(s, f));
+}
+
+/// Whether running `bsym` again changes nothing outside the trace and gives the same values: no
+/// random call or effect at any depth.
+fn pure(bsym: &BoundSymbol) -> bool {
+    !bsym.symbol.is_effect() && bsym.subsymbols.iter().all(pure)
 }
 
 /// Keeps `bsym` whole unless a residual is defined inside it; then emits its decomposition,
@@ -317,9 +502,9 @@ mod tests {
     #[test]
     fn a_backward_without_a_cotangent_runs_from_the_whole_forwards_residuals() {
         let trace = two_outputs();
-        let whole = split(&joint(&trace).unwrap().unwrap()).unwrap();
+        let whole = split(&joint(&trace).unwrap().unwrap(), &[]).unwrap();
         let partial = joint_without(&trace, &[0]).unwrap().unwrap();
-        let backward = backward_from(&partial, &whole.residuals).unwrap().expect("its values are saved");
+        let backward = backward_from(&partial, &whole.residuals, &[]).unwrap().expect("its values are saved");
         assert_eq!(backward.inputs.len(), whole.backward.inputs.len(), "{backward}");
         assert_eq!(backward.inputs[..whole.residuals.len()], whole.residuals[..]);
         let absent = backward.inputs[whole.residuals.len()];
@@ -331,9 +516,43 @@ mod tests {
         trace_ir::verify::verify(&backward).unwrap();
     }
 
+    /// `(x, w) -> sin(x @ w) + 1`, both requiring grad, and the range of the ids of `x @ w` and
+    /// its sine (a non-reentrant checkpoint's function).
+    fn checkpointed_matmul() -> (Trace, Range<usize>) {
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4, 4]) };
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let w = b.add_input(ValueKind::Tensor(meta));
+        let m = b.record_prim("matmul", vec![Arg::Value(x), Arg::Value(w)]).unwrap()[0];
+        let s = b.record_prim("sin", vec![Arg::Value(m)]).unwrap()[0];
+        let o = b.record_prim("add", vec![Arg::Value(s), Arg::Scalar(trace_ir::Scalar::Float(1.0))]).unwrap()[0];
+        (b.finish(Arg::Value(o)).unwrap(), m.index()..s.index() + 1)
+    }
+
+    #[test]
+    fn a_non_reentrant_checkpoints_calls_run_again_in_the_backward_instead_of_being_saved() {
+        let (trace, region) = checkpointed_matmul();
+        let m = trace.bsyms[0].outputs[0];
+        let inline = split(&joint(&trace).unwrap().unwrap(), &[]).unwrap();
+        assert!(inline.residuals.contains(&m), "sin's backward reads x @ w: {}", inline.forward);
+        let halves = split(&joint(&trace).unwrap().unwrap(), &[region]).unwrap();
+        assert!(!halves.residuals.contains(&m), "{}", halves.forward);
+        assert_eq!(halves.backward.bsyms[0].outputs, vec![m], "the matmul first: {}", halves.backward);
+        trace_ir::verify::verify(&halves.backward).unwrap();
+    }
+
+    #[test]
+    fn a_checkpointed_value_read_after_its_region_is_saved() {
+        // (eager's node outside the checkpoint, here the sine's, keeps it)
+        let (trace, region) = checkpointed_matmul();
+        let m = trace.bsyms[0].outputs[0];
+        let halves = split(&joint(&trace).unwrap().unwrap(), &[region.start..region.start + 1]).unwrap();
+        assert!(halves.residuals.contains(&m), "{}", halves.forward);
+    }
+
     #[test]
     fn a_backward_without_a_cotangent_needing_a_value_not_saved_is_none() {
         let partial = joint_without(&two_outputs(), &[0]).unwrap().unwrap();
-        assert!(backward_from(&partial, &[]).unwrap().is_none(), "sin's backward reads x, not saved");
+        assert!(backward_from(&partial, &[], &[]).unwrap().is_none(), "sin's backward reads x, not saved");
     }
 }

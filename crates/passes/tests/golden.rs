@@ -248,7 +248,7 @@ fn printed_output(text: &str, golden: &Golden) -> Result<String, String> {
         Last::Trace => Ok(print_trace(&out, "computation")),
         Last::Split => {
             let joint = passes::joint(&out).map_err(|e| e.to_string())?.ok_or("no output requires grad")?;
-            let halves = passes::split(&joint).map_err(|e| e.to_string())?;
+            let halves = passes::split(&joint, &[]).map_err(|e| e.to_string())?;
             let (forward, _) = run_passes(&halves.forward, &[("dce", dce)], &cx).map_err(|e| e.to_string())?;
             let (backward, _) =
                 run_passes(&halves.backward, &[("dce", dce), ("cse", cse)], &cx).map_err(|e| e.to_string())?;

@@ -23,13 +23,15 @@ use crate::trace::PyTrace;
 /// (`passes::differentiable`): no backward, no in-place forms, values computed without grad detached.
 /// `checkpoints` are the reentrant activation checkpoints the program ran, `(first value id, end
 /// value id, ids of the tensors passed, the user's location of the call)` each, whose gradients the backward sums as eager does.
+/// `recomputed` are the non-reentrant ones, `(first value id, end value id)` each, whose calls the
+/// backward runs again instead of saving what they define (`passes::split`).
 ///
 /// Returns a `Compiled`: the traces after each stage, the last being the execution trace whose
 /// `str()` is the Python source to exec; for a program with an output that requires grad, the
 /// backward's traces likewise (else none), and the positions of the flat outputs that receive
 /// cotangents.
 #[pyfunction]
-#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false, checkpoints=Vec::new()))]
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes=Vec::new(), differentiable=false, checkpoints=Vec::new(), recomputed=Vec::new()))]
 #[allow(clippy::too_many_arguments)] // (the Python signature's)
 pub fn compile(
     acquired: &PyTrace,
@@ -40,14 +42,17 @@ pub fn compile(
     passes: Vec<String>,
     differentiable: bool,
     checkpoints: Vec<CheckpointSpec>,
+    recomputed: Vec<(usize, usize)>,
 ) -> PyResult<Compiled> {
     let checkpoints = to_checkpoints(checkpoints);
+    let recomputed: Vec<_> = recomputed.into_iter().map(|(start, end)| start..end).collect();
     let options = Options {
         executors: &table.executors,
         passes: &passes,
         differentiable,
         absent_cotangents: &[],
         checkpoints: &checkpoints,
+        recomputed: &recomputed,
     };
     run(acquired, &options, checker, make_proxy, consts)
 }
@@ -74,7 +79,7 @@ fn to_checkpoints(specs: Vec<CheckpointSpec>) -> Vec<Checkpoint> {
 /// (`passes::absent`). Raises NotImplementedError where that fails too (the caller then passes
 /// zeros to the whole backward).
 #[pyfunction]
-#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes, absent_cotangents, checkpoints=Vec::new()))]
+#[pyo3(signature = (acquired, table, checker, make_proxy, consts, passes, absent_cotangents, checkpoints=Vec::new(), recomputed=Vec::new()))]
 #[allow(clippy::too_many_arguments)] // (the Python signature's)
 pub fn compile_backward(
     acquired: &PyTrace,
@@ -85,7 +90,9 @@ pub fn compile_backward(
     passes: Vec<String>,
     absent_cotangents: Vec<usize>,
     checkpoints: Vec<CheckpointSpec>,
+    recomputed: Vec<(usize, usize)>,
 ) -> PyResult<Compiled> {
+    let recomputed: Vec<_> = recomputed.into_iter().map(|(start, end)| start..end).collect();
     let absent_cotangents = absent_cotangents.as_slice();
     if absent_cotangents.is_empty() {
         return Err(pyo3::exceptions::PyValueError::new_err("compile_backward: no absent cotangent"));
@@ -97,6 +104,7 @@ pub fn compile_backward(
         differentiable: false,
         absent_cotangents,
         checkpoints: &checkpoints,
+        recomputed: &recomputed,
     };
     run(acquired, &options, checker, make_proxy, consts)
 }

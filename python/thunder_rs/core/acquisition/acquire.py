@@ -154,6 +154,9 @@ class Acquired:
     output_vids: tuple = ()
     #: the reentrant activation checkpoints the program ran with grad (``torch_overrides.noting_checkpoints``)
     checkpoints: tuple = ()
+    #: the non-reentrant activation checkpoints it ran, ``(first value id, end value id)`` each, whose
+    #: calls the backward runs again (``torch_overrides.NonReentrantRegion``)
+    recomputed: tuple = ()
     #: the lists and dicts of state the program read, where it changes one or an argument's, that
     #: no call may pass as an argument (``argument_containers.state_held``), or None
     state_aliases: tuple | None = None
@@ -711,6 +714,7 @@ def acquire(
         made_outputs=made_outputs,
         output_vids=output_vids,
         checkpoints=tuple(checkpoints),
+        recomputed=tuple(checkpoints.recomputed),
         state_aliases=aliases,
         cached_casts=cached_casts,
         out_versions=versions,

@@ -240,17 +240,46 @@ class _ForwardValues(Function):
 _reentrant: contextvars.ContextVar = contextvars.ContextVar("thunder_rs_reentrant", default=None)
 
 
+class _Noted(list):
+    """The reentrant checkpoints noted, and in ``recomputed`` the non-reentrant ones
+    (``non_reentrant_region``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recomputed: list[tuple[int, int]] = []
+
+
 @contextlib.contextmanager
 def noting_checkpoints(rec):
     """While ``rec`` records a program: the list of the reentrant activation checkpoints it runs
     with grad, ``(first value id, end value id, ids of the tensors passed, the user's line)`` each, whose gradients
-    the VJP pass sums apart as eager's backward of each does (``passes::reentrant``)."""
-    noted: list = []
+    the VJP pass sums apart as eager's backward of each does (``passes::reentrant``); its
+    ``recomputed``: the non-reentrant ones, ``(first value id, end value id)`` each, whose calls
+    the backward runs again instead of saving what they define (``passes::split``)."""
+    noted = _Noted()
     token = _reentrant.set((rec, noted))
     try:
         yield noted
     finally:
         _reentrant.reset(token)
+
+
+class NonReentrantRegion:
+    """A non-reentrant checkpoint's function running (torch's hooks entered, ``autograd``): the
+    values recorded meanwhile at the top level of the acquisition's recorder are noted, as eager's
+    backward computes them again from the checkpoint's inputs instead of keeping what its nodes
+    saved (a nested checkpoint's lie inside its outer one's)."""
+
+    def __init__(self) -> None:
+        noting = _reentrant.get()
+        top = noting is not None and active_recorder() is noting[0] and not noting[0].depth
+        self.noting: tuple | None = noting if top else None
+        self.start: int = noting[0].num_values if top else 0
+
+    def close(self) -> None:
+        if self.noting is not None:
+            rec, noted = self.noting
+            noted.recomputed.append((self.start, rec.num_values))
 
 
 def _reentrant_region(run_function, inputs: list):

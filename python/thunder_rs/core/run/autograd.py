@@ -89,6 +89,7 @@ def _enter_checkpoints(enter):
         if active_recorder() is not None and type(self).__module__.startswith("torch.utils.checkpoint"):
             self._thunder_rs_region = torch_overrides.checkpointed(_preserves_rng_state())
             self._thunder_rs_region.__enter__()
+            self._thunder_rs_recomputed = torch_overrides.NonReentrantRegion()
         return result
 
     return entered
@@ -112,6 +113,9 @@ def _preserves_rng_state() -> bool:
 def _exit_checkpoints(exit_):
     def exited(self, *exc):
         region = self.__dict__.pop("_thunder_rs_region", None)
+        recomputed = self.__dict__.pop("_thunder_rs_recomputed", None)
+        if recomputed is not None and not (exc and exc[0]):
+            recomputed.close()
         if region is not None:
             region.__exit__(None, None, None)
         return exit_(self, *exc)

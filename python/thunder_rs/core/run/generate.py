@@ -172,6 +172,7 @@ def _partial_backward(acquired, grad_positions: list, compilation: tuple) -> dic
                 list(passes),
                 list(absent),
                 list(acquired.checkpoints),
+                list(acquired.recomputed),
             )
         except ThunderNotImplementedError:
             return None
@@ -295,6 +296,16 @@ def _executors_for(acquired, executors: list, made: set) -> list:
     return executors
 
 
+def _compiled(acquired, table, executors, passes: tuple):
+    """``_core.compile`` of ``acquired`` with the checkpoints it ran (reentrant, and the
+    non-reentrant ones whose calls the backward runs again)."""
+    checker, consts = _checker(executors), acquired.consts
+    reentrant, recomputed = list(acquired.checkpoints), list(acquired.recomputed)
+    return _core.compile(
+        acquired.trace, table, checker, make_proxy, consts, list(passes), checkpoints=reentrant, recomputed=recomputed
+    )
+
+
 def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), executors=None, names=None):
     """Runs the passes over an acquired trace and execs the result: the entry's callable, its
     source and traces, and the time each stage took. ``modes`` are the grad and autocast modes
@@ -305,15 +316,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     made = _made_by_the_call(acquired)
     executors = _executors_for(acquired, default_executors() if executors is None else executors, made)
     table, impls = executor_table(executors)
-    compiled = _core.compile(
-        acquired.trace,
-        table,
-        _checker(executors),
-        make_proxy,
-        acquired.consts,
-        list(passes),
-        checkpoints=list(acquired.checkpoints),
-    )
+    compiled = _compiled(acquired, table, executors, passes)
     traces, backward_traces, grad_positions = compiled.forward, compiled.backward, compiled.grad_outputs
     log_dumps(name, traces, backward_traces)
     passes_at = time.perf_counter()
