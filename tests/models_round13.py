@@ -244,7 +244,9 @@ def _siglip2():
 
 FAMILIES = {
     "dots1": Family(_dots1, causal_lm),
-    "hunyuan_v1_dense": Family(lambda: T.HunYuanDenseV1ForCausalLM(T.HunYuanDenseV1Config(head_dim=8, **DEC)), causal_lm),
+    "hunyuan_v1_dense": Family(
+        lambda: T.HunYuanDenseV1ForCausalLM(T.HunYuanDenseV1Config(head_dim=8, **DEC)), causal_lm
+    ),
     "hunyuan_v1_moe": Family(_hunyuan_moe, causal_lm),
     "olmo3": Family(lambda: T.Olmo3ForCausalLM(T.Olmo3Config(**SLIDING, **DEC)), causal_lm),
     "seed_oss": Family(lambda: T.SeedOssForCausalLM(T.SeedOssConfig(head_dim=8, **DEC)), causal_lm),

@@ -27,9 +27,24 @@ from test_models_round9 import MODES, _assert_equal, _compiled  # noqa: E402
 from test_models_round9 import _train_and_evaluate as train_and_evaluate  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning")]
-QUICK: set = set()
-QUICK_AUTOCAST: set = set()
-TRAIN_COMPILES: dict = {}
+#: the default run's families (``jit``): a block each of latent (MLA) attention, chunked attention
+#: with a routed and a shared expert, ternary weights with straight-through rounding, windowed
+#: attention with relative positions, variable-resolution patches with a sigmoid loss, a residual
+#: vector-quantized codec
+QUICK = {"minicpm3", "llama4", "bitnet", "sam", "siglip2", "dac"}
+QUICK_AUTOCAST = {"glm4_moe_lite", "depth_anything"}
+#: ``jit``'s training compiles other than one. FlexOlmo's router logits are captured by hooks its
+#: first call installs (``_output_capturing_hooks_installed``, as in round 9). Parakeet's LayerDrop
+#: skips a layer where ``torch.rand([]) < layerdrop``: a variant per outcome seen. Mimi's codebook
+#: caches its embedding (``_embed``) on its first call.
+TRAIN_COMPILES = {"flex_olmo": 2, "parakeet": 2, "mimi": 2}
+#: Mimi under Dynamo (every value eager's): Dynamo compiles its transformer's graph again with
+#: symbolic sequence lengths (the encoder's and decoder's differ), and a causal convolution's pad
+#: amount computed from them reaches ``F.pad`` as a value the trace reads (``Tensor.item``): a
+#: variant per amount (0 and 2), where the test expects one compile a graph.
+PAD_AMOUNTS = pytest.mark.xfail(
+    raises=AssertionError, strict=True, reason="a pad amount computed from symbolic sizes: a compile per amount"
+)
 
 
 def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
@@ -37,15 +52,22 @@ def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
     train_and_evaluate(name, mode, autocast, FAMILIES, _assert_equal, train_compiles=TRAIN_COMPILES)
 
 
-def _params(names, quick):
+def _params(names, quick, compile_xfails=frozenset()):
     return [
-        pytest.param(n, mode, marks=() if n in quick and mode == "jit" else [pytest.mark.slow])
+        pytest.param(
+            n,
+            mode,
+            marks=[
+                *(() if n in quick and mode == "jit" else [pytest.mark.slow]),
+                *([PAD_AMOUNTS] if mode == "compile" and n in compile_xfails else []),
+            ],
+        )
         for n in names
         for mode in MODES
     ]
 
 
-@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK))
+@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK, {"mimi"}))
 def test_family_trains_and_evaluates_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=False)
 
