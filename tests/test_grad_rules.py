@@ -215,15 +215,16 @@ CASES = [
         "sdpa",
         sdpa(),
         lambda d: (randn(2, 2, 3, 8, dtype=d), randn(2, 2, 5, 8, dtype=d), randn(2, 2, 5, 6, dtype=d)),
-        # (eager's math path: its probabilities are kept from the forward, as eager's autograd keeps them)
-        ("ltorch.matmul", "ltorch.softmax_backward"),
+        # (eager's math path: its probabilities are kept from the forward, as eager's autograd keeps
+        # them; each product's gradients the bmm calls of eager's matmul backward)
+        ("ltorch.bmm", "ltorch.softmax_backward"),
         absent=("safe_softmax", "exp"),
     ),
     Case(
         "sdpa_causal_scale",
         sdpa(is_causal=True, scale=0.3),
         lambda d: (randn(2, 3, 8, dtype=d), randn(2, 5, 8, dtype=d), randn(2, 5, 6, dtype=d)),
-        ("ltorch.matmul", "ltorch.softmax_backward"),
+        ("ltorch.bmm", "ltorch.softmax_backward"),
         absent=("safe_softmax", "tril"),
     ),
     Case(
@@ -254,14 +255,14 @@ CASES = [
             randn(2, 2, 5, 8, dtype=d),
             randn(2, 1, 3, 5, dtype=d),
         ),
-        ("ltorch.matmul", "ltorch.softmax_backward", "ltorch.sum"),
+        ("ltorch.bmm", "ltorch.softmax_backward", "ltorch.sum"),
         absent=("safe_softmax", "exp"),
     ),
     Case(
         "sdpa_gqa_broadcast",
         sdpa(enable_gqa=True),
         lambda d: (randn(2, 4, 3, 8, dtype=d), randn(1, 2, 5, 8, dtype=d), randn(1, 2, 5, 8, dtype=d)),
-        ("ltorch.matmul", "ltorch.expand", "ltorch.sum"),
+        ("ltorch.bmm", "ltorch.expand", "ltorch.sum"),
     ),
     Case(
         "sdpa_noncontiguous",

@@ -363,10 +363,13 @@ def _put_math_gradients(g, query, key, value, attn_mask, is_causal: bool, scale,
     forward."""
     g = cast(g, _math_dtype(query.dtype))
     v, query_scaled, key_scaled, factor, probs = operands
-    if value.requires_grad:
-        grad = _unrepeat(ltorch.matmul(ltorch.transpose(probs, -1, -2), g), value, grouped)
-        put_grad(value, cast(grad, value.dtype))
-    dscores = softmax_backward(ltorch.matmul(g, ltorch.transpose(v, -1, -2)), probs, -1)
+    # (the product with the value's gradients as eager's matmul backward computes them too: a
+    # value laid out otherwise than dense, e.g. split from a transposed projection as MLA's, is
+    # folded into a copy there, and the probabilities' gradient rounds as that copy's product)
+    dprobs, grad = eager_matmul_grads(g, probs, v, (True, value.requires_grad))
+    if grad is not None:
+        put_grad(value, cast(_unrepeat(grad, value, grouped), value.dtype))
+    dscores = softmax_backward(dprobs, probs, -1)
     if attn_mask is not None and attn_mask.requires_grad:
         put_grad(attn_mask, cast(sum_to(dscores, attn_mask.shape), attn_mask.dtype))
     # (the product's gradients as eager's matmul backward computes them, each from its operands as
