@@ -1,0 +1,72 @@
+"""Shapes that change between calls (issue 26), a thirteenth sweep: sizes given as 0-d tensors
+that change between calls (ViLT's patch counts), products of sizes past int64, the Inductor
+executor over symbolic regions, and the patterns the other sweeps left out. Every call's outputs
+and gradients are checked against eager, and the compiles counted as in ``test_dynamic_round9``.
+
+What the sweep found, each fixed and pinned here: ``F.interpolate``'s ``size`` given as 0-d
+tensors (ViLT's ``visual_embed`` resizes each image's position table to ``(h, w)`` patches summed
+from a pixel mask, then pads it by ``4 - w`` and ``4 - h``) was read in the decomposition, where
+no check is recorded, by ``__index__``: the trace kept the first call's output size unchecked
+(``out.shape`` returned it where eager's changed), and the call after one with other counts had
+the pads' reads symbolic against the constant sizes, so ``torch.cat`` of the images raised. The
+sizes are read by ``item()`` before the symbol is recorded, checked, and symbolic once they change.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_rs
+from test_dynamic_round9 import assert_same, misses
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled")]
+
+
+# -- sizes given as 0-d tensors ------------------------------------------------------------------------
+
+
+def patch_positions(positions, mask):
+    """ViLT's ``visual_embed``: each image's position table resized to its count of patches the
+    pixel mask keeps, padded back to the full grid, the images concatenated."""
+    rows, cols = mask.sum(1)[:, 0], mask.sum(2)[:, 0]
+    resized = [F.interpolate(positions, size=(h, w), mode="bilinear", align_corners=True) for h, w in zip(rows, cols)]
+    return torch.cat([F.pad(r, (0, 4 - w, 0, 4 - h)) for r, h, w in zip(resized, rows, cols)])
+
+
+#: (rows, cols) the second image's mask keeps: the first shapes, then other counts, 1 among them
+COUNTS = ((3, 2), (3, 2), (2, 4), (3, 3), (4, 2), (2, 2), (1, 3), (4, 1), (2, 3))
+
+
+def test_patch_counts_that_change_between_calls_compile_once_for_all():
+    """The counts are symbolic from the second compile on (``value_sizes``), each padded size
+    ``w + (4 - w)`` 4 as eager's: the first counts, the symbolic ones, and a 1 in each dim."""
+    g = torch.Generator().manual_seed(0)
+    positions = torch.randn(1, 3, 4, 4, generator=g)
+    jfn = thunder_rs.jit(patch_positions)
+    for rows, cols in COUNTS:
+        mask = torch.ones(2, 4, 4, dtype=torch.long)
+        mask[1, rows:], mask[1, :, cols:] = 0, 0
+        cotangent = torch.randn(2, 3, 4, 4, generator=g)
+        seen = []
+        for fn in (patch_positions, jfn):
+            leaf = positions.clone().requires_grad_()
+            out = fn(leaf, mask)
+            seen.append((out, torch.autograd.grad(out, leaf, cotangent)))
+        assert_same(*seen)
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+def _sized_by_a_count(p, m):
+    out = F.interpolate(p, size=(m.sum(), 4), mode="bilinear", align_corners=True)
+    return out * 2, out.shape[2]
+
+
+def test_an_interpolation_sized_by_a_tensor_returns_each_calls_size():
+    """``size=(m.sum(), 4)`` was read in ``F.interpolate``'s decomposition, unchecked: the calls
+    after the first compile's returned its size (2 where eager's is 5)."""
+    p = torch.randn(1, 2, 4, 4)
+    jfn = thunder_rs.jit(_sized_by_a_count)
+    for n in (3, 3, 2, 5, 6, 4):
+        m = torch.ones(n, dtype=torch.long)
+        assert_same(_sized_by_a_count(p, m), jfn(p, m))
+    assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
