@@ -70,3 +70,24 @@ def test_an_interpolation_sized_by_a_tensor_returns_each_calls_size():
         m = torch.ones(n, dtype=torch.long)
         assert_same(_sized_by_a_count(p, m), jfn(p, m))
     assert misses(jfn) <= 3, thunder_rs.compile_stats(jfn).miss_reasons
+
+
+# -- products of sizes past int64 -------------------------------------------------------------------
+
+
+def _branch_on_a_cube(x):
+    n = x.shape[0]
+    cube = n * n * n
+    return (x[:1] * 2 if cube > 2**62 else x[:1] * 3), cube, -cube // 3
+
+
+def test_a_product_of_sizes_past_int64_is_eagers_int():
+    """``n * n * n`` at ``n = 2**22`` is ``2**66``: the symbolic size's hint wrapped in Rust's
+    ``i64`` (to 0), so ``cube > 2**62`` took the other branch than eager's. Past int64 the size is
+    specialised, and the arithmetic is Python's ints (a compile per such size); below it stays
+    symbolic."""
+    jfn = thunder_rs.jit(_branch_on_a_cube)
+    for n in (3, 2**22, 2**21, 5, 7):
+        x = torch.ones(1).expand(n)  # (no memory of its size)
+        assert_same(_branch_on_a_cube(x), jfn(x))
+    assert misses(jfn) <= 4, thunder_rs.compile_stats(jfn).miss_reasons
