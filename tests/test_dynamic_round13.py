@@ -10,6 +10,20 @@ no check is recorded, by ``__index__``: the trace kept the first call's output s
 (``out.shape`` returned it where eager's changed), and the call after one with other counts had
 the pads' reads symbolic against the constant sizes, so ``torch.cat`` of the images raised. The
 sizes are read by ``item()`` before the symbol is recorded, checked, and symbolic once they change.
+A product of sizes past int64 (``n * n * n`` at ``n = 2**22``) wrapped its hint in Rust, and a
+decision on it took the other branch than eager's; past int64 a size is now specialised and the
+arithmetic is Python's ints (``Dim::checked_mul``).
+
+Checked and equal to eager, nothing to fix (compiles, thunder_rs / torch.compile(dynamic=None)):
+batch and sequence changing together through attention with a padding mask, under ``jit`` (4 / 4),
+``torch.compile(backend="thunder_rs", dynamic=True)`` (3 graphs, as Dynamo's own with the eager
+backend) and ``dynamic=None`` (4 / 4), values, gradients and strides; ``jit(dynamic=True)`` and
+``torch._dynamo.mark_dynamic`` with 0 and 1 among the sizes; a CNN with adaptive pooling over the
+number of images and their heights and widths together, bit for bit (3 / 3); the Inductor executor
+over a Transformer encoder layer at seven (batch, length) pairs: 2 thunder_rs compiles, each region
+one Inductor artifact for all sizes (8 compiles, 20 symbolic reuses), values, gradients and strides
+as eager's; a backward whose cotangent has another shape than the output refuses as eager does
+(eager's autograd takes no other shape, ``retain_graph`` or not).
 """
 
 import pytest

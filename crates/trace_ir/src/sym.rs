@@ -113,7 +113,9 @@ impl Poly {
     /// there before.
     fn completes(&self, e: &Poly, c: i64, k: i64) -> bool {
         let on = |m: &Monomial| self.terms.iter().find(|(n, _)| n == m).map_or(0, |(_, c)| *c);
-        e.terms.iter().any(|(m, _)| on(m) != 0) && e.terms.iter().all(|(m, ce)| (i128::from(on(m)) + i128::from(c) * i128::from(*ce)).rem_euclid(i128::from(k)) == 0)
+        // (in i128: `on(m) + c * ce` may leave i64, where `c` is a large multiple)
+        let whole = |m: &Monomial, ce: i64| (i128::from(on(m)) + i128::from(c) * i128::from(ce)) % i128::from(k) == 0;
+        e.terms.iter().any(|(m, _)| on(m) != 0) && e.terms.iter().all(|(m, ce)| whole(m, *ce))
     }
 
     /// `self` with every remainder by a multiple of `k` among its factors replaced by what it
