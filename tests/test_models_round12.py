@@ -203,11 +203,11 @@ def test_sizes_given_as_tensors_are_read_as_eager_reads_them(mode):
     _sizes_given_as_tensors(mode, fresh=True)
 
 
-@pytest.mark.xfail(raises=thunder_rs.errors.ThunderRuntimeError, strict=True)
 def test_sizes_read_from_tensors_that_change_between_calls():
-    """Known limit: the call after one with other counts traces the reads as symbolic sizes
-    (``value_sizes``), each read its own symbol: the padded size ``w + (4 - w)`` is not known to
-    be 4 (``4 - w`` is read apart from ``w``) and ``torch.cat`` of the images refuses the sizes."""
+    """The call after one with other counts traces the reads as symbolic sizes (``value_sizes``):
+    each read was its own symbol, so the padded size ``w + (4 - w)`` was not known to be 4 and
+    ``torch.cat`` of the images refused the sizes. ``4 - w`` reads as that expression of ``w``'s
+    read now (``int_values``; ``test_dynamic_round13`` counts the compiles)."""
     _sizes_given_as_tensors("jit", fresh=False)
 
 

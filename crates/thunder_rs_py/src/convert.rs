@@ -66,11 +66,14 @@ pub fn to_arg(obj: &Bound<'_, PyAny>, types: &Types, consts: &mut Vec<Py<PyAny>>
     }
     // A subclass of int or float is read through its own `__index__`/`__float__`: a number the
     // program must not use (a traced draw from `random`, see `pydraws.py`) raises there, where
-    // reading the C value directly would bake it into the trace.
+    // reading the C value directly would bake it into the trace. An int past int64 (a product of
+    // sizes returned, as eager's Python int holds it) is kept as the Python object, as other
+    // constants are.
     if obj.is_exact_instance_of::<PyInt>() {
-        return Ok(Arg::Scalar(Scalar::Int(obj.extract()?)));
-    }
-    if obj.is_instance_of::<PyInt>() {
+        if let Ok(n) = obj.extract() {
+            return Ok(Arg::Scalar(Scalar::Int(n)));
+        }
+    } else if obj.is_instance_of::<PyInt>() {
         return Ok(Arg::Scalar(Scalar::Int(obj.call_method0("__index__")?.extract()?)));
     }
     if let Ok(f) = obj.cast_exact::<PyFloat>() {

@@ -213,6 +213,10 @@ impl Recorder {
     fn decide(&mut self, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
         let py = a.py();
         let (a, b) = (dim_of(a)?, dim_of(b)?);
+        // The facts compare by the difference: past int64, the caller decides on the values.
+        if a.checked_sub(&b).is_none() {
+            return Err(pyo3::exceptions::PyOverflowError::new_err(format!("the sizes {a} and {b} differ past int64")));
+        }
         let facts = self.builder()?.facts_mut();
         let answer = match op {
             "eq" => facts.equal(&a, &b),

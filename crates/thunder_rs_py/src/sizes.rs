@@ -3,7 +3,7 @@
 //! form; comparisons are decisions the recording takes on hints, so they go through
 //! `Recorder.decide`, which records the guards they rely on.
 
-use pyo3::exceptions::{PyTypeError, PyValueError, PyZeroDivisionError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 use std::sync::Arc;
@@ -46,6 +46,18 @@ pub fn shape_to_py<'py>(py: Python<'py>, shape: &[Dim]) -> PyResult<Bound<'py, p
     pyo3::types::PyTuple::new(py, items)
 }
 
+/// `result` of `a op b`, or Python's `OverflowError` where it leaves `i64` (`Dim::checked_mul`):
+/// an error the caller takes as a size it cannot keep symbolic, never a wrapped value.
+fn checked(result: Option<Dim>, a: &Dim, op: &str, b: &Dim) -> PyResult<Dim> {
+    result.ok_or_else(|| {
+        PyOverflowError::new_err(format!(
+            "the symbolic size ({a}) {op} ({b}) leaves int64 (at its hints {} {op} {})",
+            a.hint(),
+            b.hint()
+        ))
+    })
+}
+
 fn divisor(k: &Bound<'_, PyAny>, op: &str) -> PyResult<i64> {
     match dim_of(k)? {
         Dim::Const(0) => Err(PyZeroDivisionError::new_err(format!("symbolic size {op} by zero"))),
@@ -86,7 +98,8 @@ impl PySymExpr {
     }
 
     fn __add__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        dim_to_py(other.py(), &self.as_dim().add(&dim_of(other)?))
+        let (a, b) = (self.as_dim(), dim_of(other)?);
+        dim_to_py(other.py(), &checked(a.checked_add(&b), &a, "+", &b)?)
     }
 
     fn __radd__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -94,15 +107,18 @@ impl PySymExpr {
     }
 
     fn __sub__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        dim_to_py(other.py(), &self.as_dim().sub(&dim_of(other)?))
+        let (a, b) = (self.as_dim(), dim_of(other)?);
+        dim_to_py(other.py(), &checked(a.checked_sub(&b), &a, "-", &b)?)
     }
 
     fn __rsub__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        dim_to_py(other.py(), &dim_of(other)?.sub(&self.as_dim()))
+        let (a, b) = (dim_of(other)?, self.as_dim());
+        dim_to_py(other.py(), &checked(a.checked_sub(&b), &a, "-", &b)?)
     }
 
     fn __mul__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        dim_to_py(other.py(), &self.as_dim().mul(&dim_of(other)?))
+        let (a, b) = (self.as_dim(), dim_of(other)?);
+        dim_to_py(other.py(), &checked(a.checked_mul(&b), &a, "*", &b)?)
     }
 
     fn __rmul__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -110,7 +126,8 @@ impl PySymExpr {
     }
 
     fn __neg__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        dim_to_py(py, &Dim::Const(0).sub(&self.as_dim()))
+        let a = self.as_dim();
+        dim_to_py(py, &checked(Dim::Const(0).checked_sub(&a), &Dim::Const(0), "-", &a)?)
     }
 
     fn __floordiv__<'py>(&self, other: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

@@ -103,16 +103,19 @@ impl Poly {
             _ => None,
         });
         let Some((i, e, c, k)) = found else { return self };
+        let Some(ck) = c.checked_mul(k).and_then(i64::checked_neg) else { return self }; // (kept as it is)
         let mut rest = self.terms;
         rest.remove(i);
-        Poly { terms: rest }.add(&e.scale(c)).add(&e.floordiv(k).scale(-c * k))
+        Poly { terms: rest }.add(&e.scale(c)).add(&e.floordiv(k).scale(ck))
     }
 
     /// Whether `c*e` makes the terms of `self` on `e`'s monomials multiples of `k`, one of them
     /// there before.
     fn completes(&self, e: &Poly, c: i64, k: i64) -> bool {
         let on = |m: &Monomial| self.terms.iter().find(|(n, _)| n == m).map_or(0, |(_, c)| *c);
-        e.terms.iter().any(|(m, _)| on(m) != 0) && e.terms.iter().all(|(m, ce)| (on(m) + c * ce).rem_euclid(k) == 0)
+        // (in i128: `on(m) + c * ce` may leave i64, where `c` is a large multiple)
+        let whole = |m: &Monomial, ce: i64| (i128::from(on(m)) + i128::from(c) * i128::from(ce)) % i128::from(k) == 0;
+        e.terms.iter().any(|(m, _)| on(m) != 0) && e.terms.iter().all(|(m, ce)| whole(m, *ce))
     }
 
     /// `self` with every remainder by a multiple of `k` among its factors replaced by what it
@@ -258,9 +261,19 @@ impl Poly {
         }
     }
 
-    /// The value with every size value `v` set to `value(v)`.
-    pub fn eval(&self, value: &impl Fn(ValueId) -> i64) -> i64 {
-        self.terms.iter().map(|(m, c)| c * m.iter().map(|a| a.eval(value)).product::<i64>()).sum()
+    /// The value with every size value `v` set to `value(v)`, or `None` where a product or a sum
+    /// leaves `i64` (Python's int does not: the caller says so rather than use a wrapped value).
+    pub fn eval(&self, value: &impl Fn(ValueId) -> i64) -> Option<i64> {
+        self.terms.iter().try_fold(0i64, |sum, (m, c)| {
+            let term = m.iter().try_fold(*c, |p, a| p.checked_mul(a.eval(value)?))?;
+            sum.checked_add(term)
+        })
+    }
+
+    /// The sum of the coefficients' magnitudes: no coefficient of a sum of polynomials exceeds the
+    /// sum of theirs, nor of a product the product of theirs (saturating at `i128::MAX`).
+    fn magnitude(&self) -> i128 {
+        self.terms.iter().fold(0i128, |sum, (_, c)| sum.saturating_add(i128::from(*c).abs()))
     }
 
     /// Calls `f` on every size value the polynomial reads, in order, repeats included.
@@ -332,11 +345,11 @@ impl Atom {
         }
     }
 
-    fn eval(&self, value: &impl Fn(ValueId) -> i64) -> i64 {
+    fn eval(&self, value: &impl Fn(ValueId) -> i64) -> Option<i64> {
         match self {
-            Atom::Value(v) => value(*v),
-            Atom::FloorDiv(p, k) => p.eval(value).div_euclid(*k),
-            Atom::Mod(p, k) => p.eval(value).rem_euclid(*k),
+            Atom::Value(v) => Some(value(*v)),
+            Atom::FloorDiv(p, k) => Some(p.eval(value)?.div_euclid(*k)),
+            Atom::Mod(p, k) => Some(p.eval(value)?.rem_euclid(*k)),
         }
     }
 }
@@ -510,6 +523,33 @@ impl Dim {
         }
     }
 
+    /// `self + other`, or `None` where its hint or a coefficient would leave `i64`.
+    pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
+        let fits = self.hint().checked_add(other.hint()).is_some() && fits(self.magnitude() + other.magnitude());
+        fits.then(|| self.add(other))
+    }
+
+    /// `self - other`, or `None` where its hint or a coefficient would leave `i64`.
+    pub fn checked_sub(&self, other: &Dim) -> Option<Dim> {
+        let fits = self.hint().checked_sub(other.hint()).is_some() && fits(self.magnitude() + other.magnitude());
+        fits.then(|| self.sub(other))
+    }
+
+    /// `self * other`, or `None` where its hint or a coefficient would leave `i64`: sizes whose
+    /// product Python's int holds and a wrapped hint would decide on wrongly (`n*n*n > 2**62`).
+    pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
+        let fits =
+            self.hint().checked_mul(other.hint()).is_some() && fits(self.magnitude().saturating_mul(other.magnitude()));
+        fits.then(|| self.mul(other))
+    }
+
+    fn magnitude(&self) -> i128 {
+        match self {
+            Dim::Const(c) => i128::from(*c).abs(),
+            Dim::Sym(s) => s.expr.magnitude(),
+        }
+    }
+
     /// The product of `dims` (a tensor's number of elements): 1 for none.
     pub fn product<'a>(dims: impl IntoIterator<Item = &'a Dim>) -> Dim {
         dims.into_iter().fold(Dim::Const(1), |acc, d| acc.mul(d))
@@ -545,6 +585,11 @@ impl fmt::Display for Dim {
             Dim::Sym(s) => write!(f, "{}", s.expr),
         }
     }
+}
+
+/// Whether a coefficient bound (`Poly::magnitude`) fits `i64`.
+fn fits(bound: i128) -> bool {
+    bound <= i128::from(i64::MAX)
 }
 
 /// The hints of `dims`: sizes as they were when the trace was recorded.
@@ -607,9 +652,10 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Whether the guard holds with every size value `v` set to `value(v)`.
+    /// Whether the guard holds with every size value `v` set to `value(v)`: not where the
+    /// expression leaves `i64` there (no size the trace serves).
     pub fn holds(&self, value: &impl Fn(ValueId) -> i64) -> bool {
-        let x = self.expr.eval(value);
+        let Some(x) = self.expr.eval(value) else { return false };
         match self.rel {
             Rel::Eq => x == 0,
             Rel::Ne => x != 0,
@@ -781,6 +827,18 @@ mod tests {
     }
 
     #[test]
+    fn sizes_past_int64_are_none_not_wrapped() {
+        let (n, small) = (t(1, 1 << 22), t(1, 2));
+        let cube = small.mul(&small).mul(&small).poly();
+        assert_eq!(cube.eval(&|_| 1 << 21), None); // (2**63)
+        assert_eq!(cube.eval(&|_| 1 << 20), Some(1 << 60));
+        assert_eq!(n.mul(&n).checked_mul(&n), None); // (its hint, 2**66)
+        assert_eq!(t(1, 3).checked_mul(&Dim::Const(i64::MAX)), None); // (a coefficient)
+        assert_eq!(t(1, 3).checked_add(&Dim::Const(2)), Some(t(1, 3).add(&Dim::Const(2))));
+        assert!(!Guard { expr: cube, rel: Rel::Ge }.holds(&|_| 1 << 22));
+    }
+
+    #[test]
     fn canonical_form_makes_equal_sizes_equal() {
         let (a, b) = (t(1, 5), t(2, 7));
         assert_eq!(a.add(&b), b.add(&a));
@@ -806,8 +864,8 @@ mod tests {
         assert_eq!(a.sub(&Dim::Const(1)).floordiv(2).to_string(), "((t1 + 1) // 2) - 1");
         assert_eq!(Dim::Const(-7).floordiv(2), Dim::Const(-4)); // Python's floor
         let p = a.add(&Dim::Const(1)).floordiv(2).poly();
-        assert_eq!(p.eval(&|_| 10), 5);
-        assert_eq!(p.eval(&|_| -2), -1);
+        assert_eq!(p.eval(&|_| 10), Some(5));
+        assert_eq!(p.eval(&|_| -2), Some(-1));
     }
 
     #[test]

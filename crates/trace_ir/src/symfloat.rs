@@ -160,16 +160,16 @@ impl FloatExpr {
     }
 
     /// The value, each size value read by `value` (an int operand meets floats as Python's
-    /// `float(int)`, exact for sizes).
-    pub fn eval(&self, value: &impl Fn(ValueId) -> i64) -> f64 {
-        match self {
-            FloatExpr::Int(d) => d.poly().eval(value) as f64,
+    /// `float(int)`, exact for sizes); `None` where an int operand leaves `i64` (`Poly::eval`).
+    pub fn eval(&self, value: &impl Fn(ValueId) -> i64) -> Option<f64> {
+        Some(match self {
+            FloatExpr::Int(d) => d.poly().eval(value)? as f64,
             FloatExpr::Input(_, x) | FloatExpr::Float(x) => *x,
-            FloatExpr::Neg(a) => -a.eval(value),
-            FloatExpr::Sqrt(a) => a.eval(value).sqrt(),
-            FloatExpr::Math(func, a) => func.apply(a.eval(value)),
-            FloatExpr::Bin(op, a, b) => op.apply(a.eval(value), b.eval(value)),
-        }
+            FloatExpr::Neg(a) => -a.eval(value)?,
+            FloatExpr::Sqrt(a) => a.eval(value)?.sqrt(),
+            FloatExpr::Math(func, a) => func.apply(a.eval(value)?),
+            FloatExpr::Bin(op, a, b) => op.apply(a.eval(value)?, b.eval(value)?),
+        })
     }
 
     /// Calls `f` on every value the expression reads (sizes and float inputs), in order.

@@ -50,8 +50,20 @@ def read_ints(values: tuple) -> tuple:
     """``values`` (an int list argument) with each tensor among them read as eager's argument
     parser reads it, by ``__index__`` (a read of its value the compiled call checks; eager's error
     where it is not one integer): ViLT's ``F.interpolate(..., size=(h, w))`` and
-    ``F.pad(x, (0, width - w, 0, height - h))`` of patch counts summed from a pixel mask."""
-    return tuple(operator.index(v) if isinstance(v, torch.Tensor) else v for v in values)
+    ``F.pad(x, (0, width - w, 0, height - h))`` of patch counts summed from a pixel mask. An
+    integer tensor of one element is read by ``item()``, the same int: a read whose value changes
+    between calls is then a symbolic size of the next compile (``value_sizes``), one for all the
+    counts, where ``__index__`` must return a plain int (a compile per count)."""
+    return tuple(_read_int(v) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _read_int(v):
+    if isinstance(v, TensorProxy) and v.dtype in _INT_DTYPES and v.numel() == 1:
+        return v.item()
+    return operator.index(v)  # (eager's error, or a bool's value)
+
+
+_INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
 def is_number(x) -> bool:

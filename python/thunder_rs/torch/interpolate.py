@@ -524,7 +524,25 @@ def resize(op: str, input, size, scale_factor, mode, align_corners, recompute_sc
     return _resample(input, sizes, mode, bool(align_corners), scales, bool(antialias))
 
 
-@torchsymbol(F.interpolate)
+def _sizes_read(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``F.interpolate``'s ``size`` with its tensors read (``read_ints``) before the symbol is
+    recorded, at the trace's top level, where a compiled call checks them (or defines them, where
+    they change between calls): read in the decomposition, the trace kept the first call's sizes
+    unchecked (ViLT's patch counts from a pixel mask)."""
+    if len(args) > 1:
+        return (args[0], _size_read(args[1]), *args[2:]), kwargs
+    if "size" in kwargs:
+        return args, {**kwargs, "size": _size_read(kwargs["size"])}
+    return args, kwargs
+
+
+def _size_read(size):
+    if type(size) in (list, tuple):
+        return type(size)(read_ints(tuple(size)))
+    return read_ints((size,))[0] if isinstance(size, torch.Tensor) and size.ndim == 0 else size
+
+
+@torchsymbol(F.interpolate, reads=_sizes_read)
 def interpolate(
     input,
     size=None,

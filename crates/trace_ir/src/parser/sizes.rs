@@ -212,8 +212,12 @@ fn hinted(builder: &TraceBuilder, expr: Poly) -> Result<Dim> {
     if let Some(e) = bad {
         return Err(e);
     }
-    let hint = expr.eval(&|v| size_hint(builder, v).expect("checked above"));
+    let hint = expr.eval(&|v| size_hint(builder, v).expect("checked above")).ok_or_else(|| overflow(&expr))?;
     Ok(Dim::from_poly(expr, hint))
+}
+
+fn overflow(expr: &Poly) -> IrError {
+    IrError::new(ErrorKind::Value, OP, format!("the size {expr} leaves int64 at its size values' hints"))
 }
 
 /// `expr` with each operand that names a float input (read as a size: `(t0 * 0.5)`) that input.
@@ -257,6 +261,7 @@ pub(super) fn with_hints(arg: &Arg, builder: &TraceBuilder) -> Result<Arg> {
                 return Err(e);
             }
             let hint = expr.eval(&|v| size_hint(builder, v).expect("checked above"));
+            let hint = hint.ok_or_else(|| IrError::new(ErrorKind::Value, OP, format!("{expr} leaves int64")))?;
             Arg::SymFloat(Arc::new(SymFloat::new(expr, hint)))
         }
         Arg::Value(v) => builder.sized(*v),

@@ -51,6 +51,15 @@ def wrap(value):
     return SymInt(value) if type(value) is _SymExpr else value
 
 
+#: The largest size a symbolic expression holds (Rust's ``i64``); past it a size is specialised.
+_INT64_MAX = 2**63 - 1
+
+
+def _specialised(x):
+    """``x``, an int or a ``SymInt``, as a plain int (a ``SymInt`` specialised to its value)."""
+    return x.__index__() if type(x) is SymInt else x
+
+
 def _operand(other):
     if type(other) is SymInt:
         return other.expr
@@ -131,7 +140,11 @@ class SymInt(torch.SymInt):
                 return _float_arith(self, other, _SYMBOLS[op], reflected)
             value = self.__index__()
             return op(other, value) if reflected else op(value, other)
-        return wrap(op(o, self.expr) if reflected else op(self.expr, o))
+        try:
+            return wrap(op(o, self.expr) if reflected else op(self.expr, o))
+        except OverflowError:  # (past int64, which no symbolic size holds: the values, as eager's ints)
+            value, o = self.__index__(), _specialised(other)
+            return op(o, value) if reflected else op(value, o)
 
     def __add__(self, other):
         return self._arith(other, operator.add)
@@ -154,7 +167,7 @@ class SymInt(torch.SymInt):
     def __floordiv__(self, other):
         if isinstance(other, torch.Tensor):
             return NotImplemented
-        if type(other) is int and other > 0:
+        if type(other) is int and 0 < other <= _INT64_MAX:
             return wrap(self.expr // other)
         if type(other) is SymInt:
             exact = self.expr.exact_div(other.expr)
@@ -177,7 +190,7 @@ class SymInt(torch.SymInt):
     def __mod__(self, other):
         if isinstance(other, torch.Tensor):
             return NotImplemented
-        if type(other) is int and other > 0:
+        if type(other) is int and 0 < other <= _INT64_MAX:
             return wrap(self.expr % other)
         if type(other) is SymInt and self.expr.exact_div(other.expr) is not None and _nonzero(other.expr):
             return 0
@@ -210,7 +223,7 @@ class SymInt(torch.SymInt):
         return other / self.__index__()
 
     def __neg__(self):
-        return wrap(-self.expr)
+        return self._arith(-1, operator.mul)
 
     def __pos__(self):
         return self
@@ -224,7 +237,10 @@ class SymInt(torch.SymInt):
             if isinstance(other, torch.Tensor):
                 return NotImplemented
             return getattr(operator, op)(self.__index__(), other)
-        return current().decide(op, self.expr, o)
+        try:
+            return current().decide(op, self.expr, o)
+        except OverflowError:  # (their difference is past int64: decided on the values, as eager's ints)
+            return getattr(operator, op)(self.__index__(), _specialised(other))
 
     # Against what is no number (``None``, ``...``, a slice: ``Ellipsis in key``) an int answers
     # NotImplemented, so Python compares identities: nothing decided on the size.
