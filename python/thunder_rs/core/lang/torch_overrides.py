@@ -133,6 +133,21 @@ def in_checkpoint() -> bool:
     return _checkpointed.depth > 0
 
 
+#: The functions of torch's non-reentrant checkpoint that enter its hooks (by torch's version).
+_CHECKPOINT_GENERATORS = frozenset(
+    {"_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant_generator_impl"}
+)
+
+
+def preserves_rng_state() -> bool:
+    """The ``preserve_rng_state`` of the non-reentrant checkpoint whose hooks are being entered
+    (a local of torch's generator that enters them)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name not in _CHECKPOINT_GENERATORS:
+        frame = frame.f_back
+    return True if frame is None else bool(frame.f_locals.get("preserve_rng_state", True))
+
+
 @contextlib.contextmanager
 def checkpointed(preserve_rng_state: bool = True):
     """While the program runs an activation-checkpointed function (``in_checkpoint``); without

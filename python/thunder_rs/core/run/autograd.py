@@ -8,8 +8,6 @@ import operator
 import weakref
 from collections.abc import Callable
 
-import sys
-import types
 
 import torch
 
@@ -87,27 +85,12 @@ def _enter_checkpoints(enter):
     def entered(self):
         result = enter(self)
         if active_recorder() is not None and type(self).__module__.startswith("torch.utils.checkpoint"):
-            self._thunder_rs_region = torch_overrides.checkpointed(_preserves_rng_state())
+            self._thunder_rs_region = torch_overrides.checkpointed(torch_overrides.preserves_rng_state())
             self._thunder_rs_region.__enter__()
             self._thunder_rs_recomputed = torch_overrides.NonReentrantRegion()
         return result
 
     return entered
-
-
-#: The functions of torch's non-reentrant checkpoint that enter its hooks (by torch's version).
-_CHECKPOINT_GENERATORS = frozenset(
-    {"_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant_generator_impl"}
-)
-
-
-def _preserves_rng_state() -> bool:
-    """The ``preserve_rng_state`` of the non-reentrant checkpoint whose hooks are being entered
-    (a local of torch's generator that enters them)."""
-    frame: types.FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_name not in _CHECKPOINT_GENERATORS:
-        frame = frame.f_back
-    return True if frame is None else bool(frame.f_locals.get("preserve_rng_state", True))
 
 
 def _exit_checkpoints(exit_):
