@@ -207,7 +207,7 @@ def _put_back_wrapped(container, items: tuple) -> None:
             _put_back_wrapped(m, held)
         elif isinstance(m, dict):
             _put_contents(m, _Contents(("dict", *held)))
-        elif isinstance(m, list):
+        elif isinstance(m, (list, collections.deque)):
             _put_contents(m, _Contents(("items", *held)))
 
 
