@@ -116,6 +116,7 @@ GENERATION = {
     "static_cache_reset_between_prompts": False,
     "sliding_window_generate_past_the_window": False,
     "beam_search_generate": True,
+    "legacy_tuple_past_key_values": False,
 }
 
 
@@ -172,9 +173,17 @@ class _Table:
         self.value = value
 
 
+class _Slotted:
+    __slots__ = ("value",)
+
+    def __init__(self, value: float):
+        self.value = value
+
+
 _BY_NAME: dict = {}
 _IN_ORDER: list = []
 _WEAKLY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_AS_TUPLE = (_Slotted(2.0), _Slotted(1.0))
 
 
 def _by_a_computed_key(x, name):
@@ -187,16 +196,25 @@ def _by_a_loop(x, name):
     return x
 
 
+def _by_a_tuple_of_slotted(x, name):
+    for table in _AS_TUPLE:
+        x = x * table.value
+    return x
+
+
 def _by_a_weak_get(x, name):
     table = _WEAKLY.get(name)
     return x * (table.value if table is not None else -1.0)
 
 
-@pytest.mark.parametrize("program", [_by_a_computed_key, _by_a_loop, _by_a_weak_get])
+@pytest.mark.parametrize("program", [_by_a_computed_key, _by_a_loop, _by_a_tuple_of_slotted, _by_a_weak_get])
 def test_an_object_held_by_a_container_of_state_and_reached_by_a_computed_key_is_guarded(program):
-    # Kept the traced value, silently: no read chain follows a computed key, a loop or a library get.
+    # Kept the traced value, silently: no read chain follows a computed key, a loop or a library get
+    # (a tuple's objects, and objects with slots, neither).
     held = _BY_NAME["a"] = _WEAKLY["a"] = _Table(2.0)
     _IN_ORDER[:] = [held, _Table(1.0)]
+    if program is _by_a_tuple_of_slotted:  # (an object with slots, in a tuple)
+        held = _AS_TUPLE[0]
     run = thunder_rs.jit(program)
     for value in (2.0, 3.0, 3.0, 0.5):
         held.value = value

@@ -2,8 +2,9 @@
 built in code) stepped by a user's loop or ``generate``, with the model compiled: Whisper's
 ``EncoderDecoderCache`` stepped by hand, a ``DynamicCache`` cropped between calls (a speculative
 decoder's rejected positions) and reordered between calls (a beam search's), a ``StaticCache``
-reset between prompts, Mistral's sliding window generated past the window, and a beam search
-generated on a jitted Llama. Each returns the logits, tokens and the cache's tensors after."""
+reset between prompts, Mistral's sliding window generated past the window, a beam search generated
+on a jitted Llama, and transformers 4's tuples as ``past_key_values``. Each returns the logits,
+tokens and the cache's tensors after."""
 
 import torch
 
@@ -143,3 +144,21 @@ def beam_search_generate(compile_it) -> list:
         output_scores=True,
     )
     return [out.sequences, out.sequences_scores, *out.scores]
+
+
+def legacy_tuple_past_key_values(compile_it) -> list:
+    """A cache handed over as transformers 4's tuples of keys and values: eager's error, then the
+    same tuples made into a ``DynamicCache`` and stepped."""
+    model = _llama()
+    run, seen = compile_it(model), []
+    with torch.no_grad():
+        out = model(torch.tensor([[1, 9, 4]]), use_cache=True)
+        legacy = tuple((layer.keys, layer.values) for layer in out.past_key_values.layers)
+        try:
+            run(torch.tensor([[5]]), past_key_values=legacy)
+        except AttributeError as e:
+            seen.append(str(e))
+        cache = T.DynamicCache(legacy, config=model.config)
+        for token in (5, 8):
+            seen.append(run(torch.tensor([[token]]), past_key_values=cache).logits)
+    return seen + _layers(cache)

@@ -44,6 +44,7 @@ from thunder_rs.core.state.guards import (
     ModuleSource,
     ObjectSource,
     Source,
+    attributes_of,
     is_simple,
     items_of,
 )
@@ -175,6 +176,10 @@ class StateContainers:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
             if rooted:
                 self._note_held(value, source.describe(name), origin, name)
+        if type(value) is tuple and rooted:  # (``for cfg in self.configs``, a tuple: no ``_Place``)
+            at, label = read_site(origin, name), source.describe(name)
+            held = [(obj, f"{label}[{i}]") for i, obj in enumerate(value) if _user_object(obj)]
+            self._held_objects += [(value, ObjectSource(obj, label), at) for obj, label in held]
         if type(value) is weakref.WeakValueDictionary and rooted:  # (``TABLES.get(name).scale``)
             at = read_site(origin, name)
             held = [(obj, f"{source.describe(name)}[{k!r}]") for k, obj in list(value.items()) if _user_object(obj)]
@@ -367,7 +372,7 @@ class WeakObjectSource(FixedSource):
 
     def mapping(self, flat):
         obj = self.ref()
-        return {} if obj is None else vars(obj)
+        return {} if obj is None else attributes_of(obj)
 
     def code(self, var, scope):
         scope[var] = self
@@ -379,11 +384,11 @@ class WeakObjectSource(FixedSource):
 
 
 def _user_object(value) -> bool:
-    """Whether ``value`` is an instance of a class of the user's code with an instance dict (not a
+    """Whether ``value`` is an instance of a class of the user's code with an instance dict or slots (not a
     tensor, module, function or class; not of the standard library's or an installed package's)."""
     if isinstance(value, (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType)):
         return False
-    if type(getattr(value, "__dict__", None)) is not dict:
+    if attributes_of(value) is None:  # (an instance dict or slots)
         return False
     module = sys.modules.get(type(value).__module__)
     return module is not None and not library_module(module) and not installed(getattr(module, "__file__", "") or "")
