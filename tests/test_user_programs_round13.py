@@ -9,7 +9,8 @@ layer chosen by ``argmax().item()``, ``tolist`` keys, boolean-mask writes, ``non
 ``assert`` on ``isfinite``), and the standard library's state (``decimal``'s context, an
 ``OrderedDict`` LRU, ``bisect.insort``, ``heapq``, ``itertools.accumulate``, a ``random.Random``
 made inside, ``queue.Queue``, ``StringIO``, ``contextlib.suppress``, a lock, a
-``WeakValueDictionary``, ``namedtuple._replace``, ``dataclasses.asdict``). Outputs, gradients,
+``WeakValueDictionary``, ``namedtuple._replace``, ``dataclasses.asdict``, a ``Semaphore`` and an
+``Event``). Outputs, gradients,
 state left behind and errors are compared with eager. The programs sit in ``user_programs_round13*.py``.
 
 What differed, silently: ``decimal``'s arithmetic kept the precision of the traced call's context
@@ -17,7 +18,11 @@ What differed, silently: ``decimal``'s arithmetic kept the precision of the trac
 ``decimal`` or one of its names (``torch_flags._decimal_context``). An object of the user's classes
 held in a list or dict of state and reached by a computed key or a loop (``TABLES[name].value``,
 ``for cfg in CONFIGS``; or from a ``WeakValueDictionary``'s ``get``, through a weak reference) kept
-its attributes' traced values: each is guarded whole (``containers._held_objects``). A
+its attributes' traced values: each is guarded whole (``containers._held_objects``; in a tuple,
+and with slots, too). A ``threading.Semaphore`` acquired by the program (its own code reads and
+sets ``_value``, unobserved) kept the traced count's branch and set the traced count again: the
+plain attributes of an object of the standard library's classes whose method the program calls
+are guarded by value (``AttributeReads._stdlib_object_read``; ``ProgramState.guard_written``). A
 ``queue.Queue`` the program ``put`` to was put to by the traced call alone (a later symbolic trace
 left a symbolic int in it): its deque is compared as a container's items, and the change refused
 naming the line, the queue left as it was.
@@ -71,6 +76,7 @@ PROGRAMS = [
     state.weak_value_dictionary,
     state.namedtuple_replace,
     state.asdict_and_fields,
+    state.semaphore_and_event,
 ]
 #: Programs Dynamo itself runs otherwise than eager (``backend="eager"`` too): left to it.
 DYNAMO_DIFFERS = {
@@ -83,6 +89,7 @@ COMPILED_BY_DEFAULT = {
     programs.slice_assigned_cache_at_a_tensor_position,
     state.decimal_context_precision,
     state.weak_value_dictionary,
+    state.semaphore_and_event,
 }
 
 
@@ -108,7 +115,7 @@ def test_a_program_over_several_calls_is_eagers(program, compile_it):
 # -- generation with transformers' caches ----------------------------------------------------------
 
 #: The generation programs, jitted in the default run where marked (a tiny model's steps compile
-#: for seconds each), under torch.compile one.
+#: for seconds each); under torch.compile all slow (Dynamo compiles each step's graphs anew).
 GENERATION = {
     "whisper_encoder_decoder_cache": True,
     "dynamic_cache_cropped_between_calls": True,
@@ -124,10 +131,7 @@ def _generation_cases() -> list:
     cases = []
     for name, by_default in GENERATION.items():
         cases.append(pytest.param(name, thunder_rs.jit, id=f"{name}-jit", marks=() if by_default else pytest.mark.slow))
-        compiled = name == "dynamic_cache_cropped_between_calls"
-        cases.append(
-            pytest.param(name, _compile, id=f"{name}-torch_compile", marks=() if compiled else pytest.mark.slow)
-        )
+        cases.append(pytest.param(name, _compile, id=f"{name}-torch_compile", marks=pytest.mark.slow))  # (~50 s each)
     return cases
 
 

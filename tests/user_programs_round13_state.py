@@ -276,3 +276,34 @@ def asdict_and_fields(compile_it) -> list:
         change()
         seen.append(run(torch.ones(2), config))
     return seen + [_raised(run, torch.ones(2), dataclasses.replace(config, gate=3.0))]
+
+
+class Throttled(nn.Module):
+    """A ``threading.Semaphore`` acquired by each call (its count is the standard library's
+    ``self._value -= 1``), released between calls; an ``Event`` set or cleared by the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.slots, self.positive = nn.Linear(2, 2), threading.Semaphore(3), threading.Event()
+
+    def forward(self, x):
+        if not self.slots.acquire(blocking=False):
+            return self.lin(x) * 0
+        y = self.lin(x)
+        if (y > 0).all():
+            self.positive.set()
+        else:
+            self.positive.clear()
+        return y
+
+
+def semaphore_and_event(compile_it) -> list:
+    torch.manual_seed(0)
+    model = Throttled()
+    run, seen = compile_it(model), []
+    for release in (False, False, True, False, False, False, True):
+        if release:
+            model.slots.release()
+        seen += _backward_steps(model, run, [(torch.randn(2, 2),)])
+        seen += [model.slots._value, model.positive.is_set()]
+    return seen
