@@ -25,7 +25,9 @@ plain attributes of an object of the standard library's classes whose method the
 are guarded by value (``AttributeReads._stdlib_object_read``; ``ProgramState.guard_written``). A
 ``queue.Queue`` the program ``put`` to was put to by the traced call alone (a later symbolic trace
 left a symbolic int in it): its deque is compared as a container's items, and the change refused
-naming the line, the queue left as it was.
+naming the line, the queue left as it was. A held object of the user's classes that the program
+changes (``for t in TRACKERS: t.count += 1``, counted by the traced call alone) is refused naming
+the line that read the container, its attributes put back.
 
 A ``StringIO`` passed in and written to stays refused naming the line. Dynamo itself
 (``backend="eager"`` too) raises ``RuntimeError`` for a failed ``assert`` on tensor values, and
@@ -258,6 +260,36 @@ def test_objects_in_a_modules_list_and_dict_looped_over_or_keyed_are_guarded():
     model.named["out"].value = -1.0
     _assert_same(run(x, "out"), model(x, "out"))
     assert thunder_rs.cache_misses(run) == 3
+
+
+class _Tracker:
+    def __init__(self):
+        self.count = 0
+
+
+_TRACKERS = [_Tracker()]
+
+
+def _counts_in_held_objects(x):
+    for tracker in _TRACKERS:
+        tracker.count += 1
+    return x * 2
+
+
+def test_an_object_held_by_a_list_of_state_written_by_the_program_is_refused_and_left_as_it_was():
+    # Counted once, at the traced call, silently: no compiled call counted again.
+    run = thunder_rs.jit(_counts_in_held_objects)
+    for _ in range(2):
+        with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="count changed from 0 to 1") as e:
+            run(torch.ones(2))
+        assert _line(_counts_in_held_objects, "in _TRACKERS") in str(e.value)  # (the line reading the list)
+        assert _TRACKERS[0].count == 0
+
+
+def test_a_string_io_passed_in_and_written_to_is_refused_naming_the_line():
+    with pytest.raises(thunder_rs.errors.ThunderNotImplementedError, match="StringIO.write") as e:
+        state.string_io_written(thunder_rs.jit)
+    assert _line(state._reported, "out.write") in str(e.value)
 
 
 # -- a queue.Queue put to ----------------------------------------------------------------------------

@@ -159,7 +159,7 @@ class StateContainers:
         self._held: list = []
         #: ``(holder, guard)`` of the ``items.wrapped`` containers they hold, made when read
         self._held_wrapped: list = []
-        #: ``(holder, source, line)`` of the objects of the user's classes they hold (a
+        #: ``(holder, DictGuard)`` of the objects of the user's classes they hold (a
         #: ``WeakValueDictionary`` too, through weak references), guarded whole (``_note_held``)
         self._held_objects: list = []
         #: the deques of state read, by id: ``(deque, source, name, origin)`` (for ``lasting`` only)
@@ -179,11 +179,15 @@ class StateContainers:
         if type(value) is tuple and rooted:  # (``for cfg in self.configs``, a tuple: no ``_Place``)
             at, label = read_site(origin, name), source.describe(name)
             held = [(obj, f"{label}[{i}]") for i, obj in enumerate(value) if _user_object(obj)]
-            self._held_objects += [(value, ObjectSource(obj, label), at) for obj, label in held]
+            self._held_objects += [
+                (value, DictGuard(ObjectSource(o, label), attributes_of(o), at)) for o, label in held
+            ]
         if type(value) is weakref.WeakValueDictionary and rooted:  # (``TABLES.get(name).scale``)
             at = read_site(origin, name)
             held = [(obj, f"{source.describe(name)}[{k!r}]") for k, obj in list(value.items()) if _user_object(obj)]
-            self._held_objects += [(value, WeakObjectSource(obj, label), at) for obj, label in held]
+            self._held_objects += [
+                (value, DictGuard(WeakObjectSource(o, label), attributes_of(o), at)) for o, label in held
+            ]
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
@@ -209,8 +213,9 @@ class StateContainers:
                 at = read_site(origin, name)  # (the line reading what holds it: none reads it by its key)
                 self._held_wrapped.append((container, Guard(source, key, item, at)))  # (its items now)
             elif _user_object(item):  # (``TABLES[name].scale``, ``for cfg in CONFIGS: x * cfg.gain``)
+                at = read_site(origin, name)
                 self._held_objects.append(
-                    (container, ObjectSource(item, source.describe(key)), read_site(origin, name))
+                    (container, DictGuard(ObjectSource(item, source.describe(key)), attributes_of(item), at))
                 )
 
     def settled(self, source) -> bool:
@@ -247,10 +252,9 @@ class StateContainers:
         for holder, guard in self._held_wrapped:
             if (guard.source.key, guard.name) not in guards and self._lasting(holder):
                 guards[(guard.source.key, guard.name)] = guard
-        for holder, source, at in self._held_objects:
-            found = source.mapping(None)
-            if ("object", source.key) not in guards and found and self._lasting(holder):
-                guards[("object", source.key)] = DictGuard(source, found, at)
+        for holder, guard in self._held_objects:  # (their attributes when read: a change the program made is refused)
+            if ("object", guard.source.key) not in guards and guard.found and self._lasting(holder):
+                guards[("object", guard.source.key)] = guard
         for place in self.key_uses.relaxed(guards):
             guard = guards.get((place.source.key, place.name))
             if type(guard) is Guard and guard.expected is place.container:
@@ -386,12 +390,12 @@ class WeakObjectSource(FixedSource):
 def _user_object(value) -> bool:
     """Whether ``value`` is an instance of a class of the user's code with an instance dict or slots (not a
     tensor, module, function or class; not of the standard library's or an installed package's)."""
-    if isinstance(value, (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType)):
-        return False
-    if attributes_of(value) is None:  # (an instance dict or slots)
+    if issubclass(type(value), (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType)):
         return False
     module = sys.modules.get(type(value).__module__)
-    return module is not None and not library_module(module) and not installed(getattr(module, "__file__", "") or "")
+    if module is None or library_module(module) or installed(getattr(module, "__file__", "") or ""):
+        return False
+    return attributes_of(value) is not None  # (an instance dict or slots)
 
 
 def _holder(source):

@@ -190,9 +190,10 @@ ALL_READ = object()
 
 def of_the_stdlib(obj) -> bool:
     """Whether ``obj`` is an instance of a class of the standard library's Python code."""
-    if obj is None or isinstance(obj, type):
+    t = type(obj)  # (not ``isinstance``: it reads ``__class__``, which a config's ``__getattribute__`` answers)
+    if obj is None or issubclass(t, type):
         return False
-    path = getattr(sys.modules.get(type(obj).__module__), "__file__", None)
+    path = getattr(sys.modules.get(t.__module__), "__file__", None)
     return path is not None and in_stdlib(os.path.abspath(path))
 
 
