@@ -32,7 +32,7 @@ from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.acquisition.setters import note_settings_made
 from thunder_rs.core.base.userframe import read_site, store_site
 from thunder_rs.core.state.guards import CellSource, ModuleSource
-from thunder_rs.core.state.items import DICTS, MUTABLE
+from thunder_rs.core.state.items import DICTS, changes_in_place
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
 from thunder_rs.core.state.mode_writes import ModeWrites
 from thunder_rs.core.state.modules import ModuleBinding
@@ -487,13 +487,13 @@ def _reading_line(guard) -> str:
 
 def _unreplayed(changed, holder=None) -> str:
     """Why a change of ``changed`` (an attribute of ``holder``) cannot be made again, and what to do instead."""
-    if isinstance(changed, MUTABLE) and type(changed) is not list and type(changed) not in DICTS:
+    if changes_in_place(changed) and type(changed) is not list and type(changed) not in DICTS:
         return (
             f"A compiled call makes the program's changes again in lists and dicts (a Counter, defaultdict or "
             f"OrderedDict too), not in a {type(changed).__name__}: keep such state in a list or dict, or change it "
             "outside the jitted function"
         )
-    if isinstance(holder, torch.nn.Module) and not isinstance(changed, MUTABLE):  # (one only a helper captured)
+    if isinstance(holder, torch.nn.Module) and not changes_in_place(changed):  # (one only a helper captured)
         return (
             f"A compiled call repeats the attribute writes of the module it jits, not of a {type(holder).__name__} "
             "the function captured or reached: jit the module itself (thunder_rs.jit(model)) or pass the module as an "

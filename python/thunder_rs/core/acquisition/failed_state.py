@@ -31,7 +31,7 @@ from thunder_rs.core.base.proxies import SymbolicSize, TensorProxy
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.guards import _thawed as thawed
-from thunder_rs.core.state.guards import MISSING, InputSource
+from thunder_rs.core.state.guards import MISSING, DictGuard, InputSource, is_simple
 from thunder_rs.core.state.items import changes_in_place, wrapped
 from thunder_rs.core.state.modules import attribute_writes as module_writes
 from thunder_rs.core.state.reached import _Contents, _changed, _contents, _items, _put_contents, _restore
@@ -172,6 +172,9 @@ def put_back_refused(guards, flat_inputs) -> None:
         frozen = getattr(guard, "frozen", None)
         if frozen is not None and type(expected) in (tuple, list) and guard.read(flat_inputs) is expected:
             _put_back_lists(expected, thawed(frozen))  # a list in a tuple compared by value: ``TUP[0].append(1)``
+        if type(guard) is DictGuard:  # (an object guarded whole: its plain attributes as they were)
+            _put_back_attributes(guard.source.mapping(flat_inputs), guard.found)
+            continue
         if items is None or not changes_in_place(expected):
             continue
         if isinstance(expected, dict):
@@ -194,6 +197,15 @@ def put_back_refused(guards, flat_inputs) -> None:
         _put_contents(expected, _Contents(before))
 
 
+def _put_back_attributes(now, found: dict) -> None:
+    """Gives an object's attributes ``now`` the plain values ``found`` kept, and removes those it lacked."""
+    for name in [k for k in now if k not in found]:
+        del now[name]
+    for name, value in found.items():
+        if is_simple(value) and now.get(name, MISSING) != value:
+            now[name] = value
+
+
 def _put_back_wrapped(container, items: tuple) -> None:
     """Gives the dicts and lists ``container`` keeps its items in (``items.wrapped``) the items
     that ``items`` (``items.members``) found there: a ``ChainMap``'s maps and what they held."""
@@ -207,7 +219,7 @@ def _put_back_wrapped(container, items: tuple) -> None:
             _put_back_wrapped(m, held)
         elif isinstance(m, dict):
             _put_contents(m, _Contents(("dict", *held)))
-        elif isinstance(m, list):
+        elif isinstance(m, (list, collections.deque)):
             _put_contents(m, _Contents(("items", *held)))
 
 

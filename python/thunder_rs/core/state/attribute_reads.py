@@ -52,7 +52,7 @@ from thunder_rs.core.state.guards import (
 from thunder_rs.core.state.guards import Item as _Item
 from thunder_rs.core.state.items import MUTABLE, has_item
 from thunder_rs.core.state.iterators import iterator_position
-from thunder_rs.core.state.state import MethodGuard, ProgramState
+from thunder_rs.core.state.state import MethodGuard, ProgramState, of_the_stdlib
 from thunder_rs.core.state.torch_flags import library_read
 
 if TYPE_CHECKING:
@@ -276,7 +276,18 @@ class AttributeReads:
             return MISSING
         if type(mapping) is dict and type(type(obj).__getattribute__) is not types.FunctionType:
             self._objects_read[id(obj)] = (obj, type(obj), mapping, module, source)
+        if not module and attr not in mapping and type(obj).__module__ != "logging" and of_the_stdlib(obj):
+            self._stdlib_object_read(mapping, source, origin)
         return self._instance_read(obj, mapping, module, source, attr, origin)
+
+    def _stdlib_object_read(self, mapping, source, origin: str) -> None:
+        """Guards the plain values among the attributes of an object of the standard library's
+        classes whose method the program calls (``self.slots.acquire()``: a ``Semaphore`` reads and
+        sets its ``_value``, an ``Event`` its ``_flag``, in code the observer does not follow). Not a
+        logger's: its levels are guarded as such (``acquisition.effects``), its calls made per call."""
+        for name, value in list(mapping.items()):
+            if is_simple(value) and (source.key, name) not in self._guards:
+                self._guards[(source.key, name)] = Guard(source, name, value, origin)
 
     def read_nested(self, obj, origin: str) -> None:
         """Reads ``obj`` whole, and what it holds (``_read_nested``): library code runs it, whose

@@ -21,17 +21,22 @@ Containers reached through the arguments (``core.state.reached``) are not replay
 """
 
 import collections
+import sys
 import types
+import weakref
 
 import torch
 from torch.utils import _pytree as pytree
 
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import read_site, store_site
+from thunder_rs.core.state.code_reads import installed, library_module
 from thunder_rs.core.state.guards import (
     MISSING,
     CellSource,
     ClassSource,
+    DictGuard,
+    FixedSource,
     GlobalsSource,
     Guard,
     InputSource,
@@ -39,6 +44,7 @@ from thunder_rs.core.state.guards import (
     ModuleSource,
     ObjectSource,
     Source,
+    attributes_of,
     is_simple,
     items_of,
 )
@@ -153,6 +159,9 @@ class StateContainers:
         self._held: list = []
         #: ``(holder, guard)`` of the ``items.wrapped`` containers they hold, made when read
         self._held_wrapped: list = []
+        #: ``(holder, DictGuard)`` of the objects of the user's classes they hold (a
+        #: ``WeakValueDictionary`` too, through weak references), guarded whole (``_note_held``)
+        self._held_objects: list = []
         #: the deques of state read, by id: ``(deque, source, name, origin)`` (for ``lasting`` only)
         self._deques: dict = {}
 
@@ -167,6 +176,18 @@ class StateContainers:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
             if rooted:
                 self._note_held(value, source.describe(name), origin, name)
+        if type(value) is tuple and rooted:  # (``for cfg in self.configs``, a tuple: no ``_Place``)
+            at, label = read_site(origin, name), source.describe(name)
+            held = [(obj, f"{label}[{i}]") for i, obj in enumerate(value) if _user_object(obj)]
+            self._held_objects += [
+                (value, DictGuard(ObjectSource(o, label), attributes_of(o), at)) for o, label in held
+            ]
+        if type(value) is weakref.WeakValueDictionary and rooted:  # (``TABLES.get(name).scale``)
+            at = read_site(origin, name)
+            held = [(obj, f"{source.describe(name)}[{k!r}]") for k, obj in list(value.items()) if _user_object(obj)]
+            self._held_objects += [
+                (value, DictGuard(WeakObjectSource(o, label), attributes_of(o), at)) for o, label in held
+            ]
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
@@ -179,7 +200,9 @@ class StateContainers:
         reach one by a key it computes (``self.seen[x.shape[1]].append(n)``, a ``defaultdict(list)``),
         which no read chain follows, so its changes were kept by the traced call alone and its
         contents changed between calls were not seen. What the program changes in one is made again
-        by every call; each one still where it was is guarded with its items (``relax``)."""
+        by every call; each one still where it was is guarded with its items (``relax``). An object
+        of the user's classes held there (``TABLES[name].scale``, ``for cfg in CONFIGS``: read by a
+        computed key or a loop, which no chain follows) is guarded whole, as its attributes are."""
         source = ItemSource(container, label)
         for key, item in list(container.items() if type(container) in DICTS else enumerate(container)):
             if type(item) is list or type(item) in DICTS:
@@ -189,6 +212,11 @@ class StateContainers:
             elif changes_in_place(item):  # (a set, a bytearray, a memoryview, a ChainMap, a parser: guarded whole)
                 at = read_site(origin, name)  # (the line reading what holds it: none reads it by its key)
                 self._held_wrapped.append((container, Guard(source, key, item, at)))  # (its items now)
+            elif _user_object(item):  # (``TABLES[name].scale``, ``for cfg in CONFIGS: x * cfg.gain``)
+                at = read_site(origin, name)
+                self._held_objects.append(
+                    (container, DictGuard(ObjectSource(item, source.describe(key)), attributes_of(item), at))
+                )
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
@@ -224,6 +252,9 @@ class StateContainers:
         for holder, guard in self._held_wrapped:
             if (guard.source.key, guard.name) not in guards and self._lasting(holder):
                 guards[(guard.source.key, guard.name)] = guard
+        for holder, guard in self._held_objects:  # (their attributes when read: a change the program made is refused)
+            if ("object", guard.source.key) not in guards and guard.found and self._lasting(holder):
+                guards[("object", guard.source.key)] = guard
         for place in self.key_uses.relaxed(guards):
             guard = guards.get((place.source.key, place.name))
             if type(guard) is Guard and guard.expected is place.container:
@@ -333,6 +364,38 @@ class StateContainers:
         if refused is not None:
             raise refused
         return writes
+
+
+class WeakObjectSource(FixedSource):
+    """The instance dict of an object a ``WeakValueDictionary`` of state holds, through a weak
+    reference: the entry keeps it no more alive than eager does; gone, it has no attributes (an
+    empty mapping, which its ``DictGuard`` finds changed)."""
+
+    def __init__(self, obj, label: str):
+        self.ref, self.label = weakref.ref(obj), label
+
+    def mapping(self, flat):
+        obj = self.ref()
+        return {} if obj is None else attributes_of(obj)
+
+    def code(self, var, scope):
+        scope[var] = self
+        return f"{var}.mapping(None)"
+
+    @property
+    def key(self):
+        return ("weak", id(self.ref))
+
+
+def _user_object(value) -> bool:
+    """Whether ``value`` is an instance of a class of the user's code with an instance dict or slots (not a
+    tensor, module, function or class; not of the standard library's or an installed package's)."""
+    if issubclass(type(value), (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType)):
+        return False
+    module = sys.modules.get(type(value).__module__)
+    if module is None or library_module(module) or installed(getattr(module, "__file__", "") or ""):
+        return False
+    return attributes_of(value) is not None  # (an instance dict or slots)
 
 
 def _holder(source):

@@ -58,12 +58,16 @@ def members(container) -> tuple:
 
 
 def wrapped(container) -> list | None:
-    """The plain dicts and lists a ``WRAPPERS`` container or a ``configparser`` parser keeps its
-    items in (a ``ChainMap``'s list of maps and the maps; a parser's defaults and sections), else None."""
+    """The plain dicts and lists a ``WRAPPERS`` container, a ``queue.Queue`` or a ``configparser``
+    parser keeps its items in (a ``ChainMap``'s list of maps and the maps; a queue's deque, list or
+    heap; a parser's defaults and sections), else None."""
     if isinstance(container, collections.ChainMap):
         return [container.maps, *container.maps]
     if isinstance(container, (collections.UserDict, collections.UserList)):
         return [container.data]
+    queues = sys.modules.get("queue")  # (a ``queue.Queue``'s deque or list: ``put`` is stdlib code)
+    if queues is not None and isinstance(container, queues.Queue):
+        return [vars(container)["queue"]]
     parsers = sys.modules.get("configparser")  # (none made unless it was imported)
     if parsers is not None and isinstance(container, parsers.RawConfigParser):
         found = vars(container)

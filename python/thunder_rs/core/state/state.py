@@ -25,6 +25,8 @@ that every compiled call repeats (``config.problem_type = ...``, set once in eag
 """
 
 import inspect
+import os
+import sys
 
 import torch
 
@@ -32,6 +34,7 @@ from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.state.aliases import DistinctGuard
 from thunder_rs.core.state.cached_reads import is_stand_in, original
 from thunder_rs.core.state.handed_effects import is_handed_stand_in, stand_in_held
+from thunder_rs.core.state.code_reads import in_stdlib
 from thunder_rs.core.state.containers import StateContainers
 from thunder_rs.core.state.guards import (
     MISSING,
@@ -41,6 +44,7 @@ from thunder_rs.core.state.guards import (
     NamesGuard,
     ObjectSource,
     attributes_of,
+    is_simple,
     read_at,
     short,
 )
@@ -182,6 +186,15 @@ def same_held_attributes(now, found: dict, names, held: frozenset, free: frozens
 
 #: ``ProgramState.names_read``'s name for an object read whole
 ALL_READ = object()
+
+
+def of_the_stdlib(obj) -> bool:
+    """Whether ``obj`` is an instance of a class of the standard library's Python code."""
+    t = type(obj)  # (not ``isinstance``: it reads ``__class__``, which a config's ``__getattribute__`` answers)
+    if obj is None or issubclass(t, type):
+        return False
+    path = getattr(sys.modules.get(t.__module__), "__file__", None)
+    return path is not None and in_stdlib(os.path.abspath(path))
 
 
 def stands_in(value) -> bool:
@@ -373,12 +386,19 @@ class ProgramState:
 
     def guard_written(self, guards: dict) -> None:
         """Guards the type of what each attribute the program set held before (``WrittenGuard``),
-        where no read of it is guarded."""
+        where no read of it is guarded. An attribute of an object of the standard library's
+        classes, which its own methods set (``threading.Semaphore.acquire``: ``self._value -= 1``,
+        a read the observer does not follow), is guarded by its value: a compiled call sets the
+        value the traced call computed from it, which only that value gives again."""
         for source, name, before in self.written:
             if not any(
                 getattr(g, "source", None) is source and getattr(g, "name", None) == name for g in guards.values()
             ):
-                guards.setdefault(("written", id(source), name), WrittenGuard(source, name, type(before)))
+                if before is not MISSING and is_simple(before) and of_the_stdlib(getattr(source, "obj", None)):
+                    why = f"{type(source.obj).__qualname__}'s own code, which the program called and which set it"
+                    guards.setdefault(("written", id(source), name), Guard(source, name, before, why))
+                else:
+                    guards.setdefault(("written", id(source), name), WrittenGuard(source, name, type(before)))
 
     def guard_held(self, held, origin: str, guards: dict) -> None:
         """Guards the metadata of an argument object's tensor read per call (``held``)."""

@@ -6,7 +6,8 @@ are read through them, so those chains are matched here against a table: a zero-
 (``torch.are_deterministic_algorithms_enabled()``, also when imported as a bare name), or any plain
 value under ``torch.backends`` (``torch.backends.cudnn.deterministic``,
 ``torch.backends.cuda.matmul.allow_tf32``). Each becomes a ``StateGuard`` that re-reads it per call.
-``sys.argv`` is read through such a chain too (``"--debug" in sys.argv``): guarded by its items.
+``sys.argv`` is read through such a chain too (``"--debug" in sys.argv``): guarded by its items;
+so is ``decimal``'s context, where the program reads ``decimal`` or one of its names.
 Grad mode, autocast and ``torch.get_default_dtype()`` are in every cache key already. A chain in a
 branch the program did not take is guarded too: a needless recompile when that flag changes, never
 a stale trace.
@@ -79,10 +80,29 @@ def _resolve(root, path: tuple):
     return value
 
 
+def _decimal_context() -> tuple:
+    """What ``decimal``'s arithmetic reads of the thread's context: precision, rounding, exponent
+    limits, ``capitals``, ``clamp`` and the signals that trap (not the flags, which it sets)."""
+    c = sys.modules["decimal"].getcontext()
+    return (c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, tuple(str(t) for t, on in c.traps.items() if on))
+
+
+def _reads_decimal(root) -> bool:
+    """Whether ``root``, read by the program, is ``decimal`` or one of its names (``Decimal``,
+    ``getcontext``, ``localcontext``): its arithmetic (C operators, which no hook reports) computes
+    in the thread's context, which a user sets between calls (``decimal.getcontext().prec = 3``)."""
+    name = root.__name__ if isinstance(root, types.ModuleType) else getattr(root, "__module__", None)
+    return name in ("decimal", "_decimal", "_pydecimal") and "decimal" in sys.modules
+
+
 def library_read(observer, root, attrs: tuple) -> None:
     """Guards what a read chain of the program on a library module (``torch.backends.cudnn
     .deterministic``, ``torch.are_deterministic_algorithms_enabled``) or on a function it imported
-    from one (``from torch import are_deterministic_algorithms_enabled``) reads of torch's flags."""
+    from one (``from torch import are_deterministic_algorithms_enabled``) reads of torch's flags,
+    and ``decimal``'s context where the program reads ``decimal`` (``_reads_decimal``)."""
+    if _reads_decimal(root):
+        observer.guard_state(StateGuard("decimal.getcontext()", _decimal_context, _decimal_context()))
+        return
     if not isinstance(root, types.ModuleType):
         reader = _READER_NAMES.get(id(root))
         if reader is not None:
