@@ -266,6 +266,10 @@ def _fused_eager_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, s
     """Eager's attention as on the H100: the kernel torch chooses there (cuDNN's for halves, the
     memory-efficient one for float32: ``cuda_default_path``'s choice); on fake tensors torch's
     choice falls back to the math path (a dozen ops where the GPU launches one kernel)."""
+    if torch.is_autocast_enabled("cuda"):  # (autocast casts at the composite's dispatch, which this replaces)
+        low = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(low) if t.is_floating_point() else t for t in (q, k, v))
+        attn_mask = attn_mask.to(low) if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
     if q.device.type != "cuda" or q.dtype not in (torch.float32, torch.bfloat16):
         return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     if enable_gqa:  # (the fused kernels take as many key/value heads as query heads, as thunder_rs's)
