@@ -355,6 +355,7 @@ def grad_function(
     inner: Callable[[int], frozenset] | None = None,
     ranks: tuple = (),
     nodes: SavingNodes | None = None,
+    unread_cotangents: frozenset = frozenset(),
 ):
     """A callable with the generated forward's signature whose outputs carry a grad_fn.
 
@@ -362,9 +363,10 @@ def grad_function(
     list, which it empties as it unpacks them, so each residual is freed after its last use unless the graph is
     retained. ``grad_positions`` are the positions of the flat outputs that receive cotangents; the other tensor
     outputs, and ``non_differentiable`` ones (values written back without autograd), are marked non-differentiable
-    and get zeros. ``written`` pairs the inputs the call writes after it runs with their values and eager's counts
-    of their writes (``_keep_residuals``). ``program`` (a ``DifferentiableProgram``) is what a backward with
-    ``create_graph=True`` and torch.func transforms run instead, torch's autograd differentiating it.
+    and get zeros (None at ``unread_cotangents``: cotangents the backward never reads). ``written`` pairs the inputs
+    the call writes after it runs with their values and eager's counts of their writes (``_keep_residuals``).
+    ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and torch.func
+    transforms run instead, torch's autograd differentiating it.
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
@@ -377,9 +379,9 @@ def grad_function(
     its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: ``output_hooks``; ``nodes``: ``saving_nodes``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
-    # (one differentiable output always has a cotangent; written-back values get torch's zeros)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
-    cotangents_of, outputs_at = _cotangent_picker(grad_positions), _Outputs(grad_positions, differentiable)
+    cotangents_of = _cotangent_picker(grad_positions)
+    outputs_at = _Outputs(grad_positions, differentiable, unread_cotangents)
     stale_inputs, watched = inputs_at_call(stale), getattr(inner, "watched", ())  # (see ``_keep_residuals``)
 
     class CompiledFunction(torch.autograd.Function):
@@ -388,9 +390,7 @@ def grad_function(
             flat = _run_forward(ctx, inputs, forward, program, single, viewable, (written, stale_inputs, made, watched))
             if landing:
                 ctx.landing = inputs
-            constant = outputs_at.constant(flat)
-            if constant:
-                ctx.mark_non_differentiable(*constant)
+            outputs_at.mark(ctx, flat)
             if partial:  # the cotangents of outputs a backward does not reach come as None
                 ctx.set_materialize_grads(False)
                 ctx.shapes = outputs_at.shapes(flat)
@@ -596,23 +596,31 @@ class _Outputs:
     learnt from the first call, the work is not redone per call. (Shapes are read per call: an
     output with data-dependent sizes changes them.)"""
 
-    def __init__(self, grad_positions: list, differentiable: frozenset):
+    def __init__(self, grad_positions: list, differentiable: frozenset, unread: frozenset = frozenset()):
         self.grad_positions, self.differentiable = tuple(grad_positions), differentiable
         self.constant_positions: tuple | None = None
+        #: Whether the backward reads the cotangent of an output that carries no gradient (``unread``:
+        #: the grad positions whose cotangents it never reads); else the engine need not make zeros.
+        self.constants_read, self._read = True, frozenset(grad_positions) - unread
         self._grad_outputs: Callable[[tuple], tuple] = (
             operator.itemgetter(*grad_positions) if len(grad_positions) > 1 else lambda flat: (flat[grad_positions[0]],)
         )
         #: ``(dtype, device)`` of each grad output
         self.kinds: tuple = ()
 
-    def constant(self, flat: tuple) -> list:
-        """The tensor outputs that carry no gradient."""
+    def mark(self, ctx, flat: tuple) -> None:
+        """Marks the tensor outputs that carry no gradient non-differentiable (one differentiable
+        output always has a cotangent); written-back values get torch's zeros where the backward
+        reads their cotangents, else none (a launch each where eager launches nothing)."""
         if self.constant_positions is None:
             self.constant_positions = tuple(
                 i for i, o in enumerate(flat) if i not in self.differentiable and isinstance(o, torch.Tensor)
             )
             self.kinds = tuple((flat[i].dtype, flat[i].device) for i in self.grad_positions)
-        return [flat[i] for i in self.constant_positions] if self.constant_positions else []
+            self.constants_read = not self._read.isdisjoint(self.constant_positions)
+        if self.constant_positions:
+            ctx.mark_non_differentiable(*[flat[i] for i in self.constant_positions])
+            ctx._materialize_non_diff_grads = self.constants_read
 
     def shapes(self, flat: tuple) -> list:
         """The grad outputs' shapes (with several grad outputs)."""

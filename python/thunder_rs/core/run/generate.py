@@ -196,6 +196,13 @@ def _backward(trace, filename: str, namespace: dict, regions, num_cotangents: in
     return backward
 
 
+def _unread_cotangents(trace, grad_positions: list) -> frozenset:
+    """The grad positions whose cotangents the backward ``trace`` never reads (its last inputs are
+    the cotangents): a written-back value's, which the engine need not materialize as zeros."""
+    needed, first = frozenset(trace.inputs_needed()), trace.num_inputs - len(grad_positions)
+    return frozenset(p for j, p in enumerate(grad_positions) if first + j not in needed)
+
+
 def _unread(acquired) -> tuple:
     """The positions of the tensor inputs the call never reads (a model's layers its forward
     skipped: experts no token chose), which ``grad_function`` passes to torch's autograd as None:
@@ -340,11 +347,11 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         program = _differentiable_program(acquired, filename, grad_positions, traces[-1])
         partial = _partial_backward(acquired, grad_positions, (passes, executors, namespace, filename))
         partial["unread"] = _unread(acquired)
-        partial["stale"] = _stale(acquired, grad_positions)
-        partial["made"] = _made(acquired, grad_positions)
+        partial["stale"], partial["made"] = _stale(acquired, grad_positions), _made(acquired, grad_positions)
         partial["inner"], partial["ranks"] = _inner_outputs(acquired, grad_positions), acquired.output_vids
         partial["viewable"] = viewable_outputs(traces[-1], impls)
         partial["landing"] = bool(acquired.checkpoints)
+        partial["unread_cotangents"] = _unread_cotangents(backward_traces[-1], grad_positions)
         if wb is None:
             computation = grad_function(
                 computation,
