@@ -89,7 +89,7 @@ def test_var_mean_gradient(dtype, dim, correction, keepdim):
 #: fallback), values and gradients eager's bit for bit. Their prims' VJP rules hold for complex
 #: values conjugated (``g * conj(f'(z))``, eager's formulas), ``acosh``'s and ``rsqrt``'s complex
 #: forms as eager's (``(z + 1).rsqrt() * (z - 1).rsqrt()``, ``result.pow(3)``), ``sigmoid``'s as
-#: its kernel's ``g * conj((1 - y) * y)``.
+#: its kernel's ``g * conj((1 - y) * y)``; and ``abs``, eager's ``grad * z.sgn()``.
 HOLOMORPHIC = {
     **{name: getattr(torch, name) for name in ("exp", "exp2", "expm1", "log", "log1p", "log2", "log10")},
     **{name: getattr(torch, name) for name in ("sqrt", "rsqrt", "reciprocal", "square", "sigmoid")},
@@ -98,6 +98,9 @@ HOLOMORPHIC = {
     "div": lambda z: torch.div(z, z.flip(0) + 1),
     "true_divide_method": lambda z: z.true_divide(z[:1]) + (2 / z),
     "chain": lambda z: torch.exp(z).sin() / torch.sqrt(z),
+    # (not holomorphic: eager's ``grad * self.sgn()``, a real cotangent)
+    "abs": torch.abs,
+    "abs_times": lambda z: z.abs() * z,
 }
 COMPLEX = [torch.complex64, torch.complex128]
 
