@@ -7,6 +7,9 @@ where eager's formula allows, for ops ``benchmarks/op_fidelity.py`` found a few 
 - ``torch.var_mean``'s gradient in bfloat16 and float16: eager's ``var_backward`` centres the input
   on ``x.mean(dim)``, which ATen's CPU kernel sums and divides in float32 and rounds once; the VJP
   rounded the sum to the input's dtype before dividing.
+- Complex elementwise math with gradients (``exp``/``log``/roots/trigonometric and hyperbolic
+  functions and their inverses, ``sigmoid``, ``div``): traced instead of run as eager's op, each
+  prim's VJP rule conjugated as torch's convention takes it (benchmarks/results/op_fidelity_stop63.md).
 """
 
 from __future__ import annotations
@@ -78,3 +81,50 @@ def test_var_mean_gradient(dtype, dim, correction, keepdim):
         return torch.var_mean(x, dim, correction=correction, keepdim=keepdim)
 
     assert_bit_equal_to_eager(program, [x])
+
+
+# -- complex elementwise math with gradients, traced (round 3 of the op fidelity sweep) ------------
+
+#: Holomorphic elementwise math of complex values with gradients: traced (each ran eager's op as a
+#: fallback), values and gradients eager's bit for bit. Their prims' VJP rules hold for complex
+#: values conjugated (``g * conj(f'(z))``, eager's formulas), ``acosh``'s and ``rsqrt``'s complex
+#: forms as eager's (``(z + 1).rsqrt() * (z - 1).rsqrt()``, ``result.pow(3)``), ``sigmoid``'s as
+#: its kernel's ``g * conj((1 - y) * y)``; and ``abs``, eager's ``grad * z.sgn()``.
+HOLOMORPHIC = {
+    **{name: getattr(torch, name) for name in ("exp", "exp2", "expm1", "log", "log1p", "log2", "log10")},
+    **{name: getattr(torch, name) for name in ("sqrt", "rsqrt", "reciprocal", "square", "sigmoid")},
+    **{name: getattr(torch, name) for name in ("sin", "cos", "tan", "tanh", "sinh", "cosh")},
+    **{name: getattr(torch, name) for name in ("asin", "acos", "atan", "asinh", "acosh", "atanh")},
+    "div": lambda z: torch.div(z, z.flip(0) + 1),
+    "true_divide_method": lambda z: z.true_divide(z[:1]) + (2 / z),
+    "chain": lambda z: torch.exp(z).sin() / torch.sqrt(z),
+    # (not holomorphic: eager's ``grad * self.sgn()``, a real cotangent)
+    "abs": torch.abs,
+    "abs_times": lambda z: z.abs() * z,
+}
+COMPLEX = [torch.complex64, torch.complex128]
+
+
+@pytest.mark.parametrize("dtype", COMPLEX, ids=str)
+@pytest.mark.parametrize("name", HOLOMORPHIC)
+def test_complex_elementwise_math_with_gradients_is_traced_as_eager(name, dtype):
+    torch.manual_seed(0)
+    fn = HOLOMORPHIC[name]
+    z = torch.randn(5, 7, dtype=dtype, requires_grad=True)
+    assert thunder_rs.examine(fn, z).fallbacks == {}  # (traced, not eager's op)
+    expected, actual = fn(z), thunder_rs.jit(fn)(z)
+    assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+    cotangent = torch.randn(expected.shape, dtype=expected.dtype)
+    (e,), (a,) = (torch.autograd.grad(out, z, cotangent) for out in (expected, actual))
+    assert torch.equal(a, e) and a.stride() == e.stride()
+
+
+def test_the_sigmoid_of_complex_values_is_complex_in_the_trace():
+    """``torch.sigmoid`` of a complex tensor (no gradients): the symbol converted it to float32 in
+    the trace's metadata, so that reading its imaginary part raised where eager runs."""
+    z = torch.randn(6, dtype=torch.complex64)
+
+    def fn(a):
+        return torch.sigmoid(a).imag * 2
+
+    assert torch.equal(thunder_rs.jit(fn)(z), fn(z))

@@ -86,7 +86,10 @@ def _float_op(op: str, a, body):
 
 @torchsymbol(torch.sigmoid, T.sigmoid, F.sigmoid)
 def sigmoid(input):
-    x = input if input.dtype.is_floating_point else clang.maybe_convert(input, torch.get_default_dtype())
+    """``1 / (1 + exp(-x))``, as eager's kernel computes it; integers and bool in the default dtype,
+    complex values as they are (eager's complex kernel: they were converted to float32)."""
+    inexact = input.dtype.is_floating_point or input.dtype.is_complex
+    x = input if inexact else clang.maybe_convert(input, torch.get_default_dtype())
     out = prims.reciprocal(prims.add(prims.exp(prims.neg(upcast(x))), 1.0))
     return clang.maybe_convert(out, x.dtype)
 
@@ -546,6 +549,8 @@ def sigmoid_backward(grad_output, output):
     """``g * (1 - y) * y``. The CPU kernel computes bfloat16 in float32 but float16 in float16,
     rounding each product (CUDA's computes both in float32): float32 math gave 1 ulp differences
     in a tenth of the float16 gradients of squeeze-excitation gates (EfficientNet, RegNet)."""
+    if output.dtype.is_complex:  # (the complex kernel's: ``g * conj((1 - y) * y)``)
+        return grad_output * prims.conj((1.0 - output) * output)
     if output.dtype == torch.float16 and output.device.type == "cpu":
         return grad_output * (1.0 - output) * output
     g, dtype = in_opmath(grad_output, output)
@@ -644,6 +649,8 @@ def sigmoid_grad(input):
     out = ltorch.sigmoid(input)
     if input.dtype.is_floating_point:
         put_grad(input, sigmoid_backward(get_grad(out), out))
+    elif input.dtype.is_complex:
+        put_grad(input, sigmoid_backward(get_grad(out), out), complex_values=True)
     return out
 
 

@@ -17,12 +17,14 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.fallback import user_fallback
+from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.indexing import is_basic, traced_bounds
 from thunder_rs.torch.storage_offsets import eager_offset
 from thunder_rs.torch.strides import FALLBACK_LAYOUTS, strides_of
+from thunder_rs.torch.symbols import ltorch
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.views import opaque
 
@@ -143,6 +145,33 @@ def _register_views() -> None:
         TORCH_TO_LTORCH[fn] = view_op
 
 
+#: Holomorphic elementwise math (``COMPLEX_GRADS``): the unary prims' VJP rules and ``div``'s hold
+#: for complex values conjugated, as eager's formulas (``grad * result.conj()``, ...) compute them.
+_HOLOMORPHIC = tuple(
+    f
+    for name in (
+        *("exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "square"),
+        *("sin", "cos", "tan", "tanh", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh"),
+        *("arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "sigmoid", "div", "divide", "true_divide"),
+        *("__truediv__", "__rtruediv__", "__rdiv__", "__div__", "abs", "absolute", "__abs__"),
+    )
+    for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
+    if f is not None
+)
+_HOLOMORPHIC += (torch.special.expit, torch.special.exp2, torch.special.expm1, torch.special.log1p)
+_HOLOMORPHIC += (torch.nn.functional.tanhshrink, torch.nn.functional.sigmoid, torch.nn.functional.tanh)
+
+
+@register_grad(ltorch.abs)
+def _abs_grad(a):
+    """``abs`` of a complex tensor: eager's ``grad * self.sgn()`` (the real cotangent times the
+    complex sign); of a real one the prim's rule (the decomposition's VJP)."""
+    out = ltorch.abs(a)
+    if a.dtype.is_complex:
+        put_grad(a, ltorch.mul(get_grad(out), prims.sgn(a)), complex_values=True)
+    return out
+
+
 #: The ops whose complex values carry gradients in the trace (their decompositions record only
 #: prims whose VJP rules hold for complex values); other complex calls with gradients run eagerly.
 COMPLEX_GRADS = (
@@ -196,6 +225,8 @@ COMPLEX_GRADS = (
     *(torch.block_diag, torch.where, torch.Tensor.where),
     *(torch.pixel_shuffle, torch.pixel_unshuffle, torch.channel_shuffle),
     *(torch.meshgrid, torch.sum, torch.Tensor.sum, torch.Tensor.sum_to_size, torch.rsub, torch.constant_pad_nd),
+    # (holomorphic elementwise math: the unary prims' and ``div``'s rules conjugated, eager's formulas)
+    *_HOLOMORPHIC,
 )
 
 

@@ -6,6 +6,7 @@
 //! prims with parameters or three operands.
 
 use super::declare::{declare_family, elementwise_table, Family};
+use super::holomorphic::{conjugated, square_plus_pow};
 use super::Operand;
 use crate::bail;
 use crate::dtype::{DType, Device};
@@ -286,6 +287,9 @@ impl Family for Unary {
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
         let (Some(x), Some(g)) = (operands[0].as_value(), cots[0]) else { return Ok(vec![None]) };
+        if e.meta(x).dtype.is_complex() && *self != Unary::Neg {
+            return Ok(vec![conjugated(e, g, |e, g| vjp_unary(*self, e, x, outputs[0], g))?]);
+        }
         Ok(vec![vjp_unary(*self, e, x, outputs[0], g)?])
     }
 }
@@ -357,7 +361,12 @@ impl Family for Binary {
 
     fn vjp(&self, e: &mut Emitter, operands: &[Arg], outputs: &[ValueId], cots: &[Option<ValueId>]) -> Result<Grads> {
         let Some(g) = cots[0] else { return Ok(vec![None, None]) };
-        let (ga, gb) = vjp_binary(*self, e, (&operands[0], &operands[1]), outputs[0], g)?;
+        let y = outputs[0];
+        let (ga, gb) = if *self == Binary::Div && e.meta(y).dtype.is_complex() {
+            conjugated(e, g, |e, g| vjp_binary(Binary::Div, e, (&operands[0], &operands[1]), y, g))?
+        } else {
+            vjp_binary(*self, e, (&operands[0], &operands[1]), y, g)?
+        };
         Ok(vec![ga, gb])
     }
 }
@@ -455,7 +464,7 @@ fn vjp_unary(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueId) -
 // prims of its family: the catch-all arm is that dispatch's invariant, not a case.
 
 /// `1 - v*v`, `v*v + 1` and friends: the shared pieces of the (inverse) trigonometric rules.
-fn square_plus(e: &mut Emitter, v: ValueId, sign: f64, add: f64) -> Result<ValueId> {
+pub(super) fn square_plus(e: &mut Emitter, v: ValueId, sign: f64, add: f64) -> Result<ValueId> {
     let sq = e.mul(v, v)?;
     let sq = if sign < 0.0 { e.neg(sq)? } else { sq };
     e.add(sq, e.scalar(v, add))
@@ -473,6 +482,12 @@ fn vjp_algebraic(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: ValueI
         Sqrt => {
             let t = e.mul(y, e.scalar(x, 2.0))?;
             e.div(g, t)?
+        }
+        Rsqrt if e.meta(x).dtype.is_complex() => {
+            // As eager's `-0.5 * grad * result.pow(3)`: a complex cube is `pow`'s (not two products)
+            let cube = e.binary(Binary::Pow, y, e.scalar(y, 3.0))?;
+            let t = e.mul(g, e.scalar(x, -0.5))?;
+            e.mul(t, cube)?
         }
         Rsqrt => {
             let t = e.mul(y, y)?;
@@ -534,7 +549,7 @@ fn vjp_trigonometric(prim: Unary, e: &mut Emitter, x: ValueId, y: ValueId, g: Va
             e.neg(t)?
         }
         Tan => {
-            let t = square_plus(e, y, 1.0, 1.0)?;
+            let t = square_plus_pow(e, y, 1.0, 1.0)?;
             e.mul(g, t)?
         }
         Tanh => {
@@ -572,8 +587,18 @@ fn vjp_inverse_trigonometric(prim: Unary, e: &mut Emitter, x: ValueId, g: ValueI
             e.div(g, t)?
         }
         Asinh => {
-            let t = square_plus(e, x, 1.0, 1.0)?;
+            let t = square_plus_pow(e, x, 1.0, 1.0)?;
             let r = e.unary(Rsqrt, t)?;
+            e.mul(g, r)?
+        }
+        Acosh if e.meta(x).dtype.is_complex() => {
+            // As eager's complex formula: `(x + 1).rsqrt() * (x - 1).rsqrt()` (sqrt(ab) is not
+            // sqrt(a) sqrt(b) off the positive reals).
+            let above = e.add(x, e.scalar(x, 1.0))?;
+            let above = e.unary(Rsqrt, above)?;
+            let below = e.add(x, e.scalar(x, -1.0))?;
+            let below = e.unary(Rsqrt, below)?;
+            let r = e.mul(above, below)?;
             e.mul(g, r)?
         }
         Acosh => {
@@ -582,7 +607,7 @@ fn vjp_inverse_trigonometric(prim: Unary, e: &mut Emitter, x: ValueId, g: ValueI
             e.mul(g, r)?
         }
         Atanh => {
-            let t = square_plus(e, x, -1.0, 1.0)?;
+            let t = square_plus_pow(e, x, -1.0, 1.0)?;
             e.div(g, t)?
         }
         _ => unreachable!("vjp_unary sends {prim:?} elsewhere"),

@@ -15,6 +15,7 @@ mod creation;
 pub(crate) mod declare;
 mod elementwise;
 mod fft;
+mod holomorphic;
 mod indexing;
 mod linalg;
 mod reduce;
@@ -304,8 +305,8 @@ impl Prim {
     pub fn differentiates_complex(&self) -> bool {
         match self {
             Prim::Complex(_) | Prim::Shape(_) | Prim::Fft(_) => true,
-            Prim::Unary(p) => matches!(p, Unary::Neg),
-            Prim::Binary(p) => matches!(p, Binary::Add | Binary::Sub | Binary::Mul),
+            Prim::Unary(p) => p.is_holomorphic(),
+            Prim::Binary(p) => matches!(p, Binary::Add | Binary::Sub | Binary::Mul | Binary::Div),
             Prim::Elementwise(p) => matches!(p, Elementwise::Where {} | Elementwise::ConvertElementType { .. }),
             Prim::Reduce(p) => matches!(p, Reduce::Sum { .. }),
             Prim::Creation(_) | Prim::Scan(_) | Prim::Linalg(_) | Prim::Conv(_) | Prim::Index(_) => false,
