@@ -17,14 +17,12 @@ import torch
 
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.fallback import user_fallback
-from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.indexing import is_basic, traced_bounds
 from thunder_rs.torch.storage_offsets import eager_offset
 from thunder_rs.torch.strides import FALLBACK_LAYOUTS, strides_of
-from thunder_rs.torch.symbols import ltorch
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.views import opaque
 
@@ -160,16 +158,6 @@ _HOLOMORPHIC = tuple(
 )
 _HOLOMORPHIC += (torch.special.expit, torch.special.exp2, torch.special.expm1, torch.special.log1p)
 _HOLOMORPHIC += (torch.nn.functional.tanhshrink, torch.nn.functional.sigmoid, torch.nn.functional.tanh)
-
-
-@register_grad(ltorch.abs)
-def _abs_grad(a):
-    """``abs`` of a complex tensor: eager's ``grad * self.sgn()`` (the real cotangent times the
-    complex sign); of a real one the prim's rule (the decomposition's VJP)."""
-    out = ltorch.abs(a)
-    if a.dtype.is_complex:
-        put_grad(a, ltorch.mul(get_grad(out), prims.sgn(a)), complex_values=True)
-    return out
 
 
 #: The ops whose complex values carry gradients in the trace (their decompositions record only

@@ -201,6 +201,16 @@ if TYPE_CHECKING:
     def __getattr__(name): ...
 
 
+@register_grad(ltorch.abs)
+def _abs_grad(a):
+    """``abs`` of a complex tensor: eager's ``grad * self.sgn()`` (the real cotangent times the
+    complex sign); of a real one the prim's rule (the decomposition's VJP)."""
+    out = ltorch.abs(a)
+    if a.dtype.is_complex:
+        put_grad(a, ltorch.mul(get_grad(out), prims.sgn(a)), complex_values=True)
+    return out
+
+
 @torchsymbol(torch.round, T.round)
 def round(a, *, decimals=0):
     if decimals == 0:
