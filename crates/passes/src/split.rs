@@ -546,7 +546,8 @@ mod tests {
         // (eager's node outside the checkpoint, here the sine's, keeps it)
         let (trace, region) = checkpointed_matmul();
         let m = trace.bsyms[0].outputs[0];
-        let halves = split(&joint(&trace).unwrap().unwrap(), &[region.start..region.start + 1]).unwrap();
+        let first = region.start..region.start + 1;
+        let halves = split(&joint(&trace).unwrap().unwrap(), std::slice::from_ref(&first)).unwrap();
         assert!(halves.residuals.contains(&m), "{}", halves.forward);
     }
 
