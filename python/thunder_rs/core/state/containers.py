@@ -176,18 +176,8 @@ class StateContainers:
             self._places[id(value)] = _Place(value, source, name, origin, rooted)
             if rooted:
                 self._note_held(value, source.describe(name), origin, name)
-        if type(value) is tuple and rooted:  # (``for cfg in self.configs``, a tuple: no ``_Place``)
-            at, label = read_site(origin, name), source.describe(name)
-            held = [(obj, f"{label}[{i}]") for i, obj in enumerate(value) if _user_object(obj)]
-            self._held_objects += [
-                (value, DictGuard(ObjectSource(o, label), attributes_of(o), at)) for o, label in held
-            ]
-        if type(value) is weakref.WeakValueDictionary and rooted:  # (``TABLES.get(name).scale``)
-            at = read_site(origin, name)
-            held = [(obj, f"{source.describe(name)}[{k!r}]") for k, obj in list(value.items()) if _user_object(obj)]
-            self._held_objects += [
-                (value, DictGuard(WeakObjectSource(o, label), attributes_of(o), at)) for o, label in held
-            ]
+        if rooted and type(value) in _HOLDING:  # (``for cfg in self.configs``, ``TABLES.get(name).scale``)
+            self._guard_held_objects(value, source.describe(name), read_site(origin, name))
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
@@ -217,6 +207,16 @@ class StateContainers:
                 self._held_objects.append(
                     (container, DictGuard(ObjectSource(item, source.describe(key)), attributes_of(item), at))
                 )
+
+    def _guard_held_objects(self, holder, label: str, at) -> None:
+        """Guards whole the objects of the user's classes that a tuple of state (which has no
+        ``_Place``) or a ``WeakValueDictionary`` holds (through weak references: the entry keeps
+        them no more alive than eager does)."""
+        weak = type(holder) is weakref.WeakValueDictionary
+        items, kind = (list(holder.items()), WeakObjectSource) if weak else (enumerate(holder), ObjectSource)
+        self._held_objects += [
+            (holder, DictGuard(kind(o, f"{label}[{k!r}]"), attributes_of(o), at)) for k, o in items if _user_object(o)
+        ]
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
@@ -385,6 +385,10 @@ class WeakObjectSource(FixedSource):
     @property
     def key(self):
         return ("weak", id(self.ref))
+
+
+#: Holders whose objects of the user's classes ``_guard_held_objects`` guards.
+_HOLDING = (tuple, weakref.WeakValueDictionary)
 
 
 def _user_object(value) -> bool:
