@@ -80,7 +80,8 @@ def test_checkpointed_layers_keep_about_their_inputs_as_eager(name):
     assert held <= eager_held + 16 * 1024, (held, eager_held)
 
 
-def test_checkpointed_layers_with_dropout_are_bit_equal_to_eager():
-    # (the dropouts run once, in the forward: their outputs are kept, which eager draws again)
+def test_checkpointed_layers_with_dropout_keep_about_their_inputs_as_eager():
+    # The dropouts' outputs and masks were kept (709 KiB of activations where eager keeps 227): the
+    # backward draws them again from the generator's state at each layer's start, as eager does.
     eager_held, held = _compare("gpt2", dropout=0.1)
-    assert held < 4 * eager_held, (held, eager_held)
+    assert held <= eager_held + 16 * 1024, (held, eager_held)

@@ -166,14 +166,43 @@ def _checkpointed_dropout_nested(x, w1, w2):
     return torch.utils.checkpoint.checkpoint(outer, x * 2, use_reentrant=False).float().sum(-1)
 
 
+#: The CPU generator's state (``torch.get_rng_state()``), which eager's checkpoint keeps per region too.
+_STATE = torch.get_rng_state().numel()
+
+
 @pytest.mark.parametrize("autocast", [False, True], ids=["f32", "bf16"])
-def test_nested_checkpoints_with_dropout_keep_the_draws_not_the_regions_intermediates(autocast):
+def test_nested_checkpoints_with_dropout_keep_what_eager_keeps(autocast):
     # Inlined, the regions' linear, gelu, sin and the dropout kept 160 KiB (f32; 124 bf16) where eager
-    # keeps 8 (x * 2): now the dropout's output and mask (a random call runs once, in the forward).
+    # keeps 8 (x * 2); then the dropout's output and mask (80 KiB f32, 48 bf16): now the generator's
+    # state at the region's start, from which the backward draws the mask again, as eager's does.
     eager_held, held = _checkpoint_held(_checkpointed_dropout_nested, [(64, 32), (256, 32), (32, 256)], autocast)
-    dropout = 64 * 256 * (2 if autocast else 4) + 64 * 256
     casts = 2 * 256 * 32 * 2 if autocast else 0  # (w1's and w2's bfloat16 casts: autocast's cache holds them)
-    assert held <= eager_held + dropout + casts, (held, eager_held)
+    assert held <= eager_held + _STATE + casts, (held, eager_held)
+
+
+def _dropouts_and_draws(x, w):
+    """Two dropouts in one region, a draw between them (``rand_like``, whose output is kept) and a
+    draw without grad after them: the backward draws each mask again from the generator's state
+    before it (from the region's start, through the draws before it), as eager's recompute does."""
+
+    def block(h):
+        a = F.dropout(F.gelu(F.linear(h, w)), 0.3)
+        b = F.dropout(F.linear(a, w.t()).tanh() + torch.rand_like(h), 0.2)
+        with torch.no_grad():
+            noise = torch.randn_like(h)
+        return F.dropout(b * h, 0.1) + noise
+
+    return torch.utils.checkpoint.checkpoint(block, x.sin(), use_reentrant=False).float().sum(-1)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["f32", "bf16"])
+def test_dropouts_in_a_checkpoint_are_drawn_again_from_the_generator_state_as_eager(autocast):
+    # The masks and outputs of the three dropouts were kept (272 KiB f32 where eager keeps 32):
+    # values, gradients and the generator after the backward are eager's, and what is kept is
+    # eager's but the generator's states the chains start from and rand_like's output.
+    eager_held, held = _checkpoint_held(_dropouts_and_draws, [(64, 128), (128, 128)], autocast)
+    casts = 128 * 128 * 2 if autocast else 0  # (w's bfloat16 cast: autocast's cache holds it)
+    assert held <= eager_held + 3 * _STATE + 64 * 128 * 4 + casts, (held, eager_held)
 
 
 @pytest.mark.xfail(

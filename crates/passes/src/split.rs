@@ -18,7 +18,10 @@
 //! function ran (`regions`: ranges of value ids) are run again in the backward, whole, where it
 //! reads a value they define: only what they read from outside the region is saved. A random
 //! call or an effect in a region runs once, in the forward (its output is saved: eager's
-//! recompute draws the same numbers from the generator state it restores).
+//! recompute draws the same numbers from the generator state it restores), but for a dropout
+//! Python records as a call of no effect drawing from the generator state its region started
+//! from (chained through the region's draws; `replayed_draws`), which is run again like the
+//! others: only the state is saved, as eager keeps it.
 
 use crate::partition::for_each_param_size;
 use crate::vjp::Joint;
@@ -346,21 +349,33 @@ impl<'a> Regions<'a> {
             exported.insert(v);
         });
         let inside = |v: &ValueId| outermost(*v).is_some() && !exported.contains(v);
-        for b in forward {
-            let mut defined = FxHashSet::default();
-            b.for_each_defined(&mut |v| {
-                defined.insert(v);
-            });
-            if !b.outputs.is_empty() && defined.iter().all(inside) && pure(b) {
-                let i = out.calls.len();
-                out.calls.push(b);
-                defined.into_iter().for_each(|v| {
-                    out.call_of.insert(v, i);
-                });
-            }
-        }
+        forward.iter().for_each(|b| out.add(b, &inside));
         (out.taken, out.inner) = (vec![false; out.calls.len()], vec![false; t.values.len()]);
         out
+    }
+
+    /// Adds `b` to the calls where it is pure and defines only values inside a region; a
+    /// composite whose only effects read and set the generator around a dropout drawn from its
+    /// region's saved generator state (a call of no effect: Python's `replayed_draws`) adds its
+    /// decomposition's calls instead. (Another composite drawing inside runs in the forward:
+    /// its executor may draw otherwise than its decomposition.)
+    fn add(&mut self, b: &'a BoundSymbol, inside: &impl Fn(&ValueId) -> bool) {
+        let mut defined = FxHashSet::default();
+        b.for_each_defined(&mut |v| {
+            defined.insert(v);
+        });
+        if b.outputs.is_empty() || !defined.iter().all(inside) {
+            return;
+        }
+        if pure(b) {
+            let i = self.calls.len();
+            self.calls.push(b);
+            defined.into_iter().for_each(|v| {
+                self.call_of.insert(v, i);
+            });
+        } else if matches!(b.symbol, Symbol::Composite(_)) && only_replayed_draws(b) {
+            b.subsymbols.iter().for_each(|sub| self.add(sub, inside));
+        }
     }
 
     /// Whether `v` is defined by a call inside a region: then that call runs again in the
@@ -459,6 +474,18 @@ fn touched(t: &Trace, bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
 fn reads(bsym: &BoundSymbol, f: &mut impl FnMut(ValueId)) {
     bsym.for_each_input(&mut *f);
     bsym.subsymbols.iter().for_each(|s| reads(s, f));
+}
+
+/// The module of the effects that read and set a generator around a draw from a checkpoint
+/// region's saved state (see `Regions::add`).
+const REPLAYED_DRAWS: &str = "thunder_rs.core.lang.replayed_draws.";
+
+/// Whether the effects in `bsym`'s decomposition, at any depth, are all `REPLAYED_DRAWS`' ones.
+fn only_replayed_draws(bsym: &BoundSymbol) -> bool {
+    bsym.subsymbols.iter().all(|s| match s.symbol.is_effect() {
+        true => s.symbol.qualified_name().starts_with(REPLAYED_DRAWS),
+        false => only_replayed_draws(s),
+    })
 }
 
 /// Whether running `bsym` again changes nothing outside the trace and gives the same values: no

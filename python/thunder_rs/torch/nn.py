@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
 from thunder_rs.core.base.userframe import user_location
+from thunder_rs.core.lang import replayed_draws
 from thunder_rs.core.lang.fallback import refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
@@ -381,7 +382,11 @@ def embedding_backward(grad_output, indices, num_weights, padding_idx, scale_gra
 def dropout_grad(input, p=0.5, training=True, inplace=False):
     if not training or not 0 < p < 1 or not input.dtype.is_floating_point:
         return ltorch.dropout(input, p, training, inplace)
-    out, mask = native_dropout(input, p, True)
+    if replayed_draws.replayable(input):  # (in a checkpoint: drawn again in the backward, as eager)
+        refuse_draw_made_again("torch.nn.functional.dropout")
+        out, mask = replayed_draws.native_dropout(input, p)
+    else:
+        out, mask = native_dropout(input, p, True)
     put_grad(input, dropout_input_grad(get_grad(out), mask, p, input))
     return out
 

@@ -599,6 +599,8 @@ class _DrawsAgain(threading.local):
     regions = 0
     #: Random draws traced inside them with grad.
     draws = 0
+    #: Draws and generator settings traced (``replayed_draws``' chains hold while none is made).
+    uses = 0
     #: Kernels chosen inside them with grad that eager's forward, without grad, chooses otherwise
     #: (``torch_overrides._differentiated_checkpoint``).
     grad_kernels = 0
@@ -613,6 +615,7 @@ def refuse_draw_made_again(name: str, generator: torch.Generator | None = None) 
     makes again with other numbers: inside an activation-checkpointed function, which eager runs
     again in the backward, restoring only the default generators' states (and only with
     ``preserve_rng_state``)."""
+    draws_again.uses += 1
     if not (draws_again.regions and torch.is_grad_enabled()):
         return
     draws_again.draws += 1

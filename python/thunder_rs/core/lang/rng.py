@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_rs.core.base.userframe import user_location
-from thunder_rs.core.lang.fallback import qualified_name, record_effect
+from thunder_rs.core.lang.fallback import draws_again, qualified_name, record_effect
 from thunder_rs.core.lang.recorder import _current, lift_captured
 from thunder_rs.errors import ThunderNotImplementedError
 
@@ -109,6 +109,7 @@ def _sets_state(original):
 
     def record(*args, **kwargs):
         _record(original, args, kwargs, [])
+        draws_again.uses += 1
         if original is _manual_seed:
             return torch.default_generator
         return UnknownSeed(qualified_name(original), user_location()) if original.__name__ == "seed" else None

@@ -96,6 +96,7 @@ from thunder_rs.core.lang import (
     symint,
 )
 from thunder_rs.core.lang import vmap as thunder_vmap
+from thunder_rs.core.lang import replayed_draws
 from thunder_rs.core.lang.fallback import draws_again
 from thunder_rs.core.lang.langctx import user_location
 from thunder_rs.core.base.proxies import TensorProxy
@@ -139,28 +140,40 @@ _CHECKPOINT_GENERATORS = frozenset(
 )
 
 
-def preserves_rng_state() -> bool:
-    """The ``preserve_rng_state`` of the non-reentrant checkpoint whose hooks are being entered
-    (a local of torch's generator that enters them)."""
+def preserves_rng_state() -> frozenset:
+    """The generators (device names) whose states the non-reentrant checkpoint whose hooks are
+    being entered keeps for its recompute (locals of torch's generator that enters them): the CPU
+    one, and with a device initialised those of the devices of the tensors passed; none without
+    ``preserve_rng_state``."""
     frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_name not in _CHECKPOINT_GENERATORS:
         frame = frame.f_back
-    return True if frame is None else bool(frame.f_locals.get("preserve_rng_state", True))
+    if frame is None:
+        return frozenset({"cpu"})
+    local = frame.f_locals
+    if not local.get("preserve_rng_state", True):
+        return frozenset()
+    devices = local.get("fwd_devices", ()) if local.get("had_device_in_fwd") else ()
+    return frozenset({"cpu", *(f"{local.get('device_type', 'cuda')}:{d}" for d in devices)})
 
 
 @contextlib.contextmanager
-def checkpointed(preserve_rng_state: bool = True):
+def checkpointed(preserve_rng_state: bool | frozenset = True):
     """While the program runs an activation-checkpointed function (``in_checkpoint``); without
-    ``preserve_rng_state`` its random draws are refused (``fallback.draws_again``)."""
+    ``preserve_rng_state`` its random draws are refused (``fallback.draws_again``); with the
+    generators it keeps, its dropouts are drawn again in the backward (``replayed_draws``)."""
     _checkpointed.depth += 1
     draws_again.depth += not preserve_rng_state
     draws_again.regions += 1
+    kept = preserve_rng_state if isinstance(preserve_rng_state, frozenset) else frozenset()
+    replayed_draws.entered(kept)
     try:
         yield
     finally:
         _checkpointed.depth -= 1
         draws_again.depth -= not preserve_rng_state
         draws_again.regions -= 1
+        replayed_draws.exited()
 
 
 def _apply(cls, *args, **kwargs):
