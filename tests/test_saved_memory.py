@@ -225,3 +225,46 @@ def test_a_weight_written_before_the_backward_of_a_region_reading_it_is_recomput
 
     for g, e in zip(grads(True), grads(False)):
         assert torch.equal(g, e)
+
+
+def _seeded_dropouts(x, w):
+    """A seeding between a region's dropouts (its chain starts again from the seeded state) and a
+    dropout whose output leaves the region (kept: a node outside the checkpoint reads it)."""
+
+    def block(h):
+        a = F.dropout(h @ w, 0.3)
+        torch.manual_seed(5)
+        b = F.dropout(a.tanh(), 0.2)
+        return b, F.dropout(a * b, 0.4)
+
+    b, c = torch.utils.checkpoint.checkpoint(block, x.sin(), use_reentrant=False)
+    return (b * 2 + F.dropout(c, 0.5)).sum(-1)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["f32", "bf16"])
+def test_a_seeding_in_a_checkpoint_restarts_its_draws_as_eager(autocast):
+    eager_held, held = _checkpoint_held(_seeded_dropouts, [(32, 64), (64, 64)], autocast)
+    # (b and c leave the region: b is kept, and the masks of the two dropouts they come from)
+    left = 32 * 64 * (2 if autocast else 4) + 2 * 32 * 64
+    casts = 64 * 64 * 2 if autocast else 0
+    assert held <= eager_held + _STATE + left + casts, (held, eager_held)
+
+
+def test_a_checkpoints_dropout_drawn_again_at_each_backward_as_eager():
+    # (retain_graph: the second backward draws the masks again from the same saved state)
+    def f(x, w):
+        return torch.utils.checkpoint.checkpoint(
+            lambda h: F.dropout(F.gelu(h @ w), 0.3).sin(), x * 1, use_reentrant=False
+        ).sum()
+
+    def run(fn):
+        x, w = _leaves((8, 16), (16, 16))
+        torch.manual_seed(0)
+        y = fn(x, w)
+        y.backward(retain_graph=True)
+        torch.rand(3)
+        y.backward()
+        return [x.grad, w.grad, torch.rand(3)]
+
+    for got, expected in zip(run(thunder_rs.jit(f)), run(f)):
+        assert torch.equal(got, expected)
