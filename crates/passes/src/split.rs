@@ -514,7 +514,7 @@ pub(crate) fn flatten_where_needed(bsym: &BoundSymbol, is_residual: &[bool], out
 mod tests {
     use super::*;
     use crate::vjp::{joint, joint_without};
-    use trace_ir::{DType, Device, TensorMeta, TraceBuilder};
+    use trace_ir::{DType, Device, SymbolKind, SymbolTable, TensorMeta, TraceBuilder};
 
     /// `x -> (exp(x), sin(x))`, `x` requiring grad.
     fn two_outputs() -> Trace {
@@ -576,6 +576,47 @@ mod tests {
         let first = region.start..region.start + 1;
         let halves = split(&joint(&trace).unwrap().unwrap(), std::slice::from_ref(&first)).unwrap();
         assert!(halves.residuals.contains(&m), "{}", halves.forward);
+    }
+
+    /// `x -> sin(dropout(x))` inside a checkpoint, the dropout's grad rule drawing from the
+    /// generator's state as Python's `replayed_draws` records it (reading the state, a draw of no
+    /// effect from it returning the state after, setting the generator to it), a mask `m` of
+    /// floats; the mask and the draw's symbol.
+    fn checkpointed_replayed_dropout() -> (Trace, Range<usize>, ValueId, Symbol) {
+        let effect = |name: &str| SymbolTable::register(&format!("{REPLAYED_DRAWS}{name}"), SymbolKind::Effect);
+        let (read, set) = (effect("_generator_state"), effect("_set_generator_state"));
+        let draw = SymbolTable::register(&format!("{REPLAYED_DRAWS}_native_dropout_from"), SymbolKind::Fallback);
+        let dropout = SymbolTable::register("ltorch.dropout", SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta { requires_grad: true, ..TensorMeta::new(DType::F32, Device::CPU, vec![4, 4]) };
+        let state = TensorMeta::new(DType::U8, Device::CPU, vec![5056]);
+        let x = b.add_input(ValueKind::Tensor(meta.clone()));
+        let start = x.index() + 1;
+        b.begin_composite(dropout, vec![Arg::Value(x)], vec![]);
+        let s = b.record_fallback(read, vec![], vec![], vec![state.clone()])[0];
+        let mask = TensorMeta { requires_grad: false, ..meta.clone() };
+        let drawn = b.record_fallback(draw, vec![Arg::Value(s), Arg::Value(x)], vec![], vec![meta, mask, state]);
+        let empty = TensorMeta::new(DType::U8, Device::CPU, vec![0]);
+        b.record_fallback(set, vec![Arg::Value(drawn[2])], vec![], vec![empty]);
+        let g = b.get_grad(drawn[0]).unwrap();
+        let gx = b.record_prim("mul", vec![Arg::Value(g), Arg::Value(drawn[1])]).unwrap()[0];
+        b.put_grad(x, Arg::Value(gx)).unwrap();
+        b.end_composite(vec![drawn[0]]).unwrap();
+        let out = b.record_prim("sin", vec![Arg::Value(drawn[0])]).unwrap()[0];
+        (b.finish(Arg::Value(out)).unwrap(), start..out.index() + 1, drawn[1], Symbol::Fallback(draw))
+    }
+
+    #[test]
+    fn a_checkpoints_dropout_drawn_from_its_regions_state_is_drawn_again_not_saved() {
+        let (trace, region, mask, draw) = checkpointed_replayed_dropout();
+        let halves = split(&joint(&trace).unwrap().unwrap(), std::slice::from_ref(&region)).unwrap();
+        let saved: Vec<_> = halves.residuals.iter().filter_map(|&v| trace.tensor(v).map(|m| m.dtype)).collect();
+        assert!(saved.contains(&DType::U8), "the state is saved: {}", halves.forward);
+        assert!(!halves.residuals.contains(&mask), "the mask is drawn again: {}", halves.forward);
+        assert!(halves.backward.bsyms.iter().any(|b| b.symbol == draw), "drawn again: {}", halves.backward);
+        let inline = split(&joint(&trace).unwrap().unwrap(), &[]).unwrap();
+        assert!(!inline.backward.bsyms.iter().any(|b| b.symbol == draw), "{}", inline.backward);
+        trace_ir::verify::verify(&halves.backward).unwrap();
     }
 
     #[test]
