@@ -304,7 +304,8 @@ def test_the_int_and_float_scan_reads_a_modules_code_from_its_bytecode_cache(tmp
     py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)), doraise=True)
     module = _imported(path)
     compiled = []
-    monkeypatch.setattr(program_builtins, "compile", lambda *a, **k: compiled.append(a) or compile(*a, **k), raising=False)
+    counted = lambda *a, **k: compiled.append(a) or compile(*a, **k)  # noqa: E731
+    monkeypatch.setattr(program_builtins, "compile", counted, raising=False)
     cached = program_builtins._scan(vars(module))
     assert cached is not None and compiled == []
     path.write_text(_READS_THE_CLASS + "\n")  # (the cache is stale now: the source is compiled)

@@ -218,7 +218,9 @@ class StateContainers:
         held = [(k, o) for k, o in items if _user_object(o)]
         if held:
             at = read_site(origin, name)
-            self._held_objects += [(holder, DictGuard(kind(o, f"{label}[{k!r}]"), attributes_of(o), at)) for k, o in held]
+            self._held_objects += [
+                (holder, DictGuard(kind(o, f"{label}[{k!r}]"), attributes_of(o), at)) for k, o in held
+            ]
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
