@@ -1,10 +1,11 @@
 """Python line events of the warm compiles of compile_times.py's decode and padding runs: a count
 that a loaded machine does not move.
 
-    python benchmarks/compile_lines.py [--runs decode,padding] [--top 25]
+    python benchmarks/compile_lines.py [--runs decode,padding] [--top 25] [--cold]
 
 One process per run builds the run's tiny GPT-2 and runs it twice, each time on a fresh model, and
-counts with ``sys.settrace`` the lines Python runs in the second run's compiles
+counts with ``sys.settrace`` the lines Python runs in the second run's compiles (``--cold``: in the
+first run's, as ``dynamic_shapes.py`` has them: module loads and per-process scans included)
 (``ThunderFunction._compile_with``), per compile and per function (own lines, calls). CPU times
 (``compile_times.py``) move by 10-20% on a shared machine; these counts move only with the code, so
 a change to the Python work of a compile shows at once, and where. Not counted: work in C (torch's
@@ -43,7 +44,7 @@ class LineCounter:
         return line
 
 
-def one_process(run: str, top: int) -> None:
+def one_process(run: str, top: int, cold: bool = False) -> None:
     import torch  # noqa: PLC0415 (after the arguments are read)
 
     sys.path.insert(0, HERE)
@@ -68,7 +69,7 @@ def one_process(run: str, top: int) -> None:
     jit.ThunderFunction._compile_with = counted
     torch.set_num_threads(1)
     try:
-        for counting[0] in (False, True):
+        for counting[0] in (True,) if cold else (False, True):
             model = ds.tiny_gpt2()
             if run == "decode":
                 ids = torch.randint(3, ds.VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -81,7 +82,7 @@ def one_process(run: str, top: int) -> None:
                 step(s)
     finally:
         jit.ThunderFunction._compile_with = compile_with  # (the next run's wraps the original)
-    print(f"{run}: warm compiles' line events {per_compile}  total {counter.total}")
+    print(f"{run}: {'cold' if cold else 'warm'} compiles' line events {per_compile}  total {counter.total}")
     for name, n in counter.own.most_common(top):
         print(f"  {n:8d} lines {counter.calls[name]:6d} calls  {name}")
 
@@ -90,9 +91,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="decode,padding")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--cold", action="store_true", help="count the first run's compiles (the process's first)")
     args = parser.parse_args()
     for run in args.runs.split(","):
-        one_process(run, args.top)
+        one_process(run, args.top, args.cold)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,14 @@
 benchmarks/compile_times.py): each guard the observer keys is made at the first read of its key,
 not once per read. The guards, and the outputs against eager, are the same."""
 
+import importlib.util
+import os
+import pathlib
+import py_compile
+import sys
 import types
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -242,3 +248,89 @@ def test_the_tree_walks_are_torchs():
             assert len(order) == len(seen) and all(x is y for x, y in zip(order, seen))
         copied = trees.tree_map(lambda x: x, tree)
         assert copied is not tree and all(c is not t for c, t in zip(copied, tree) if isinstance(t, (list, dict)))
+
+
+def _held_in_a_tuple(x):
+    return x * _SCALES[0] + _SCALES[1]
+
+
+_SCALES = (2.0, 0.5)
+
+
+def test_a_tuple_of_state_holding_no_objects_of_the_users_classes_parses_no_source(monkeypatch):
+    # A tuple of state read by the program is looked at for objects of the user's classes, which
+    # are guarded whole with the line that read the tuple (``userframe.read_site``: it parses the
+    # reading function's whole file, 7% of an HF GPT-2 compile). A tuple of numbers holds none:
+    # the file is not parsed. The outputs, and the guard on the tuple's items, are eager's.
+    from thunder_rs.core.state import containers
+
+    sites = []
+    read_site = containers.read_site
+    monkeypatch.setattr(containers, "read_site", lambda *a: sites.append(a) or read_site(*a))
+    jfn = thunder_rs.jit(_held_in_a_tuple)
+    x = torch.randn(3)
+    assert torch.equal(jfn(x), _held_in_a_tuple(x))
+    assert sites == []
+    monkeypatch.setattr(sys.modules[__name__], "_SCALES", (3.0, 0.5))
+    assert torch.equal(jfn(x), _held_in_a_tuple(x))
+
+
+_READS_THE_CLASS = """
+def is_float(v):
+    return type(v) is float
+
+
+def program(x):
+    s = float(x.shape[0])
+    return x * s, is_float(0.5)
+"""
+
+
+def _imported(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_int_and_float_scan_reads_a_modules_code_from_its_bytecode_cache(tmp_path, monkeypatch):
+    # The modules whose code only calls ``int`` and ``float`` are found by reading all their code
+    # (``program_builtins._scan``): from the bytecode cache where it holds the source as it is now
+    # (48 ms of compiling transformers' modeling_utils.py again, 6 ms read), else compiled.
+    from thunder_rs.core.lang import program_builtins
+
+    path = tmp_path / "compile_costs_cached.py"
+    path.write_text(_READS_THE_CLASS)
+    py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)), doraise=True)
+    module = _imported(path)
+    compiled = []
+    counted = lambda *a, **k: compiled.append(a) or compile(*a, **k)  # noqa: E731
+    monkeypatch.setattr(program_builtins, "compile", counted, raising=False)
+    cached = program_builtins._scan(vars(module))
+    assert cached is not None and compiled == []
+    path.write_text(_READS_THE_CLASS + "\n")  # (the cache is stale now: the source is compiled)
+    assert program_builtins._scan(vars(module)) == cached and len(compiled) == 1
+
+
+@pytest.mark.parametrize("changed", ["mtime", "size"])
+def test_a_stale_bytecode_cache_is_not_read_by_the_int_and_float_scan(tmp_path, changed):
+    # The bytecode cache of an earlier source, where ``is_float`` read the class ``int`` (the same
+    # bytecode, another name), differs from the source now in its modification time or its size:
+    # it is not read (as ``import`` does not). Read, it would have the module only call ``float``,
+    # and ``is_float(0.5)`` would see a stand-in for it: False, where eager's is True.
+    path = tmp_path / f"compile_costs_stale_{changed}.py"
+    earlier = _READS_THE_CLASS.replace("is float", "is int  " if changed == "mtime" else "is int")
+    path.write_text(earlier)
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)), doraise=True)
+    cached = pathlib.Path(importlib.util.cache_from_source(str(path))).read_bytes()
+    path.write_text(_READS_THE_CLASS)
+    os.utime(path, (1_000_000_000 + (changed == "mtime") * 10,) * 2)
+    module = _imported(path)
+    pathlib.Path(importlib.util.cache_from_source(str(path))).write_bytes(cached)  # (the import may write its own)
+    jfn = thunder_rs.jit(module.program)
+    for T in (3, 5, 7):
+        x = torch.randn(T, 2)
+        got, want = jfn(x), module.program(x)
+        assert torch.equal(got[0], want[0]) and got[1] is want[1] is True
+    assert "float" not in vars(module)

@@ -26,7 +26,10 @@ without readable source: the sizes are then specialised, as before. A module tha
 name itself keeps its own. Text evaluated in the module's globals (``eval("int")``) is not read.
 """
 
+import importlib.util
 import linecache
+import marshal
+import os
 import sys
 import threading
 import types
@@ -98,11 +101,13 @@ def _scan(g: dict):
     path = g.get("__file__")
     if not isinstance(path, str):
         return None
-    lines = linecache.getlines(path, g)
-    try:
-        top = compile("".join(lines), path, "exec", dont_inherit=True) if lines else None
-    except (SyntaxError, ValueError, TypeError):
-        top = None
+    top = _cached_code(path)
+    if top is None:
+        lines = linecache.getlines(path, g)
+        try:
+            top = compile("".join(lines), path, "exec", dont_inherit=True) if lines else None
+        except (SyntaxError, ValueError, TypeError):
+            top = None
     if top is None:
         return None
     unsafe, keys = set(), set()
@@ -115,6 +120,28 @@ def _scan(g: dict):
             keys.add((code.co_name, code.co_firstlineno, code.co_code))
         pending += [(c, runs) for c in code.co_consts if isinstance(c, types.CodeType)]
     return frozenset(_NAMES) - unsafe, keys
+
+
+def _cached_code(path: str):
+    """The code of the module at ``path`` as its import compiled it, from the bytecode cache
+    (``__pycache__``), where a file there was compiled from the source as it is now (its size and
+    modification time, as ``import`` checks them; a pyc checked by hash is not read); else None.
+    Reading it costs a fraction of compiling the source again (48 ms of a large module's)."""
+    try:
+        stat = os.stat(path)
+        with open(importlib.util.cache_from_source(path), "rb") as f:
+            data = f.read()
+    except (OSError, ValueError, NotImplementedError):
+        return None
+    header = (importlib.util.MAGIC_NUMBER, 0, int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
+    found = (data[:4], *(int.from_bytes(data[i : i + 4], "little") for i in (4, 8, 12)))
+    if found != header:
+        return None
+    try:
+        code = marshal.loads(memoryview(data)[16:])
+    except (EOFError, ValueError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
 
 
 def _module(g: dict):

@@ -177,7 +177,7 @@ class StateContainers:
             if rooted:
                 self._note_held(value, source.describe(name), origin, name)
         if rooted and type(value) in _HOLDING:  # (``for cfg in self.configs``, ``TABLES.get(name).scale``)
-            self._guard_held_objects(value, source.describe(name), read_site(origin, name))
+            self._guard_held_objects(value, source.describe(name), origin, name)
         if type(value) is collections.deque and rooted:
             self._deques.setdefault(id(value), (value, source, name, origin))
         if type(value) is dict and self.reading is not None and self.reading not in self._places[id(value)].codes:
@@ -208,15 +208,19 @@ class StateContainers:
                     (container, DictGuard(ObjectSource(item, source.describe(key)), attributes_of(item), at))
                 )
 
-    def _guard_held_objects(self, holder, label: str, at) -> None:
+    def _guard_held_objects(self, holder, label: str, origin: str, name) -> None:
         """Guards whole the objects of the user's classes that a tuple of state (which has no
         ``_Place``) or a ``WeakValueDictionary`` holds (through weak references: the entry keeps
-        them no more alive than eager does)."""
+        them no more alive than eager does). The guards' read site (``read_site``, which parses
+        the reading function's file) is found only where the holder holds such an object."""
         weak = type(holder) is weakref.WeakValueDictionary
         items, kind = (list(holder.items()), WeakObjectSource) if weak else (enumerate(holder), ObjectSource)
-        self._held_objects += [
-            (holder, DictGuard(kind(o, f"{label}[{k!r}]"), attributes_of(o), at)) for k, o in items if _user_object(o)
-        ]
+        held = [(k, o) for k, o in items if _user_object(o)]
+        if held:
+            at = read_site(origin, name)
+            self._held_objects += [
+                (holder, DictGuard(kind(o, f"{label}[{k!r}]"), attributes_of(o), at)) for k, o in held
+            ]
 
     def settled(self, source) -> bool:
         """Whether noting a value read at ``source`` again would change nothing (but a dict's
