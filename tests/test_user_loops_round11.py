@@ -213,7 +213,8 @@ def test_stochastic_depth_trained_and_evaluated_every_step_is_eagers(mode):
 
 @pytest.mark.parametrize("mode", ["jit", pytest.param("compile", marks=SLOW)])
 def test_gradient_centralization_in_place_before_adamw_is_eagers(mode):
-    """The gradients of matrices centred in place (their mean over the input dimension removed)."""
+    """The gradients of matrices centred in place (their mean over the input dimension removed);
+    under ``compile`` the whole step, AdamW's step included (Dynamo's: ``dynamo``)."""
 
     def body(world, x, y):
         loss = F.cross_entropy(world["forward"].model(x), y)
@@ -226,7 +227,8 @@ def test_gradient_centralization_in_place_before_adamw_is_eagers(mode):
         return loss.detach()
 
     build = optimized(lambda ps: torch.optim.AdamW(ps, 1e-2, weight_decay=0.1))
-    trains_as_eager(loop(build, body, whole=mode != "jit"), call_step, modes=(mode,), misses=misses(mode, 1))
+    make = loop(build, body, whole=mode != "jit")
+    trains_as_eager(make, call_step, modes=(mode,), misses=misses(mode, 1), dynamo=mode == "compile")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -465,6 +467,103 @@ def test_sac_with_twin_critics_a_learned_temperature_and_polyak_targets_is_eager
 
     make = loop(build, sac_body, whole=False, forwards=("actor", "critic", "target"))
     trains_as_eager(make, step, modes=(mode,), misses=misses(mode, 5))
+
+
+def td3_body(world, obs, action, reward, next_obs, i):
+    """TD3: target actions smoothed by clamped noise, the twin targets' minimum, the actor and the
+    targets (``_foreach_lerp_``) updated every other step only."""
+    with torch.no_grad():
+        noise = (0.2 * torch.randn_like(action)).clamp(-0.5, 0.5)
+        next_action = (world["forward"].actor_target(next_obs) + noise).clamp(-1, 1)
+        target_q = reward + 0.9 * torch.min(*world["forward"].critic_target(next_obs, next_action))
+    q1, q2 = world["forward"].critic(obs, action)
+    critic_loss = fit(world, F.mse_loss(q1, target_q) + F.mse_loss(q2, target_q), "critic_opt")
+    actor_loss = torch.zeros(())
+    if i % 2 == 1:
+        actor_loss = fit(world, -world["forward"].critic(obs, world["forward"].actor(obs))[0].mean(), "actor_opt")
+        with torch.no_grad():
+            for source, target in (("actor", "actor_target"), ("critic", "critic_target")):
+                torch._foreach_lerp_(list(world[target].parameters()), list(world[source].parameters()), 0.2)
+    return critic_loss, actor_loss
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_td3_with_target_smoothing_and_delayed_actor_updates_is_eagers(mode):
+    """The critics' gradients from the actor's loss are kept (not zeroed until their next step),
+    as a user's loop leaves them."""
+
+    def build():
+        actor, critic = nn.Sequential(mlp(3, 8, 2), nn.Tanh()), TwinCritic()
+        return {
+            "actor": actor,
+            "critic": critic,
+            "actor_target": copy.deepcopy(actor).requires_grad_(False),
+            "critic_target": copy.deepcopy(critic).requires_grad_(False),
+            "actor_opt": torch.optim.Adam(actor.parameters(), 1e-2),
+            "critic_opt": torch.optim.Adam(critic.parameters(), 1e-2),
+        }
+
+    def step(world, i):
+        return world["step"](torch.randn(5, 3), torch.rand(5, 2) * 2 - 1, torch.randn(5), torch.randn(5, 3), i)
+
+    make = loop(build, td3_body, whole=False, forwards=("actor", "critic", "actor_target", "critic_target"))
+    trains_as_eager(make, step, modes=(mode,), steps=4, misses=misses(mode, 5))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_co_teaching_two_networks_on_each_others_small_loss_rows_is_eagers(mode):
+    """Co-teaching on noisy labels: each network's per-row losses ranked (``argsort``), each trained
+    on the rows the other finds easiest, the kept fraction shrinking by step."""
+
+    def build():
+        first, second = mlp(), mlp()
+        return {
+            "first": first,
+            "second": second,
+            "opt_first": torch.optim.SGD(first.parameters(), 0.1),
+            "opt_second": torch.optim.SGD(second.parameters(), 0.1),
+        }
+
+    def body(world, x, y, i):
+        a, b = world["forward"].first(x), world["forward"].second(x)
+        keep = x.shape[0] - i
+        rank_a = F.cross_entropy(a, y, reduction="none").argsort()[:keep]
+        rank_b = F.cross_entropy(b, y, reduction="none").argsort()[:keep]
+        loss_a = fit(world, F.cross_entropy(a[rank_b], y[rank_b]), "opt_first")
+        loss_b = fit(world, F.cross_entropy(b[rank_a], y[rank_a]), "opt_second")
+        return loss_a, loss_b, rank_a, rank_b
+
+    step = lambda world, i: world["step"](*batch(), i)  # noqa: E731
+    make = loop(build, body, whole=False, forwards=("first", "second"))
+    trains_as_eager(make, step, modes=(mode,), misses=misses(mode, 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gru_whose_hidden_state_the_world_carries_detached_across_steps_is_eagers(mode):
+    """Stateful truncated BPTT over a stream: the hidden state kept in the world between steps,
+    detached at the start of each, reset to zeros for the rows a draw marks as a new document."""
+
+    class Stream(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn, self.head = nn.Embedding(7, 5), nn.GRU(5, 6, batch_first=True), nn.Linear(6, 7)
+
+        def forward(self, ids, hidden):
+            out, hidden = self.rnn(self.embed(ids), hidden)
+            return self.head(out), hidden
+
+    def build():
+        return {**optimized(lambda ps: torch.optim.Adam(ps, 1e-2), model=Stream)(), "hidden": torch.zeros(1, 3, 6)}
+
+    def body(world, ids):
+        fresh = torch.rand(1, 3, 1) < 0.3
+        hidden = world["hidden"].detach().masked_fill(fresh, 0.0)
+        logits, hidden = world["forward"].model(ids[:, :-1], hidden)
+        world["hidden"] = hidden
+        return fit(world, F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()))
+
+    step = lambda world, i: world["step"](torch.randint(0, 7, (3, 5)))  # noqa: E731
+    trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=4, misses=misses(mode, 1))
 
 
 # ------------------------------------------------------------------------- optimizers, schedules
