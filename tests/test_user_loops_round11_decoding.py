@@ -12,7 +12,15 @@ import torch
 import thunder_rs
 from thunder_rs.dynamo import compiled_graphs
 from user_loops_round6 import wrap
-from user_loops_round11 import CachedLM, beam_search_cached, contrastive_decode, speculative_cached, typical_sample
+from user_loops_round11 import (
+    CachedLM,
+    StaticCachedLM,
+    beam_search_cached,
+    contrastive_decode,
+    speculative_cached,
+    speculative_static,
+    typical_sample,
+)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::UserWarning")]
 SLOW = pytest.mark.slow
@@ -20,22 +28,22 @@ MODES = ["jit", pytest.param("compile", marks=SLOW)]
 F32 = dict(rtol=1.3e-6, atol=1e-5)
 
 
-def decodes_as_eager(recipe, mode: str, models: int = 1, seed: int = 5, **tol) -> tuple:
-    """``recipe(*calls)`` under ``no_grad`` over ``models`` ``CachedLM``s (built from one seed),
-    eager and in ``mode`` from ``seed``: the same results and random state after. Returns eager's
+def decodes_as_eager(recipe, mode: str, models: int = 1, seed: int = 5, model=CachedLM, **tol) -> tuple:
+    """``recipe(*calls)`` under ``no_grad`` over ``models`` ``model``s (built from one seed), eager
+    and in ``mode`` from ``seed``: the same results, buffers and random state after. Returns eager's
     results and the compile counts: each jitted model's cache misses, or thunder_rs's compiles per
     new graph."""
     results, counts = {}, []
     for m in ("eager", mode):
         torch.manual_seed(0)
-        built = [CachedLM().eval() for _ in range(models)]
+        built = [model().eval() for _ in range(models)]
         if m == "compile":
             torch._dynamo.reset()
         before = compiled_graphs()
         calls = [wrap(m, model) for model in built]
         torch.manual_seed(seed)
         with torch.no_grad():
-            results[m] = recipe(*calls), torch.get_rng_state()
+            results[m] = recipe(*calls), [b.clone() for b in built for b in b.buffers()], torch.get_rng_state()
         if m == "jit":
             counts = [thunder_rs.cache_misses(call) for call in calls]
         elif m == "compile":
@@ -87,3 +95,16 @@ def test_locally_typical_sampling_over_a_cache_is_eagers(mode):
     _, counts = decodes_as_eager(lambda model: typical_sample(model, PROMPTS), mode)
     if mode == "jit":
         assert counts == [2]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_speculative_sampling_over_static_caches_written_in_place_is_eagers(mode):
+    """The caches are buffers the jitted forwards write in place (``index_copy_`` at the positions
+    fed); a rollback leaves stale entries, masked until overwritten: the buffers after the run are
+    eager's, stale entries included."""
+    (ids, accepted), counts = decodes_as_eager(
+        lambda target, draft: speculative_static(target, draft, PROMPT), mode, models=2, seed=4, model=StaticCachedLM
+    )
+    assert 0 in accepted and 3 in accepted
+    if mode == "jit":
+        assert counts == [2, 3]  # (the target always fed the prompt, then four tokens)

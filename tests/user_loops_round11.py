@@ -314,3 +314,50 @@ def typical_sample(model, prompt, new: int = 5, mass: float = 0.8):
         feed = torch.multinomial(filtered.softmax(-1), 1)
         ids = torch.cat([ids, feed], 1)
     return ids
+
+
+class StaticCachedLM(CachedLM):
+    """``CachedLM`` over a static cache: key and value buffers of a fixed length the forward writes
+    in place at the positions it is given (``index_copy_``), attending to the positions up to each
+    query's; a rollback only moves the loop's position back (the stale entries stay, masked)."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8, size: int = 24):
+        super().__init__(vocab, dim)
+        self.register_buffer("keys", torch.zeros(1, size, dim))
+        self.register_buffer("values", torch.zeros(1, size, dim))
+
+    def forward(self, ids, positions):
+        h = self.embed(ids) + self.position(positions)
+        q, k, v = self.qkv(h).chunk(3, -1)
+        self.keys.index_copy_(1, positions, k)
+        self.values.index_copy_(1, positions, v)
+        scores = q @ self.keys.transpose(1, 2) / math.sqrt(q.shape[-1])
+        hidden = torch.arange(self.keys.shape[1])[None, :] > positions[:, None]
+        attended = torch.softmax(scores.masked_fill(hidden, float("-inf")), -1) @ self.values
+        return self.head(h + self.out(attended))
+
+
+def speculative_static(target, draft, prompt, rounds: int = 4, k: int = 3, temperature: float = 0.9):
+    """``speculative_cached`` over static caches: each model fed the tokens past its filled length
+    at their positions; a rejection moves the filled lengths back to the accepted prefix."""
+    filled, ids, accepted = [0, 0], prompt, []
+    for _ in range(rounds):
+        proposal, qs, feed, at = [], [], ids[:, filled[1] :], torch.arange(filled[1], ids.shape[1])
+        for _ in range(k):
+            q = torch.softmax(draft(feed, at)[:, -1] / temperature, -1)
+            at = at[-1:] + 1
+            feed = torch.multinomial(q, 1)
+            proposal.append(feed)
+            qs.append(q)
+        fed = torch.cat([ids[:, filled[0] :]] + proposal, 1)
+        logits = target(fed, torch.arange(filled[0], filled[0] + fed.shape[1]))
+        p = torch.softmax(logits[:, -k - 1 :] / temperature, -1)
+        n = 0
+        while n < k and torch.rand(1).item() < (p[0, n, proposal[n][0, 0]] / qs[n][0, proposal[n][0, 0]]).item():
+            n += 1
+        residual = (p[:, n] - qs[n]).clamp_min(0) if n < k else p[:, k]
+        fresh = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1)
+        filled = [ids.shape[1] + n, min(ids.shape[1] + n, ids.shape[1] + k - 1)]
+        ids = torch.cat([ids] + proposal[:n] + [fresh], 1)
+        accepted.append(n)
+    return ids, accepted
