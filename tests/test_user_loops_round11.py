@@ -24,7 +24,7 @@ from torch.optim import lr_scheduler
 
 import thunder_rs
 from thunder_rs.errors import ThunderNotImplementedError
-from user_loops_round6 import trains_as_eager, wrap
+from user_loops_round6 import trains_as_eager
 from user_loops_round7 import batch, call_step, loop, mlp
 from user_loops_round9 import MultiTask, optimized
 from user_loops_round11 import (
@@ -139,6 +139,7 @@ def vat_loss(call, x, xi: float = 1e-6, eps: float = 0.5):
 def test_virtual_adversarial_training_on_unlabelled_rows_is_eagers(mode):
     """Four entries: the labelled rows, the unlabelled ones under ``no_grad``, with a perturbation
     that requires grad, and with the adversarial one."""
+
     def body(world, x, y, unlabelled):
         call = world["forward"].model
         smooth = vat_loss(call, unlabelled)
@@ -188,7 +189,10 @@ def test_r_drop_with_two_dropout_forwards_and_a_symmetric_kl_is_eagers(mode):
         call = world["forward"].model
         a, b = call(x), call(x)
         la, lb = a.log_softmax(-1), b.log_softmax(-1)
-        kl = (F.kl_div(la, lb, log_target=True, reduction="batchmean") + F.kl_div(lb, la, log_target=True, reduction="batchmean")) / 2
+        kl = (
+            F.kl_div(la, lb, log_target=True, reduction="batchmean")
+            + F.kl_div(lb, la, log_target=True, reduction="batchmean")
+        ) / 2
         return fit(world, (F.cross_entropy(a, y) + F.cross_entropy(b, y)) / 2 + 0.5 * kl), kl.detach()
 
     trains_as_eager(loop(sgd(model=model), body, whole=False), call_step, modes=(mode,), misses=misses(mode, 1))
@@ -285,7 +289,9 @@ def test_ewc_with_a_fisher_from_per_sample_gradients_between_tasks_is_eagers(mod
             world["fisher"], world["anchor"] = fisher, [p.detach().clone() for p in params]
         loss = F.cross_entropy(call(x if i < 2 else x.flip(1)), y)
         if "anchor" in world:
-            penalty = sum((f * (p - a).square()).sum() for f, p, a in zip(world["fisher"], model.parameters(), world["anchor"]))
+            penalty = sum(
+                (f * (p - a).square()).sum() for f, p, a in zip(world["fisher"], model.parameters(), world["anchor"])
+            )
             loss = loss + 5.0 * penalty
         return fit(world, loss)
 
@@ -384,7 +390,10 @@ def test_an_energy_model_trained_from_a_replay_buffer_of_langevin_samples_is_eag
     (``index_copy_``), the energies of data pushed down and of samples up, regularized."""
 
     def build():
-        return {**optimized(lambda ps: torch.optim.Adam(ps, 1e-2), model=lambda: mlp(2, 8, 1))(), "buffer": torch.randn(10, 2)}
+        return {
+            **optimized(lambda ps: torch.optim.Adam(ps, 1e-2), model=lambda: mlp(2, 8, 1))(),
+            "buffer": torch.randn(10, 2),
+        }
 
     def body(world, real):
         buffer, energy = world["buffer"], world["forward"].model

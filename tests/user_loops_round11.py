@@ -44,7 +44,9 @@ class DeepResidual(nn.Module):
     def __init__(self, blocks: int = 3, dim: int = 8, survival: float = 0.7):
         super().__init__()
         self.stem, self.head, self.survival = nn.Linear(4, dim), nn.Linear(dim, 3), survival
-        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU()) for _ in range(blocks))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU()) for _ in range(blocks)
+        )
 
     def forward(self, x):
         h = self.stem(x)
