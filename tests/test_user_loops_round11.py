@@ -31,6 +31,7 @@ from user_loops_round7 import batch, call_step, loop, mlp
 from user_loops_round9 import MultiTask, optimized
 from user_loops_round11 import (
     Actor,
+    Adaptable,
     DeepResidual,
     Lookahead,
     ManifoldMixer,
@@ -399,6 +400,26 @@ def test_prompt_tuning_over_a_frozen_model_is_eagers(mode):
 
     step = lambda world, i: world["step"](torch.randint(0, 11, (4, 5)), torch.randint(0, 3, (4,)))  # noqa: E731
     trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), misses=misses(mode, 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lora_attached_mid_run_as_a_new_group_then_merged_in_place_and_detached_is_eagers(mode):
+    """The head alone for two steps; at step 2 an adapter attached to the frozen first layer and
+    its parameters added to the optimizer (``add_param_group``, a learning rate of their own); at
+    step 4 merged into the frozen weight in place and detached (the head trains on). The jitted
+    model compiles at the first call and at each change of the module's structure (three)."""
+
+    def body(world, x, y, i):
+        model, optimizer = world["model"], world["optimizer"]
+        if i == 2:
+            optimizer.add_param_group({"params": model.attach(), "lr": 0.05})
+        if i == 4:
+            model.merge()
+        return fit(world, F.cross_entropy(world["forward"].model(x), y))
+
+    build = optimized(lambda ps: torch.optim.AdamW([p for p in ps if p.requires_grad], 1e-2), model=Adaptable)
+    step = lambda world, i: world["step"](*batch(), i)  # noqa: E731
+    trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), steps=6, misses=misses(mode, 3))
 
 
 # ---------------------------------------------------------------------------------- generative

@@ -363,3 +363,32 @@ def speculative_static(target, draft, prompt, rounds: int = 4, k: int = 3, tempe
         ids = torch.cat([ids] + proposal[:n] + [fresh], 1)
         accepted.append(n)
     return ids, accepted
+
+
+class Adaptable(nn.Module):
+    """A frozen body whose first layer a LoRA adapter (``A``, ``B``, hand-written) can be attached to
+    mid-run, later merged into its weight in place and detached; a trainable head."""
+
+    def __init__(self, rank: int = 2, alpha: float = 4.0):
+        super().__init__()
+        self.first, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+        self.first.requires_grad_(False)
+        self.adapter: nn.ParameterDict | None = None
+        self.rank, self.scale = rank, alpha / rank
+
+    def attach(self) -> list:
+        self.adapter = nn.ParameterDict(
+            {"A": nn.Parameter(0.3 * torch.randn(self.rank, 4)), "B": nn.Parameter(torch.zeros(8, self.rank))}
+        )
+        return list(self.adapter.values())
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        self.first.weight.add_(self.adapter["B"] @ self.adapter["A"] * self.scale)
+        self.adapter = None
+
+    def forward(self, x):
+        h = self.first(x)
+        if self.adapter is not None:
+            h = h + x @ self.adapter["A"].T @ self.adapter["B"].T * self.scale
+        return self.head(torch.relu(h))
