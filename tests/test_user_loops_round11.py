@@ -14,7 +14,8 @@ What differed from eager before: ``nn.EmbeddingBag(sparse=True)`` (and ``F.embed
 refused even where eager makes no sparse gradient (under ``no_grad``, or the weight frozen), and
 the refusal did not name the user's line; R-Drop's symmetric KL compiled in a whole step (or
 jitted) got gradients a last bit off eager's: ``kl_div``'s and ``poisson_nll_loss``'s rules summed
-a target's terms before adding them to what another loss had given it."""
+a target's terms before adding them to what another loss had given it; ``torch.gradient``'s rule
+likewise (a physics-informed loss by finite differences)."""
 
 import copy
 
@@ -481,6 +482,34 @@ def test_a_physics_informed_network_with_second_derivatives_of_its_inputs_is_eag
     step = lambda world, i: world["step"](torch.rand(6, 2), torch.rand(4, 2))  # noqa: E731
     build = optimized(lambda ps: torch.optim.Adam(ps, 1e-2), model=lambda: mlp(2, 8, 1))
     trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), misses=misses(mode, 2))
+
+
+class FiniteDifferences(nn.Module):
+    """A physics-informed loss by finite differences: the network over a grid of ``(x, t)``, the
+    advection residual ``u_t + 0.5 u_x`` by ``torch.gradient``, and the initial condition (``u``'s
+    first row, read after the differences: its gradient reaches ``u`` before theirs in eager)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+        x, t = torch.meshgrid(torch.linspace(0, 1, 6), torch.linspace(0, 0.5, 5), indexing="ij")
+        self.register_buffer("grid", torch.stack([x, t], -1))
+
+    def forward(self, initial):
+        u = self.net(self.grid).squeeze(-1)
+        u_x, u_t = torch.gradient(u, spacing=(0.2, 0.125), edge_order=2)
+        return (u_t + 0.5 * u_x).square().mean() + (u[:, 0] - initial).square().mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_physics_informed_loss_by_finite_differences_of_the_grid_is_eagers(mode):
+    """``torch.gradient`` of an output another term reads later: its rule added its slices' terms
+    up before adding them to that term's gradient, eager's engine one by one after it (the last
+    bits of the weights' gradients differed)."""
+    step = lambda world, i: world["step"](torch.sin(torch.linspace(0, 3, 6)) + 0.1 * torch.randn(6))  # noqa: E731
+    body = lambda world, initial: fit(world, world["forward"].model(initial))  # noqa: E731
+    build = optimized(lambda ps: torch.optim.Adam(ps, 1e-2), model=FiniteDifferences)
+    trains_as_eager(loop(build, body, whole=False), step, modes=(mode,), misses=misses(mode, 1))
 
 
 # ------------------------------------------------------------------------------ reinforcement
