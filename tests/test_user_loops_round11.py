@@ -44,6 +44,9 @@ from user_loops_round11 import (
     fgsm,
     langevin,
     pgd,
+    poisson_both_ways,
+    symmetric_kl,
+    symmetric_kl_of_probabilities,
 )
 
 pytestmark = [
@@ -198,23 +201,6 @@ def test_r_drop_with_two_dropout_forwards_and_a_symmetric_kl_is_eagers(mode):
         return fit(world, (F.cross_entropy(a, y) + F.cross_entropy(b, y)) / 2 + 0.5 * kl), kl.detach()
 
     trains_as_eager(loop(sgd(model=model), body, whole=mode != "jit"), call_step, modes=(mode,), misses=misses(mode, 1))
-
-
-def symmetric_kl(a, b):
-    la, lb = a.log_softmax(-1), b.log_softmax(-1)
-    return F.kl_div(la, lb, log_target=True, reduction="batchmean") + F.kl_div(
-        lb, la, log_target=True, reduction="batchmean"
-    )
-
-
-def symmetric_kl_of_probabilities(a, b):
-    pa, pb = a.softmax(-1), b.softmax(-1)
-    return F.kl_div(pb.log(), pa, reduction="batchmean") + F.kl_div(pa.log(), pb, reduction="batchmean")
-
-
-def poisson_both_ways(a, b):
-    t = b.exp()
-    return F.poisson_nll_loss(a, t, full=True) + F.poisson_nll_loss(t, a.exp() + 2, log_input=False)
 
 
 @pytest.mark.parametrize("loss", [symmetric_kl, symmetric_kl_of_probabilities, poisson_both_ways])

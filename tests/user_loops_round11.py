@@ -392,3 +392,21 @@ class Adaptable(nn.Module):
         if self.adapter is not None:
             h = h + x @ self.adapter["A"].T @ self.adapter["B"].T * self.scale
         return self.head(torch.relu(h))
+
+
+def symmetric_kl(a, b):
+    """R-Drop's: the KL of each log-softmax to the other (``log_target``)."""
+    la, lb = a.log_softmax(-1), b.log_softmax(-1)
+    return F.kl_div(la, lb, log_target=True, reduction="batchmean") + F.kl_div(
+        lb, la, log_target=True, reduction="batchmean"
+    )
+
+
+def symmetric_kl_of_probabilities(a, b):
+    pa, pb = a.softmax(-1), b.softmax(-1)
+    return F.kl_div(pb.log(), pa, reduction="batchmean") + F.kl_div(pa.log(), pb, reduction="batchmean")
+
+
+def poisson_both_ways(a, b):
+    t = b.exp()
+    return F.poisson_nll_loss(a, t, full=True) + F.poisson_nll_loss(t, a.exp() + 2, log_input=False)
