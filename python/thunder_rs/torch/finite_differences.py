@@ -77,18 +77,15 @@ def _contributions(g, d: int, dx, edge_order: int) -> list:
 
 @register_grad(gradient)
 def gradient_rule(input, spacing, dim, edge_order):
-    """Eager's gradient: each slice's cotangent placed in zeros of the input's shape and added up
-    one by one in the order eager's engine accumulates them (the last direction first)."""
+    """Eager's gradient: each slice's cotangent placed in zeros of the input's shape and put one
+    by one in the order eager's engine accumulates them (the last direction first), each apart:
+    after what ops later in the forward gave the input, eager's ``((c + a) + b) + ...``."""
     outs = gradient(input, spacing, dim, edge_order)
-    total = None
     for out, d, dx in reversed(tuple(zip(outs, dim, spacing))):
         for start, stop, value in _contributions(get_grad(out), d, dx, edge_order):
             pad = [0] * (2 * input.ndim)
             pad[2 * (input.ndim - 1 - d)], pad[2 * (input.ndim - 1 - d) + 1] = start, input.shape[d] - stop
-            placed = ltorch.constant_pad_nd(value, pad, 0)
-            total = placed if total is None else ltorch.add(total, placed)
-    if total is not None:
-        put_grad(input, total)
+            put_grad(input, ltorch.constant_pad_nd(value, pad, 0))
     return outs
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import prims
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang import autocast
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
@@ -304,7 +305,17 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
         "max_norm renormalises weight in place, which only F.embedding_bag does (argument max_norm)",
         ThunderNotImplementedError,
     )
-    check(not sparse, op, "sparse gradients are not supported (argument sparse)", ThunderNotImplementedError)
+    # Eager's weight gradient would be a sparse tensor (for SparseAdam); without one (no grad, or a
+    # frozen weight) sparse only names the gradient's layout, and the bags are eager's.
+    check(
+        not (sparse and weight.requires_grad and torch.is_grad_enabled()),
+        op,
+        lambda: (
+            f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
+            "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)"
+        ),
+        ThunderNotImplementedError,
+    )
     check(
         weight.dtype.is_floating_point,
         op,

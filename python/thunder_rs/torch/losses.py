@@ -540,12 +540,12 @@ def _unreduced_cotangent(g, reduction: str, like):
 
 def _stirling_grad(g, t):
     """The target's gradient through ``t * log(t) - t + 0.5 * log(2 * pi * t)`` masked where
-    ``t <= 1``, its terms added in the order eager's engine runs the ops' backwards (the latest
-    op's first; ATen computes the right operand of ``+`` and ``-`` first) into a buffer laid out
-    as the first (the masked_fill's cotangent negated, contiguous)."""
+    ``t <= 1``: its terms, in the order eager's engine runs the ops' backwards (the latest op's
+    first; ATen computes the right operand of ``+`` and ``-`` first) and adds them into a buffer
+    laid out as the first (the masked_fill's cotangent negated, contiguous)."""
     kept = ltorch.masked_fill(g, t <= 1, 0)
     through_log = kept * 0.5 / (t * (2 * math.pi)) * (2 * math.pi)
-    return -kept + kept * torch.log(t) + kept * t / t + through_log
+    return [-kept, kept * torch.log(t), kept * t / t, through_log]
 
 
 def _same_operands(input, target, out) -> bool:
@@ -565,15 +565,23 @@ def kl_div_grad(input, target, size_average=None, reduce=None, reduction="mean",
     g = _unreduced_cotangent(g, _reduction("ltorch.kl_div", reduction, size_average, reduce), input)
     if log_target:
         e = torch.exp(target)
-        grads = (-(g * e), g * (target - input) * e + g * e)
+        grads = ([-(g * e)], [g * (target - input) * e, g * e])
     else:
         negated = -g
         own = torch.xlogy(g, target).masked_fill((target == 0.0) & (target <= 0.0), 0.0)
-        grads = (negated * target, own + g * target / target + negated * input)
-    for x, grad in zip((input, target), grads):
-        if x.requires_grad:
-            put_grad(x, grad)
+        grads = ([negated * target], [own, g * target / target, negated * input])
+    _put_terms((input, target), grads)
     return out
+
+
+def _put_terms(inputs, terms) -> None:
+    """Each input's gradient terms put one by one, in the order eager's engine adds them into its
+    buffer: after the gradients that ops run later in the forward gave it (a target also another
+    loss's input: R-Drop's symmetric KL), as eager's ``(earlier + a) + b``, not ``earlier + (a + b)``."""
+    for x, grads in zip(inputs, terms):
+        if x.requires_grad:
+            for grad in grads:
+                put_grad(x, grad)
 
 
 @register_grad(ltorch.poisson_nll_loss)
@@ -589,13 +597,11 @@ def poisson_nll_loss_grad(
     g = _unreduced_cotangent(get_grad(out), reduction, input)
     negated = -g
     if log_input:
-        grads = (g * torch.exp(input) + negated * target, negated * input)
+        grads = ([g * torch.exp(input), negated * target], [negated * input])
     else:
         shifted = input + eps
-        grads = (g + negated * target / shifted, negated * torch.log(shifted))
+        grads = ([g, negated * target / shifted], [negated * torch.log(shifted)])
     if full:
         grads = (grads[0], _stirling_grad(g, target) + grads[1])
-    for x, grad in zip((input, target), grads):
-        if x.requires_grad:
-            put_grad(x, grad)
+    _put_terms((input, target), grads)
     return out
