@@ -46,7 +46,7 @@ from thunder_rs.core.lang.rng import RANDOM, note_draw
 from thunder_rs.core.lang.version_tracking import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
-from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
+from thunder_rs.core.base.userframe import handling_frame, is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 #: Every ltorch symbol, in registration order: what the torch executor, the claim tables and
@@ -209,6 +209,23 @@ def refuse_data_dependent(func) -> None:
 
 #: Calls whose output sizes depend on values: eager fallbacks sized by the values (``values``).
 _SIZED_BY_VALUES = frozenset({_T.nonzero, torch.nonzero})
+#: Calls that raise on some values of their inputs (``torch.linalg.LinAlgError`` for a matrix that
+#: is not positive definite, or singular): made inside the program's ``try`` block, whether they
+#: raise is read (``ValueReads.raised``), so that its ``except`` clause runs where eager's does.
+RAISE_ON_VALUES = frozenset(
+    {
+        torch.linalg.cholesky,
+        torch.cholesky,
+        _T.cholesky,
+        torch.linalg.inv,
+        torch.inverse,
+        _T.inverse,
+        torch.linalg.solve,
+        torch.linalg.lu_factor,
+        torch.linalg.ldl_factor,
+        torch.cholesky_inverse,
+    }
+)
 
 
 def _assert(condition, message):
@@ -255,6 +272,8 @@ def torch_function(func, args, kwargs):
         regrown.check_call(func, args, kwargs)
     if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
         args, kwargs = _own_containers(args), _own_containers(kwargs)
+        if func in RAISE_ON_VALUES and (reads := values.active()) is not None and handling_frame() is not None:
+            reads.raised(func, *lift_captured(args, kwargs))
         out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
         note_call(func, args, kwargs, out)
         return out
