@@ -1,28 +1,34 @@
 """Programs as users write them, round 14, each next to eager over several calls while module
 state, Python state or the input data change between calls: module state (global forward hooks
-and pre-hooks registered after the first call and removed, a pre-hook ``with_kwargs`` rewriting
-the keyword arguments, a parameter replaced, ``requires_grad_`` toggled, a submodule swapped, the
-model moved to ``float64``, a parametrization registered after compiling, ``load_state_dict`` with
-``assign=True``, one submodule in ``eval()``, a buffer re-registered, weights tied after the first
-call, anomaly mode read by the model, ``model.apply`` changing settings), Python constructs (a
-``try``/``except`` around a factorisation that fails on some inputs, a generator driven by
-``send``, closures and partials whose captured values change, ``match`` on a config, an
-``ExitStack`` of context managers with side effects, an ``nn.Parameter`` subclass, a forward
-replaced by ``types.MethodType``, ``NamedTuple`` inputs and dicts whose keys change) and data-
-dependent model code (top-k / top-p sampling from a ``torch.Generator`` passed in, ``unique`` and
-``histc`` counts as sizes, ``repeat_interleave`` by a tensor and a ragged split by
-``lengths.tolist()``). Outputs, gradients, state left behind and errors are compared with eager.
-The programs sit in ``user_programs_round14*.py``.
+and pre-hooks registered after the first call and removed, hooks ``with_kwargs`` added later, a
+parameter replaced, ``requires_grad_`` toggled, a submodule swapped, the model moved to
+``float64`` and to channels-last, a conv and batch norm fused, pruning and the old weight norm's
+hooks, a parametrization registered after compiling, ``load_state_dict`` with ``assign=True``,
+one submodule in ``eval()``, a buffer re-registered, weights tied after the first call, anomaly
+mode read by the model, ``model.apply`` changing settings), Python constructs (``try``/``except``
+around a factorisation or an embedding that fails on some inputs, a generator driven by
+``send``, one closed early with a ``finally``, one holding ``no_grad`` open while suspended,
+closures and partials whose captured values change, ``match`` on a config, an ``ExitStack`` of
+context managers with side effects, an ``nn.Parameter`` subclass, a forward replaced by
+``types.MethodType``, ``NamedTuple`` and dataclass inputs, dicts whose keys and order change)
+and data-dependent model code (top-k / top-p sampling from a ``torch.Generator`` passed in,
+``unique``, ``unique_consecutive``, ``histc``, ``bucketize`` and ``bincount`` counts as sizes,
+``repeat_interleave`` by a tensor and a ragged split by ``lengths.tolist()``). Outputs,
+gradients, state left behind and errors are compared with eager. The programs sit in
+``user_programs_round14*.py``.
 
 What differed: a call that raises on some values (``torch.linalg.cholesky`` of a matrix that is not
-positive definite) inside the program's ``try`` block raised out of the compiled call, traced
-where it succeeded, instead of running the program's ``except`` clause as eager does (and the
-other way round). Whether it raises is now a read of the call's values (``ValueReads.raised``):
+positive definite, an embedding of an id past the vocabulary) inside the program's ``try`` block
+raised out of the compiled call, traced where it succeeded, instead of running the program's
+``except`` clause as eager does (and, traced where it raised, ran the except clause on every
+call). Whether it raises is now a read of the call's values (``ValueReads.raised``, for the calls
+in ``langctx.RAISE_ON_VALUES`` made in a ``try`` body of the program: ``userframe.handling_frame``):
 each compiled call checks it, and the variant for the other outcome runs there.
 
 A forward that sets ``requires_grad_`` of its own parameters stays refused, naming the line.
-Dynamo itself (``backend="eager"`` too) keeps a graph traced before a global module hook was
-registered, and raises the factorisation's error where eager's ``except`` clause runs: left to it."""
+Dynamo itself (``backend="eager"`` too) keeps a graph traced before a global module hook or a
+submodule's hook was registered, and raises the call's error where eager's ``except`` clause
+runs: left to it."""
 
 import pytest
 import torch
@@ -52,7 +58,11 @@ PROGRAMS = [
     programs.weights_tied_after_the_first_call,
     programs.anomaly_mode_read_by_the_model,
     programs.apply_changes_submodule_settings,
+    programs.forward_hook_with_kwargs_added_later,
+    programs.channels_last_then_fused_conv_bn,
+    programs.pruned_after_the_first_call,
     python.cholesky_failure_falls_back,
+    python.embedding_out_of_vocabulary_falls_back,
     python.generator_driven_by_send,
     python.closures_and_partials_changed,
     python.match_on_a_config,
@@ -63,12 +73,19 @@ PROGRAMS = [
     python.top_k_top_p_sampling_from_a_generator,
     python.unique_and_histc_counts_as_sizes,
     python.repeat_interleave_and_ragged_split,
+    python.dict_keys_changing_order,
+    python.dataclass_input_written_and_changing_keywords,
+    python.generator_closed_early,
+    python.no_grad_held_open_by_a_suspended_generator,
+    python.consecutive_runs_and_buckets,
 ]
 #: Programs Dynamo itself runs otherwise than eager (``backend="eager"`` too): left to it.
 DYNAMO_DIFFERS = {
     programs.global_forward_hook_added_and_removed: "Dynamo keeps the graph traced before the global hook",
     programs.global_forward_pre_hook_added_and_removed: "Dynamo keeps the graph traced before the global pre-hook",
+    programs.forward_hook_with_kwargs_added_later: "Dynamo keeps the graph traced before the submodule's hook",
     python.cholesky_failure_falls_back: "Dynamo raises LinAlgError where eager's except clause runs",
+    python.embedding_out_of_vocabulary_falls_back: "Dynamo raises IndexError where eager's except clause runs",
 }
 #: Under torch.compile in the default run: one of each kind; the others are marked slow.
 COMPILED_BY_DEFAULT = {
@@ -88,7 +105,7 @@ def _cases() -> list:
     return cases
 
 
-@pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled")
+@pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled", "ignore:.*weight_norm")
 @pytest.mark.parametrize("program, compile_it", _cases())
 def test_a_program_over_several_calls_is_eagers(program, compile_it):
     if compile_it is _compile and program in DYNAMO_DIFFERS:
@@ -142,7 +159,14 @@ def test_a_failing_factorisation_outside_a_try_block_raises_as_eager():
     run(_eye(1.0))
     with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
         run(_eye(-1.0))
-    assert "eager_check_value" not in str(thunder_rs.last_traces(run)[-1])  # (no read made outside a try)
+    assert "check_value" not in str(thunder_rs.last_traces(run)[-1])  # (no read made outside a try)
+
+
+def test_on_inputs_without_data_a_call_in_a_try_block_is_traced_as_before():
+    # (no value to read: eager's call on meta tensors raises nothing either)
+    a, b = (torch.empty(*shape, dtype=torch.float64, device="meta") for shape in ((3, 3), (3, 1)))
+    out, route = thunder_rs.jit(python._whitened)(a, b)
+    assert out.is_meta and out.shape == (3, 1) and route == 0
 
 
 # -- requires_grad_ of its own parameters set by a forward -------------------------------------------

@@ -312,3 +312,74 @@ def apply_changes_submodule_settings(compile_it) -> list:
         model.apply(settings(eps, p))
         seen += _backward_steps(model, run, [(torch.randn(3, 4),)])
     return seen
+
+
+def forward_hook_with_kwargs_added_later(compile_it) -> list:
+    """A forward hook ``with_kwargs=True`` on a submodule, registered after the first call, removed."""
+    torch.manual_seed(0)
+    model = Block()
+    run, seen = compile_it(model), []
+
+    def doubled(module, args, kwargs, output):
+        return output * 2
+
+    for step in range(3):
+        handle = model.lin.register_forward_hook(doubled, with_kwargs=True) if step == 1 else None
+        seen += _backward_steps(model, run, [(torch.ones(1, 4),)])
+        if handle is not None:
+            handle.remove()
+    return seen
+
+
+class ConvBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return y, self.head(y.mean((2, 3)))
+
+
+def channels_last_then_fused_conv_bn(compile_it) -> list:
+    """``model.to(memory_format=torch.channels_last)``, channels-last inputs, then the conv and
+    batch norm fused for evaluation (``fuse_conv_bn_eval``, the norm swapped for ``Identity``)."""
+    torch.manual_seed(0)
+    model = ConvBn()
+    run, seen = compile_it(model), []
+    for step in range(4):
+        if step == 1:
+            model.to(memory_format=torch.channels_last)
+        x = torch.randn(2, 3, 5, 5)
+        if step >= 2:
+            x = x.to(memory_format=torch.channels_last)
+        if step == 3:
+            model.eval()
+            model.conv, model.bn = torch.nn.utils.fusion.fuse_conv_bn_eval(model.conv, model.bn), nn.Identity()
+        seen += _backward_steps(model, run, [(x,)])
+        seen += [model.conv.weight.stride(), model.bn.running_mean.clone() if step < 3 else None]
+    return seen
+
+
+def pruned_after_the_first_call(compile_it) -> list:
+    """``prune.l1_unstructured`` (a pre-hook, ``weight_orig`` and a mask buffer) applied twice
+    between calls, then made permanent by ``prune.remove``; and the hooks of the old
+    ``nn.utils.weight_norm`` added and removed."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    run, seen = compile_it(model), []
+    changes = [
+        lambda: None,
+        lambda: prune.l1_unstructured(model[0], "weight", amount=0.5),
+        lambda: prune.l1_unstructured(model[0], "weight", amount=0.5),
+        lambda: prune.remove(model[0], "weight"),
+        lambda: nn.utils.weight_norm(model[2]),
+        lambda: nn.utils.remove_weight_norm(model[2]),
+    ]
+    for change in changes:
+        change()
+        seen += _backward_steps(model, run, [(torch.randn(3, 4),)])
+        seen.append(sorted(name for name, _ in model.named_buffers()))
+    return seen

@@ -45,6 +45,28 @@ def cholesky_failure_falls_back(compile_it) -> list:
     return seen
 
 
+class OutOfVocabulary(nn.Module):
+    """Ids past the vocabulary caught (``except IndexError``) and mapped to the last row."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(5, 3), nn.Linear(3, 3)
+
+    def forward(self, ids):
+        try:
+            e, clamped = self.emb(ids), False
+        except IndexError:
+            e, clamped = self.emb(ids.clamp(max=self.emb.num_embeddings - 1)), True
+        return self.lin(e), clamped
+
+
+def embedding_out_of_vocabulary_falls_back(compile_it) -> list:
+    torch.manual_seed(0)
+    model = OutOfVocabulary()
+    run = compile_it(model)
+    return _backward_steps(model, run, [(torch.tensor(ids),) for ids in ([1, 2], [1, 7], [0, 4], [9, 9])])
+
+
 class SteppedByASend(nn.Module):
     """A coroutine-style generator: each layer's output is sent back to choose the next scale."""
 
@@ -337,4 +359,118 @@ def repeat_interleave_and_ragged_split(compile_it) -> list:
         padded, sums = run(x, torch.tensor(repeats), torch.tensor(lengths))
         (padded.sum() + sums.square().sum()).backward()
         seen += [padded, sums, x.grad]
+    return seen
+
+
+def _in_dict_order(x, extra: dict):
+    for value in extra.values():
+        x = x * 2 + value
+    return x, list(extra)
+
+
+def dict_keys_changing_order(compile_it) -> list:
+    """The same keys in another insertion order (the loop's result depends on it), and tensors."""
+    run, one = compile_it(_in_dict_order), torch.ones(2)
+    orders = [{"a": 1.0, "b": 2.0}, {"b": 2.0, "a": 1.0}, {"a": one, "b": one * 3}, {"b": one * 3, "a": one}]
+    return [run(one, extra) for extra in orders]
+
+
+@dataclasses.dataclass
+class Request:
+    x: torch.Tensor
+    scale: float
+    tags: list
+
+
+def _served(request: Request, *, n: int = 2, **options):
+    y = request.x * request.scale
+    for tag in request.tags:
+        y = y + len(tag)
+    for key in sorted(options):
+        y = y + options[key]
+    request.scale += 1  # (the caller's object counts its calls)
+    return y * n
+
+
+def dataclass_input_written_and_changing_keywords(compile_it) -> list:
+    run, seen = compile_it(_served), []
+    request = Request(torch.ones(2), 2.0, ["a"])
+    for options in ({}, {"n": 3}, {"z": 1.0}, {"z": 1.0, "a": torch.ones(2)}, {"a": 2.0}):
+        seen += [run(request, **options), request.scale]
+        request.tags.append("bb")
+    return seen
+
+
+class ClosedEarly(nn.Module):
+    """A generator left unfinished by a ``break``: its ``finally`` runs when it is closed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.closed = nn.Linear(3, 3), 0
+
+    def _stages(self):
+        try:
+            yield from range(5)
+        finally:
+            self.closed += 1
+
+    def forward(self, x, stop: int):
+        for i in self._stages():
+            x = self.lin(x)
+            if i == stop:
+                break
+        return x
+
+
+def generator_closed_early(compile_it) -> list:
+    torch.manual_seed(0)
+    model = ClosedEarly()
+    run, seen = compile_it(model), []
+    for stop in (1, 1, 3):
+        seen += _backward_steps(model, run, [(torch.ones(1, 3), stop)])
+        seen.append(model.closed)
+    return seen
+
+
+def _frozen_steps(lin, x):
+    with torch.no_grad():
+        yield lin(x)
+    yield lin(x)
+
+
+def _held_open(lin, x):
+    steps = _frozen_steps(lin, x)
+    first = next(steps)
+    between = lin(x) * 2  # (grad mode is off here: the generator's with block is still open)
+    return first, between, next(steps), torch.is_grad_enabled()
+
+
+def no_grad_held_open_by_a_suspended_generator(compile_it) -> list:
+    torch.manual_seed(0)
+    lin, seen = nn.Linear(3, 3), []
+    run = compile_it(_held_open)
+    for _ in range(2):
+        first, between, last, enabled = run(lin, torch.ones(1, 3))
+        last.sum().backward()
+        seen += [first, between, last, enabled, lin.weight.grad.clone()]
+        lin.zero_grad()
+    return seen
+
+
+def _runs_and_buckets(ids, w):
+    values, inverse, counts = torch.unique_consecutive(ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(values)).index_add(0, inverse, w)
+    buckets = torch.bucketize(w.detach(), torch.tensor([-0.5, 0.0, 0.5]))
+    return sums, values, torch.argwhere(ids > 1), torch.repeat_interleave(counts), buckets, torch.bincount(buckets)
+
+
+def consecutive_runs_and_buckets(compile_it) -> list:
+    """``unique_consecutive`` runs summed by ``index_add``, ``argwhere``, ``repeat_interleave`` of
+    the counts, ``bucketize`` and ``bincount``: sizes from the values, changing per call."""
+    run, seen = compile_it(_runs_and_buckets), []
+    for i, ids in enumerate(([1, 1, 2, 2, 2, 3], [0, 0, 0, 1, 5, 5], [4, 3, 3, 3, 3, 3], [1, 2, 3, 4, 5, 6])):
+        w = torch.randn(6, generator=torch.Generator().manual_seed(i)).requires_grad_()
+        out = run(torch.tensor(ids), w)
+        out[0].square().sum().backward()
+        seen += [*out, w.grad]
     return seen

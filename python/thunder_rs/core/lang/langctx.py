@@ -210,10 +210,19 @@ def refuse_data_dependent(func) -> None:
 #: Calls whose output sizes depend on values: eager fallbacks sized by the values (``values``).
 _SIZED_BY_VALUES = frozenset({_T.nonzero, torch.nonzero})
 #: Calls that raise on some values of their inputs (``torch.linalg.LinAlgError`` for a matrix that
-#: is not positive definite, or singular): made inside the program's ``try`` block, whether they
-#: raise is read (``ValueReads.raised``), so that its ``except`` clause runs where eager's does.
+#: is not positive definite, or singular; an index out of range): made inside the program's
+#: ``try`` block, whether they raise is read (``ValueReads.raised``), so that its ``except``
+#: clause runs where eager's does. (Random calls are not among them: a read would draw.)
 RAISE_ON_VALUES = frozenset(
     {
+        torch.nn.functional.embedding,
+        torch.embedding,
+        torch.gather,
+        _T.gather,
+        torch.index_select,
+        _T.index_select,
+        torch.take,
+        _T.take,
         torch.linalg.cholesky,
         torch.cholesky,
         _T.cholesky,
