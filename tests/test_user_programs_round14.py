@@ -2,7 +2,7 @@
 state, Python state or the input data change between calls: module state (global forward hooks
 and pre-hooks registered after the first call and removed, hooks ``with_kwargs`` added later, a
 parameter replaced, ``requires_grad_`` toggled, a submodule swapped, the model moved to
-``float64`` and to channels-last, a conv and batch norm fused, pruning and the old weight norm's
+``float64``, ``half``, ``bfloat16`` and to channels-last, a conv and batch norm fused, pruning and the old weight norm's
 hooks, a parametrization registered after compiling, ``load_state_dict`` with ``assign=True``,
 one submodule in ``eval()``, a buffer re-registered, weights tied after the first call, anomaly
 mode read by the model, ``model.apply`` changing settings), Python constructs (``try``/``except``
@@ -18,7 +18,8 @@ gradients, state left behind and errors are compared with eager. The programs si
 ``user_programs_round14*.py``.
 
 What differed: a call that raises on some values (``torch.linalg.cholesky`` of a matrix that is not
-positive definite, an embedding of an id past the vocabulary) inside the program's ``try`` block
+positive definite, an embedding of an id past the vocabulary, indexing by an integer tensor past
+the end, ``one_hot`` past ``num_classes``, ``bincount`` of a negative value) inside the program's ``try`` block
 raised out of the compiled call, traced where it succeeded, instead of running the program's
 ``except`` clause as eager does (and, traced where it raised, ran the except clause on every
 call). Whether it raises is now a read of the call's values (``ValueReads.raised``, for the calls
@@ -50,7 +51,7 @@ PROGRAMS = [
     programs.parameter_replaced_between_calls,
     programs.requires_grad_toggled,
     programs.submodule_swapped,
-    programs.moved_to_float64,
+    programs.moved_to_other_dtypes,
     programs.parametrization_registered_after_compile,
     programs.load_state_dict_assigned,
     programs.eval_of_one_submodule,
@@ -63,6 +64,7 @@ PROGRAMS = [
     programs.pruned_after_the_first_call,
     python.cholesky_failure_falls_back,
     python.embedding_out_of_vocabulary_falls_back,
+    python.index_one_hot_and_bincount_failing_in_try,
     python.generator_driven_by_send,
     python.closures_and_partials_changed,
     python.match_on_a_config,
@@ -86,6 +88,7 @@ DYNAMO_DIFFERS = {
     programs.forward_hook_with_kwargs_added_later: "Dynamo keeps the graph traced before the submodule's hook",
     python.cholesky_failure_falls_back: "Dynamo raises LinAlgError where eager's except clause runs",
     python.embedding_out_of_vocabulary_falls_back: "Dynamo raises IndexError where eager's except clause runs",
+    python.index_one_hot_and_bincount_failing_in_try: "Dynamo raises IndexError where eager's except clause runs",
 }
 #: Under torch.compile in the default run: one of each kind; the others are marked slow.
 COMPILED_BY_DEFAULT = {

@@ -126,12 +126,12 @@ def submodule_swapped(compile_it) -> list:
     return seen + _backward_steps(model, run, [(torch.randn(3, 4),)])
 
 
-def moved_to_float64(compile_it) -> list:
-    """``model.double()`` between calls (and back with ``model.to(torch.float32)``)."""
+def moved_to_other_dtypes(compile_it) -> list:
+    """``model.to(dtype)`` between calls: ``float64``, ``half``, ``bfloat16`` and back."""
     torch.manual_seed(0)
     model = Block()
     run, seen = compile_it(model), []
-    for dtype in (torch.float32, torch.float64, torch.float64, torch.float32):
+    for dtype in (torch.float32, torch.float64, torch.float64, torch.float16, torch.bfloat16, torch.float32):
         model.to(dtype)
         seen += _backward_steps(model, run, [(torch.randn(3, 4, dtype=dtype),)])
     return seen

@@ -474,3 +474,31 @@ def consecutive_runs_and_buckets(compile_it) -> list:
         out[0].square().sum().backward()
         seen += [*out, w.grad]
     return seen
+
+
+def _looked_up(table, idx, classes: int):
+    try:
+        rows, inside = table[idx], True
+    except IndexError:
+        rows, inside = table[idx.clamp(max=table.shape[0] - 1)], False
+    try:
+        hot = F.one_hot(idx, classes)
+    except RuntimeError:
+        hot = torch.zeros(idx.shape[0], classes, dtype=torch.long)
+    try:
+        counts = torch.bincount(idx - 1)
+    except RuntimeError:
+        counts = torch.bincount(idx)
+    return rows * 2, inside, hot, counts
+
+
+def index_one_hot_and_bincount_failing_in_try(compile_it) -> list:
+    """Tensor indexing past the end, ``one_hot`` of a class past ``num_classes`` and ``bincount``
+    of a negative value, each caught by the program on the calls whose values make it raise."""
+    run, seen = compile_it(_looked_up), []
+    for idx in ([1, 2], [1, 5], [0, 3], [3, 3]):
+        table = torch.randn(4, 2, generator=torch.Generator().manual_seed(sum(idx))).requires_grad_()
+        rows, inside, hot, counts = run(table, torch.tensor(idx), 4)
+        rows.sum().backward()
+        seen += [rows, inside, hot, counts, table.grad]
+    return seen
