@@ -211,9 +211,8 @@ def _try_bodies(code) -> tuple:
 
 
 def _parsed_try_bodies(code) -> tuple:
-    try:
-        tree = ast.parse("".join(linecache.getlines(code.co_filename)))
-    except (SyntaxError, ValueError):
+    tree = _parsed(code.co_filename)
+    if tree is None:
         return ()
     first = code.co_firstlineno
     defs = [
@@ -228,6 +227,24 @@ def _parsed_try_bodies(code) -> tuple:
 
 
 _TRIES = (ast.Try, getattr(ast, "TryStar", ast.Try))
+#: path -> (its lines as ``linecache`` holds them, their syntax tree): a file parsed once for all
+#: its functions while ``linecache`` keeps the same lines
+_TREES: dict = {}
+
+
+def _parsed(path: str):
+    lines = linecache.getlines(path)
+    held = _TREES.get(path)
+    if held is not None and held[0] is lines:
+        return held[1]
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        tree = None
+    if len(_TREES) >= 16:  # (a few files' trees kept, not every file's ever read)
+        _TREES.clear()
+    _TREES[path] = (lines, tree)
+    return tree
 
 
 def _own_nodes(fn):
