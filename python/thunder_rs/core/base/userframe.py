@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import warnings
+import weakref
 
 import torch
 
@@ -170,3 +171,87 @@ def warn_at_user_frame(message: str) -> None:
         warnings.warn_explicit(
             message, UserWarning, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__")
         )
+
+
+def handling_frame():
+    """The innermost of the user's frames on the stack, up to the one thunder_rs called, that runs
+    its current line inside the body of a ``try`` statement with ``except`` clauses (where an
+    exception raised there is handled by the program); None where there is none."""
+    frame = sys._getframe(1)
+    seen_user = False
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if is_user_file(path):
+            seen_user = True
+            if _in_try_body(frame.f_code, frame.f_lineno):
+                return frame
+        elif seen_user and path.startswith(PACKAGE_DIR):
+            return None  # (thunder_rs called the program there: the frames beyond are not its)
+        frame = frame.f_back
+    return None
+
+
+def _in_try_body(code, lineno: int | None) -> bool:
+    if lineno is None:
+        return False
+    return any(first <= lineno <= last for first, last in _try_bodies(code))
+
+
+#: code object -> its ``try`` bodies' line ranges (kept while the code lives)
+_TRY_BODIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _try_bodies(code) -> tuple:
+    """The line ranges of the bodies of the ``try`` statements with ``except`` clauses in the
+    function of ``code`` (not in functions it defines), by parsing its file once per code object."""
+    found = _TRY_BODIES.get(code)
+    if found is None:
+        found = _TRY_BODIES[code] = _parsed_try_bodies(code)
+    return found
+
+
+def _parsed_try_bodies(code) -> tuple:
+    tree = _parsed(code.co_filename)
+    if tree is None:
+        return ()
+    first = code.co_firstlineno
+    defs = [
+        fn
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and _first_line(fn) == first
+    ]
+    if not defs:
+        return ()
+    tries = [node for node in _own_nodes(defs[0]) if isinstance(node, _TRIES) and node.handlers]
+    return tuple((t.body[0].lineno, t.body[-1].end_lineno or t.body[-1].lineno) for t in tries)
+
+
+_TRIES = (ast.Try, getattr(ast, "TryStar", ast.Try))
+#: path -> (its lines as ``linecache`` holds them, their syntax tree): a file parsed once for all
+#: its functions while ``linecache`` keeps the same lines
+_TREES: dict = {}
+
+
+def _parsed(path: str):
+    lines = linecache.getlines(path)
+    held = _TREES.get(path)
+    if held is not None and held[0] is lines:
+        return held[1]
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        tree = None
+    if len(_TREES) >= 16:  # (a few files' trees kept, not every file's ever read)
+        _TREES.clear()
+    _TREES[path] = (lines, tree)
+    return tree
+
+
+def _own_nodes(fn):
+    """The nodes of the function ``fn``, not those of the functions and classes it defines."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))

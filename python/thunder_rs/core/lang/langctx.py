@@ -46,6 +46,7 @@ from thunder_rs.core.lang.rng import RANDOM, note_draw
 from thunder_rs.core.lang.version_tracking import note_arguments, note_call
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt
+from thunder_rs.core.base.userframe import handling_frame
 from thunder_rs.core.base.userframe import is_user_file, user_frame, user_location  # noqa: F401 (re-exported)
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
@@ -209,6 +210,36 @@ def refuse_data_dependent(func) -> None:
 
 #: Calls whose output sizes depend on values: eager fallbacks sized by the values (``values``).
 _SIZED_BY_VALUES = frozenset({_T.nonzero, torch.nonzero})
+#: Calls that raise on some values of their inputs (``torch.linalg.LinAlgError`` for a matrix that
+#: is not positive definite, or singular; an index out of range): made inside the program's
+#: ``try`` block, whether they raise is read (``ValueReads.raised``), so that its ``except``
+#: clause runs where eager's does. (Random calls are not among them: a read would draw.)
+RAISE_ON_VALUES = frozenset(
+    {
+        torch.nn.functional.embedding,
+        torch.embedding,
+        torch.nn.functional.one_hot,
+        torch.bincount,
+        _T.bincount,
+        _T.__getitem__,
+        torch.gather,
+        _T.gather,
+        torch.index_select,
+        _T.index_select,
+        torch.take,
+        _T.take,
+        torch.linalg.cholesky,
+        torch.cholesky,
+        _T.cholesky,
+        torch.linalg.inv,
+        torch.inverse,
+        _T.inverse,
+        torch.linalg.solve,
+        torch.linalg.lu_factor,
+        torch.linalg.ldl_factor,
+        torch.cholesky_inverse,
+    }
+)
 
 
 def _assert(condition, message):
@@ -255,10 +286,24 @@ def torch_function(func, args, kwargs):
         regrown.check_call(func, args, kwargs)
     if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
         args, kwargs = _own_containers(args), _own_containers(kwargs)
+        if func in RAISE_ON_VALUES and (reads := values.active()) is not None and _may_raise(func, args):
+            reads.raised(func, *lift_captured(args, kwargs))
         out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
         note_call(func, args, kwargs, out)
         return out
     return _inside(func, args, kwargs)
+
+
+def _may_raise(func, args) -> bool:
+    """Whether ``func(*args)``, one of ``RAISE_ON_VALUES``, may raise on the values of its tensors
+    where the program handles what it raises (in a ``try`` body). Indexing may where an index is
+    an integer tensor (one past the end raises ``IndexError``)."""
+    if func is _T.__getitem__ and not any(
+        isinstance(i, TensorProxy) and not i.dtype.is_floating_point and i.dtype is not torch.bool
+        for i in (args[1] if type(args[1]) is tuple else (args[1],))
+    ):
+        return False
+    return handling_frame() is not None
 
 
 def _own_containers(x):

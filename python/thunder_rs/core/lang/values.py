@@ -106,6 +106,19 @@ class ValueReads:
         self._record(reader, func, value, proxies)
         return value
 
+    def raised(self, func, args, kwargs) -> None:
+        """``func(*args, **kwargs)``, a call that raises on some values of its tensors (a
+        factorisation of a matrix that is not positive definite), made inside the program's
+        ``try`` block: whether it raises on this call's values is a read (the trace checks it on
+        every call, and the variant for the other outcome runs there); where it raises, it raises
+        here as in eager, so that the program's ``except`` clause runs while traced."""
+        if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in self.inputs):
+            return  # (on inputs without data, eager's call raises on none either)
+        raised = self.read(_Raised(func), args, kwargs)
+        if raised is not None:
+            self._run(func, args, kwargs, _proxies_in(args, kwargs))  # (raises, with eager's message)
+            raise raised(f"{fallback.qualified_name(func)} raised {raised.__name__} on these values")
+
     def sized(self, func, args, kwargs):
         """The real outputs of ``func(*args, **kwargs)``, a call whose output sizes depend on the
         values of its tensor arguments: their metadata is what the trace records. Returns them and
@@ -282,6 +295,23 @@ class _Remade:
             leaves[i] = t
         args, kwargs = tree_unflatten(leaves, self._spec)
         return self._func(*args, **kwargs)
+
+
+class _Raised:
+    """A read of whether ``func`` raises on the values of its tensors: the class of the exception
+    it raises, or None."""
+
+    def __init__(self, func):
+        self._func = func
+        self.__name__ = f"{getattr(func, '__name__', 'call')} raises"
+        self.__module__ = getattr(func, "__module__", None) or "torch"
+
+    def __call__(self, *args, **kwargs):
+        try:
+            self._func(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (which one the variant is for)
+            return type(e)
+        return None
 
 
 class _Truncated:
