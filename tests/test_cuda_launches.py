@@ -84,6 +84,30 @@ def test_on_fake_cuda_a_bn_training_step_launches_no_more_backward_ops_than_eage
     assert ours.launches + ours.fusions <= eager.launches, (ours.ops, eager.ops)
 
 
+def _forward_ops(model, jmodel, x, grad: bool) -> dict:
+    """The ops outside fusions of the second forward of eager's ``model`` and of ``jmodel``."""
+    ops = {}
+    for name, fn in (("eager", model), ("thunder_rs", jmodel)):
+        for _ in range(2):
+            counter = cuda_launches.Counter()
+            with cuda_launches.counting(counter), torch.set_grad_enabled(grad):
+                fn(x)
+        ops[name] = counter.counts.ops
+    return ops
+
+
+def test_on_fake_cuda_a_bn_training_forward_keeps_no_copy_of_the_running_statistics():
+    """A training call kept a clone of each running statistic it writes back, for a double
+    backward computing the call again: its output and batch statistics do not read them (eager's
+    node reads them in eval mode only, and keeps no copy). Eager clones nothing."""
+    with cuda_launches.cuda_default_path() as (cuda_ex, _, _), FakeTensorMode():
+        with torch.device("cuda"):
+            model, twin = _bn_net(), _bn_net()
+            x = torch.randn(2, 3, 10, 10, requires_grad=True)
+        ops = _forward_ops(model, thunder_rs.jit(twin, executors=[cuda_ex, "torch"]), x, True)
+    assert ops["thunder_rs"]["clone"] <= ops["eager"]["clone"] == 0, ops
+
+
 @pytest.mark.slow
 def test_the_benchmark_counts_a_model():
     """``benchmarks/cuda_launches.py`` runs on a model of the table (the others: slow to build)."""
