@@ -108,6 +108,62 @@ def test_on_fake_cuda_a_bn_training_forward_keeps_no_copy_of_the_running_statist
     assert ops["thunder_rs"]["clone"] <= ops["eager"]["clone"] == 0, ops
 
 
+class _Attention(torch.nn.Module):
+    """GPT's attention: heads split off a fused projection, attended, merged back."""
+
+    def __init__(self, heads: int, head_size: int, dtype):
+        super().__init__()
+        self.heads, self.channels = heads, heads * head_size
+        self.qkv = torch.nn.Linear(self.channels, 3 * self.channels, dtype=dtype)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).contiguous().view(B, T, C), y.stride()
+
+
+def _flash_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Eager's composite choosing flash attention: the head size padded to a multiple of 8, the
+    output cut back."""
+    pad = -q.shape[-1] % 8
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    padded = [torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v)]
+    out = torch.ops.aten._scaled_dot_product_flash_attention(*padded, dropout_p, is_causal, scale=scale)[0]
+    return out[..., : q.shape[-1]]
+
+
+@pytest.mark.parametrize(
+    "dtype, head_size, flash", [(torch.float32, 8, False), (torch.bfloat16, 8, False), (torch.bfloat16, 12, True)]
+)
+def test_on_fake_cuda_inference_attention_has_the_fused_kernels_strides(monkeypatch, dtype, head_size, flash):
+    """Under no_grad the attention is recorded whole: its output took the math path's row-major
+    strides where the fused kernel torch runs on CUDA returns its own (the memory-efficient one's
+    ``[B, L, H, D]``-major, flash's and cuDNN's the query's order; flash's of a head size padded),
+    so the program's ``y.stride()`` was not eager's and ``y.transpose(1, 2).contiguous()`` copied
+    where eager's copies nothing."""
+    from thunder_rs.torch import fused_attention as fa
+
+    with cuda_launches.cuda_default_path() as (cuda_ex, _, _), FakeTensorMode():
+        if flash:
+            monkeypatch.setattr(fa, "fused_sdp_choice", lambda *args: fa.FLASH)
+            monkeypatch.setattr(cuda_launches, "_fused_eager_sdpa", _flash_sdpa)
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            model = _Attention(2, head_size, dtype)
+            x = torch.randn(2, 8, 2 * head_size, dtype=dtype)
+        jmodel = thunder_rs.jit(model, executors=[cuda_ex, "torch"])
+        seen = {}
+        for name, fn in (("eager", model), ("thunder_rs", jmodel)):
+            for _ in range(2):
+                counter = cuda_launches.Counter()
+                with cuda_launches.counting(counter), torch.no_grad():
+                    seen[name] = fn(x)[1], counter.counts.copies
+    (eager_strides, eager_copies), (strides, copies) = seen["eager"], seen["thunder_rs"]
+    assert strides == eager_strides
+    assert sum(copies.values()) <= sum(eager_copies.values()), (copies, eager_copies)
+
+
 @pytest.mark.slow
 def test_the_benchmark_counts_a_model():
     """``benchmarks/cuda_launches.py`` runs on a model of the table (the others: slow to build)."""

@@ -214,6 +214,11 @@ def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     per order of the query's dims. Elsewhere the math path's matmul (contiguous); on CUDA the
     fused kernels' records tell their own (``fused_attention``). Where the two layouts differ,
     the choice reads torch's kernel switches (``sdpa_kernel``), which the entry is guarded on."""
+    if query.device.type == "cuda":  # (the call recorded whole, under no_grad: the kernel's layout)
+        from thunder_rs.torch import fused_attention  # noqa: PLC0415 (it imports the symbols, which import this)
+
+        args = (attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+        return fused_attention.output_strides(query, key, value, *args)
     order = flash_order_if_otherwise(query)
     if order is None:
         return None
