@@ -108,6 +108,28 @@ def test_on_fake_cuda_a_bn_training_forward_keeps_no_copy_of_the_running_statist
     assert ops["thunder_rs"]["clone"] <= ops["eager"]["clone"] == 0, ops
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "no_grad"])
+def test_on_fake_cuda_a_bn_training_forward_launches_no_more_than_eager(grad):
+    """The running statistics and batch counts a training forward writes back were copied one
+    ``copy_`` each (3 launches per BatchNorm, where eager's kernel updates the statistics in place
+    and adds to the count once); they are copied by one ``_foreach_copy_`` per dtype, the version
+    counters left at eager's."""
+    with cuda_launches.cuda_default_path() as (cuda_ex, _, _), FakeTensorMode():
+        with torch.device("cuda"):
+            model, twin = _bn_net(), _bn_net()
+            x = torch.randn(2, 3, 10, 10, requires_grad=grad)
+        launches, fusions = {}, {}
+        for name, fn in (("eager", model), ("thunder_rs", thunder_rs.jit(twin, executors=[cuda_ex, "torch"]))):
+            for _ in range(2):
+                counter = cuda_launches.Counter()
+                with cuda_launches.counting(counter), torch.set_grad_enabled(grad):
+                    fn(x)
+            launches[name], fusions[name] = counter.counts.ops, counter.counts.fusions
+        versions = [[b._version for b in m.buffers()] for m in (model, twin)]
+    assert sum(launches["thunder_rs"].values()) + fusions["thunder_rs"] <= sum(launches["eager"].values()), launches
+    assert versions[1] == versions[0]
+
+
 class _Attention(torch.nn.Module):
     """GPT's attention: heads split off a fused projection, attended, merged back."""
 
