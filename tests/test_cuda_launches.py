@@ -1,7 +1,7 @@
 """Kernel launches of thunder_rs's executed programs against eager's, counted (never timed): on an
 H100 every aten op outside an nvFuser region is a launch of 5-10 µs of host time
 (``benchmarks/cuda_launches.py`` counts them for whole models on fake CUDA; its table is
-``benchmarks/results/cuda_launches_stop63.md``). Each bound here is eager's count in the same test.
+``benchmarks/results/cuda_launches_stop64.md``). Each bound here is eager's count in the same test.
 """
 
 import collections
