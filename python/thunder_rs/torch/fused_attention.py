@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs.torch.symbols import ltorch
+from thunder_rs.torch.layout_rules import FUSED_ATTENTION_STRIDES
 from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES, KERNEL_NODES
 from thunder_rs.core.base.proxies import TensorProxy
@@ -356,6 +357,9 @@ def output_strides(query, key, value, attn_mask, dropout_p, is_causal, scale, en
         return tuple(out)
 
     return strides
+
+
+FUSED_ATTENTION_STRIDES.append(output_strides)
 
 
 def _gradient(x):
