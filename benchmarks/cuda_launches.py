@@ -9,11 +9,11 @@ stand-in ``nvfuser_direct`` of ``tests/``, claiming CUDA tensors only, then torc
 
 On a GPU each aten op that is not a view or an allocation is a kernel launch (5-10 µs of host
 time on an H100) and each fusion is one or a few kernels; the CPU cannot time them, but it can count
-them. ``copies`` are the copy, ``_to_copy``, ``clone`` and ``contiguous`` ops (casts included) and
-``MB`` the bytes they write (from the fake tensors' sizes). Ops whose results are all empty launch
-nothing and are not counted. Each count is of the second call (the first compiles and makes the
-optimizer's state). The backward runs node by node as the autograd
-engine runs it (``run_backward``: the engine itself wants a CUDA context), with the engine's
+them. ``copies`` are the copy, ``_to_copy``, ``clone``, ``contiguous`` and ``_foreach_copy_`` ops
+(casts included) and ``MB`` the bytes they write (from the fake tensors' sizes; a foreach copy's:
+its targets'). Ops whose results are all empty launch nothing and are not counted. Each count is
+of the second call (the first compiles and makes the optimizer's state). The backward runs node by
+node as the autograd engine runs it (``run_backward``: the engine itself wants a CUDA context), with the engine's
 accumulation of gradients (an ``add`` where two flow into one input); the optimizer step is eager
 in both columns (``torch.optim.AdamW(foreach=True)``, its default on CUDA), so it differs only
 through the gradients each side hands it. Eager's attention runs the fused kernel torch chooses on
@@ -60,7 +60,7 @@ NO_KERNEL = {
     "_record_function_exit",
 }
 #: Ops that copy or cast a tensor: each writes its result's bytes.
-COPIES = {"copy_", "_to_copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "copy"}
+COPIES = {"copy_", "_to_copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "copy", "_foreach_copy_"}
 PHASES = ("forward", "backward", "optimizer", "inference")
 
 
@@ -107,7 +107,7 @@ class Counter(TorchDispatchMode):
         self.counts.ops[name] += 1
         if name in COPIES:
             self.counts.copies[name] += 1
-            self.counts.copy_bytes += _bytes(out)
+            self.counts.copy_bytes += _bytes(args[0] if name == "_foreach_copy_" else out)  # (that one returns None)
         return out
 
 

@@ -233,18 +233,23 @@ def test_the_math_choice_runs_the_math_path_op_by_op_in_the_forward(kwargs, fake
     assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
 
 
-def test_without_gradients_eager_attention_runs_and_nothing_is_chosen(fake, monkeypatch):
-    """Inference runs eager's own attention (its dispatcher picks the kernel at run time)."""
+def test_without_gradients_eager_attention_runs_with_the_chosen_kernels_layout(fake, monkeypatch):
+    """Inference runs eager's own attention (its dispatcher picks the kernel at run time); the
+    choice, made once at compile time, tells the output's layout (the memory-efficient kernel's
+    ``[B, L, H, D]``-major), which the program's ``stride()`` reads as eager's."""
+    asked = choosing(monkeypatch, EFFICIENT)
 
-    def refuse(*args):
-        raise AssertionError("no choice is made without gradients")
+    def strides(q, k, v):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y * 2, y.stride()
 
-    monkeypatch.setattr(fa, "fused_sdp_choice", refuse)
-    jfn = thunder_rs.jit(attention(dict(is_causal=True)))
+    jfn = thunder_rs.jit(strides)
     with fake:
         q, k, v = (fake_leaf((2, 4, 16, 64), torch.bfloat16, grad=False) for _ in range(3))
+        assert jfn(q, k, v)[1] == (16 * 4 * 64, 64, 4 * 64, 1)
         jfn(q, k, v)
     assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jfn)[-1])
+    assert len(asked) == 1
 
 
 def test_a_mask_that_alone_requires_grad_is_differentiated_by_the_decomposition(fake, monkeypatch):

@@ -190,3 +190,38 @@ def test_batch_norm_updates_running_stats_once():
     thunder_rs.jit(f)(x, *stats, weight).sum().backward()
     f(x, *eager_stats, weight.detach().clone().requires_grad_()).sum().backward()
     torch.testing.assert_close(stats, eager_stats)
+
+
+def _bn_pair(**kwargs):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, **kwargs), nn.ReLU(), nn.BatchNorm2d(4, **kwargs))
+    return model, copy.deepcopy(model)
+
+
+@pytest.mark.parametrize("grad_mode", ["grad", "no_grad", "inference_mode"])
+@pytest.mark.parametrize(
+    "kwargs, train",
+    [({}, True), ({"momentum": None}, True), ({"track_running_stats": False}, True), ({}, False)],
+    ids=["momentum", "cumulative", "untracked", "eval"],
+)
+def test_batch_norm_write_backs_are_eagers_values_and_versions(kwargs, train, grad_mode):
+    """The running statistics and batch counts a call writes back (one ``_foreach_copy_`` per dtype,
+    or a ``copy_`` each where a buffer has no version counter: made under inference_mode) are
+    eager's, bit for bit, and so are their version counters: eager's kernel updates the statistics
+    without a bump, its ``num_batches_tracked.add_(1)`` bumps the count."""
+    model, twin = _bn_pair(**kwargs)
+    mode = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[grad_mode]
+    if grad_mode == "inference_mode":  # (buffers made there: written there only, without counters)
+        with torch.inference_mode():
+            for m in (model, twin):
+                for name, b in list(m.named_buffers()):
+                    m.get_submodule(name.rpartition(".")[0]).register_buffer(name.rpartition(".")[2], b.clone())
+    model.train(train), twin.train(train)
+    jtwin = thunder_rs.jit(twin)
+    for step in range(3):
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(step))
+        with mode():
+            assert torch.equal(jtwin(x), model(x))
+        for b, c in zip(model.buffers(), twin.buffers(), strict=True):
+            assert torch.equal(c, b)
+            assert c.is_inference() or c._version == b._version

@@ -76,6 +76,10 @@ CRITICS = {
     "batchnorm": lambda: nn.Sequential(
         nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 1)
     ),
+    # Its cumulative average (momentum=None): the factor read from num_batches_tracked, written too.
+    "batchnorm_cumulative": lambda: nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(), nn.Linear(64, 1)
+    ),
     # A power iteration under no_grad from a vector the call overwrites.
     "spectral_norm": lambda: nn.Sequential(
         nn.Flatten(), nn.utils.parametrizations.spectral_norm(nn.Linear(108, 16)), nn.Tanh(), nn.Linear(16, 1)

@@ -3,7 +3,7 @@
 //! torch.func transforms over one. Its generated code is plain torch calls that torch's autograd
 //! records; what the trace says about gradients must then be said to torch at run time.
 
-use trace_ir::{Arg, Trace, ValueId};
+use trace_ir::{Arg, BoundSymbol, Scalar, Symbol, SymbolTable, Trace, ValueId};
 
 /// Per top-level bound symbol, the outputs the generated code detaches right after it: values
 /// the trace computed without grad from a value that requires grad (calls recorded under
@@ -32,11 +32,36 @@ pub fn detached_outputs(trace: &Trace) -> Vec<Vec<ValueId>> {
 pub fn inputs_read(trace: &Trace, outputs: &[usize]) -> Vec<usize> {
     let mut live = values_of(trace, outputs);
     for bsym in trace.bsyms.iter().rev() {
-        if bsym.outputs.iter().any(|o| live[o.index()]) {
+        if !bsym.outputs.iter().any(|o| live[o.index()]) {
+            continue;
+        }
+        if updates_statistics_only(bsym, &live) {
+            let kept = bsym.args.iter().enumerate().filter(|(i, _)| !RUNNING_STATISTICS.contains(i));
+            kept.for_each(|(_, a)| a.for_each_value(&mut |v| live[v.index()] = true));
+        } else {
             bsym.for_each_read(&mut |v| live[v.index()] = true);
         }
     }
     positions(trace, &live)
+}
+
+/// The arguments of batch norm's training kernel (`ltorch.native_batch_norm(input, weight, bias,
+/// running_mean, running_var, training, momentum, eps)`) that only its updated running statistics
+/// (outputs 3 and 4) read: its output and batch statistics are the batch's alone, as eager's
+/// kernel's, whose autograd node reads the running statistics in eval mode only.
+const RUNNING_STATISTICS: [usize; 3] = [3, 4, 6];
+
+/// Whether `bsym` is batch norm's training kernel whose updated running statistics are not
+/// `live`: computing its other outputs again reads no running statistic (a double backward through
+/// a BatchNorm keeps no copy of the statistics the call writes back, as eager keeps none).
+fn updates_statistics_only(bsym: &BoundSymbol, live: &[bool]) -> bool {
+    let Symbol::Composite(id) = bsym.symbol else { return false };
+    bsym.outputs.len() == 5
+        && bsym.kwargs.is_empty()
+        && matches!(bsym.args.get(5), Some(Arg::Scalar(Scalar::Bool(true))))
+        && !live[bsym.outputs[3].index()]
+        && !live[bsym.outputs[4].index()]
+        && &*SymbolTable::name(id) == "ltorch.native_batch_norm"
 }
 
 /// The positions among `outputs` (flat output positions) whose computation reads one of
@@ -268,6 +293,27 @@ mod tests {
         let trace = b.finish(Arg::Value(y)).unwrap();
         assert_eq!(inputs_needed(&trace), [0, 1]);
         assert_eq!(inputs_read(&trace, &[0]), [0, 1]);
+    }
+
+    #[test]
+    fn batch_norms_output_reads_no_running_statistic_in_training() {
+        let id = trace_ir::SymbolTable::register("ltorch.native_batch_norm", trace_ir::SymbolKind::Composite);
+        let mut b = TraceBuilder::new();
+        let meta = TensorMeta::new(DType::F32, Device::CPU, vec![4]);
+        let inputs: Vec<ValueId> = (0..5).map(|_| b.add_input(ValueKind::Tensor(meta.clone()))).collect();
+        let outputs: Vec<ValueId> = (0..5).map(|_| b.add_value(ValueKind::Tensor(meta.clone()))).collect();
+        let call = |training: bool| {
+            let mut args: Vec<Arg> = inputs.iter().map(|&v| Arg::Value(v)).collect();
+            args.extend([Scalar::Bool(training), Scalar::Float(0.1), Scalar::Float(1e-5)].map(Arg::Scalar));
+            BoundSymbol::new(Symbol::Composite(id), args, outputs.clone())
+        };
+        b.push_bsym(call(true));
+        let returned = Arg::Tuple(vec![Arg::Value(outputs[0]), Arg::Value(outputs[1]), Arg::Value(outputs[3])]);
+        let trace = b.finish(returned).unwrap();
+        assert_eq!(inputs_read(&trace, &[0, 1]), [0, 1, 2]);
+        assert_eq!(inputs_read(&trace, &[0, 2]), [0, 1, 2, 3, 4]);
+        let eval = trace.with_bsyms(vec![call(false)], trace.outputs.clone());
+        assert_eq!(inputs_read(&eval, &[0]), [0, 1, 2, 3, 4]);
     }
 
     #[test]

@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from thunder_rs.torch.symbols import ltorch
+from thunder_rs.torch.layout_rules import FUSED_ATTENTION_STRIDES
 from thunder_rs.core.lang import sdp_state, symfloat
 from thunder_rs.core.lang.saved_ops import KERNEL_CHOICES, KERNEL_NODES
 from thunder_rs.core.base.proxies import TensorProxy
@@ -326,6 +327,39 @@ def _cudnn_meta(query, key, value, attn_bias, dropout_p, is_causal, scale):
         _residual((), torch.int64),
         _residual((), torch.int64),
     ]
+
+
+def output_strides(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """On CUDA, for a call recorded whole (not differentiated), a function of the output's sizes
+    giving the strides of the output of the fused kernel torch chooses for it (its meta rule's, as
+    a differentiated call records them); else None (the math path's matmul). Eager's
+    ``y.transpose(1, 2).contiguous()`` of the memory-efficient kernel's ``[B, L, H, D]``-major
+    output copies nothing, and a traced row-major one made it a copy."""
+    differentiated = any(x is not None and x.requires_grad for x in (query, key, value, attn_mask))
+    if query.ndim != 4 or differentiated and torch.is_grad_enabled():
+        return None  # (the grad rule records the kernel with its layout, or the math path)
+    backend = chosen_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if backend not in (FLASH, EFFICIENT, CUDNN):
+        return None
+    hinted = tuple(hint(s) for s in strides_of(query))
+    pad = -hint(query.shape[-1]) % 8 if backend == FLASH else 0
+
+    def strides(shape: tuple) -> tuple | None:
+        if backend == EFFICIENT:  # ([B, L, H, D] transposed)
+            batch, heads, rows, dim = shape
+            return (rows * heads * dim, dim, heads * dim, 1)
+        if pad:  # (of the head size padded to a multiple of 8, row-major, cut back: ``_flash``)
+            return contiguous_strides((*shape[:-1], shape[-1] + pad))
+        order = sorted(range(4), key=lambda d: hinted[d] if hinted[d] else math.inf)
+        out, step = [0] * 4, 1
+        for d in order:  # (``alloc_with_matching_layout``: the query's order of dims)
+            out[d], step = step, step * shape[d]
+        return tuple(out)
+
+    return strides
+
+
+FUSED_ATTENTION_STRIDES.append(output_strides)
 
 
 def _gradient(x):

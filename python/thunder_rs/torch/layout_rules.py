@@ -208,12 +208,20 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     return strides
 
 
+#: ``fused_attention.output_strides``, which that module puts here (it imports the symbols, which
+#: import this module): the layout of the fused kernel torch chooses for an attention call on CUDA.
+FUSED_ATTENTION_STRIDES: list = []
+
+
 def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """On the CPU, where torch runs its flash kernel, the layout that kernel gives the output (on
     torch 2.15 the query's order; older kernels allocated ``[B, L, H, D]``): asked of torch once
     per order of the query's dims. Elsewhere the math path's matmul (contiguous); on CUDA the
     fused kernels' records tell their own (``fused_attention``). Where the two layouts differ,
     the choice reads torch's kernel switches (``sdpa_kernel``), which the entry is guarded on."""
+    if query.device.type == "cuda":  # (the call recorded whole, under no_grad: the kernel's layout)
+        args = (attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+        return FUSED_ATTENTION_STRIDES[0](query, key, value, *args) if FUSED_ATTENTION_STRIDES else None
     order = flash_order_if_otherwise(query)
     if order is None:
         return None

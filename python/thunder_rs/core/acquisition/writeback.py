@@ -6,7 +6,8 @@ parameter or buffer, a captured tensor), its final value becomes an extra output
 and the compiled call copies it into the caller's tensor after running: with autograd recording
 the copy when eager's in-place op would have given the tensor history (it requires grad and is
 not a leaf), under ``torch.no_grad()`` otherwise (buffers, tensors that do not require grad,
-leaves written under ``no_grad``). A module buffer reassigned in forward (``self.n = self.n + 1``,
+leaves written under ``no_grad``; those by one ``torch._foreach_copy_`` per dtype and device, their
+version counters set to eager's counts). A module buffer reassigned in forward (``self.n = self.n + 1``,
 which ``nn.Module.__setattr__`` stores in ``_buffers``) gets the new tensor in its slot. An output
 that is a written input itself (``x.add_(1); return x``) is the caller's tensor, as in eager.
 
@@ -75,6 +76,9 @@ class WriteBacks:
     #: buffer registered as None): the binding of the module's slots changes, which a call must
     #: say (``modules.write_epoch``), as ``nn.Module.__setattr__`` does for eager's write
     restructures: bool = False
+    #: groups (of 2 or more) of the inputs written back without autograd that share a dtype and a
+    #: device: each copied by one ``torch._foreach_copy_`` (``_untracked_lines``)
+    batched: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -162,8 +166,18 @@ def plan(
         rebinds=rebinds,
         versions=tuple((k, n) for k, _, _ in copies if writes is not None and (n := writes(inputs[k])) != 1),
         restructures=restructures,
+        batched=_batched(inputs, copies) if _set_counters is not None else (),
     )
     return wb, tuple(leaves + extra)
+
+
+def _batched(inputs: list, copies: list) -> tuple:
+    """``WriteBacks.batched``: the inputs copied without autograd, grouped by dtype and device."""
+    groups: dict = {}
+    for k, _, grad in copies:
+        if not grad:
+            groups.setdefault((inputs[k].dtype, inputs[k].device), []).append(k)
+    return tuple(tuple(group) for group in groups.values() if len(group) > 1)
 
 
 def _rebased(o, link) -> int:
@@ -554,18 +568,20 @@ def with_writebacks(fn, wb: WriteBacks):
     untracked = [(k, j) for k, j, grad in wb.copies if not grad]
     if untracked:
         # (``torch.no_grad()``'s enter and exit, ~1.2 us a call, as the two calls they make)
+        copies = _untracked_lines(wb, untracked, namespace)
         lines.append("    if grad_enabled():")
         lines.append("        set_grad_enabled(False)")
         lines.append("        try:")
-        lines.extend(f"            inputs[{k}].copy_(o{j})" for k, j in untracked)
+        lines.extend("        " + line for line in copies)
         lines.append("        finally:")
         lines.append("            set_grad_enabled(True)")
         lines.append("    else:")
-        lines.extend(f"        inputs[{k}].copy_(o{j})" for k, j in untracked)
+        lines.extend("    " + line for line in copies)
     lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
     for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
         lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
-    lines.extend(_version_lines(wb.versions, namespace))
+    batched = {k for group in wb.batched for k in group}
+    lines.extend(_version_lines(tuple(v for v in wb.versions if v[0] not in batched), namespace))
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
@@ -587,6 +603,33 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     exec(compile("\n".join(lines), "<thunder_rs write-backs>", "exec"), namespace)
     return namespace["call"]
+
+
+def _untracked_lines(wb: WriteBacks, untracked: list, namespace: dict) -> list:
+    """The lines (indented by 4) copying the values written back without autograd: one
+    ``torch._foreach_copy_`` per group of ``wb.batched`` (one launch on CUDA where a ``copy_``
+    each made one: BatchNorm's running statistics, 3 per layer), each other by its ``copy_``.
+    ``_foreach_copy_`` bumps the targets' version counters or not (not under a dispatch mode), so
+    they are set to eager's counts after it, from those read before; where one has no counter (an
+    inference tensor), the group is copied one by one, its versions moved as ``set_versions`` does."""
+    value_of = dict(untracked)
+    grouped = {k for group in wb.batched for k in group}
+    lines = [f"    inputs[{k}].copy_(o{j})" for k, j in untracked if k not in grouped]
+    if not wb.batched:
+        return lines
+    counts = dict(wb.versions)
+    namespace.update(foreach_copy=torch._foreach_copy_, set_counters=_set_counters, set_versions=set_versions)
+    for g, group in enumerate(wb.batched):
+        targets = "".join(f"inputs[{k}], " for k in group)
+        bumps = [counts.get(k, 1) for k in group]
+        lines += ["    try:", f"        b{g} = ({''.join(f'inputs[{k}]._version, ' for k in group)})"]
+        lines += ["    except RuntimeError:", f"        b{g} = None", f"    if b{g} is None:"]
+        lines += [f"        inputs[{k}].copy_(o{value_of[k]})" for k in group]
+        lines.append(f"        set_versions(({targets}), ({''.join(f'{n - 1}, ' for n in bumps)}))")
+        lines += ["    else:", f"        foreach_copy(({targets}), ({''.join(f'o{value_of[k]}, ' for k in group)}))"]
+        after = "".join(f"b{g}[{i}] + {n}, " for i, n in enumerate(bumps))
+        lines.append(f"        set_counters(({targets}), ({after}))")
+    return lines
 
 
 #: bumps the version counter of each tensor of a sequence once per time it is listed (none of a
