@@ -9,25 +9,29 @@ region's symbolic dims, the contiguity and stride order nvFuser computes for the
 
 What the sweep found, each fixed and pinned here: a region with symbolic dims computed its key, on
 every call, with ``compute_tensor_descriptor`` of each tensor input (a call into the bindings per
-tensor, 11x the static regions' key on the stand-in): it is computed once per concrete layout now and
-looked up after (``nvfuser_symbolic.symbolic_layouts``). The stand-in refused a reshape with a -1
-among its sizes on a symbolic input, or among scalar sizes ("negative dimension"), where nvFuser's
-``reshape`` (csrc/ops/alias.cpp) takes one -1 (the input's numel over the other sizes), and refused
-two with torch's message; it refuses as nvFuser does now, when defining and when executing.
+tensor; 11x the static regions' key with the stand-in's): it is computed once per concrete layout
+and looked up after (``nvfuser_symbolic.symbolic_layouts``; ``benchmarks/nvfuser_region_keys.py``).
+The stand-in refused a reshape with a constant -1 among its sizes on a symbolic input or with scalar
+sizes ("negative dimension"), where nvFuser's ``reshape`` (csrc/ops/alias.cpp) takes one (the
+input's numel over the other sizes), and refused the rest with torch's messages, a scalar that is -1
+when executing not at all; it accepts and refuses as nvFuser does now.
 
 Checked and equal to eager, nothing to fix: GPT-2 and Llama training steps over six lengths and four
-batch sizes, three compiles (the first shapes, the symbolic length, the symbolic batch), each
-region defined once per compile and no definition after the third compile, the backward's attention
-torch's fused kernel (cuDNN's under bfloat16 autocast, the memory-efficient one in float32) at the
-symbolic lengths; a 64-token decode with a growing cache, an ALiBi bias built in an nvFuser region
-and handed to the fused kernel: two compiles (the cache's length is symbolic from 0 -> 4 on), two sets of
-definitions; ``jit(dynamic=True)``
-compiles symbolically from the first call (three compiles: torch's duck sizing gives the first cache
-length, equal to the heads, their symbol), ``jit(dynamic=False)`` once per length; the miss reasons
-name the symbolic dims. Left: the stand-in's lenient retry while defining symbolic regions logs
-torch's broadcast errors through ``FakeTensorMode``'s logger (noise, not a failure); under bfloat16
-autocast five Llama regions per compile run on row-major copies (``dense_copies``: the layer norms of
-column-major inputs that nvFuser's schedulers refused on the H100), statically as symbolically.
+batch sizes, float32 and under bfloat16 autocast: three compiles (the first shapes, the symbolic
+length, the symbolic batch), each region defined once per compile, none after the third compile,
+the backward's attention torch's fused kernel (cuDNN's under autocast, the memory-efficient one in
+float32) at the symbolic sizes; the same through an ALiBi bias of each length handed to the fused
+kernel as its mask; a 64-token decode with a growing cache: two compiles (the cache's length is
+symbolic from its second value on: 0 is kept constant), no definition after the second step;
+``jit(dynamic=True)`` compiles symbolically from the first call (three compiles: as torch's duck
+sizing, the first cache length, equal to the heads, shares their symbol), ``jit(dynamic=False)``
+once per length; the miss reasons name the symbolic dims. The stand-in binds symbolic extents,
+layouts and ranks as nvFuser does (a size-1 extent at -1, contiguity false, expanded broadcasts).
+Left: the stand-in's lenient retry while defining a definition with symbolic inputs logs torch's
+broadcast errors through ``FakeTensorMode``'s logger (noise), and defers a static op's refusal
+there to ``execute``; under bfloat16 autocast five Llama regions per compile, static or symbolic,
+run on row-major copies of their inputs (``dense_copies``: the stand-in refused their layouts as
+nvFuser's schedulers did on the H100).
 """
 
 import contextlib
@@ -158,11 +162,12 @@ def test_a_training_step_over_lengths_and_batches_defines_each_region_once(name,
 
 
 def test_a_bf16_autocast_llama_step_over_lengths_and_a_batch_is_defined_once_per_compile(cuda_ex, seen, monkeypatch):  # noqa: F811
-    """The default run's case of the above: three lengths, then a batch size."""
-    shapes = ((2, 8), (2, 12), (2, 5), (3, 9))
+    """The default run's case of the above: two lengths, then a batch size (the decode below checks
+    that a compiled length defines nothing more)."""
+    shapes = ((2, 8), (2, 12), (3, 9))
     jmodel, definitions = _train_over_shapes("llama", True, shapes, cuda_ex, seen, monkeypatch)
     assert _misses(jmodel) == 3, thunder_rs.compile_stats(jmodel).miss_reasons
-    assert definitions[1][1] == definitions[2][1]  # (the third length: no definition)
+    assert definitions[2][1] == 3 * definitions[0][1]  # (each compile's regions defined once)
 
 
 # -- a KV-cache decode whose cache grows each token ------------------------------------------------------
@@ -230,6 +235,31 @@ def test_a_64_token_decode_with_a_growing_cache_compiles_twice(dtype, cuda_ex, s
     _assert_definitions_as_nvfuser_takes_them(regions, executed)
     # (no grad: torch's sdpa picks the fused kernel itself, on the bias the cache's region makes)
     assert "torch_scaled_dot_product_attention(" in str(thunder_rs.last_traces(jmodel)[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
+def test_training_through_the_fused_kernel_with_a_bias_of_each_length(autocast, cuda_ex, seen, monkeypatch):  # noqa: F811
+    """The decoder's prompt step trained at three lengths, then two batch sizes: the bias region
+    symbolic, torch's fused kernel (memory-efficient in float32, cuDNN's under bfloat16 autocast)
+    forward and backward at the symbolic sizes, three compiles, each region defined once per compile."""
+    regions, executed = seen
+    with FakeTensorMode():
+        with torch.device("cuda"):
+            model = AlibiDecoder()
+        jmodel = thunder_rs.jit(model, executors=[cuda_ex, "torch"])
+        for batch, length in ((2, 6), (2, 9), (2, 13), (3, 7), (4, 21)):
+            tokens = torch.randint(0, 50, (batch, length), device="cuda")
+            caches = [torch.zeros(batch, 4, 0, 8, device="cuda") for _ in range(2)]
+            with _cuda_autocast(monkeypatch, torch.bfloat16) if autocast else contextlib.nullcontext():
+                out, expected = jmodel(tokens, *caches), model(tokens, *caches)
+            assert [_metadata(t) for t in out] == [_metadata(t) for t in expected]
+            _backward_checked(out[0])
+    assert _misses(jmodel) == 3, thunder_rs.compile_stats(jmodel).miss_reasons
+    assert cuda_ex.stats["failures"] == 0, cuda_ex.fallbacks
+    _assert_definitions_as_nvfuser_takes_them(regions, executed)
+    kernel = "cudnn" if autocast else "efficient"
+    assert f"torch_{kernel}_attention_backward(" in str(thunder_rs.last_backward_traces(jmodel)[-1])
 
 
 def test_jits_dynamic_option_marks_the_cache_length_up_front_or_turns_it_off(cuda_ex):  # noqa: F811
@@ -337,3 +367,40 @@ def test_the_stand_in_reshapes_with_an_inferred_size_as_nvfuser_does():
 @pytest.mark.gpu
 def test_the_real_bindings_reshape_with_an_inferred_size_so(real_nvfuser):
     _check_reshapes_with_inferred_sizes(real_nvfuser, "cuda")
+
+
+def _check_symbolic_bindings(module, device):
+    """What a definition of symbolic extents takes (``bindTensorDomain``, csrc/expr_evaluator.cpp;
+    ``validateAllocationSizesAndStrides``): any extent at -1, 1 included, and at a size-1 dim any
+    stride; the rank defined; strides contiguity implies where it is true, any where false; at a -1
+    dim of contiguity None (an expanded broadcast: ``getExpanded``) size 1, or any size of stride 0."""
+    with module.FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=module.DataType.Float)
+        y = fd.define_tensor(shape=[-1, -1], contiguity=[False, True], dtype=module.DataType.Float)
+        b = fd.define_tensor(shape=[-1, -1], contiguity=[None, True], dtype=module.DataType.Float)
+        fd.add_output(fd.ops.add(fd.ops.add(x, y), b))
+    wide = torch.randn(5, 16, device=device)
+    for n in (1, 3, 5):
+        x, y, b = torch.randn(n, 8, device=device), wide[:n, :8], torch.randn(1, 8, device=device)
+        assert torch.equal(fd.execute([x, y, b])[0], x + y + b)
+        assert torch.equal(fd.execute([x, y, b.expand(n, 8)])[0], x + y + b)
+    row = torch.randn(8, 1, device=device).t()  # (size 1 at dim 0, stride 1 there)
+    assert torch.equal(fd.execute([row, row, row])[0], row * 3)
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises(RuntimeError, match="stride mismatch with contiguity info"):
+        fd.execute([wide[:3, :8], x, x[:1]])
+    with pytest.raises(RuntimeError, match="to be bound to a tensor of rank 2, but got a tensor of rank 3"):
+        fd.execute([x[None], x, x[:1]])
+    with pytest.raises(RuntimeError, match="has expanded extent but input tensor has size 3 and stride 8"):
+        fd.execute([x, x, x])
+
+
+def test_the_stand_in_binds_symbolic_extents_layouts_and_ranks_as_nvfuser_does():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _check_symbolic_bindings(fake, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_real_bindings_bind_symbolic_extents_layouts_and_ranks_so(real_nvfuser):
+    _check_symbolic_bindings(real_nvfuser, "cuda")
