@@ -27,6 +27,7 @@ definition in ``fake_nvfuser_recording``, the arithmetic in ``fake_nvfuser_arith
 and factories in ``fake_nvfuser_movement``.
 """
 
+import functools
 import traceback
 
 import torch
@@ -78,6 +79,25 @@ def _normalized_stride_order(stride_order, rank: int) -> list:
     return wrapped
 
 
+def _inferred_sizes(arg, new_shape) -> tuple:
+    """``reshape`` (csrc/ops/alias.cpp) takes one constant -1 among the sizes: the input's numel over
+    the others'. A static reshape (constant extents and sizes) refuses a second in ``inferViewShapes``
+    (an internal assert), a symbolic one where it meets it. The positions of the sizes that are not
+    constants, and whether the reshape is static."""
+    inferred = sum(1 for s in new_shape if (s.sample if isinstance(s, Val) and s.const else s) == -1)
+    scalars = tuple(i for i, s in enumerate(new_shape) if isinstance(s, Val) and not s.const)
+    static = SYMBOLIC_EXTENT not in arg.meta.shape and not scalars
+    if static:
+        binding.nvf_error(
+            inferred <= 1,
+            "dynamic_index == -1",
+            "Only one dimension can by inferred.",
+            at="csrc/transform_view.cpp:743",
+        )
+    binding.nvf_check(inferred <= 1, "!found_neg_one", "A maximum of one value of -1 can be provided to reshape.")
+    return scalars, static
+
+
 class _Ops:
     """``fd.ops``: the ops of ``nvfuser_direct.ops`` the translators use, and a few more."""
 
@@ -111,8 +131,10 @@ class _Ops:
         )
 
     def reshape(self, arg, new_shape):
+        scalars, static = _inferred_sizes(arg, new_shape)
         rule = allocation.reshaped(arg)
-        return _record("reshape", movement._reshape, (arg, list(new_shape)), expanded=layouts.none_expanded, ids=rule)
+        reshape = functools.partial(movement._reshape, scalars=scalars, static=static)
+        return _record("reshape", reshape, (arg, list(new_shape)), expanded=layouts.none_expanded, ids=rule)
 
     def size(self, arg, dim):
         """``size``: the (maybe expanded) extent of ``arg`` at ``dim`` (csrc/ops/arith.cpp), an Int scalar."""

@@ -3,9 +3,12 @@ indexing.cpp, arith.cpp): what each computes, on meta tensors while defining (sy
 their samples) and on the inputs' device when the definition executes.
 """
 
+import math
+
 import torch
 
 import fake_nvfuser_allocation as allocation
+import fake_nvfuser_binding as binding
 import fake_nvfuser_checks as checks
 import fake_nvfuser_layouts as layouts
 from fake_nvfuser_promotion import HALF, DataType
@@ -35,11 +38,42 @@ def _slice(a, start, end, strides=None, manual_normalization=False):
     return a
 
 
-def _reshape(a, shape):
+def _reshape(a, shape, scalars=(), static=False):
+    """``reshape`` (csrc/ops/alias.cpp): ``scalars``, the positions of ``shape`` given as values that
+    are not constants; ``static``, whether the input's extents and the sizes are all constants."""
+    sizes = _ints(shape)
     # While defining, a symbolic extent stands as its sample: a reshape to constants (the trace knows
-    # the extent's value where it reshapes) relates the two only when nvFuser executes.
-    sampled = a.is_meta and SYMBOLIC_EXTENT in a.shape
-    return a.new_empty(_ints(shape)) if sampled or _defined_by_scalars(a, shape) else a.reshape(_ints(shape))
+    # the extent's value where it reshapes) relates the two only when nvFuser executes, and a -1 among
+    # the sizes is an extent of its own (the symbolic reshape's: numel over the other sizes).
+    if a.is_meta and (SYMBOLIC_EXTENT in a.shape or _defined_by_scalars(a, shape)):
+        return a.new_empty([SYMBOLIC_EXTENT if s == -1 else s for s in sizes])
+    numel, known = a.numel(), math.prod(s for s in sizes if s != -1)
+    # DynamicTransformConcretizationInfo::analyzeReshapes, when it executes: a value that is -1 then
+    # is refused (only a constant -1 is inferred, when defining).
+    binding.nvf_check(
+        numel == 0 or all(sizes[i] != -1 for i in scalars),
+        "is_empty || out_id->extent()->isConst()",
+        "Values of -1 passed to reshape must be constant at definition.",
+    )
+    if -1 in sizes:
+        # A static reshape's inferViewShapes (csrc/transform_view.cpp) refuses a -1 that does not
+        # divide; a symbolic one's -1 is numel / the others' product, checked below as any extent.
+        binding.nvf_error(
+            not static or numel == 0 or (known != 0 and numel % known == 0),
+            "kNumElements == 0 || kNumElements % new_size_num_elements == 0",
+            "Cannot infer the actual size of -1 output domain as the number of input elements is not divisible by "
+            f"the number of the output elements computed from the other output domains. Number of input elements: "
+            f"{numel}. Number of output elements: {known}",
+            at="csrc/transform_view.cpp:756",
+        )
+        sizes = [(numel // known if numel and known else 0) if s == -1 else s for s in sizes]
+    binding.nvf_error(
+        math.prod(sizes) == numel,
+        "original_num_elements == new_num_elements",
+        f"Total element counts across view operation must match: {numel} vs {math.prod(sizes)}",
+        at="csrc/transform_view.cpp:358",
+    )
+    return a.reshape(sizes)
 
 
 def _padded_sizes(shape, widths) -> list:

@@ -66,7 +66,7 @@ from thunder_rs.errors import ThunderNotImplementedError
 from thunder_rs.executors.nvfuser_claims import _DEVICE_AT, BINARY, DTYPES, UNARY, make_checker
 from thunder_rs.executors.nvfuser_layouts import pinned_orders
 from thunder_rs.executors.nvfuser_numbers import translate_div, translate_pow, translate_var, translate_var_mean
-from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layout
+from thunder_rs.executors.nvfuser_symbolic import Extents, host_floats, symbolic_dims, symbolic_layouts
 from thunder_rs.executors.torch_ex import torch_ex
 
 #: The dtype of a Python number input (``define_scalar``), as nvFuser's ``pytorch_utils``.
@@ -490,7 +490,7 @@ class NvFuserRegion:
         dims = symbolic_dims(region.input_shapes)
         descriptor = executor.module.compute_tensor_descriptor
         #: A region with symbolic dims has one definition for all their extents: its layouts hold none.
-        self._layout = (lambda args: symbolic_layout(args, dims, descriptor)) if any(dims) else layout
+        self._layout = symbolic_layouts(dims, descriptor, layout) if any(dims) else layout
 
     def __call__(self, *args):
         key = self._layout(args)
