@@ -97,3 +97,95 @@ def test_an_int_past_int64_with_a_floating_tensor_computes_as_eager(name, kind, 
     program, x = SCALAR_PROGRAMS[name], TENSORS[kind]
     expected, actual = program(x, value), thunder_rs.jit(program)(x, value)
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+# -- in-place ops on complex values ----------------------------------------------------------------
+
+COMPLEX = [torch.complex64, torch.complex128]
+#: In-place ops of complex values with gradients whose out-of-place symbols are traced for them
+#: (``complex_grads``): each ran eager's op on a copy, now traced, values and gradients eager's.
+COMPLEX_IN_PLACE = {
+    "mul_": lambda x, w: x.mul_(w),
+    "add_": lambda x, w: x.add_(w, alpha=2),
+    "sub_": lambda x, w: x.sub_(w),
+    "imul": lambda x, w: x.__imul__(w),
+    "neg_": lambda x, w: x.neg_().mul_(w),
+    "sin_": lambda x, w: x.sin_(),
+    "exp_": lambda x, w: x.exp_(),
+    "sqrt_": lambda x, w: x.sqrt_(),
+    "reciprocal_": lambda x, w: x.reciprocal_(),
+    "div_complex128": lambda x, w: x.div_(w) if x.dtype == torch.complex128 else x.mul_(w),
+}
+
+
+def _complex_inputs(dtype):
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randn(5, 7, dtype=dtype, generator=gen) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", COMPLEX, ids=str)
+@pytest.mark.parametrize("name", COMPLEX_IN_PLACE)
+def test_an_in_place_op_of_complex_values_with_gradients_is_traced_as_eager(name, dtype):
+    op = COMPLEX_IN_PLACE[name]
+
+    def program(z, w):
+        x = z * 1  # (a non-leaf: written in place)
+        return op(x, w) * 2, x
+
+    z, w = _complex_inputs(dtype)
+    leaves = [z.requires_grad_(), w.requires_grad_()]
+    assert thunder_rs.examine(program, *leaves).fallbacks == {}  # (traced, not eager's op on a copy)
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        out, written = fn(*leaves)
+        cotangent = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+        grads = torch.autograd.grad(out, leaves, cotangent, allow_unused=True)
+        results.append([out.detach(), written.detach(), *grads])
+    for e, a in zip(*results):
+        assert (a is None) == (e is None)
+        assert a is None or (torch.equal(a, e) and a.stride() == e.stride())
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", ["div_", "true_divide_", "itruediv"])
+def test_an_in_place_complex64_division_is_eagers_in_place_kernel(name, requires_grad):
+    """Eager's in-place complex64 division rounds otherwise than its out-of-place one (for some
+    values, at most lengths: 12 here), which the trace computed as ``z / w``."""
+    ops = {"div_": torch.Tensor.div_, "true_divide_": torch.Tensor.true_divide_, "itruediv": torch.Tensor.__itruediv__}
+
+    def program(z, w):
+        x = z * 1
+        return ops[name](x, w)
+
+    torch.manual_seed(1)
+    z, w = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        leaves = [z.detach().clone().requires_grad_(requires_grad), w.detach().clone().requires_grad_(requires_grad)]
+        out = fn(*leaves)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out)) if requires_grad else ()
+        results.append([out.detach(), *grads])
+    assert all(torch.equal(a, e) for a, e in zip(*results))
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x, z: x.mul_(z),
+        lambda x, z: x.add_(z),
+        lambda x, z: x.div_(z),
+        lambda x, z: x.mul_(2j),
+        lambda x, z: x.__iadd__(z),
+    ],
+)
+def test_a_complex_result_written_into_a_real_tensor_raises_eagers_error(op):
+    z = torch.randn(3, dtype=torch.complex64)
+
+    def program(x, z):
+        return op(x.clone(), z)
+
+    with pytest.raises(RuntimeError) as expected:
+        program(torch.randn(3), z)
+    with pytest.raises(RuntimeError) as raised:
+        thunder_rs.jit(program)(torch.randn(3), z)
+    assert str(expected.value) in str(raised.value)
