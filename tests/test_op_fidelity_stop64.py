@@ -189,3 +189,54 @@ def test_a_complex_result_written_into_a_real_tensor_raises_eagers_error(op):
     with pytest.raises(RuntimeError) as raised:
         thunder_rs.jit(program)(torch.randn(3), z)
     assert str(expected.value) in str(raised.value)
+
+
+# -- complex ops with gradients made native --------------------------------------------------------
+
+_MASK = torch.tensor([[True, False, True, False, False, True, True]] * 5)
+#: Complex ops with gradients that ran eager's op: traced (their decompositions move, select,
+#: repeat, multiply or scale by real numbers, and their grad rules move or scale the cotangent).
+COMPLEX_NATIVE = {
+    "mean": lambda z, w: z.mean(),
+    "mean_dim": lambda z, w: torch.mean(z, 1, keepdim=True) * w,
+    "masked_fill": lambda z, w: z.masked_fill(_MASK, 0.5) * w,
+    "masked_fill_tensor": lambda z, w: z.masked_fill(_MASK, w[0, 0]),
+    "diff": lambda z, w: torch.diff(z, dim=1, prepend=w[:, :1]),
+    "outer": lambda z, w: torch.outer(z[0], w[1]),
+    "kron": lambda z, w: torch.kron(z[:2, :3], w[:3, :2]),
+    "repeat_interleave": lambda z, w: z.repeat_interleave(2, dim=0) * 2,
+    "fill": lambda z, w: torch.fill(z * w, 2.0),
+    "diag_embed": lambda z, w: torch.diag_embed(z, offset=1) * 3,
+    "diagflat": lambda z, w: torch.diagflat(z[:2]),
+    "diagonal_scatter": lambda z, w: torch.diagonal_scatter(z, w.diagonal()),
+    "cartesian_prod": lambda z, w: torch.cartesian_prod(z[0, :3], w[1, :2]),
+    "to_complex128": lambda z, w: z.to(torch.complex128) * 2,
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", COMPLEX, ids=str)
+@pytest.mark.parametrize("name", COMPLEX_NATIVE)
+def test_a_complex_op_with_gradients_is_traced_as_eager(name, dtype):
+    program = COMPLEX_NATIVE[name]
+    z, w = (t.requires_grad_() for t in _complex_inputs(dtype))
+    assert thunder_rs.examine(program, z, w).fallbacks == {}  # (traced, not eager's op)
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        out = fn(z, w)
+        cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(6))
+        results.append([out.detach(), *torch.autograd.grad(out, [z, w], cotangent, allow_unused=True)])
+    for e, a in zip(*results):
+        assert (a is None) == (e is None)
+        assert a is None or (a.dtype == e.dtype and torch.equal(a, e) and a.stride() == e.stride())
+
+
+@pytest.mark.parametrize("op", [torch.select_scatter, torch.slice_scatter])
+def test_scatters_into_complex_values_with_gradients_raise_eagers_error(op):
+    # (eager's autograd refuses their complex outputs: they stay eager's op)
+    z, w = (t.requires_grad_() for t in _complex_inputs(torch.complex64))
+    args = (w[1], 0, 2) if op is torch.select_scatter else (w[:, 1:3], 1, 2, 4)
+    with pytest.raises(NotImplementedError, match="does not support automatic differentiation"):
+        op(z, *args)
+    with pytest.raises(NotImplementedError, match="does not support automatic differentiation"):
+        thunder_rs.jit(op)(z, *args)
