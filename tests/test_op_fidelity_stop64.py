@@ -240,3 +240,41 @@ def test_scatters_into_complex_values_with_gradients_raise_eagers_error(op):
         op(z, *args)
     with pytest.raises(NotImplementedError, match="does not support automatic differentiation"):
         thunder_rs.jit(op)(z, *args)
+
+
+def _column_major(t):
+    return t.t().contiguous().t()
+
+
+#: ``mm`` and ``addmm`` of complex values with gradients: eager's ``mm_mat1_backward`` and
+#: ``mm_mat2_backward`` conjugated (``g @ mat2.t().conj()``, ``mat1.t().conj() @ g``), laid out as
+#: eager's (column-major where the operand is).
+PRODUCTS = {
+    "mm": (lambda a, b, c: a.mm(b), lambda t: t),
+    "mm_column_major": (lambda a, b, c: torch.mm(a, b), _column_major),
+    "addmm": (lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2), lambda t: t),
+    "addmm_broadcast": (lambda a, b, c: torch.addmm(c[0], a, b), _column_major),
+}
+
+
+@pytest.mark.parametrize("dtype", COMPLEX, ids=str)
+@pytest.mark.parametrize("shapes", [((7, 9), (9, 5)), ((33, 17), (17, 40))], ids=str)
+@pytest.mark.parametrize("name", PRODUCTS)
+def test_a_complex_matrix_product_with_gradients_is_traced_as_eager(name, shapes, dtype):
+    program, layout = PRODUCTS[name]
+    gen = torch.Generator().manual_seed(7)
+    a, b = (
+        layout(torch.randn(shapes[0], dtype=dtype, generator=gen)),
+        torch.randn(shapes[1], dtype=dtype, generator=gen),
+    )
+    c = torch.randn(shapes[0][0], shapes[1][1], dtype=dtype, generator=gen)
+    leaves = [t.requires_grad_() for t in (a, b, c)]
+    assert thunder_rs.examine(program, *leaves).fallbacks == {}
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        out = fn(*leaves)
+        cotangent = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(8))
+        results.append([out.detach(), *torch.autograd.grad(out, leaves, cotangent, allow_unused=True)])
+    for e, a in zip(*results):
+        assert (a is None) == (e is None)
+        assert a is None or (torch.equal(a, e) and a.stride() == e.stride())

@@ -172,7 +172,7 @@ _MOVED_OR_SCALED = tuple(
     for name in (
         *("mean", "masked_fill", "diff", "outer", "ger", "kron", "repeat_interleave", "fill"),
         *("diag_embed", "diagflat", "diagonal_scatter", "cartesian_prod"),
-        *("to", "double", "float", "half", "bfloat16"),
+        *("to", "double", "float", "half", "bfloat16", "mm", "addmm"),
     )
     for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
     if f is not None

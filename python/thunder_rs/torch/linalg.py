@@ -327,14 +327,17 @@ def _scaled(t, factor):
 
 @register_grad(ltorch.mm)
 def mm_grad(input, mat2):
+    """Eager's ``mm_mat1_backward``/``mm_mat2_backward``; of complex values ``g @ mat2.t().conj()``
+    and ``input.t().conj() @ g`` (conjugate Wirtinger)."""
     out = ltorch.mm(input, mat2)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     g = get_grad(out)
+    complex_values = input.dtype.is_complex
     if input.requires_grad:
-        put_grad(input, mm_first_grad(g, input, mat2))
+        other = prims.conj(mat2) if complex_values else mat2
+        put_grad(input, mm_first_grad(g, input, other), complex_values=complex_values)
     if mat2.requires_grad:
-        put_grad(mat2, mm_second_grad(g, input, mat2))
+        first = prims.conj(input) if complex_values else input
+        put_grad(mat2, mm_second_grad(g, first, mat2), complex_values=complex_values)
     return out
 
 
@@ -343,15 +346,16 @@ def addmm_grad(input, mat1, mat2, *, beta=1, alpha=1):
     """Eager's: the cotangent times ``beta`` for ``input`` (summed to its shape), and the product's
     gradients (laid out as ``mm``'s) times ``alpha``."""
     out = ltorch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
-    if mat1.dtype.is_complex:
-        return out  # the decomposition's VJP
     g = get_grad(out)
+    complex_values = mat1.dtype.is_complex  # (real ``alpha``/``beta``: a complex number is eager's call)
     if requires_grad_of(input):
-        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+        put_grad(input, sum_to(_scaled(g, beta), input.shape), complex_values=complex_values)
     if requires_grad_of(mat1):
-        put_grad(mat1, _scaled(mm_first_grad(g, mat1, mat2), alpha))
+        other = prims.conj(mat2) if complex_values else mat2
+        put_grad(mat1, _scaled(mm_first_grad(g, mat1, other), alpha), complex_values=complex_values)
     if requires_grad_of(mat2):
-        put_grad(mat2, _scaled(mm_second_grad(g, mat1, mat2), alpha))
+        first = prims.conj(mat1) if complex_values else mat1
+        put_grad(mat2, _scaled(mm_second_grad(g, first, mat2), alpha), complex_values=complex_values)
     return out
 
 
