@@ -278,3 +278,20 @@ def test_a_complex_matrix_product_with_gradients_is_traced_as_eager(name, shapes
     for e, a in zip(*results):
         assert (a is None) == (e is None)
         assert a is None or (torch.equal(a, e) and a.stride() == e.stride())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, *COMPLEX], ids=str)
+@pytest.mark.parametrize("argument", ["end", "weight"])
+def test_lerp_of_mixed_dtypes_raises_eagers_message(argument, dtype):
+    # (eager names the dtypes by their C++ types: ``float``, ``c10::complex<float>``)
+    other = torch.float64 if dtype != torch.float64 else torch.complex64
+    x, y = torch.ones(3, dtype=dtype), torch.ones(3, dtype=other)
+
+    def program(x, y):
+        return torch.lerp(x, y, 0.5) if argument == "end" else torch.lerp(x, x, y)
+
+    with pytest.raises(RuntimeError) as expected:
+        program(x, y)
+    with pytest.raises(RuntimeError) as raised:
+        thunder_rs.jit(program)(x, y)
+    assert str(expected.value) in str(raised.value)
