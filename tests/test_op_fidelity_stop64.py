@@ -295,3 +295,27 @@ def test_lerp_of_mixed_dtypes_raises_eagers_message(argument, dtype):
     with pytest.raises(RuntimeError) as raised:
         thunder_rs.jit(program)(x, y)
     assert str(expected.value) in str(raised.value)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX, ids=str)
+@pytest.mark.parametrize(
+    ("shapes", "traced"),
+    [(((7, 9), (9, 5)), True), (((9,), (9,)), True), (((7, 9), (9,)), True), (((9,), (9, 5)), False)],
+    ids=str,
+)
+def test_a_complex_matmul_of_matrices_and_vectors_with_gradients_is_traced_as_eager(shapes, traced, dtype):
+    # (``torch.matmul``: eager's mm/mv/dot backward conjugated; a vector times a matrix, whose
+    # vector gradient eager's mm of a conjugate view sums otherwise, stays eager's op)
+    gen = torch.Generator().manual_seed(9)
+    leaves = [torch.randn(s, dtype=dtype, generator=gen).requires_grad_() for s in shapes]
+
+    def program(a, b):
+        return a @ b
+
+    assert (thunder_rs.examine(program, *leaves).fallbacks == {}) == traced
+    results = []
+    for fn in (program, thunder_rs.jit(program)):
+        out = fn(*leaves)
+        cotangent = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(10))
+        results.append([out.detach(), *torch.autograd.grad(out, leaves, cotangent)])
+    assert all(torch.equal(a, e) and a.stride() == e.stride() for a, e in zip(*results))

@@ -504,11 +504,33 @@ def eager_matmul_grads(g, input, other, wanted: tuple[bool, bool]):
     return _batched_grads(g, input, other, wanted)
 
 
+def _at_most_matrices(args, kwargs) -> bool:
+    """Whether ``torch.matmul``'s operands are two matrices, a matrix and a vector or two vectors:
+    its complex gradients are traced (eager's ``mm``/``mv``/``dot`` backward conjugated). Batches,
+    and a vector times a matrix (eager's ``mm`` of a conjugate view there sums the vector's
+    gradient otherwise, an ulp off), run eager's op."""
+    ranks = tuple(getattr(x, "ndim", 3) for x in args)
+    return not kwargs and ranks in ((2, 2), (2, 1), (1, 1))
+
+
+_matmul_as_eager.complex_grads = _at_most_matrices  # type: ignore[attr-defined]
+
+
 @register_grad(ltorch.matmul)
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)
     g = get_grad(out)
-    first, second = eager_matmul_grads(g, input, other, (requires_grad_of(input), requires_grad_of(other)))
+    wanted = (requires_grad_of(input), requires_grad_of(other))
+    if input.dtype.is_complex and _at_most_matrices((input, other), {}):
+        # (conjugate Wirtinger: each operand's gradient of the other conjugated, as eager's
+        # ``grad * other.conj()``, ``grad.ger(vec.conj())``, ``g @ mat2.t().conj()``)
+        first = eager_matmul_grads(g, input, prims.conj(other), (wanted[0], False))[0]
+        second = eager_matmul_grads(g, prims.conj(input), other, (False, wanted[1]))[1]
+        for x, grad in ((input, first), (other, second)):
+            if grad is not None:
+                put_grad(x, grad, complex_values=True)
+        return out
+    first, second = eager_matmul_grads(g, input, other, wanted)
     grads = [(x, grad) for x, grad in ((input, first), (other, second)) if grad is not None]
     # ``a @ a`` batched: eager's bmm of a view of each operand, whose backward nodes run newest
     # first, adds the second operand's gradient first (2-D: one mm node, in operand order)
