@@ -29,6 +29,10 @@ class ThunderNotImplementedError(ThunderError, NotImplementedError):
     pass
 
 
+class ThunderOverflowError(ThunderError, OverflowError):
+    """For a number no scalar of eager's holds (a Python int past uint64, as its argument parser says)."""
+
+
 class ThunderAssertionError(ThunderError, AssertionError):
     """For the few checks torch itself makes with ``assert`` (``F.embedding``'s padding_idx)."""
 
@@ -48,6 +52,7 @@ _runtime_classes: dict[type, type] = {
     RuntimeError: ThunderRuntimeError,
     NotImplementedError: ThunderNotImplementedError,
     AssertionError: ThunderAssertionError,
+    OverflowError: ThunderOverflowError,
 }
 
 

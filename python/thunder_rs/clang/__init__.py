@@ -10,9 +10,11 @@ import torch
 
 from thunder_rs import prims
 from thunder_rs.core.base import dtypes
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.errors import (
     ThunderIndexError,
     ThunderNotImplementedError,
+    ThunderOverflowError,
     ThunderRuntimeError,
     ThunderValueError,
     check,
@@ -21,6 +23,37 @@ from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, identical, same_shape
 
 Number = (bool, int, float)
+
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+
+def check_python_int(a) -> None:
+    """Eager's error for a Python int number argument no Scalar holds: below int64, "can't convert
+    negative int to unsigned"; past uint64, "int too big to convert" (its argument parser's
+    ``OverflowError``, whatever the tensor's dtype)."""
+    if type(a) is int and not _INT64_MIN <= a <= _UINT64_MAX:
+        message = "can't convert negative int to unsigned" if a < 0 else "int too big to convert"
+        raise ThunderOverflowError(message)
+
+
+def _check_uint64_scalar(op: str, operands, compute: torch.dtype) -> None:
+    """A Python int past int64 (up to uint64: eager's uint64 Scalar) with integer or bool tensors:
+    eager's error of a bool tensor, else a refusal (eager's integer kernels wrap it, each its own
+    way: ``x * 2**63`` as ``x * -2**63``, ``x.clamp(max=2**63)`` not); a floating result takes
+    it as a float, rounded once as eager's ``double(uint64_t)``."""
+    if dtypes.is_inexact(compute):
+        return
+    for x in operands:
+        if type(x) is int and x > _INT64_MAX:
+            if all(t.dtype == torch.bool for t in operands if isinstance(t, torch.Tensor)):
+                raise ThunderRuntimeError(
+                    "Promotion for uint16, uint32, uint64 types is not supported, attempted to promote Bool and UInt64"
+                )
+            raise ThunderNotImplementedError(
+                f"{op}: the Python int {x} at {user_location()} is past int64, which eager takes as a uint64 "
+                f"scalar that its {compute} kernel wraps; thunder_rs does not represent uint64 scalars "
+                "(convert it to a tensor of the dtype wanted, or to a float)"
+            )
 
 
 def canonicalize_dim(ndim: int, dim: int, op: str, arg: str = "dim") -> int:
@@ -103,14 +136,18 @@ def maybe_convert(a, dtype):
     if type(a) is SymFloat:  # a float of sizes: computed on each call, converted by the op as eager's is
         return a if dtypes.is_inexact(dtype) else maybe_convert(float(a), dtype)
     if isinstance(a, Number):
+        check_python_int(a)
         if dtype == torch.bool:
             return bool(a)
         if dtypes.is_inexact(dtype):
             return float(a)
         try:
-            return int(a)
+            value = int(a)
         except (ValueError, OverflowError):  # NaN or infinity, as eager's error says
-            raise ThunderRuntimeError(f"value cannot be converted to type {dtype} without overflow") from None
+            value = None
+        if value is None or not _INT64_MIN <= value <= _INT64_MAX:  # (a uint64 scalar: eager's fills refuse it)
+            raise ThunderRuntimeError(f"value cannot be converted to type {dtype} without overflow")
+        return value
     return a
 
 
@@ -155,7 +192,10 @@ def elementwise(prim, op: str, *operands, kind=DEFAULT):
     tensors = [x for x in operands if isinstance(x, torch.Tensor)]
     check(bool(tensors), op, "expected at least one tensor argument", ThunderValueError)
     _device_of(op, operands)
+    for x in operands:
+        check_python_int(x)
     compute, result = promote(op, operands, kind)
+    _check_uint64_scalar(op, operands, compute)
     shape = broadcast_shapes(op, *(t.shape for t in tensors))
     args = [
         expand_to(maybe_convert(x, compute), shape) if isinstance(x, torch.Tensor) else maybe_convert(x, compute)

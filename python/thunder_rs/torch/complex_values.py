@@ -160,6 +160,25 @@ _HOLOMORPHIC += (torch.special.expit, torch.special.exp2, torch.special.expm1, t
 _HOLOMORPHIC += (torch.nn.functional.tanhshrink, torch.nn.functional.sigmoid, torch.nn.functional.tanh)
 
 
+#: Ops that move, select, repeat, scale by real numbers or multiply complex values, whose
+#: decompositions record only prims that differentiate them and whose grad rules move or scale the
+#: cotangent (``put_grad(..., complex_values=True)``): values and gradients eager's bit for bit on
+#: the OpInfo samples (benchmarks/results/op_fidelity_stop64.md). Left eager's: ``trapz`` (its
+#: complex sums a few ulps apart), ``addcmul``/``addcdiv``/``lerp``/``sinc`` (gradients ulps apart),
+#: ``var``/``std``/``pow``/``cumsum`` (prims without complex rules); ``select_scatter`` and
+#: ``slice_scatter`` (eager's autograd refuses their complex outputs).
+_MOVED_OR_SCALED = tuple(
+    f
+    for name in (
+        *("mean", "masked_fill", "diff", "outer", "ger", "kron", "repeat_interleave", "fill"),
+        *("diag_embed", "diagflat", "diagonal_scatter", "cartesian_prod"),
+        *("to", "double", "float", "half", "bfloat16", "mm", "addmm"),
+    )
+    for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
+    if f is not None
+)
+
+
 #: The ops whose complex values carry gradients in the trace (their decompositions record only
 #: prims whose VJP rules hold for complex values); other complex calls with gradients run eagerly.
 COMPLEX_GRADS = (
@@ -215,6 +234,7 @@ COMPLEX_GRADS = (
     *(torch.meshgrid, torch.sum, torch.Tensor.sum, torch.Tensor.sum_to_size, torch.rsub, torch.constant_pad_nd),
     # (holomorphic elementwise math: the unary prims' and ``div``'s rules conjugated, eager's formulas)
     *_HOLOMORPHIC,
+    *_MOVED_OR_SCALED,
 )
 
 

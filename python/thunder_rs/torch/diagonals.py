@@ -124,7 +124,7 @@ def diag_embed_grad(input, offset=0, dim1=-2, dim2=-1):
     out = diag_embed(input, offset, dim1, dim2)
     if input.ndim == 0 or not _known(input, offset):
         return out  # the decomposition's VJP
-    put_grad(input, diagonal(get_grad(out), offset, dim1, dim2))
+    put_grad(input, diagonal(get_grad(out), offset, dim1, dim2), complex_values=True)
     return out
 
 
@@ -134,7 +134,7 @@ def diagflat_grad(input, offset=0):
     out = diagflat(input, offset)
     if not _known(input, offset):
         return out  # the decomposition's VJP
-    put_grad(input, reshape(diagonal(get_grad(out), offset, 0, 1), tuple(input.shape)))
+    put_grad(input, reshape(diagonal(get_grad(out), offset, 0, 1), tuple(input.shape)), complex_values=True)
     return out
 
 

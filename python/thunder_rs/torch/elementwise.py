@@ -453,9 +453,9 @@ def masked_fill_grad(a, mask, value):
     out = masked_fill(a, mask, value)
     g = get_grad(out)
     if a.requires_grad:
-        put_grad(a, sum_to(masked_fill(g, mask, 0), a.shape))
+        put_grad(a, sum_to(masked_fill(g, mask, 0), a.shape), complex_values=True)
     if isinstance(value, torch.Tensor) and value.requires_grad:
-        put_grad(value, masked_sum(g, mask).to(value.dtype))
+        put_grad(value, masked_sum(g, mask).to(value.dtype), complex_values=True)
     return out
 
 

@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from thunder_rs import clang, prims
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang import inner_leaves, traced_grads, version_tracking
-from thunder_rs.core.lang.complex_calls import differentiates_complex
+from thunder_rs.core.lang.complex_calls import complex_grads, differentiates_complex
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.eager_layouts import take_layouts
 from thunder_rs.core.lang.langctx import (
@@ -345,10 +345,19 @@ def _read_to_overwrite(a):
     return read
 
 
-def _computed_by_eager(name: str, a, args, kwargs) -> bool:
+#: In-place divisions of complex64 values: eager's in-place kernel rounds otherwise than its
+#: out-of-place one (which the trace's ``div`` computes as) for most lengths (2, 4-7, 10-15, ...),
+#: so they are eager's op on a copy, with or without gradients (complex128's agree).
+_COMPLEX64_DIVISIONS = frozenset({"div_", "divide_", "true_divide_", "__itruediv__", "__idiv__"})
+
+
+def _computed_by_eager(name: str, symbol, a, args, kwargs) -> bool:
     """Whether an in-place op is computed by eager's op on a copy: complex values carrying gradients
-    (``core.complex_calls``), or a complex number operand (the trace's numbers are real) into a
-    complex tensor; into a real tensor, eager's op raises, as this does."""
+    (``core.complex_calls``) where its out-of-place ``symbol`` is not marked ``complex_grads`` or
+    ``a`` is a view (``z.mul_(w)``, ``z.sin_()`` of a tensor not a view are traced as ``z * w``,
+    ``z.sin()`` are), or a complex number
+    operand (the trace's numbers are real) into a complex tensor; into a real tensor, eager's op
+    raises, as this does."""
     number = next((x for x in (*args, *kwargs.values()) if type(x) is complex), None)
     if number is not None and isinstance(a, TensorProxy) and not a.dtype.is_complex:
         result = torch.result_type(torch.empty((), dtype=a.dtype, device="meta"), number)
@@ -356,7 +365,12 @@ def _computed_by_eager(name: str, a, args, kwargs) -> bool:
         raise ThunderRuntimeError(
             f"{name}: result type {have} can't be cast to the desired output type {want} (at {user_location()})"
         )
-    return number is not None or differentiates_complex((a, *args), kwargs)
+    if number is not None or (name in _COMPLEX64_DIVISIONS and getattr(a, "dtype", None) == torch.complex64):
+        return True
+    if not differentiates_complex((a, *args), kwargs):
+        return False
+    # (a view's write joins its base's gradient through view scatters, whose rules are real ones)
+    return getattr(a, "_view", None) is not None or not complex_grads(symbol, (a, *args), kwargs)
 
 
 def _in_place(fn, name: str, outplace):
@@ -370,7 +384,7 @@ def _in_place(fn, name: str, outplace):
             check_partial_overlap(name, a, (args, kwargs))
         if isinstance(a, TensorProxy):
             rebase(a)  # (the op reads the view of the root its gradient is laid out through)
-        if symbol is not None and not _computed_by_eager(name, a, args, kwargs):
+        if symbol is not None and not _computed_by_eager(name, symbol, a, args, kwargs):
             args, kwargs = narrowed_writes.operands(name, a, args, kwargs)
             value = symbol(_read_to_overwrite(a), *args, **kwargs, **facts)
             if isinstance(a, TensorProxy) and a._strides is not None:

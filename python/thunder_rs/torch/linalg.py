@@ -327,14 +327,17 @@ def _scaled(t, factor):
 
 @register_grad(ltorch.mm)
 def mm_grad(input, mat2):
+    """Eager's ``mm_mat1_backward``/``mm_mat2_backward``; of complex values ``g @ mat2.t().conj()``
+    and ``input.t().conj() @ g`` (conjugate Wirtinger)."""
     out = ltorch.mm(input, mat2)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     g = get_grad(out)
+    complex_values = input.dtype.is_complex
     if input.requires_grad:
-        put_grad(input, mm_first_grad(g, input, mat2))
+        other = prims.conj(mat2) if complex_values else mat2
+        put_grad(input, mm_first_grad(g, input, other), complex_values=complex_values)
     if mat2.requires_grad:
-        put_grad(mat2, mm_second_grad(g, input, mat2))
+        first = prims.conj(input) if complex_values else input
+        put_grad(mat2, mm_second_grad(g, first, mat2), complex_values=complex_values)
     return out
 
 
@@ -343,15 +346,16 @@ def addmm_grad(input, mat1, mat2, *, beta=1, alpha=1):
     """Eager's: the cotangent times ``beta`` for ``input`` (summed to its shape), and the product's
     gradients (laid out as ``mm``'s) times ``alpha``."""
     out = ltorch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
-    if mat1.dtype.is_complex:
-        return out  # the decomposition's VJP
     g = get_grad(out)
+    complex_values = mat1.dtype.is_complex  # (real ``alpha``/``beta``: a complex number is eager's call)
     if requires_grad_of(input):
-        put_grad(input, sum_to(_scaled(g, beta), input.shape))
+        put_grad(input, sum_to(_scaled(g, beta), input.shape), complex_values=complex_values)
     if requires_grad_of(mat1):
-        put_grad(mat1, _scaled(mm_first_grad(g, mat1, mat2), alpha))
+        other = prims.conj(mat2) if complex_values else mat2
+        put_grad(mat1, _scaled(mm_first_grad(g, mat1, other), alpha), complex_values=complex_values)
     if requires_grad_of(mat2):
-        put_grad(mat2, _scaled(mm_second_grad(g, mat1, mat2), alpha))
+        first = prims.conj(mat1) if complex_values else mat1
+        put_grad(mat2, _scaled(mm_second_grad(g, first, mat2), alpha), complex_values=complex_values)
     return out
 
 
@@ -500,11 +504,33 @@ def eager_matmul_grads(g, input, other, wanted: tuple[bool, bool]):
     return _batched_grads(g, input, other, wanted)
 
 
+def _at_most_matrices(args, kwargs) -> bool:
+    """Whether ``torch.matmul``'s operands are two matrices, a matrix and a vector or two vectors:
+    its complex gradients are traced (eager's ``mm``/``mv``/``dot`` backward conjugated). Batches,
+    and a vector times a matrix (eager's ``mm`` of a conjugate view there sums the vector's
+    gradient otherwise, an ulp off), run eager's op."""
+    ranks = tuple(getattr(x, "ndim", 3) for x in args)
+    return not kwargs and ranks in ((2, 2), (2, 1), (1, 1))
+
+
+_matmul_as_eager.complex_grads = _at_most_matrices  # type: ignore[attr-defined]
+
+
 @register_grad(ltorch.matmul)
 def matmul_grad(input, other):
     out = ltorch.matmul(input, other)
     g = get_grad(out)
-    first, second = eager_matmul_grads(g, input, other, (requires_grad_of(input), requires_grad_of(other)))
+    wanted = (requires_grad_of(input), requires_grad_of(other))
+    if input.dtype.is_complex and _at_most_matrices((input, other), {}):
+        # (conjugate Wirtinger: each operand's gradient of the other conjugated, as eager's
+        # ``grad * other.conj()``, ``grad.ger(vec.conj())``, ``g @ mat2.t().conj()``)
+        first = eager_matmul_grads(g, input, prims.conj(other), (wanted[0], False))[0]
+        second = eager_matmul_grads(g, prims.conj(input), other, (False, wanted[1]))[1]
+        for x, grad in ((input, first), (other, second)):
+            if grad is not None:
+                put_grad(x, grad, complex_values=True)
+        return out
+    first, second = eager_matmul_grads(g, input, other, wanted)
     grads = [(x, grad) for x, grad in ((input, first), (other, second)) if grad is not None]
     # ``a @ a`` batched: eager's bmm of a view of each operand, whose backward nodes run newest
     # first, adds the second operand's gradient first (2-D: one mm node, in operand order)

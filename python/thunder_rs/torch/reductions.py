@@ -164,7 +164,7 @@ def mean_grad(input, dim=None, keepdim=False, *, dtype=None):
     # (a broadcast, no decision: comparing a reduced size with 1 would guard it, a count of 1 too)
     spread = prims.broadcast_in_dim(shaped, tuple(input.shape), tuple(range(input.ndim)))
     grad = ltorch.true_divide(spread, count)
-    put_grad(input, clang.maybe_convert(grad, input.dtype))
+    put_grad(input, clang.maybe_convert(grad, input.dtype), complex_values=True)  # (scaled by a real count)
     return out
 
 

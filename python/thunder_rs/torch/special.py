@@ -208,20 +208,40 @@ def _fused(a, product, value):
     return prims.add(a, prims.mul(clang.maybe_convert(value, a.dtype), product))
 
 
+#: The C++ type names eager's lerp messages give dtypes (``TORCH_CHECK`` of ``scalar_type``).
+_CPP_TYPES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def _cpp_type(dtype) -> str:
+    return _CPP_TYPES.get(dtype, str(dtype))
+
+
 @torchsymbol(torch.lerp, T.lerp)
 def lerp(input, end, weight):
     op = "ltorch.lerp"
     check(
         end.dtype == input.dtype,
         op,
-        lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype} (argument end)",
+        lambda: (
+            f"expected dtype {_cpp_type(input.dtype)} for `end` but got dtype {_cpp_type(end.dtype)} (argument end)"
+        ),
         ThunderRuntimeError,
     )
     if isinstance(weight, torch.Tensor):
         check(
             weight.dtype == input.dtype or weight.ndim == 0,
             op,
-            lambda: f"expected dtype {input.dtype} for `weight` but got dtype {weight.dtype} (argument weight)",
+            lambda: (
+                f"expected dtype {_cpp_type(input.dtype)} for `weight` but got dtype {_cpp_type(weight.dtype)} "
+                "(argument weight)"
+            ),
             ThunderRuntimeError,
         )
     _float_only(op, input.dtype)

@@ -217,10 +217,10 @@ def slice_scatter_grad(input, src, dim=0, start=None, end=None, step=1):
     out = slice_scatter(input, src, dim, start, end, step)
     g = get_grad(out)
     if input.requires_grad:
-        put_grad(input, slice_scatter(g, ltorch.zeros_like(src), dim, start, end, step))
+        put_grad(input, slice_scatter(g, ltorch.zeros_like(src), dim, start, end, step), complex_values=True)
     if src.requires_grad:
         d = clang.canonicalize_dim(g.ndim, dim, "ltorch.slice_scatter")
-        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)])
+        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)], complex_values=True)
     return out
 
 
@@ -245,7 +245,7 @@ def _slice_overwrite_grad(input, src, dim=0, start=None, end=None, step=1):
         put_grad(input, slice_scatter(g, ltorch.full_like(src, -0.0), dim, start, end, step))
     if src.requires_grad:
         d = clang.canonicalize_dim(g.ndim, dim, "ltorch.slice_scatter")
-        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)])
+        put_grad(src, g[(slice(None),) * d + (slice(start, end, step),)], complex_values=True)
     return out
 
 
@@ -293,9 +293,9 @@ def diagonal_scatter_grad(input, src, offset=0, dim1=0, dim2=1):
     out = diagonal_scatter(input, src, offset, dim1, dim2)
     g = get_grad(out)
     if input.requires_grad:
-        put_grad(input, diagonal_scatter(g, ltorch.zeros_like(src), offset, dim1, dim2))
+        put_grad(input, diagonal_scatter(g, ltorch.zeros_like(src), offset, dim1, dim2), complex_values=True)
     if src.requires_grad:
-        put_grad(src, diagonal(g, offset, dim1, dim2))
+        put_grad(src, diagonal(g, offset, dim1, dim2), complex_values=True)
     return out
 
 

@@ -83,7 +83,7 @@ def complex_call(func, ltorch_fn, args, kwargs):
     the symbol where it computes complex values (with gradients: where it is marked
     ``complex_grads``, its prims' VJP rules hold for them), eager's op otherwise."""
     differentiates = _differentiates(args, kwargs)
-    if differentiates and not _complex_grads(ltorch_fn, args, kwargs):
+    if differentiates and not complex_grads(ltorch_fn, args, kwargs):
         return _eager_with_grad(func, args, kwargs)
     values = (*args, *kwargs.values())
     try:
@@ -105,7 +105,7 @@ def complex_call(func, ltorch_fn, args, kwargs):
     return out
 
 
-def _complex_grads(ltorch_fn, args, kwargs) -> bool:
+def complex_grads(ltorch_fn, args, kwargs) -> bool:
     """Whether ``ltorch_fn`` differentiates complex values: its ``complex_grads`` mark, or what
     that mark, a predicate, says of these arguments."""
     native = getattr(ltorch_fn, "complex_grads", False)
