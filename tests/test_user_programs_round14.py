@@ -165,6 +165,26 @@ def test_a_failing_factorisation_outside_a_try_block_raises_as_eager():
     assert "check_value" not in str(thunder_rs.last_traces(run)[-1])  # (no read made outside a try)
 
 
+@pytest.mark.parametrize(
+    ("function", "args"),
+    [
+        (torch.nn.functional.embedding, (torch.tensor([0, 1]), torch.randn(4))),  # (a Python function of torch's)
+        (torch.linalg.cholesky, (torch.randn(3, 4),)),  # (a builtin: no frame of its own)
+    ],
+    ids=["embedding", "cholesky"],
+)
+def test_a_try_block_around_the_call_of_a_jitted_torch_function_is_not_the_programs(function, args):
+    # (the program is torch's: the caller's try is not in the program, whose check stays
+    # thunder_rs's, naming the op; the try of a test harness had made them eager's errors)
+    run = thunder_rs.jit(function)
+    try:
+        run(*args)
+    except RuntimeError as error:
+        raised = error
+    assert isinstance(raised, thunder_rs.errors.ThunderError), repr(raised)
+    assert not any("check_value" in str(trace) for trace in thunder_rs.last_traces(run))
+
+
 def test_on_inputs_without_data_a_call_in_a_try_block_is_traced_as_before():
     # (no value to read: eager's call on meta tensors raises nothing either)
     a, b = (torch.empty(*shape, dtype=torch.float64, device="meta") for shape in ((3, 3), (3, 1)))

@@ -30,7 +30,7 @@ from thunder_rs.core.acquisition.dynamic import leaf_paths
 from thunder_rs.core.acquisition.escapes import check_no_escape
 from thunder_rs.core.state.fsdp import refuse_dtensors
 from thunder_rs.core.acquisition.setters import note_settings_made
-from thunder_rs.core.base.userframe import read_site, store_site
+from thunder_rs.core.base.userframe import program_entry, read_site, store_site
 from thunder_rs.core.state.guards import CellSource, ModuleSource
 from thunder_rs.core.state.items import DICTS, changes_in_place
 from thunder_rs.core.lang.langctx import LanguageMode, refusals_not_swallowed, torch_symbol
@@ -337,6 +337,7 @@ def _fresh(value, captures: Captures):
     return tree_map(lambda leaf: captures.proxy(leaf) if captures.is_created(leaf) else leaf, value, is_leaf=is_size)
 
 
+@program_entry
 def _run_on_proxies(fn, flat_inputs, in_spec, rec, positions, binding, reached, size_inputs, captures, captured):
     """Runs the program on proxies (while recording); returns its output, the observer of its reads, the
     ``(clone, original)`` modules it ran and its ``TracedInputs``. (``captured``: ``CapturedModules``.)"""

@@ -178,17 +178,22 @@ def handling_frame():
     its current line inside the body of a ``try`` statement with ``except`` clauses (where an
     exception raised there is handled by the program); None where there is none."""
     frame = sys._getframe(1)
-    seen_user = False
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if is_user_file(path):
-            seen_user = True
-            if _in_try_body(frame.f_code, frame.f_lineno):
-                return frame
-        elif seen_user and path.startswith(PACKAGE_DIR):
-            return None  # (thunder_rs called the program there: the frames beyond are not its)
+    while frame is not None and frame.f_code not in _PROGRAM_ENTRIES:  # (the frames beyond are not its)
+        if is_user_file(frame.f_code.co_filename) and _in_try_body(frame.f_code, frame.f_lineno):
+            return frame
         frame = frame.f_back
     return None
+
+
+#: the codes of thunder_rs's functions that call the program (``program_entry``)
+_PROGRAM_ENTRIES: set = set()
+
+
+def program_entry(function):
+    """Marks ``function`` as one that calls the program being traced: ``handling_frame`` looks no
+    further out (the program may be torch's own function, even a builtin: no frame of its own)."""
+    _PROGRAM_ENTRIES.add(function.__code__)
+    return function
 
 
 def _in_try_body(code, lineno: int | None) -> bool:
