@@ -79,6 +79,8 @@ class CompiledGraph:
         _trace_constructors(gm)
         _data_reads(gm)
         _data_writes(gm)
+        _numpy_operators(gm)
+        _requires_grad_flags(gm)
         #: whether the graph enters inference mode (then a trace given up part way leaves it)
         self.enters_inference = _inference_modes(gm)
         _user_checkpoints(gm, example_inputs)
@@ -223,6 +225,47 @@ def _data_reads(gm: torch.fx.GraphModule) -> None:
         node.target = _data_of
     if reads:
         gm.recompile()
+
+
+class _NumpyOperator:
+    """Dynamo's ``numpy_operator_wrapper`` (``-x`` of a NumPy value Dynamo holds as a tensor:
+    ``-np.log(r)``), which applies the operator with ``torch._C.DisableTorchFunction``: traced, its
+    ``torch.neg`` bypassed thunder_rs and the whole graph ran eagerly. The same operator on the same
+    ``torch._numpy`` arrays, with torch functions seen."""
+
+    def __init__(self, op):
+        self.op, self.__name__ = op, f"wrapped_{op.__name__}"
+
+    def __call__(self, *args):
+        from torch._dynamo.utils import numpy_to_tensor
+        from torch._numpy import ndarray
+
+        return numpy_to_tensor(self.op(*(ndarray(a) if isinstance(a, torch.Tensor) else a for a in args)))
+
+
+def _numpy_operators(gm: torch.fx.GraphModule) -> None:
+    from torch._dynamo.utils import numpy_operator_wrapper
+
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, numpy_operator_wrapper)]
+    for node in calls:
+        node.target = _NumpyOperator(node.target.op)
+    if calls:
+        gm.recompile()
+
+
+def _requires_grad_flags(gm: torch.fx.GraphModule) -> None:
+    """Dynamo writes ``t.requires_grad_()`` between ``set_inplace_requires_grad_allowed(True)`` and
+    ``(False)``, functorch's flag that lets a transform's tensors be made to require grad: outside a
+    transform it changes nothing, yet its calls made the whole graph run eagerly (MRA's
+    ``torch.zeros_like(q).requires_grad_()`` in evaluation). Where the graph calls no transform, the
+    flag's calls go; thunder_rs traces ``requires_grad_`` as under ``jit``."""
+    setter = torch._C._functorch.set_inplace_requires_grad_allowed
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is setter]
+    if not calls or _transform_call(gm, ignoring=setter) is not None or any(n.users for n in calls):
+        return
+    for node in calls:
+        gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def _set_data_of(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -404,15 +447,16 @@ def _function_of(fwd, bwd, *, non_differentiable_idx, saved_for_backward_idx, di
     return DynamoFunction
 
 
-def _transform_call(gm: torch.fx.GraphModule) -> str | None:
-    """The name of the first call in ``gm`` that drives a torch.func transform thunder_rs does
-    not trace, or None."""
+def _transform_call(gm: torch.fx.GraphModule, ignoring=None) -> str | None:
+    """The name of the first call in ``gm`` (but of ``ignoring``) that drives a torch.func
+    transform thunder_rs does not trace, or None."""
     for node in gm.graph.nodes:
         module = getattr(node.target, "__module__", None) or ""
         if (
             node.op == "call_function"
             and module.startswith(_TRANSFORM_MODULES)
             and node.target not in _TRACED_TRANSFORM_CALLS
+            and node.target is not ignoring
         ):
             return f"{module}.{getattr(node.target, '__name__', node.target)}"
     return None

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from thunder_rs import clang, prims
 from thunder_rs.core.base.layouts import is_dense, layout_of
 from thunder_rs.core.lang.eager_layouts import eager_strides
-from thunder_rs.core.lang.fallback import fallback, refuse_draw_made_again, user_fallback
+from thunder_rs.core.lang.fallback import META_RULES, fallback, refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.symint import hint
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.base.proxies import TensorProxy
@@ -251,6 +251,11 @@ def _define_sampler(name: str):
         return method(torch.empty_like(self), *args, **kwargs)
 
     on_fresh.__name__ = on_fresh.__qualname__ = f"{name}on_fresh"
+    # What it returns is laid out as ``self``, whatever its arguments: no run on values to tell, which
+    # drew for real while traced where an argument is a 0-d tensor (``uniform_(-r, r)`` of NumPy
+    # values Dynamo holds as tensors, whose meta run reads them), and the compiling call's values were
+    # the draws after those.
+    META_RULES[on_fresh] = lambda self, *args, **kwargs: torch.empty_like(self)
 
     @torchsymbol(on_fresh, name=name)
     def sampler(self, *args, **kwargs):

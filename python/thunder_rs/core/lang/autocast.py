@@ -159,7 +159,11 @@ _ATEN_NAMES = {
     "cross_entropy": "cross_entropy_loss",
     "concat": "cat",
     "concatenate": "cat",
+    "grid_sample": "grid_sampler",
 }
+#: ``F.pad``'s modes whose aten op autocast lists (by the number of padded dims): ``circular`` pads
+#: by slices and ``cat``, ``constant`` by ``constant_pad_nd``, neither listed.
+_PAD_OPS = {"reflect": "reflection_pad", "replicate": "replication_pad"}
 
 
 class AutocastState(NamedTuple):
@@ -194,8 +198,15 @@ def state() -> AutocastState | None:
     return found
 
 
-def aten_name(func) -> str:
+def aten_name(func, args: tuple = (), kwargs: dict | None = None) -> str:
+    """The aten op eager's autocast sees for a call of ``func``: ``F.pad`` by its mode and padding
+    (``reflection_pad2d``), others by name."""
     name = getattr(func, "__name__", "")
+    if name == "pad" and func in (torch.nn.functional.pad, torch._C._nn.pad):
+        kwargs = kwargs or {}
+        mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+        padding = args[1] if len(args) > 1 else kwargs.get("pad", ())
+        return f"{_PAD_OPS[mode]}{len(padding) // 2}d" if mode in _PAD_OPS else name
     return _ATEN_NAMES.get(name, name)
 
 
@@ -400,7 +411,7 @@ def cast_inputs(func, args: tuple, kwargs: dict):
     inside a decomposition (an open composite) run as aten kernels do, unautocast."""
     if not _is_any_autocast_enabled() or current().depth != _user_depth.get():
         return args, kwargs
-    op = aten_name(func)
+    op = aten_name(func, args, kwargs)
     for device_type in ("cpu", "cuda"):
         policy = POLICIES[device_type].get(op)
         if policy is not None and torch.is_autocast_enabled(device_type) and not _runs_unlisted(op, device_type, args):

@@ -402,6 +402,9 @@ _DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputExcept
 #: What an op that reads an argument's values on the CPU says of its meta stand-in ("batch_sizes
 #: tensor should be on CPU, but got meta"; "... a 1D CPU int64 tensor, but got 1D meta Long tensor").
 _WANTS_THE_CPU = re.compile(r"\bCPU\b.*\bbut got\b.*\bmeta\b")
+#: A fake tensor's data read (under autocast, where metadata comes from fake tensors): ``torch.tensor``
+#: of a list of 0-d tensors reads each one's value, as ``Tensor.item()`` of a meta tensor refuses.
+_FAKE_DATA = "data is not allocated yet"
 
 
 class _NeedsValues(Exception):
@@ -483,7 +486,7 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
             if autocast_state is not None:
                 with FakeTensorMode():
                     fake_args, fake_kwargs = tree_map(_to_fake, (args, kwargs))
-                    return func(*fake_args, **fake_kwargs)
+                    return META_RULES.get(func, func)(*fake_args, **fake_kwargs)
             meta_args, meta_kwargs = tree_map(_to_meta, (args, kwargs))
             if factory:
                 meta_kwargs["device"] = "meta"
@@ -500,7 +503,7 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
         except Exception as e:
             # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``;
             # a packed sequence's RNN steps through its ``batch_sizes``, which it wants on the CPU).
-            if "meta tensor" in str(e).lower() or _WANTS_THE_CPU.search(str(e)):
+            if "meta tensor" in str(e).lower() or _WANTS_THE_CPU.search(str(e)) or _FAKE_DATA in str(e):
                 raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
