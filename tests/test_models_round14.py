@@ -227,3 +227,52 @@ def test_requires_grad_of_a_new_tensor_in_a_dynamo_graph_is_traced():
     _assert_equal(*seen, "output and requires_grad")
     graphs = [g for g in thunder_rs.dynamo.compiled_graphs() if g not in earlier]
     assert graphs and all(g.jitted is not None for g in graphs), [g.eager_because for g in graphs]
+
+
+_RESIZES = [  # (mode, input rank, antialias)
+    ("nearest", 3, False),
+    ("nearest", 4, False),
+    ("nearest-exact", 5, False),
+    ("linear", 3, False),
+    ("bilinear", 4, False),
+    ("bilinear", 4, True),
+    ("bicubic", 4, False),
+    ("bicubic", 4, True),
+    ("trilinear", 5, False),
+    ("area", 4, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("mode", "rank", "antialias"), _RESIZES)
+def test_interpolate_under_cuda_autocast_has_eagers_dtype(fake_cuda, mode, rank, antialias, dtype):
+    """CUDA's autocast runs the upsample kernels in float32 (a bfloat16 input gives a float32
+    output); the jit looked the policy up as ``interpolate``, found none, and resized in bfloat16.
+    ``area`` is an adaptive average pool, not listed: the input's dtype in both."""
+    x = torch.randn(2, 3, *[8] * (rank - 2), device="cuda", dtype=dtype)
+
+    def resized(x):
+        return F.interpolate(x * 2, scale_factor=2, mode=mode, antialias=antialias) + 1
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected, got = resized(x), thunder_rs.jit(resized)(x)
+    assert (got.dtype, got.shape, got.stride()) == (expected.dtype, expected.shape, expected.stride())
+
+
+@pytest.mark.parametrize(("mode", "rank"), [("area", 5), ("area", 4), ("bilinear", 4), ("nearest", 5)])
+def test_interpolate_under_cpu_autocast_is_eagers(mode, rank):
+    """The CPU's autocast lists ``adaptive_avg_pool3d`` (``area`` of a 5-D input) as float32 and no
+    upsample: values and gradients bit-equal to eager."""
+
+    def resized(x, w):
+        return F.interpolate(F.linear(x, w), size=[6] * (rank - 2), mode=mode) * 3
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 2, *[4] * (rank - 2), generator=g), torch.randn(4, 4, generator=g)
+    seen = []
+    for call in (thunder_rs.jit(resized), resized):
+        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = call(*leaves)
+        seen.append([out, *torch.autograd.grad(out.float().sum(), leaves)])
+    _assert_equal(*seen, "output and gradients")

@@ -164,6 +164,18 @@ _ATEN_NAMES = {
 #: ``F.pad``'s modes whose aten op autocast lists (by the number of padded dims): ``circular`` pads
 #: by slices and ``cat``, ``constant`` by ``constant_pad_nd``, neither listed.
 _PAD_OPS = {"reflect": "reflection_pad", "replicate": "replication_pad"}
+#: ``F.interpolate``'s aten op by mode (``{}``: the number of resized dims; antialiased bilinear
+#: and bicubic are ``_upsample_*_aa``): CUDA's autocast lists the upsamples as float32, the CPU's
+#: ``adaptive_avg_pool3d`` (``area`` of a 5-D input)
+_INTERPOLATE_OPS = {
+    "nearest": "upsample_nearest{}d",
+    "nearest-exact": "_upsample_nearest_exact{}d",
+    "linear": "upsample_linear1d",
+    "bilinear": "upsample_bilinear2d",
+    "bicubic": "upsample_bicubic2d",
+    "trilinear": "upsample_trilinear3d",
+    "area": "adaptive_avg_pool{}d",
+}
 
 
 class AutocastState(NamedTuple):
@@ -200,14 +212,25 @@ def state() -> AutocastState | None:
 
 def aten_name(func, args: tuple = (), kwargs: dict | None = None) -> str:
     """The aten op eager's autocast sees for a call of ``func``: ``F.pad`` by its mode and padding
-    (``reflection_pad2d``), others by name."""
+    (``reflection_pad2d``), ``F.interpolate`` by its mode and rank (``upsample_bilinear2d``),
+    others by name."""
     name = getattr(func, "__name__", "")
     if name == "pad" and func in (torch.nn.functional.pad, torch._C._nn.pad):
         kwargs = kwargs or {}
         mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
         padding = args[1] if len(args) > 1 else kwargs.get("pad", ())
         return f"{_PAD_OPS[mode]}{len(padding) // 2}d" if mode in _PAD_OPS else name
+    if name == "interpolate" and func is torch.nn.functional.interpolate:
+        return _interpolate_op(args, kwargs or {})
     return _ATEN_NAMES.get(name, name)
+
+
+def _interpolate_op(args: tuple, kwargs: dict) -> str:
+    x = args[0] if args else kwargs.get("input")
+    mode = args[3] if len(args) > 3 else kwargs.get("mode", "nearest")
+    antialias = args[6] if len(args) > 6 else kwargs.get("antialias", False)
+    op = _INTERPOLATE_OPS.get(mode, "interpolate").format(getattr(x, "ndim", 2) - 2)
+    return f"_{op}_aa" if antialias and mode in ("bilinear", "bicubic") else op
 
 
 def _eligible(x, device_type: str) -> bool:
