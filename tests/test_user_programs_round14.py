@@ -31,6 +31,9 @@ Dynamo itself (``backend="eager"`` too) keeps a graph traced before a global mod
 submodule's hook was registered, and raises the call's error where eager's ``except`` clause
 runs: left to it."""
 
+import ast
+import inspect
+
 import pytest
 import torch
 
@@ -201,3 +204,44 @@ def test_a_forward_setting_requires_grad_of_its_parameters_is_refused_naming_the
         thunder_rs.jit(model)(torch.randn(2, 3), True)
     assert _line(programs.FrozenInside.forward, "requires_grad_(False)") in str(e.value)
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_a_functions_try_bodies_parsed_alone_are_those_of_its_files_tree():
+    # (handling_frame parses a function's own lines, not its whole file: the same line ranges)
+    import contextlib
+    import json
+
+    from thunder_rs.core.base import userframe
+
+    codes = [
+        f.__code__
+        for module in (python, programs, json.decoder, contextlib)
+        for f in vars(module).values()
+        if inspect.isfunction(f) and f.__code__.co_name != "<lambda>"
+    ]
+    codes += [c for c in list(codes) for c in c.co_consts if inspect.iscode(c) and c.co_name != "<lambda>"]
+    with_tries = 0
+    for code in codes:
+        alone, shift = userframe._function_node(code)
+        tree = userframe._parsed(code.co_filename)
+        defs = [
+            fn
+            for fn in ast.walk(tree)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and userframe._first_line(fn) == code.co_firstlineno
+        ]
+        if not defs:  # (a class body, a comprehension: no function of its own)
+            assert alone is None, code
+            continue
+        whole = defs[0]
+        ranges = [
+            [
+                (t.body[0].lineno + s, t.body[-1].end_lineno + s)
+                for t in userframe._own_nodes(fn)
+                if isinstance(t, ast.Try)
+            ]
+            for fn, s in ((alone, shift), (whole, 0))
+        ]
+        assert ranges[0] == ranges[1], code
+        with_tries += bool(ranges[0])
+    assert with_tries >= 3

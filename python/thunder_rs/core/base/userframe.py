@@ -2,10 +2,14 @@
 log records name."""
 
 import ast
+import dis
+import inspect
 import linecache
 import os
 import re
 import sys
+import textwrap
+import tokenize
 import warnings
 import weakref
 
@@ -211,24 +215,54 @@ def _try_bodies(code) -> tuple:
     function of ``code`` (not in functions it defines), by parsing its file once per code object."""
     found = _TRY_BODIES.get(code)
     if found is None:
-        found = _TRY_BODIES[code] = _parsed_try_bodies(code)
+        found = _TRY_BODIES[code] = _parsed_try_bodies(code) if _handles_exceptions(code) else ()
     return found
 
 
+_SETUP_FINALLY = dis.opmap.get("SETUP_FINALLY")  # (3.10's; later ones keep a table)
+
+
+def _handles_exceptions(code) -> bool:
+    """Whether ``code`` may have a ``try`` statement, without parsing its file: a code without an
+    exception table (3.11 on: no ``try``, ``with`` or inlined comprehension) has none; on 3.10,
+    one with no ``SETUP_FINALLY`` (which every ``try`` starts with)."""
+    table = getattr(code, "co_exceptiontable", None)
+    if table is not None:
+        return bool(table)
+    raw = code.co_code
+    return any(raw[i] == _SETUP_FINALLY for i in range(0, len(raw), 2))
+
+
 def _parsed_try_bodies(code) -> tuple:
+    fn, shift = _function_node(code)
+    if fn is None:
+        return ()
+    tries = [node for node in _own_nodes(fn) if isinstance(node, _TRIES) and node.handlers]
+    return tuple((t.body[0].lineno + shift, (t.body[-1].end_lineno or t.body[-1].lineno) + shift) for t in tries)
+
+
+def _function_node(code) -> tuple:
+    """The syntax tree of the function of ``code`` and what to add to its line numbers: its own
+    lines parsed where they parse alone (a file of transformers' takes tens of milliseconds
+    whole), else found in its file's tree; (None, 0) where neither has it."""
+    lines, first = linecache.getlines(code.co_filename), code.co_firstlineno
+    if code.co_name != "<lambda>" and 0 < first <= len(lines):
+        try:
+            tree = ast.parse(textwrap.dedent("".join(inspect.getblock(lines[first - 1 :]))))
+        except (SyntaxError, ValueError, tokenize.TokenError):
+            tree = None  # (a docstring's lines left of the def's indentation: the file's tree)
+        fn = tree.body[0] if tree is not None and tree.body else None
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == code.co_name:
+            return fn, first - 1
     tree = _parsed(code.co_filename)
     if tree is None:
-        return ()
-    first = code.co_firstlineno
+        return None, 0
     defs = [
         fn
         for fn in ast.walk(tree)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and _first_line(fn) == first
     ]
-    if not defs:
-        return ()
-    tries = [node for node in _own_nodes(defs[0]) if isinstance(node, _TRIES) and node.handlers]
-    return tuple((t.body[0].lineno, t.body[-1].end_lineno or t.body[-1].lineno) for t in tries)
+    return (defs[0], 0) if defs else (None, 0)
 
 
 _TRIES = (ast.Try, getattr(ast, "TryStar", ast.Try))
