@@ -11,6 +11,7 @@ import torch
 
 from thunder_rs import _core
 from thunder_rs.core.base.proxies import TensorProxy, requires_grad_of
+from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang.recorder import current, note_gradient_through, output_meta, proxies
 from thunder_rs.core.lang.symfloat import SymFloat
 from thunder_rs.core.lang.symint import SymInt, hint
@@ -279,3 +280,18 @@ class OpaqueKernel:
 
     def __repr__(self):
         return f"<kernel {self.symbol_name}>"
+
+
+def refuse_sparse_grads(op: str, weight, sparse: bool) -> None:
+    """``F.embedding``'s and ``F.embedding_bag``'s ``sparse``: eager's weight gradient would be a
+    sparse tensor (for SparseAdam), thunder_rs's are dense; without one (no grad, or a frozen
+    weight) ``sparse`` only names the gradient's layout, and the results are eager's."""
+    check(
+        not (sparse and weight.requires_grad and torch.is_grad_enabled()),
+        op,
+        lambda: (
+            f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
+            "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)"
+        ),
+        ThunderNotImplementedError,
+    )

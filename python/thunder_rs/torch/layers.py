@@ -15,14 +15,13 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from thunder_rs import prims
-from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang import autocast
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderValueError, check
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.core.lang.symint import same_shape
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
-from thunder_rs.torch.common import OpaqueKernel, flows, sum_to
+from thunder_rs.torch.common import OpaqueKernel, flows, refuse_sparse_grads, sum_to
 
 __all__ = ["bilinear", "trilinear", "embedding_bag"]
 
@@ -305,17 +304,7 @@ def _check_embedding_bag(op, input, weight, max_norm, scale_grad_by_freq, mode, 
         "max_norm renormalises weight in place, which only F.embedding_bag does (argument max_norm)",
         ThunderNotImplementedError,
     )
-    # Eager's weight gradient would be a sparse tensor (for SparseAdam); without one (no grad, or a
-    # frozen weight) sparse only names the gradient's layout, and the bags are eager's.
-    check(
-        not (sparse and weight.requires_grad and torch.is_grad_enabled()),
-        op,
-        lambda: (
-            f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
-            "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)"
-        ),
-        ThunderNotImplementedError,
-    )
+    refuse_sparse_grads(op, weight, sparse)
     check(
         weight.dtype.is_floating_point,
         op,

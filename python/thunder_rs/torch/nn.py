@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from thunder_rs import clang, prims
 from thunder_rs.core.base.proxies import TensorProxy
-from thunder_rs.core.base.userframe import user_location
 from thunder_rs.core.lang import replayed_draws
 from thunder_rs.core.lang.fallback import refuse_draw_made_again, user_fallback
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
@@ -33,6 +32,7 @@ from thunder_rs.errors import (
 )
 from thunder_rs.torch.common import (
     SCALAR_NAMES,
+    refuse_sparse_grads,
     broadcast_back,
     cast,
     compute_dtype,
@@ -201,16 +201,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
         ThunderRuntimeError,
     )
     check(weight.ndim == 2, op, f"'weight' must be 2-D, got {weight.ndim}-D (argument weight)", ThunderRuntimeError)
-    # Eager's weight gradient would be a sparse tensor (for SparseAdam); thunder_rs's are dense.
-    check(
-        not (sparse and weight.requires_grad and torch.is_grad_enabled()),
-        op,
-        lambda: (
-            f"sparse gradients are not supported (at {user_location()}): eager's weight gradient would be a "
-            "sparse tensor (for SparseAdam), thunder_rs's a dense one; use sparse=False (argument sparse)"
-        ),
-        ThunderNotImplementedError,
-    )
+    refuse_sparse_grads(op, weight, sparse)
     if padding_idx is not None:
         # padding_idx only changes the gradient; eager checks its range with assertions.
         check(
