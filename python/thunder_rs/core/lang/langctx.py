@@ -287,7 +287,10 @@ def torch_function(func, args, kwargs):
     if state.inside == 0:  # the program's own call: what eager's autograd saves of it is noted
         args, kwargs = _own_containers(args), _own_containers(kwargs)
         if func in RAISE_ON_VALUES and (reads := values.active()) is not None and _may_raise(func, args):
-            reads.raised(func, *lift_captured(args, kwargs))
+            out = reads.raised(func, *lift_captured(args, kwargs), _fusable(func, args, kwargs))
+            if out is not None:  # (the op, recorded as its own check)
+                note_call(func, args, kwargs, out)
+                return out
         out = _observed(_torch_function, func, args, kwargs) if _hook_set(state) else _inside(func, args, kwargs)
         note_call(func, args, kwargs, out)
         return out
@@ -304,6 +307,21 @@ def _may_raise(func, args) -> bool:
     ):
         return False
     return handling_frame() is not None
+
+
+def _fusable(func, args, kwargs) -> bool:
+    """Whether ``func(*args, **kwargs)``, one of ``RAISE_ON_VALUES`` made in a ``try`` body, may be
+    recorded as its own check (``ValueReads.raised``): an eager call whose outputs require no
+    gradient (its grad rule needs the op recorded), write nothing (``out=``, an embedding's
+    ``max_norm`` renormalising its weight) and are no view (indexing may return one)."""
+    if func is _T.__getitem__ or "out" in kwargs or kwargs.get("max_norm") is not None:
+        return False
+    if func is torch.nn.functional.embedding and len(args) > 3 and args[3] is not None:
+        return False
+    return not (
+        torch.is_grad_enabled()
+        and any(isinstance(x, TensorProxy) and x.requires_grad for x in (*args, *kwargs.values()))
+    )
 
 
 def _own_containers(x):

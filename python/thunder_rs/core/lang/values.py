@@ -106,18 +106,42 @@ class ValueReads:
         self._record(reader, func, value, proxies)
         return value
 
-    def raised(self, func, args, kwargs) -> None:
+    def raised(self, func, args, kwargs, fused: bool = False):
         """``func(*args, **kwargs)``, a call that raises on some values of its tensors (a
         factorisation of a matrix that is not positive definite), made inside the program's
         ``try`` block: whether it raises on this call's values is a read (the trace checks it on
         every call, and the variant for the other outcome runs there); where it raises, it raises
-        here as in eager, so that the program's ``except`` clause runs while traced."""
+        here as in eager, so that the program's ``except`` clause runs while traced.
+
+        ``fused`` (the caller's outputs require no gradient): where the call succeeds, the check
+        is the call itself, recorded as an eager call that raises ``Diverged`` where it raises
+        (``_Checked``), and its outputs are returned: a compiled call runs the op once, not a
+        check and then the op. Otherwise (None returned) the caller records the op after the
+        check, for its gradient."""
         if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in self.inputs):
-            return  # (on inputs without data, eager's call raises on none either)
+            return None  # (on inputs without data, eager's call raises on none either)
+        if fused and (out := self._checked_call(func, args, kwargs)) is not _RAISES:
+            return out
         raised = self.read(_Raised(func), args, kwargs)
         if raised is not None:
             self._run(func, args, kwargs, _proxies_in(args, kwargs))  # (raises, with eager's message)
             raise raised(f"{fallback.qualified_name(func)} raised {raised.__name__} on these values")
+        return None
+
+    def _checked_call(self, func, args, kwargs):
+        """``func(*args, **kwargs)`` recorded as its own check (``raised``): its outputs where it
+        succeeds on this call's values (or a forced answer says so), else ``_RAISES`` (no read is
+        recorded then: ``read`` makes it)."""
+        reader, proxies = _Raised(func), _proxies_in(args, kwargs)
+        forced = self._next_forced(reader)
+        value = self._run(reader, args, kwargs, proxies) if forced is None else forced.value
+        if value is not None:
+            return _RAISES
+        site = (fallback.qualified_name(reader), user_location())
+        self._seen[site] = self._seen.get(site, -1) + 1  # (counted as ``read`` counts its reads)
+        read = Read(len(self.reads), site[0], site[1], None, reader)
+        self.reads.append(read)
+        return fallback.fallback(_checked(func), (read, *args), kwargs, effect=True)
 
     def sized(self, func, args, kwargs):
         """The real outputs of ``func(*args, **kwargs)``, a call whose output sizes depend on the
@@ -312,6 +336,37 @@ class _Raised:
         except Exception as e:  # noqa: BLE001 (which one the variant is for)
             return type(e)
         return None
+
+
+#: ``_checked_call``'s answer where the call raises on this call's values.
+_RAISES = object()
+
+
+class _Checked:
+    """``func`` run by a compiled call as the check that it raises nothing (``raised``): its
+    outputs, or ``Diverged`` with the class of what it raised (the variant for that outcome runs
+    instead, as after a failed check). On tensors without data (the outputs' metadata) its errors
+    are its own."""
+
+    def __init__(self, func):
+        self._func = func
+        self.__name__ = f"{getattr(func, '__name__', 'call')}_checked"
+        self.__module__ = getattr(func, "__module__", None) or "torch"
+
+    def __call__(self, read: Read, *args, **kwargs):
+        try:
+            return self._func(*args, **kwargs)
+        except Exception as e:
+            tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+            if any(t.is_meta or type(t).__name__ == "FakeTensor" for t in tensors):
+                raise
+            raise Diverged(read, type(e)) from e
+
+
+@functools.cache
+def _checked(func) -> _Checked:
+    """One ``_Checked`` per ``func``: one fallback symbol for each."""
+    return _Checked(func)
 
 
 class _Truncated:
