@@ -149,3 +149,28 @@ def test_an_embedding_that_writes_its_table_in_a_try_block_is_eagers():
         ids = torch.tensor(ids)
         assert torch.equal(run(ids, tables[0]), _renormed(ids, tables[1]))
         assert torch.equal(tables[0], tables[1])
+
+
+def _counts(x):
+    try:
+        counts = torch.bincount(x)
+    except RuntimeError:  # (a negative value)
+        counts = torch.zeros(1, dtype=torch.int64)
+    return counts * 2
+
+
+@pytest.mark.filterwarnings("ignore:thunder_rs.*recompiled")
+def test_sizes_that_change_stay_symbolic_as_where_the_op_is_recorded_after_its_check():
+    # (on tensors of symbolic sizes the op is recorded after its check; a bincount's output size
+    # read where it is its own check is at the site of one recorded after it: one variant serves
+    # every count, as before)
+    run = thunder_rs.jit(_factored)
+    for n in (3, 4, 5, 6, 5):
+        for sign in (1.0, -1.0):
+            a, b = sign * torch.eye(n, dtype=torch.float64), torch.ones(n, 1, dtype=torch.float64)
+            _assert_equal(run(a, b), _factored(a, b))
+    assert thunder_rs.cache_misses(run) == 4
+    run = thunder_rs.jit(_counts)
+    for x in ([1, 2, 2], [0, 5, 1], [-1, 2], [3, 3], [1, 7, 2, 2]):
+        assert torch.equal(run(torch.tensor(x)), _counts(torch.tensor(x)))
+    assert thunder_rs.cache_misses(run) == 4

@@ -313,15 +313,17 @@ def _fusable(func, args, kwargs) -> bool:
     """Whether ``func(*args, **kwargs)``, one of ``RAISE_ON_VALUES`` made in a ``try`` body, may be
     recorded as its own check (``ValueReads.raised``): an eager call whose outputs require no
     gradient (its grad rule needs the op recorded), write nothing (``out=``, an embedding's
-    ``max_norm`` renormalising its weight) and are no view (indexing may return one)."""
+    ``max_norm`` renormalising its weight) and are no view (indexing may return one), on tensors
+    of constant sizes (an eager call's symbolic output sizes come from fake tensors, on which a
+    factorisation's check of its values fails: the compile would fall back to constant sizes)."""
     if func is _T.__getitem__ or "out" in kwargs or kwargs.get("max_norm") is not None:
         return False
     if func is torch.nn.functional.embedding and len(args) > 3 and args[3] is not None:
         return False
-    return not (
-        torch.is_grad_enabled()
-        and any(isinstance(x, TensorProxy) and x.requires_grad for x in (*args, *kwargs.values()))
-    )
+    tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, TensorProxy)]
+    if any(x._symbolic for x in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors))
 
 
 def _own_containers(x):

@@ -346,12 +346,15 @@ class _Checked:
     """``func`` run by a compiled call as the check that it raises nothing (``raised``): its
     outputs, or ``Diverged`` with the class of what it raised (the variant for that outcome runs
     instead, as after a failed check). On tensors without data (the outputs' metadata) its errors
-    are its own."""
+    are its own. It is named as ``func`` (``fallback.qualified_name``), so that the reads of its
+    output sizes (``bincount``'s) are at the site of ``func``'s, as where it is not fused."""
 
     def __init__(self, func):
         self._func = func
-        self.__name__ = f"{getattr(func, '__name__', 'call')}_checked"
+        self.__name__ = getattr(func, "__name__", "call")
         self.__module__ = getattr(func, "__module__", None) or "torch"
+        if hasattr(func, "__objclass__"):  # (a Tensor method: ``torch.Tensor.bincount``)
+            self.__objclass__ = func.__objclass__
 
     def __call__(self, read: Read, *args, **kwargs):
         try:
