@@ -1,6 +1,20 @@
 """Programs as users write them, round 15, each next to eager over several calls while the Python
 state they read through the standard library, or the values that steer them, change between
-calls. The programs sit in ``user_programs_round15*.py``."""
+calls: ``functools`` caches (an ``lru_cache`` answering a stale value until cleared, a deleted
+``cached_property``), nested partials, ``itertools``/``collections``/``dataclasses``/``enum``
+state, ``contextvars`` and ``threading.local`` from other contexts and threads, ``operator``,
+``bisect``, ``heapq``, ``statistics``, ``os.environ``, ``copy.copy`` of a submodule, ``sys.flags``
+and warning filters; and data-dependent model code (branches on sums, ``item()`` loop counts,
+early exits, ``nonzero`` rows, ``masked_select`` losses, a Newton ``while`` loop, ``torch.cond``,
+MoE routing with empty experts, ``tolist()`` indices, a greedy decode, an expert picked by
+``argmax``, a Python counter of finite losses). The programs sit in ``user_programs_round15*.py``.
+
+What differs: tracing runs a clone of each submodule, so a dict or ``WeakKeyDictionary`` keyed by
+the user's submodule finds no entry for ``self.a`` while traced (xfail below, strict). Dynamo
+itself (``backend="eager"`` too) reads a changed global past an ``lru_cache`` and keeps values
+read from a ``ChainMap`` and ``os.environ`` membership before they changed: left to it.
+``torch.compiler.is_dynamo_compiling()`` stays False under ``thunder_rs.jit`` by choice (last test).
+A call that raises on values inside a ``try`` block runs once per call: ``test_try_checks_once.py``."""
 
 import pytest
 import torch
