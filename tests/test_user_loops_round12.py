@@ -24,6 +24,7 @@ from user_loops_round12 import (
     Decoder,
     DictCached,
     IntCountingDecoder,
+    ReferenceLlama,
     RingDecoder,
     SlottedDecoder,
     TensorStartDecoder,
@@ -33,6 +34,7 @@ from user_loops_round12 import (
     fed_one_by_one,
     lm_loss,
     prefill_and_decode,
+    reference_generate,
     ring_decode,
     sampled_decode,
     speculative_greedy,
@@ -213,6 +215,22 @@ def test_a_cache_dict_the_call_rebinds_items_of_is_eagers(mode):
         return fed_one_by_one(lambda ids, _: call(ids, cache), PROMPT), cache["keys"], cache["values"]
 
     check_counts(mode, decodes_as_eager(DictCached, no_grad(run), mode), [2])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_metas_reference_llama_generate_is_eagers(mode):
+    """Meta's reference Llama and its ``generate``, in small: the caches plain attributes
+    rebound by ``.to(xq)`` and written by slice at ``start_pos``, complex rotary embeddings, the
+    ``forward`` under ``@torch.inference_mode()``, prompts of three lengths sampled from where the
+    shortest ends: tokens, logits, the caches and the RNG state as eager's. The prompt, then
+    every later step with ``start_pos`` symbolic."""
+
+    def run(wrap, m):
+        tokens, logits = reference_generate(wrap(m), [[5, 7, 9, 11], [3, 4], [8, 1, 2]])
+        caches = [(layer.cache_k, layer.cache_v, layer.cache_k.is_inference()) for layer in m.layers]
+        return tokens, logits, caches, [t.is_inference() for t in logits]
+
+    check_counts(mode, decodes_as_eager(ReferenceLlama, run, mode), [2])
 
 
 # -------------------------------------------------------- beams, windows, slots, speculation

@@ -348,3 +348,96 @@ def lm_loss(call, ids):
     """Next-token cross-entropy of ``ids`` fed from position 0 (the cache overwritten)."""
     logits = call(ids[:, :-1], 0)
     return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+
+
+def rotary_frequencies(dim: int, end: int, theta: float = 10000.0):
+    """Complex rotations ``e^{i t f}`` for positions ``t < end`` (Meta's reference Llama)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    angles = torch.outer(torch.arange(end), freqs).float()
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def rotated(x, rotations):
+    """``x``'s pairs of features as complex numbers, rotated, back to real (``view_as_complex``)."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * rotations.view(1, pairs.shape[1], 1, pairs.shape[-1])).flatten(3).type_as(x)
+
+
+class ReferenceAttention(nn.Module):
+    """Grouped-query attention as Meta's reference Llama writes it: caches of ``(max_batch,
+    max_seq, kv_heads, head_dim)`` kept as plain attributes, rebound by ``.to(xq)`` each call,
+    written by slice assignment at ``start_pos`` (a Python int), the keys repeated per group."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2, max_batch: int = 3, max_seq: int = 24):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.cache_k = torch.zeros(max_batch, max_seq, kv_heads, self.head_dim)
+        self.cache_v = torch.zeros(max_batch, max_seq, kv_heads, self.head_dim)
+
+    def forward(self, x, start_pos: int, rotations, mask):
+        b, n, _ = x.shape
+        xq = rotated(self.wq(x).view(b, n, self.heads, self.head_dim), rotations)
+        xk = rotated(self.wk(x).view(b, n, self.kv_heads, self.head_dim), rotations)
+        xv = self.wv(x).view(b, n, self.kv_heads, self.head_dim)
+        self.cache_k, self.cache_v = self.cache_k.to(xq), self.cache_v.to(xq)
+        self.cache_k[:b, start_pos : start_pos + n] = xk
+        self.cache_v[:b, start_pos : start_pos + n] = xv
+        repeat = self.heads // self.kv_heads
+        keys = self.cache_k[:b, : start_pos + n].repeat_interleave(repeat, 2).transpose(1, 2)
+        values = self.cache_v[:b, : start_pos + n].repeat_interleave(repeat, 2).transpose(1, 2)
+        scores = xq.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores + mask
+        out = F.softmax(scores.float(), dim=-1).type_as(xq) @ values
+        return self.wo(out.transpose(1, 2).contiguous().view(b, n, -1))
+
+
+class ReferenceLlama(nn.Module):
+    """Meta's reference Llama in small: its ``forward`` decorated ``@torch.inference_mode()``,
+    the rotations sliced at ``start_pos``, a mask only for a prompt (``hstack`` of zeros for the
+    cached positions and a ``triu`` of -inf)."""
+
+    def __init__(self, vocab: int = 50, dim: int = 32, layers: int = 2):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(ReferenceAttention(dim) for _ in range(layers))
+        self.norm, self.output = nn.RMSNorm(dim, eps=1e-5), nn.Linear(dim, vocab, bias=False)
+        self.freqs_cis = rotary_frequencies(dim // 4, 48)
+
+    @torch.inference_mode()
+    def forward(self, tokens, start_pos: int):
+        n = tokens.shape[1]
+        h = self.tok_embeddings(tokens)
+        rotations, mask = self.freqs_cis[start_pos : start_pos + n], None
+        if n > 1:
+            mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+            mask = torch.hstack([torch.zeros((n, start_pos)), mask]).type_as(h)
+        for layer in self.layers:
+            h = h + layer(h, start_pos, rotations, mask)
+        return self.output(self.norm(h)).float()
+
+
+def reference_generate(call, prompts, pad: int = 0, new: int = 6, eos: int = 13, temperature: float = 0.8):
+    """Meta's reference ``generate``: prompts of several lengths in one token buffer, fed from
+    the shortest prompt's end (``tokens[:, prev_pos:cur_pos]``), each row keeping its prompt's
+    tokens until its own prompt ends, sampled after, stopping when every row has met ``eos``."""
+    shortest, longest = min(map(len, prompts)), max(map(len, prompts))
+    tokens = torch.full((len(prompts), longest + new), pad, dtype=torch.long)
+    for k, t in enumerate(prompts):
+        tokens[k, : len(t)] = torch.tensor(t, dtype=torch.long)
+    prev_pos, ended, given, logits_seen = 0, torch.zeros(len(prompts), dtype=torch.bool), tokens != pad, []
+    with torch.inference_mode():
+        for cur_pos in range(shortest, tokens.shape[1]):
+            logits = call(tokens[:, prev_pos:cur_pos], prev_pos)
+            sampled = torch.multinomial(torch.softmax(logits[:, -1] / temperature, dim=-1), num_samples=1).reshape(-1)
+            tokens[:, cur_pos] = torch.where(given[:, cur_pos], tokens[:, cur_pos], sampled)
+            ended |= ~given[:, cur_pos] & (tokens[:, cur_pos] == eos)
+            prev_pos = cur_pos
+            logits_seen.append(logits)
+            if all(ended):
+                break
+    return tokens, logits_seen
