@@ -24,6 +24,7 @@ from user_loops_round12 import (
     Decoder,
     DictCached,
     IntCountingDecoder,
+    LazyCacheDecoder,
     ReferenceLlama,
     RingDecoder,
     SlottedDecoder,
@@ -323,6 +324,23 @@ def test_a_cache_holding_the_last_steps_graph_fails_the_next_backward_as_in_eage
 
     decodes_as_eager(lambda: Decoder(detach_cache=False), run, mode)
     assert len(errors) == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cache_made_under_inference_mode_refuses_the_training_steps_write_as_eager_does(mode):
+    """The cache tensors the first call makes under ``inference_mode`` are inference tensors: the
+    training step's write into them raises eager's error (a ``RuntimeError``), the caches left
+    as eager leaves them."""
+
+    def run(wrap, m):
+        call = wrap(m)
+        with torch.inference_mode():
+            tokens, _ = prefill_and_decode(call, PROMPT, new=3)
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            lm_loss(call, torch.cat([PROMPT, tokens], 1))
+        return tokens, [(layer.keys, layer.values, layer.keys.is_inference()) for layer in m.layers]
+
+    check_counts(mode, decodes_as_eager(LazyCacheDecoder, run, mode), [3], graph_limit=4)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -78,6 +78,23 @@ class Decoder(nn.Module):
         return self(ids, start), self.layers[0].keys.narrow(2, 0, start + ids.shape[1])
 
 
+class LazyCacheDecoder(Decoder):
+    """``Decoder`` whose cache tensors its first call makes (plain attributes, not buffers): made
+    under ``inference_mode``, they are inference tensors, which eager refuses to write outside it."""
+
+    def __init__(self):
+        super().__init__()
+        for layer in self.layers:
+            del layer.keys, layer.values
+            layer.keys = layer.values = None
+
+    def forward(self, ids, start):
+        for layer in self.layers:
+            if layer.keys is None:
+                layer.keys, layer.values = (torch.zeros(2, HEADS, LENGTH, DIM // HEADS) for _ in range(2))
+        return super().forward(ids, start)
+
+
 class IntCountingDecoder(Decoder):
     """``Decoder`` keeping its position as a Python int attribute that each call advances."""
 
