@@ -236,6 +236,29 @@ def reinforce(call, model):
     return out, [t for kept in optimizer.state.values() for t in kept.values()]
 
 
+def dropout_llama():
+    return T.LlamaForCausalLM(T.LlamaConfig(**BODY, attention_dropout=0.2))
+
+
+def sampled_then_trained_with_dropout(call, model):
+    """Twice: sampled under ``inference_mode`` in ``eval()``, then in ``train()`` an AdamW step on
+    the language-model loss of the samples (cloned out of inference mode) with attention dropout
+    drawing from the global generator."""
+    optimizer, out, mask = torch.optim.AdamW(model.parameters(), lr=1e-3), [], grown(prompts()["attention_mask"], 3)
+    for _ in range(2):
+        model.eval()
+        with torch.inference_mode():
+            sampled = call.generate(**prompts(), max_new_tokens=3, do_sample=True, pad_token_id=0, eos_token_id=None)
+        sampled = sampled.clone()
+        model.train()
+        loss = call(input_ids=sampled, attention_mask=mask, labels=sampled).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append((sampled, loss.detach()))
+    return out, [t for kept in optimizer.state.values() for t in kept.values()]
+
+
 def bfloat16_and_back(call, model):
     out = []
     for dtype in (torch.float32, torch.bfloat16, torch.float32):
@@ -376,6 +399,7 @@ RECIPES = {
     "contrastive": (contrastive, llama, 2, None),  # (the forward jitted: refused, below)
     "from_embeddings": (from_embeddings, llama, 3, 3),  # (the embeddings, the first token, the rest)
     "reinforce": (reinforce, llama, 3, 3),  # + the training forward
+    "sampled_then_trained_with_dropout": (sampled_then_trained_with_dropout, dropout_llama, 3, 3),
     "bfloat16_and_back": (bfloat16_and_back, llama, 4, 6),
     "lora_session": (lora_session, lora_llama, 5, 5),  # + training, + the adapters off (a guard)
     "sampled_by_hand": (sampled_by_hand, llama, 3, 3),  # (the first call without a cache)
