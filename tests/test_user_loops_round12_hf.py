@@ -408,10 +408,9 @@ RECIPES = {
     "static_sliding": (static_sliding, mistral, 3, 3),  # + the window full
     "streamed": (streamed, llama, 3, 3),
 }
-DEFAULT_RUN = {"beam_sample", "contrastive", "reinforce", "lora_session", "sampled_by_hand", "static_sliding"}
 
 
-@pytest.mark.parametrize("name", [n if n in DEFAULT_RUN else pytest.param(n, marks=SLOW) for n in RECIPES])
+@pytest.mark.parametrize("name", RECIPES)
 def test_a_generate_recipe_on_the_jitted_module_is_eagers(name):
     recipe, build, compiles, _ = RECIPES[name]
     assert generates_as_eager(recipe, "jit", build) == compiles
