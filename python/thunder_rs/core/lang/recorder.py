@@ -615,7 +615,14 @@ def record_composite(symbol_id: int, name: str, fn, args: tuple, kwargs: dict):
     """
     rec = current()
     recorded = {k: v for k, v in kwargs.items() if k not in _BODY_ONLY} if kwargs else None
-    rec.begin(symbol_id, args, recorded or None)
+    try:
+        rec.begin(symbol_id, args, recorded or None)
+    except TypeError as e:
+        # (an argument the trace has no value for, ``x.to(torch.float8_e4m3fn)``: a refusal, which
+        # leaves the program's changes undone, as the call was not made)
+        if isinstance(e, ThunderError):
+            raise
+        raise ThunderTypeError(f"{name}: {e}, called at {user_location()}") from None
     try:
         out = _body(symbol_id, fn, args, kwargs)
     except ThunderError as e:
