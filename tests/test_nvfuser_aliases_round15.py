@@ -6,6 +6,7 @@ stand-in on the CPU and on the real bindings on a GPU (``real_nvfuser``: skipped
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fake_nvfuser_aliases as aliases
 import fake_nvfuser_direct as fake
@@ -150,3 +151,174 @@ def test_a_write_that_a_broadcast_reaches_is_a_copy_kernel_of_its_own():
             fd.add_output(centred)
             fd.add_output(_ema(fake, fd, s, mean), s)
         assert aliases.split_writes(fd) == through_broadcast
+
+
+def _bn_net():
+    """Two BatchNorms, each in a region (a BatchNorm alone runs as torch's kernel)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.BatchNorm2d(4), nn.ReLU()
+    ).train()
+
+
+def _steps(model, jit_of):
+    """Three training-mode calls (with grad, without, with) of ``jit_of(model)``: outputs, grads,
+    buffers, their versions and memory."""
+    jmodel = jit_of(model)
+    memory = [b.data_ptr() for b in model.buffers()]
+    seen = []
+    for i in range(3):
+        torch.manual_seed(i)
+        x = torch.randn(2, 3, 10, 10, requires_grad=i != 1)
+        out = jmodel(x)
+        if i != 1:
+            out.square().sum().backward()
+        seen.append((out.detach(), x.grad, [b.clone() for b in model.buffers()], [b._version for b in model.buffers()]))
+    return seen, [b.data_ptr() for b in model.buffers()] == memory
+
+
+def test_a_batchnorm_region_writes_the_running_statistics_itself_as_the_copies_did(fake_ex):
+    """The nvFuser region writes BatchNorm's running statistics and count (an output aliased to
+    the buffer): values bit-equal to the copies' path (the same definitions without the aliases),
+    versions eager's (statistics unbumped, counts +1), the buffers' memory kept."""
+    import thunder_rs  # noqa: PLC0415
+
+    fake.definitions.clear()
+    written, kept = _steps(_bn_net(), lambda m: thunder_rs.jit(m, executors=[fake_ex, "torch"]))
+    assert kept and any(d.aliases for d in fake.definitions) and fake_ex.stats["failures"] == 0
+    fake_ex.writes_inputs = False  # (the instance's: the copies' path)
+    copied, _ = _steps(_bn_net(), lambda m: thunder_rs.jit(m, executors=[fake_ex, "torch"]))
+    eager, _ = _steps(_bn_net(), lambda m: m)
+    for (o, g, bufs, vers), (o2, g2, bufs2, vers2), (_, _, _, eager_vers) in zip(written, copied, eager):
+        assert torch.equal(o, o2) and (g is None) == (g2 is None) and (g is None or torch.equal(g, g2))
+        assert all(torch.equal(a, b) for a, b in zip(bufs, bufs2))
+        assert vers == vers2 == eager_vers
+
+
+def test_inference_tensor_buffers_are_copied_not_written_by_the_region(fake_ex):
+    """Buffers made under ``inference_mode`` and trained under it (no version counters): the region
+    writes none of them, the copies do, with the values of the copies' path."""
+    import thunder_rs  # noqa: PLC0415
+
+    results = []
+    for writes in (True, False):
+        fake_ex.writes_inputs = writes
+        fake.definitions.clear()
+        with torch.inference_mode():
+            model = _bn_net()
+            jmodel = thunder_rs.jit(model, executors=[fake_ex, "torch"])
+            out = jmodel(torch.ones(2, 3, 10, 10))
+        assert not any(d.aliases for d in fake.definitions)
+        results.append((out, [b.clone() for b in model.buffers()]))
+    (out, bufs), (out2, bufs2) = results
+    assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(bufs, bufs2))
+
+
+class _Reads(torch.nn.Module):
+    """A BatchNorm whose running mean the program also reads: before the write or after it."""
+
+    def __init__(self, after: bool):
+        super().__init__()
+        self.conv, self.bn, self.after = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), after
+
+    def forward(self, x):
+        old = self.bn.running_mean * 1
+        y = self.bn(self.conv(x))
+        read = self.bn.running_mean * 2 if self.after else old
+        return y + read.view(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_buffer_the_program_also_reads_before_the_write_is_copied(fake_ex, after):
+    """The running mean's old value read by another op too is not written by the region (a segment
+    of it could read the buffer after the write); its new value read after is (the region reads the
+    value it computed): values as the copies' path and as eager's reads see them (allclose: the
+    stand-in's Welford is not eager's CPU kernel)."""
+    import thunder_rs  # noqa: PLC0415
+
+    results = []
+    for writes in (True, False):
+        fake_ex.writes_inputs = writes
+        fake.definitions.clear()
+        torch.manual_seed(0)
+        model = _Reads(after)
+        out = thunder_rs.jit(model, executors=[fake_ex, "torch"])(torch.ones(2, 3, 6, 6) * torch.arange(6.0))
+        written = {s.slot for d in fake.definitions for _, s, _ in d.aliases}
+        results.append((out, model.bn.running_mean.clone(), len(written)))
+    torch.manual_seed(0)
+    model = _Reads(after)
+    expected = model(torch.ones(2, 3, 6, 6) * torch.arange(6.0))
+    (out, mean, aliased), (out2, mean2, none) = results
+    assert torch.equal(out, out2) and torch.equal(mean, mean2)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(mean, model.bn.running_mean)
+    assert (aliased, none) == (3 if after else 2, 0)  # (before: the running variance and the count)
+
+
+class _Copies(TorchDispatchMode):
+    """The copies dispatched under it, but the stand-in's (``fusing``: its evaluation with torch;
+    its definitions' on meta tensors)."""
+
+    fusing = 0
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        copy = func.overloadpacket.__name__ in ("copy_", "_foreach_copy_", "clone")
+        if copy and not _Copies.fusing:
+            first = args[0][0] if isinstance(args[0], (list, tuple)) and args[0] else args[0]
+            self.copies += not getattr(first, "is_meta", False)  # (the stand-in defines on meta)
+        return func(*args, **(kwargs or {}))
+
+
+def _fusing(execute):
+    def counted(self, *args, **kwargs):
+        _Copies.fusing += 1
+        try:
+            return execute(self, *args, **kwargs)
+        finally:
+            _Copies.fusing -= 1
+
+    return counted
+
+
+def _regions_write(executor, device: str):
+    """BatchNorm's running statistics and counts written by the regions themselves (no copy after
+    the call), versions eager's, the buffers' memory kept; values as eager's within float32's
+    tolerance (nvFuser's reductions, and the stand-in's, are not eager's kernels)."""
+    import thunder_rs  # noqa: PLC0415
+
+    with torch.device(device):
+        model, twin = _bn_net(), _bn_net()
+    jmodel = thunder_rs.jit(twin, executors=[executor, "torch"])
+    memory = [b.data_ptr() for b in twin.buffers()]
+    for i in range(3):
+        x = torch.randn(2, 3, 10, 10, device=device, requires_grad=i != 1)
+        expected = model(x)
+        copies = _Copies()
+        with copies:
+            out = jmodel(x)
+        if i:  # (the first call compiles)
+            assert copies.copies == 0, (i, copies.copies)
+        torch.testing.assert_close(out, expected)
+        for a, b in zip(model.buffers(), twin.buffers()):
+            torch.testing.assert_close(b, a)
+            assert b._version == a._version
+    assert [b.data_ptr() for b in twin.buffers()] == memory
+    assert executor.stats["failures"] == executor.stats["unwritten"] == 0, executor.fallbacks
+
+
+def test_batchnorm_regions_write_the_running_statistics_with_no_copy(fake_ex, monkeypatch):
+    monkeypatch.setattr(fake.FusionDefinition, "execute", _fusing(fake.FusionDefinition.execute))
+    _regions_write(fake_ex, "cpu")
+
+
+@pytest.mark.gpu
+def test_on_cuda_nvfusers_batchnorm_regions_write_the_running_statistics(real_nvfuser):
+    """``_regions_write`` on a GPU with the real ``nvfuser_direct``."""
+    from thunder_rs.executors.nvfuser_ex import NvFuserExecutor  # noqa: PLC0415
+
+    _regions_write(NvFuserExecutor("nvfuser_real_writes", module=real_nvfuser), "cuda")

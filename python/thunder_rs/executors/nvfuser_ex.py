@@ -371,18 +371,20 @@ def _resolve(arg, env, extent):
     return arg
 
 
-def define(module, region: Region, args, orders=None):
+def define(module, region: Region, args, orders=None, writes=()):
     """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``; each value
     it hands on has the trace's dtype, which is eager's, and the stride order ``orders`` pins
-    (``nvfuser_layouts``: eager's, where nvFuser's could differ). With it, the floats of sizes it
-    takes after ``args`` (``_Definition.host_floats``' keys, in input order)."""
+    (``nvfuser_layouts``: eager's, where nvFuser's could differ); each output of ``writes``
+    (``Region.writes``' pairs) aliased to its input, which the definition writes and returns.
+    With it, the floats of sizes it takes after ``args`` (``_Definition.host_floats``' keys, in
+    input order)."""
     fd = module.FusionDefinition()
     failed = None
     with fd:
         # A failure is raised after the block: nvfuser_direct's __exit__ prints an exception leaving
         # it, with its traceback, to stdout (nvfuser_direct/__init__.py), and the region falls back.
         try:
-            cx = _define_in(module, fd, region, args, orders)
+            cx = _define_in(module, fd, region, args, orders, dict(writes))
         except Exception as e:  # noqa: BLE001 (re-raised below)
             failed = e
     if failed is not None:
@@ -390,7 +392,7 @@ def define(module, region: Region, args, orders=None):
     return fd, tuple(cx.host_floats)
 
 
-def _define_in(module, fd, region: Region, args, orders) -> _Definition:
+def _define_in(module, fd, region: Region, args, orders, writes: dict) -> _Definition:
     """Defines ``region`` in the open ``fd`` (``define``)."""
     cx = _Definition(module, fd, region)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]  # (CUDA's kernels read numbers as eager's CUDA ones)
@@ -411,6 +413,12 @@ def _define_in(module, fd, region: Region, args, orders) -> _Definition:
         env.update(zip(call.outputs, results))
     given = set(region.inputs)
     for name, order in zip(region.outputs, orders or (None,) * len(region.outputs)):
+        if name in writes:
+            # Written into its input (a BatchNorm's running statistic): nvFuser replays the input's
+            # layout on it and returns the input itself (``Fusion::aliasOutputToInput``, csrc/fusion.cpp).
+            fd.add_output(env[name])
+            fd.add_output(env[name], env[writes[name]])
+            continue
         # An output that is an input is copied: nvFuser would hand back the input itself. One
         # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
         # which eager's result has not (an in-place write to it would fail).
@@ -480,7 +488,7 @@ class NvFuserRegion:
     """The callable ``fuse`` returns: the region run by the ``FusionDefinition`` of its inputs'
     layout, defined on the first call with each layout."""
 
-    __slots__ = ("region", "executor", "definitions", "_last", "_layout")
+    __slots__ = ("region", "executor", "definitions", "_last", "_layout", "_written")
 
     def __init__(self, region: Region, executor):
         self.region, self.executor = region, executor
@@ -491,9 +499,14 @@ class NvFuserRegion:
         descriptor = executor.module.compute_tensor_descriptor
         #: A region with symbolic dims has one definition for all their extents: its layouts hold none.
         self._layout = symbolic_layouts(dims, descriptor, layout) if any(dims) else layout
+        #: The positions of the inputs the region may write (``Region.writes``): none is written
+        #: where one is an inference tensor, which eager's in-place write refuses (the copy raises it).
+        self._written = tuple(region.inputs.index(i) for _, i in region.writes)
 
     def __call__(self, *args):
         key = self._layout(args)
+        if self._written:
+            key = (key, *[args[i].is_inference() for i in self._written])
         last_key, run = self._last
         if key != last_key:
             run = self.definitions.get(key)
@@ -515,10 +528,19 @@ class NvFuserRegion:
         orders = pinned_orders(self.region, args)
         if orders is None:
             self.executor.stats["unpinned"] += 1
+        writes = self._writes(args)
         try:
-            return self._compiled(args, orders)
+            return self._compiled(args, orders, writes)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
             error = f"{type(e).__name__}: {e}"
+        if writes:  # (the write-backs copy the values instead)
+            try:
+                run = self._compiled(args, orders)
+            except Exception as e:  # noqa: BLE001
+                error += f" (and without writing its inputs: {type(e).__name__}: {e})"
+            else:
+                self.executor.stats["unwritten"] += 1
+                return run
         if any(d is not a for d, a in zip(_dense(args), args)):
             # nvFuser's schedulers fail on some layouts they define (on the H100 and H200, the
             # layer norm of a column-major input: "Vectorized dim for producer has to be from an
@@ -531,6 +553,16 @@ class NvFuserRegion:
                 self.executor.stats["dense_copies"] += 1
                 return lambda args: run(_dense(args))
         return self._fallback(error)
+
+    def _writes(self, args) -> tuple:
+        """``Region.writes`` of the inputs ``args``: none where a written one is an inference tensor
+        or of another dtype than its value."""
+        region = self.region
+        if any(args[i].is_inference() for i in self._written):
+            return ()
+        if any(region.dtypes.get(out) != args[i].dtype for (out, _), i in zip(region.writes, self._written)):
+            return ()
+        return region.writes
 
     def _fallback(self, error: str):
         region, executor = self.region, self.executor
@@ -546,11 +578,11 @@ class NvFuserRegion:
         function = region.function
         return lambda args: function(*args)
 
-    def _compiled(self, args, orders):
-        """The callable running the definition of ``args``' layout (its outputs in ``orders``),
-        compiled by running it on ``args``."""
+    def _compiled(self, args, orders, writes=()):
+        """The callable running the definition of ``args``' layout (its outputs in ``orders``, those
+        of ``writes`` written into their inputs), compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
-        fd, floats = define(self.executor.module, self.region, args, orders)
+        fd, floats = define(self.executor.module, self.region, args, orders, writes)
         compute = host_floats(self.region.name, self.region.input_shapes, floats, self.region.inputs)
         defined = time.perf_counter()
         execute = _told_device(fd.execute, factory_device(self.region, args))
@@ -580,16 +612,19 @@ class NvFuserExecutor(FusionExecutor):
     fuses_decompositions = True
     fuses_symbolic = True
     fuses_float_inputs = True
+    writes_inputs = True
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)
         #: ``dense_copies``: layouts whose definition failed and that run on row-major copies;
-        #: ``unpinned``: definitions whose outputs' eager layouts could not be told (``nvfuser_layouts``).
+        #: ``unpinned``: definitions whose outputs' eager layouts could not be told (``nvfuser_layouts``);
+        #: ``unwritten``: definitions that failed writing their inputs (``Region.writes``) and copy instead.
         self.stats = {
             "definitions": 0,
             "failures": 0,
             "dense_copies": 0,
             "unpinned": 0,
+            "unwritten": 0,
             "define_s": 0.0,
             "compile_s": 0.0,
         }
