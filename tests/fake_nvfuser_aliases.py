@@ -6,7 +6,7 @@
   (csrc/fusion.cpp:929-976): the source must be a fusion input (an internal assert); an output that
   is a fusion input itself is first copied (``set``); both must be TensorViews; the input's
   allocation domain and contiguity are replayed on the output (``TransformReplay::selfReplay``,
-  csrc/transform_replay.cpp:270-310: the ranks must agree, and the IterTypes, a broadcast with a
+  csrc/transform_replay.cpp:270-308: the ranks must agree, and the IterTypes, a broadcast with a
   broadcast). The output is hidden (not returned by ``execute``) unless it is a fusion output
   already; a later ``add_output(output)`` makes it visible, moved to the end (csrc/fusion.cpp:387-402).
 - ``execute`` writes an aliased output into its input's memory (no version counter bump: the kernel
@@ -48,7 +48,7 @@ def add_aliased_output(fd, output, alias_input) -> None:
         output.ndim == alias_input.ndim,
         "logical.size() == new_logical.size()",
         f"Expected {alias_input.ndim} == {output.ndim}",
-        at="csrc/transform_replay.cpp:286",
+        at="csrc/transform_replay.cpp:285",
     )
     spec = next(s for v, s in fd._inputs if v is alias_input)
     for d, (size, broadcast) in enumerate(zip(output.meta.shape, _broadcasts(spec))):
@@ -56,7 +56,7 @@ def add_aliased_output(fd, output, alias_input) -> None:
             broadcast == (size == 1),
             "iter_types_match(id->getIterType(), new_id->getIterType())",
             f"Axes of dim {d} do not match for self replay.",
-            at="csrc/transform_replay.cpp:299",
+            at="csrc/transform_replay.cpp:302",
         )
     # (stricter than nvFuser, which writes whatever the output holds: see the module's doc)
     assert output.meta.dtype == alias_input.meta.dtype, (

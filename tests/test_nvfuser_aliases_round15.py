@@ -322,3 +322,38 @@ def test_on_cuda_nvfusers_batchnorm_regions_write_the_running_statistics(real_nv
     from thunder_rs.executors.nvfuser_ex import NvFuserExecutor  # noqa: PLC0415
 
     _regions_write(NvFuserExecutor("nvfuser_real_writes", module=real_nvfuser), "cuda")
+
+
+def _resnet_steps(executor):
+    """Two training steps of torchvision's ResNet-18 jitted with ``executor``: outputs, buffers,
+    their versions, gradients."""
+    import thunder_rs  # noqa: PLC0415
+
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10).train()
+    jmodel = model if executor is None else thunder_rs.jit(model, executors=[executor, "torch"])
+    seen = []
+    for i in range(2):
+        torch.manual_seed(i)
+        out = jmodel(torch.randn(2, 3, 32, 32))
+        out.sum().backward()
+        buffers = list(model.buffers())
+        grads = [p.grad.clone() for p in model.parameters()]
+        seen.append((out.detach(), [b.clone() for b in buffers], [b._version for b in buffers], grads))
+    return seen
+
+
+@pytest.mark.slow
+def test_torchvision_resnet18_regions_write_all_running_statistics_as_the_copies_did(fake_ex, one_thread):
+    """All 20 BatchNorms of a ResNet-18 write their statistics and counts in their regions (60
+    aliased outputs): outputs, buffers and gradients bit-equal to the copies' path, versions eager's."""
+    fake.definitions.clear()
+    written = _resnet_steps(fake_ex)
+    assert sum(len(d.aliases) for d in fake.definitions) == 60
+    fake_ex.writes_inputs = False
+    copied, eager = _resnet_steps(fake_ex), _resnet_steps(None)
+    for (o, bufs, vers, grads), (o2, bufs2, vers2, grads2), (_, _, eager_vers, _) in zip(written, copied, eager):
+        assert torch.equal(o, o2) and all(torch.equal(a, b) for a, b in zip(bufs, bufs2))
+        assert all(torch.equal(a, b) for a, b in zip(grads, grads2))
+        assert vers == vers2 == eager_vers
