@@ -68,7 +68,7 @@ def _fused_regions(trace, filename: str, namespace: dict, executors, writes=None
         decomposed = _decomposed(code) if executor.fuses_decompositions else {}
         if executor.fuses_symbolic:
             decomposed["input_shapes"] = tuple(code.input_shapes)
-        if writes and executor.writes_inputs and name in writes:
+        if writes and name in writes:
             decomposed["writes"] = writes[name]
         region = Region(
             name, code.key, code.source, scope[name], symbol_names, code.num_inputs, code.num_outputs, **decomposed
@@ -338,7 +338,7 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
     filename = f"<thunder_rs {name}>"
     fuse_at = time.perf_counter()
     # (the write-backs skip the copies of what the regions may write: ``_called``'s)
-    writes, acquired.writebacks = region_writes(traces[-1], acquired.writebacks, bool(backward_traces))
+    writes, acquired.writebacks = region_writes(traces[-1], acquired.writebacks, bool(backward_traces), executors)
     regions = _fused_regions(traces[-1], filename, namespace, executors, writes)
     if backward_traces:
         backward_regions = _fused_regions(backward_traces[-1], filename + " backward", namespace, executors)

@@ -9,15 +9,15 @@ import collections
 import dataclasses
 
 
-def region_writes(trace, wb, forward: bool) -> tuple:
+def region_writes(trace, wb, forward: bool, executors) -> tuple:
     """``Region.writes`` by region name, for the execution ``trace`` whose write-backs are ``wb``
-    (``forward``: it returns ``(outputs, residuals)``), and ``wb`` with ``in_place`` the inputs
-    they write (the others' copies stay). A buffer read by any other call, or returned, or read
-    by two calls of its region, or a value read by any other call than the return, is left to
-    the copies."""
+    (``forward``: it returns ``(outputs, residuals)``) and the regions of the ``executors`` that
+    write inputs (``FusionExecutor.writes_inputs``), and ``wb`` with ``in_place`` the inputs they
+    write (the others' copies stay). A buffer read by any other call, or returned, or read by two
+    calls of its region, or a value read by any other call than the return, is left to the copies."""
     if wb is None or not wb.in_place:
         return {}, wb
-    regions = {code.name: code for code in trace.regions()}
+    regions = {c.name: c for c in trace.regions() if getattr(executors[c.executor], "writes_inputs", False)}
     found = _found(trace, wb, forward, regions) if regions else {}
     given = {k for pairs in found.values() for _, k in pairs}
     written = tuple(k for k in wb.in_place if k in given)
@@ -28,6 +28,8 @@ def region_writes(trace, wb, forward: bool) -> tuple:
 def _found(trace, wb, forward: bool, regions: dict) -> dict:
     """Per region name, ``((output, input), trace input index)`` of the writes it may make."""
     function = ast.parse(str(trace)).body[-1]
+    if not isinstance(function, ast.FunctionDef):
+        return {}
     params = [a.arg for a in function.args.args]
     loads = collections.Counter(
         n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
@@ -43,13 +45,10 @@ def _found(trace, wb, forward: bool, regions: dict) -> dict:
                 for i, o in enumerate(outs):
                     if isinstance(o, ast.Name):
                         calls[o.id] = (regions[callee.id], i, args)
-    returned = function.body[-1].value if isinstance(function.body[-1], ast.Return) else None
-    if returned is None:
-        return {}
-    outputs = returned.elts[0].elts if forward else returned.elts
+    outputs = _returned(function, forward)
     found: dict = {}
     for k, j, grad in wb.copies:
-        if grad or k not in wb.in_place or not isinstance(outputs[j], ast.Name):
+        if grad or k not in wb.in_place or j >= len(outputs) or not isinstance(outputs[j], ast.Name):
             continue
         value, buffer = outputs[j].id, params[k]
         # (read once each: the buffer by the call computing the value, the value by the return)
@@ -63,6 +62,15 @@ def _found(trace, wb, forward: bool, regions: dict) -> dict:
         if sum(_names(c.args).count(inner) for c in code.calls) == 1:
             found.setdefault(code.name, []).append(((code.outputs[at], inner), k))
     return found
+
+
+def _returned(function: ast.FunctionDef, forward: bool) -> list:
+    """The flat outputs' nodes of the function's return (none where it is not a tuple of them)."""
+    last = function.body[-1]
+    returned = last.value if isinstance(last, ast.Return) else None
+    if forward and isinstance(returned, ast.Tuple) and returned.elts:
+        returned = returned.elts[0]
+    return returned.elts if isinstance(returned, ast.Tuple) else []
 
 
 def _names(args) -> list:
