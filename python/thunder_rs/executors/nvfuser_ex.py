@@ -42,6 +42,14 @@ the region computes on the host on each call and rounds as it would round the co
 (``nvfuser_symbolic.host_floats``). Ops nvFuser has no half kernels for (reductions, ``floor``,
 ``isfinite``...) run on the operand cast to Float, exactly.
 
+Written inputs: where the trace writes a region's output back into a module's buffer that only
+the region reads (BatchNorm's running statistics and counts: ``Region.writes``), the definition
+aliases the output to the buffer (``fd.add_output(value)`` then ``fd.add_output(value, buffer)``:
+``Fusion::aliasOutputToInput``, csrc/fusion.cpp), so nvFuser writes the buffer and returns it, and
+the write-backs skip the copy (``writeback.WriteBacks.in_place``). Not for an inference tensor (the
+copy raises eager's error) nor a value of another dtype; a definition nvFuser refuses so is made
+again without the aliases.
+
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
 and kept; a region of a symbolic trace has one for all the extents of its symbolic sizes and all
 the values of its floats of sizes (``nvfuser_symbolic``), its layouts holding the rest. The

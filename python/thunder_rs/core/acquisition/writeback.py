@@ -11,6 +11,9 @@ version counters set to eager's counts). A module buffer reassigned in forward (
 which ``nn.Module.__setattr__`` stores in ``_buffers``) gets the new tensor in its slot. An output
 that is a written input itself (``x.add_(1); return x``) is the caller's tensor, as in eager.
 
+A fusion region may write such a buffer itself and return it (``WriteBacks.in_place``,
+``Region.writes``: BatchNorm's running statistics in nvFuser regions); its copy is then skipped.
+
 A value the call computed may share memory with a tensor it is about to overwrite (an input
 read before the write, through ``contiguous()`` or a view the executor made); such values are
 cloned before the copies, so the order of the copies cannot change what they write.
