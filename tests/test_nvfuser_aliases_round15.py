@@ -357,3 +357,30 @@ def test_torchvision_resnet18_regions_write_all_running_statistics_as_the_copies
         assert torch.equal(o, o2) and all(torch.equal(a, b) for a, b in zip(bufs, bufs2))
         assert all(torch.equal(a, b) for a, b in zip(grads, grads2))
         assert vers == vers2 == eager_vers
+
+
+class _WithArgument(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+
+    def forward(self, x, extra):
+        return torch.relu(self.bn(self.conv(x))) + extra.view(1, -1, 1, 1)
+
+
+def test_a_written_buffer_passed_as_an_argument_too_is_refused_before_the_region_writes_it(fake_ex):
+    """An argument sharing a written buffer's memory is refused (as before: the trace took them as
+    separate tensors), now before the call, so that the region has not written the buffer."""
+    import thunder_rs  # noqa: PLC0415
+    from thunder_rs.errors import ThunderNotImplementedError  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = _WithArgument().train()
+    jmodel = thunder_rs.jit(model, executors=[fake_ex, "torch"])
+    x = torch.randn(2, 3, 6, 6)
+    jmodel(x, torch.zeros(8))
+    assert any(d.aliases for d in fake.definitions)
+    before = [(b.clone(), b._version) for b in model.buffers()]
+    with pytest.raises(ThunderNotImplementedError, match="shares its memory"):
+        jmodel(x, model.bn.running_mean)
+    assert all(torch.equal(b, a) and b._version == v for b, (a, v) in zip(model.buffers(), before))
