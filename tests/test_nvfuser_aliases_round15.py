@@ -384,3 +384,23 @@ def test_a_written_buffer_passed_as_an_argument_too_is_refused_before_the_region
     with pytest.raises(ThunderNotImplementedError, match="shares its memory"):
         jmodel(x, model.bn.running_mean)
     assert all(torch.equal(b, a) and b._version == v for b, (a, v) in zip(model.buffers(), before))
+
+
+def test_a_region_that_falls_back_leaves_the_statistics_to_the_copies(fake_ex, monkeypatch):
+    """A region nvFuser cannot compile runs its eager calls: their values are copied into the
+    buffers as before (versions eager's), with the values of the copies' path."""
+    import thunder_rs  # noqa: PLC0415
+
+    def refused(self, *args, **kwargs):
+        raise RuntimeError("refused for the test")
+
+    monkeypatch.setattr(fake.FusionDefinition, "execute", refused)
+    seen = []
+    for writes in (True, False):
+        fake_ex.writes_inputs = writes
+        with pytest.warns(UserWarning, match="runs eagerly"):
+            seen.append(_steps(_bn_net(), lambda m: thunder_rs.jit(m, executors=[fake_ex, "torch"]))[0])
+    eager, _ = _steps(_bn_net(), lambda m: m)
+    for (o, g, bufs, vers), (o2, g2, bufs2, vers2), (_, _, _, eager_vers) in zip(*seen, eager):
+        assert torch.equal(o, o2) and all(torch.equal(a, b) for a, b in zip(bufs, bufs2))
+        assert vers == vers2 == eager_vers

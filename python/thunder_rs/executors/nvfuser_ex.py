@@ -584,6 +584,13 @@ class NvFuserRegion:
         warnings.warn(message, stacklevel=5)
         executor.stats["failures"] += 1
         function = region.function
+        if region.writes:
+            # (the write-backs take a returned view of a written input for the region's own write:
+            # the eager calls' outputs there are made their own tensors)
+            at = {region.outputs.index(out) for out, _ in region.writes}
+            return lambda args: tuple(
+                o.clone() if i in at and o._base is not None else o for i, o in enumerate(function(*args))
+            )
         return lambda args: function(*args)
 
     def _compiled(self, args, orders, writes=()):
