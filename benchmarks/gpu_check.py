@@ -116,7 +116,9 @@ TESTS = [
 #: sums over expanded dims as products with the extent in Fuser's own code, and as eager's sums of
 #: the copies through the translator, variances as welford's M2 divided by the count,
 #: test_nvfuser_kernel_fidelity.py; half tensors with Python numbers in opmath as torch's pointwise
-#: kernels (add/sub alpha, lerp, addcmul, addcdiv, softplus), test_nvfuser_opmath.py) and the other paths where
+#: kernels (add/sub alpha, lerp, addcmul, addcdiv, softplus), test_nvfuser_opmath.py; outputs aliased to inputs,
+#: ``add_output(output, alias_input)``, as the stand-in takes and refuses them, and BatchNorm regions writing
+#: their running statistics with no copy, test_nvfuser_aliases_round15.py) and the other paths where
 #: sizes change between calls on CUDA. Entries of files the main suite also runs are deselected there.
 SYMBOLIC_TESTS = [
     "tests/test_nvfuser_symbolic.py",
@@ -126,6 +128,7 @@ SYMBOLIC_TESTS = [
     "tests/test_nvfuser_standin_fidelity.py",
     "tests/test_nvfuser_kernel_fidelity.py",
     "tests/test_nvfuser_opmath.py",
+    "tests/test_nvfuser_aliases_round15.py",
     "tests/test_inductor_jit.py::test_on_cuda_a_region_with_symbolic_sizes_compiles_once_for_every_length",
     "tests/test_dynamic_data_sizes.py::test_on_cuda_counts_are_symbolic_with_the_default_executors",
     "tests/test_cuda.py::test_gpt_trains_with_changing_lengths_under_autocast",

@@ -32,6 +32,7 @@ import traceback
 
 import torch
 
+import fake_nvfuser_aliases as aliases
 import fake_nvfuser_allocation as allocation
 import fake_nvfuser_binding as binding
 import fake_nvfuser_checks as checks
@@ -239,6 +240,8 @@ class FusionDefinition:
         self.symbolic = False
         self._device = "meta"
         self.executions = 0
+        #: (output, input, visible) of the outputs aliased to inputs (``fake_nvfuser_aliases``)
+        self.aliases: list = []
         definitions.append(self)
 
     def __enter__(self):
@@ -333,9 +336,13 @@ class FusionDefinition:
         constant.const = True  # ``Val::isConst``: a value and no definition (what ops compute has one)
         return constant
 
-    def add_output(self, output):
+    def add_output(self, output, alias_input=None):
+        # (two overloads in the bindings: ``add_output(output)``, ``add_output(output, alias_input)``)
+        if alias_input is not None:
+            aliases.add_aliased_output(self, output, alias_input)
+            return
         assert isinstance(output, Val) and output.fd is self, "add_output: a value of this FusionDefinition"
-        self._outputs.append(output)
+        aliases.add_visible_output(self, output)
 
     def execute(self, inputs, *, device=None, save_repro_inputs=False, _enable_options=(), _disable_options=()):
         # validate_definition (nvfuser_direct/__init__.py), then the bindings' inputs and device
@@ -363,5 +370,12 @@ class FusionDefinition:
             for v, r in zip(vals, out if isinstance(out, tuple) else (out,)):
                 env[v.slot] = r
         self.executions += 1
-        # Outputs in AllocationDomainPass's order (fake_nvfuser_allocation), expanded dims of stride 0.
-        return [layouts.allocated(env[o.slot], o.expanded, allocation.order(self, o)) for o in self._outputs]
+        aliases.write_aliases(self, env)
+        # Outputs in AllocationDomainPass's order (fake_nvfuser_allocation), expanded dims of stride 0;
+        # an aliased one is its input; a hidden one is not returned.
+        gone, aliased = aliases.hidden(self), {out.slot for out, _, _ in self.aliases}
+        return [
+            env[o.slot] if o.slot in aliased else layouts.allocated(env[o.slot], o.expanded, allocation.order(self, o))
+            for o in self._outputs
+            if o.slot not in gone
+        ]

@@ -42,6 +42,14 @@ the region computes on the host on each call and rounds as it would round the co
 (``nvfuser_symbolic.host_floats``). Ops nvFuser has no half kernels for (reductions, ``floor``,
 ``isfinite``...) run on the operand cast to Float, exactly.
 
+Written inputs: where the trace writes a region's output back into a module's buffer that only
+the region reads (BatchNorm's running statistics and counts: ``Region.writes``), the definition
+aliases the output to the buffer (``fd.add_output(value)`` then ``fd.add_output(value, buffer)``:
+``Fusion::aliasOutputToInput``, csrc/fusion.cpp), so nvFuser writes the buffer and returns it, and
+the write-backs skip the copy (``writeback.WriteBacks.in_place``). Not for an inference tensor (the
+copy raises eager's error) nor a value of another dtype; a definition nvFuser refuses so is made
+again without the aliases.
+
 A region's definition is built on its first call with each input layout (dtype, shape, strides),
 and kept; a region of a symbolic trace has one for all the extents of its symbolic sizes and all
 the values of its floats of sizes (``nvfuser_symbolic``), its layouts holding the rest. The
@@ -371,18 +379,20 @@ def _resolve(arg, env, extent):
     return arg
 
 
-def define(module, region: Region, args, orders=None):
+def define(module, region: Region, args, orders=None, writes=()):
     """The ``FusionDefinition`` computing ``region`` on inputs laid out as ``args``; each value
     it hands on has the trace's dtype, which is eager's, and the stride order ``orders`` pins
-    (``nvfuser_layouts``: eager's, where nvFuser's could differ). With it, the floats of sizes it
-    takes after ``args`` (``_Definition.host_floats``' keys, in input order)."""
+    (``nvfuser_layouts``: eager's, where nvFuser's could differ); each output of ``writes``
+    (``Region.writes``' pairs) aliased to its input, which the definition writes and returns.
+    With it, the floats of sizes it takes after ``args`` (``_Definition.host_floats``' keys, in
+    input order)."""
     fd = module.FusionDefinition()
     failed = None
     with fd:
         # A failure is raised after the block: nvfuser_direct's __exit__ prints an exception leaving
         # it, with its traceback, to stdout (nvfuser_direct/__init__.py), and the region falls back.
         try:
-            cx = _define_in(module, fd, region, args, orders)
+            cx = _define_in(module, fd, region, args, orders, dict(writes))
         except Exception as e:  # noqa: BLE001 (re-raised below)
             failed = e
     if failed is not None:
@@ -390,7 +400,7 @@ def define(module, region: Region, args, orders=None):
     return fd, tuple(cx.host_floats)
 
 
-def _define_in(module, fd, region: Region, args, orders) -> _Definition:
+def _define_in(module, fd, region: Region, args, orders, writes: dict) -> _Definition:
     """Defines ``region`` in the open ``fd`` (``define``)."""
     cx = _Definition(module, fd, region)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]  # (CUDA's kernels read numbers as eager's CUDA ones)
@@ -411,6 +421,12 @@ def _define_in(module, fd, region: Region, args, orders) -> _Definition:
         env.update(zip(call.outputs, results))
     given = set(region.inputs)
     for name, order in zip(region.outputs, orders or (None,) * len(region.outputs)):
+        if name in writes:
+            # Written into its input (a BatchNorm's running statistic): nvFuser replays the input's
+            # layout on it and returns the input itself (``Fusion::aliasOutputToInput``, csrc/fusion.cpp).
+            fd.add_output(env[name])
+            fd.add_output(env[name], env[writes[name]])
+            continue
         # An output that is an input is copied: nvFuser would hand back the input itself. One
         # with an expanded dim is materialized: nvFuser would hand it on with stride 0 there,
         # which eager's result has not (an in-place write to it would fail).
@@ -480,7 +496,7 @@ class NvFuserRegion:
     """The callable ``fuse`` returns: the region run by the ``FusionDefinition`` of its inputs'
     layout, defined on the first call with each layout."""
 
-    __slots__ = ("region", "executor", "definitions", "_last", "_layout")
+    __slots__ = ("region", "executor", "definitions", "_last", "_layout", "_written")
 
     def __init__(self, region: Region, executor):
         self.region, self.executor = region, executor
@@ -491,9 +507,14 @@ class NvFuserRegion:
         descriptor = executor.module.compute_tensor_descriptor
         #: A region with symbolic dims has one definition for all their extents: its layouts hold none.
         self._layout = symbolic_layouts(dims, descriptor, layout) if any(dims) else layout
+        #: The positions of the inputs the region may write (``Region.writes``): none is written
+        #: where one is an inference tensor, which eager's in-place write refuses (the copy raises it).
+        self._written = tuple(region.inputs.index(i) for _, i in region.writes)
 
     def __call__(self, *args):
         key = self._layout(args)
+        if self._written:
+            key = (key, *[args[i].is_inference() for i in self._written])
         last_key, run = self._last
         if key != last_key:
             run = self.definitions.get(key)
@@ -515,10 +536,19 @@ class NvFuserRegion:
         orders = pinned_orders(self.region, args)
         if orders is None:
             self.executor.stats["unpinned"] += 1
+        writes = self._writes(args)
         try:
-            return self._compiled(args, orders)
+            return self._compiled(args, orders, writes)
         except Exception as e:  # noqa: BLE001 (any nvFuser failure leaves the eager calls, which are exact)
             error = f"{type(e).__name__}: {e}"
+        if writes:  # (the write-backs copy the values instead)
+            try:
+                run = self._compiled(args, orders)
+            except Exception as e:  # noqa: BLE001
+                error += f" (and without writing its inputs: {type(e).__name__}: {e})"
+            else:
+                self.executor.stats["unwritten"] += 1
+                return run
         if any(d is not a for d, a in zip(_dense(args), args)):
             # nvFuser's schedulers fail on some layouts they define (on the H100 and H200, the
             # layer norm of a column-major input: "Vectorized dim for producer has to be from an
@@ -532,6 +562,16 @@ class NvFuserRegion:
                 return lambda args: run(_dense(args))
         return self._fallback(error)
 
+    def _writes(self, args) -> tuple:
+        """``Region.writes`` of the inputs ``args``: none where a written one is an inference tensor
+        or of another dtype than its value."""
+        region = self.region
+        if any(args[i].is_inference() for i in self._written):
+            return ()
+        if any(region.dtypes.get(out) != args[i].dtype for (out, _), i in zip(region.writes, self._written)):
+            return ()
+        return region.writes
+
     def _fallback(self, error: str):
         region, executor = self.region, self.executor
         message = (
@@ -544,13 +584,20 @@ class NvFuserRegion:
         warnings.warn(message, stacklevel=5)
         executor.stats["failures"] += 1
         function = region.function
+        if region.writes:
+            # (the write-backs take a returned view of a written input for the region's own write:
+            # the eager calls' outputs there are made their own tensors)
+            at = {region.outputs.index(out) for out, _ in region.writes}
+            return lambda args: tuple(
+                o.clone() if i in at and o._base is not None else o for i, o in enumerate(function(*args))
+            )
         return lambda args: function(*args)
 
-    def _compiled(self, args, orders):
-        """The callable running the definition of ``args``' layout (its outputs in ``orders``),
-        compiled by running it on ``args``."""
+    def _compiled(self, args, orders, writes=()):
+        """The callable running the definition of ``args``' layout (its outputs in ``orders``, those
+        of ``writes`` written into their inputs), compiled by running it on ``args``."""
         stats, start = self.executor.stats, time.perf_counter()
-        fd, floats = define(self.executor.module, self.region, args, orders)
+        fd, floats = define(self.executor.module, self.region, args, orders, writes)
         compute = host_floats(self.region.name, self.region.input_shapes, floats, self.region.inputs)
         defined = time.perf_counter()
         execute = _told_device(fd.execute, factory_device(self.region, args))
@@ -580,16 +627,19 @@ class NvFuserExecutor(FusionExecutor):
     fuses_decompositions = True
     fuses_symbolic = True
     fuses_float_inputs = True
+    writes_inputs = True
 
     def __init__(self, name: str = "nvfuser", *, module=None, allow_cpu: bool = False):
         super().__init__(name)
         #: ``dense_copies``: layouts whose definition failed and that run on row-major copies;
-        #: ``unpinned``: definitions whose outputs' eager layouts could not be told (``nvfuser_layouts``).
+        #: ``unpinned``: definitions whose outputs' eager layouts could not be told (``nvfuser_layouts``);
+        #: ``unwritten``: definitions that failed writing their inputs (``Region.writes``) and copy instead.
         self.stats = {
             "definitions": 0,
             "failures": 0,
             "dense_copies": 0,
             "unpinned": 0,
+            "unwritten": 0,
             "define_s": 0.0,
             "compile_s": 0.0,
         }

@@ -11,12 +11,15 @@ version counters set to eager's counts). A module buffer reassigned in forward (
 which ``nn.Module.__setattr__`` stores in ``_buffers``) gets the new tensor in its slot. An output
 that is a written input itself (``x.add_(1); return x``) is the caller's tensor, as in eager.
 
+A fusion region may write such a buffer itself and return it (``WriteBacks.in_place``,
+``Region.writes``: BatchNorm's running statistics in nvFuser regions); its copy is then skipped.
+
 A value the call computed may share memory with a tensor it is about to overwrite (an input
 read before the write, through ``contiguous()`` or a view the executor made); such values are
 cloned before the copies, so the order of the copies cannot change what they write.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -79,6 +82,10 @@ class WriteBacks:
     #: groups (of 2 or more) of the inputs written back without autograd that share a dtype and a
     #: device: each copied by one ``torch._foreach_copy_`` (``_untracked_lines``)
     batched: tuple = ()
+    #: the module's tensors among the inputs written back without autograd whose final value has
+    #: their dtype and shape: a fusion region computing it may write their memory itself
+    #: (``Region.writes``), which the copies then skip (``_in_place_term``)
+    in_place: tuple = ()
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -167,8 +174,24 @@ def plan(
         versions=tuple((k, n) for k, _, _ in copies if writes is not None and (n := writes(inputs[k])) != 1),
         restructures=restructures,
         batched=_batched(inputs, copies) if _set_counters is not None else (),
+        in_place=_in_place(inputs, copies, extra, len(leaves), module),
     )
     return wb, tuple(leaves + extra)
+
+
+def _in_place(inputs: list, copies: list, extra: list, first: int, module: tuple) -> tuple:
+    """``WriteBacks.in_place``: the module's tensors copied without autograd from a value of their
+    dtype and shape (``extra[j - first]`` is the value of output ``j``)."""
+    start, stop = module
+    found = []
+    for k, j, grad in copies:
+        value, target = extra[j - first], inputs[k]
+        # (static shapes only: comparing symbolic sizes would guard on them)
+        shapes = tuple(value.shape), tuple(target.shape)
+        static = all(type(s) is int for shape in shapes for s in shape)
+        if not grad and start <= k < stop and value.dtype == target.dtype and static and shapes[0] == shapes[1]:
+            found.append(k)
+    return tuple(found)
 
 
 def _batched(inputs: list, copies: list) -> tuple:
@@ -561,27 +584,28 @@ def with_writebacks(fn, wb: WriteBacks):
     values = [j for j in wb.tensor_outputs if j not in aliased and j not in viewed]
     values += [j for _, j, _ in wb.copies] + [j for _, _, j, _ in wb.slots if j is not None]
     values += [j for _, (kind, j) in wb.rebinds if kind == "output" and j not in values]
+    in_place = [(k, j) for k, j, grad in wb.copies if not grad and k in wb.in_place]
+    if in_place and (len(wb.targets) > 1 or [k for k in wb.separate if k not in wb.targets]):
+        # (refused before the call: its regions may write the inputs)
+        lines[1:1] = [f"    bases = {{{', '.join(f'root_id(inputs[{k}])' for k in wb.targets)}}}"]
+        lines[2:2] = [f"    if {_shared_term(wb, namespace)}: raise_aliased()"]
     for j in values:
         lines.append(f"    o{j} = outs[{j}]")
-    if wb.copies:
-        lines.extend(_separate_lines(wb, values, namespace))
-    untracked = [(k, j) for k, j, grad in wb.copies if not grad]
-    if untracked:
-        # (``torch.no_grad()``'s enter and exit, ~1.2 us a call, as the two calls they make)
-        copies = _untracked_lines(wb, untracked, namespace)
-        lines.append("    if grad_enabled():")
-        lines.append("        set_grad_enabled(False)")
-        lines.append("        try:")
-        lines.extend("        " + line for line in copies)
-        lines.append("        finally:")
-        lines.append("            set_grad_enabled(True)")
+    if in_place:
+        # (the outputs a region wrote into their inputs: ``Region.writes``; the trace's function of
+        # a backward returns an input as a view of it, ``Function``'s outputs that are its inputs)
+        term = " and ".join(f"(o{j} is inputs[{k}] or o{j}._base is inputs[{k}])" for k, j in in_place)
+        written = _without_in_place(wb)
+        lines.append(f"    if {term}:")
+        kept = [j for j in values if j not in {j for _, j in in_place}]
+        lines.extend("    " + line for line in _copy_lines(written, kept, namespace) or ["    pass"])
+        counts = dict(wb.versions)
+        bumps = tuple((k, counts.get(k, 1) + 1) for k, _ in in_place if counts.get(k, 1))
+        lines.extend("    " + line for line in _version_lines(bumps, namespace))
         lines.append("    else:")
-        lines.extend("    " + line for line in copies)
-    lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
-    for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
-        lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
-    batched = {k for group in wb.batched for k in group}
-    lines.extend(_version_lines(tuple(v for v in wb.versions if v[0] not in batched), namespace))
+        lines.extend("    " + line for line in _copy_lines(wb, values, namespace))
+    else:
+        lines.extend(_copy_lines(wb, values, namespace))
     for i, (store, name, j, _) in enumerate(wb.slots):
         namespace[f"store{i}"] = store
         lines.append(f"    store{i}[{name!r}] = {'None' if j is None else f'o{j}'}")
@@ -603,6 +627,40 @@ def with_writebacks(fn, wb: WriteBacks):
         lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     exec(compile("\n".join(lines), "<thunder_rs write-backs>", "exec"), namespace)
     return namespace["call"]
+
+
+def _without_in_place(wb: WriteBacks) -> WriteBacks:
+    """``wb`` without the copies of ``wb.in_place`` (a region wrote those inputs itself)."""
+    done = set(wb.in_place)
+    copies = tuple(c for c in wb.copies if c[2] or c[0] not in done)
+    groups = tuple(g for g in (tuple(k for k in group if k not in done) for group in wb.batched) if len(g) > 1)
+    versions = tuple(v for v in wb.versions if v[0] not in done)
+    return replace(wb, copies=copies, batched=groups, versions=versions, in_place=())
+
+
+def _copy_lines(wb: WriteBacks, values: list, namespace: dict) -> list:
+    """The write-backs' lines (indented by 4) from the copies' to the versions' (``with_writebacks``)."""
+    lines: list = []
+    if wb.copies:
+        lines.extend(_separate_lines(wb, values, namespace))
+    untracked = [(k, j) for k, j, grad in wb.copies if not grad]
+    if untracked:
+        # (``torch.no_grad()``'s enter and exit, ~1.2 us a call, as the two calls they make)
+        copies = _untracked_lines(wb, untracked, namespace)
+        lines.append("    if grad_enabled():")
+        lines.append("        set_grad_enabled(False)")
+        lines.append("        try:")
+        lines.extend("        " + line for line in copies)
+        lines.append("        finally:")
+        lines.append("            set_grad_enabled(True)")
+        lines.append("    else:")
+        lines.extend("    " + line for line in copies)
+    lines.extend(f"    inputs[{k}].copy_(o{j})" for k, j, grad in wb.copies if grad)
+    for k, (kind, j) in wb.rebinds:  # (``.data =``: autograd does not see it)
+        lines.append(f"    inputs[{k}].data = {f'o{j}' if kind == 'output' else f'inputs[{j}]'}")
+    batched = {k for group in wb.batched for k in group}
+    lines.extend(_version_lines(tuple(v for v in wb.versions if v[0] not in batched), namespace))
+    return lines
 
 
 def _untracked_lines(wb: WriteBacks, untracked: list, namespace: dict) -> list:

@@ -188,6 +188,10 @@ class Region:
     #: size values' names, ``values()`` their numbers), a size value's own ``SymExpr`` (an int
     #: input that may change between calls), None for a number. Empty for the other executors.
     input_shapes: tuple = ()
+    #: For executors that write inputs (``writes_inputs``): ``(output name, input name)`` of the
+    #: outputs whose value the call writes into that input after the trace, without autograd, and
+    #: which no other call reads: the region may write the input's memory itself and return it.
+    writes: tuple = ()
 
 
 class FusionExecutor(Executor):
@@ -209,6 +213,8 @@ class FusionExecutor(Executor):
     #: Whether its regions take float inputs (``core.acquisition.float_args``) as inputs of one
     #: compile: a trace with float inputs runs without the fusion executors that compile per value.
     fuses_float_inputs = False
+    #: Whether its regions may write an input's memory with an output's value (``Region.writes``).
+    writes_inputs = False
 
     def take_from(self, executor: Executor, keys=None) -> None:
         """Takes ``executor``'s implementations of ``keys`` (all of them by default) as its own."""

@@ -18,6 +18,7 @@ from thunder_rs.core.lang.fallback import CALL_EFFECTS, QUEUE_EFFECTS, absent_as
 from thunder_rs.core.lang.torch_casts import with_cached_casts
 from thunder_rs.core.lang.values import abandonable
 from thunder_rs.core.run import codes
+from thunder_rs.core.run.region_writes import region_writes
 from thunder_rs.core.lang.executor_api import (
     FusionExecutor,
     Region,
@@ -55,8 +56,9 @@ def _load(trace, name: str, filename: str, namespace: dict, regions: dict):
     return source, scope[name]
 
 
-def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
-    """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region."""
+def _fused_regions(trace, filename: str, namespace: dict, executors, writes=None) -> dict:
+    """Each region of ``trace`` by name: its executor's ``fuse`` of it, called once per region;
+    ``writes``: ``Region.writes`` by region name (``region_writes``)."""
     fused = {}
     for code in trace.regions():
         name, symbol_names, scope = code.name, tuple(code.symbol_names), dict(namespace)
@@ -66,6 +68,8 @@ def _fused_regions(trace, filename: str, namespace: dict, executors) -> dict:
         decomposed = _decomposed(code) if executor.fuses_decompositions else {}
         if executor.fuses_symbolic:
             decomposed["input_shapes"] = tuple(code.input_shapes)
+        if writes and name in writes:
+            decomposed["writes"] = writes[name]
         region = Region(
             name, code.key, code.source, scope[name], symbol_names, code.num_inputs, code.num_outputs, **decomposed
         )
@@ -333,7 +337,9 @@ def generated(acquired, name: str, modes: RecordedModes, passes: tuple = (), exe
         traces = _named_inputs(traces, acquired, names, {*namespace, *(r.name for r in traces[-1].regions())})
     filename = f"<thunder_rs {name}>"
     fuse_at = time.perf_counter()
-    regions = _fused_regions(traces[-1], filename, namespace, executors)
+    # (the write-backs skip the copies of what the regions may write: ``_called``'s)
+    writes, acquired.writebacks = region_writes(traces[-1], acquired.writebacks, bool(backward_traces), executors)
+    regions = _fused_regions(traces[-1], filename, namespace, executors, writes)
     if backward_traces:
         backward_regions = _fused_regions(backward_traces[-1], filename + " backward", namespace, executors)
     fuse_s = time.perf_counter() - fuse_at
