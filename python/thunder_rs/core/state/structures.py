@@ -12,7 +12,10 @@ whether it serves a call, so returning to a structure runs no entry whose guards
 
 The bindings of the structures kept hold their modules alive (the entries compiled for them hold
 those modules already), so the ids a structure holds are never another object's; at most
-``STRUCTURES_KEPT`` are kept, the least recently bound one dropped with its entries.
+``STRUCTURES_KEPT`` are kept, the least recently bound one dropped with its entries. That is the
+cost: a module taken out of the tree for good (a classifier head replaced) stays alive, with its
+parameters, until four other structures have been bound since it was left, where eager
+frees it at once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import itertools
 
 #: How many structures of one jitted module keep their entries.
-STRUCTURES_KEPT = 8
+STRUCTURES_KEPT = 4
 
 #: Structure numbers, unique in the process (an interned ``ParameterMetadata`` is shared by keys
 #: of every jitted module).
