@@ -8,7 +8,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from thunder_rs.core.base.userframe import callable_name, warn_at_user_frame
-from thunder_rs.core.lang.reads import Diverged, Read, _shapes, decision
+from thunder_rs.core.lang.reads import Diverged, Read, decision
 from thunder_rs.core.lang.value_sizes import other_side, widened
 from thunder_rs.core.lang.values import ValueTree
 from thunder_rs.errors import ThunderRuntimeError, runtime_error, settings_made_again
@@ -124,7 +124,7 @@ def _symbolic_answer(jfn, read: Read, value, tree: ValueTree | None, prefix: tup
     if not read.sizes:
         wide = widened(read, value, jfn._sized_sites.get((read.what, read.where), ()))
         return wide, [wide.key()] if wide is not None else []
-    if read.reader is _shapes and _other_constants(read, value):
+    if read.constant_differs(value):
         # (a size the pattern has constant changed, a packed sequence's longest length with its
         # total: symbolic too, with the read's symbolic ones, as a constant read's sizes widen)
         known = (*read.sizes, *jfn._sized_sites.get((read.what, read.where), ()))
@@ -135,19 +135,6 @@ def _symbolic_answer(jfn, read: Read, value, tree: ValueTree | None, prefix: tup
     free = taken.index(False) if False in taken else None
     wide = other_side(read, value, free) if free is not None else None
     return wide, [k for k, t in zip(keys, taken) if t] if wide is not None else []
-
-
-def _other_constants(read: Read, value) -> bool:
-    """Whether the shapes ``value`` have the ranks of ``read``'s pattern and differ from it at a
-    size it has constant."""
-    pattern = read.pattern
-    if type(value) is not tuple or len(value) != len(pattern) or any(map(_ranks_differ, pattern, value)):
-        return False
-    return any(type(w) is not tuple and w != n for want, shape in zip(pattern, value) for w, n in zip(want, shape))
-
-
-def _ranks_differ(want, shape) -> bool:
-    return len(want) != len(shape)
 
 
 def _variant_compile(jfn, entry: Entry, forced: tuple, key, flat, spec, diverged: Diverged) -> Entry:
