@@ -402,6 +402,10 @@ def _state_change(old, new, names=()) -> str:
                 changes.append(f"the module's tensors that are forward-AD duals {old_duals[0]} -> {new_duals[0]}")
             if old_extra[0] != new_extra[0]:
                 changes.append(f"module training {old_extra[0]} -> {new_extra[0]}")
+            if getattr(old_extra[1], "structure", None) != getattr(new_extra[1], "structure", None):
+                changes.append(
+                    "the module's structure changed back to one it had (whose entries did not serve the call)"
+                )
             old_params, new_params = _per_tensor(old_extra[1]), _per_tensor(new_extra[1])
             moved = [i for i, (a, b) in enumerate(zip(old_params, new_params)) if a != b]
             if moved or len(old_params) != len(new_params):

@@ -9,7 +9,6 @@ draws again from the generator state the forward started from.
 """
 
 import functools
-import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from thunder_rs.core.lang import autocast, underived_grads
 from thunder_rs.core.base import problems
 from thunder_rs.core.lang.autocast import AutocastState
 from thunder_rs.core.lang.devices import indexed, refuse_pinned
+from thunder_rs.core.lang.meta_errors import reads_values
 from thunder_rs.core.base.dtypes import CODES
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import log_fallback
@@ -84,7 +84,7 @@ def symbol_id(
     ``replay`` symbol: one that returns, last, the generator state its draws started from, from
     which its backward draws the same numbers again. A ``sized`` symbol (groups of ``(output,
     dim)``, ``values.widened``) returns, after its tensors, the size at the first place of each
-    group; it has no backward (its outputs require none)."""
+    group, and has the backward of its tensors (unless it draws: ``replay``)."""
     key = (func, autocast_state, replay, sized, grad_mode)
     sid = _ids.get(key)
     if sid is None:
@@ -106,7 +106,7 @@ def symbol_id(
         forward = impl if grad_mode is None else _under_grad_mode(impl, grad_mode)
         run = _returning_generator_state(forward) if replay else _flat_outputs(forward)
         FALLBACK_IMPLS[sid] = _returning_sizes(forward, sized) if sized else run
-        if (replay or not effect) and not sized:
+        if replay or not effect:  # (a sized call's backward takes its tensors' cotangents; its sizes have none)
             vjp = _replaying(_vjp_of(impl)) if replay else _vjp_of(impl)
             FALLBACK_IMPLS[_core.register_symbol(f"{name}.vjp", fallback=True)] = vjp
             LOGGED_VJPS.add(f"{name}.vjp")
@@ -399,12 +399,6 @@ def _device(in_leaves, kwargs) -> str:
 
 #: Errors of fake tensors (under autocast) for calls whose output sizes depend on values.
 _DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
-#: What an op that reads an argument's values on the CPU says of its meta stand-in ("batch_sizes
-#: tensor should be on CPU, but got meta"; "... a 1D CPU int64 tensor, but got 1D meta Long tensor").
-_WANTS_THE_CPU = re.compile(r"\bCPU\b.*\bbut got\b.*\bmeta\b")
-#: A fake tensor's data read (under autocast, where metadata comes from fake tensors): ``torch.tensor``
-#: of a list of 0-d tensors reads each one's value, as ``Tensor.item()`` of a meta tensor refuses.
-_FAKE_DATA = "data is not allocated yet"
 
 
 class _NeedsValues(Exception):
@@ -503,7 +497,7 @@ def _output_metadata(func, name: str, args, kwargs, autocast_state, factory: boo
         except Exception as e:
             # The op reads values (``one_hot`` sizing itself, ``repeat_interleave``, torchvision's ``nms``;
             # a packed sequence's RNN steps through its ``batch_sizes``, which it wants on the CPU).
-            if "meta tensor" in str(e).lower() or _WANTS_THE_CPU.search(str(e)) or _FAKE_DATA in str(e):
+            if reads_values(e):
                 raise _NeedsValues(_data_dependent_error(name)) from e
             # Invalid arguments: what eager raises for them, with the op's name.
             raise thunder_error_like(e, f"{name}: {e}") from e
@@ -723,9 +717,9 @@ def fallback(func, args, kwargs, effect: bool = False, requires_grad=None):
         for t, flag in zip(leaves, flags)
     ]
     sized = getattr(checked, "dims", ())
-    if sized and any(m.requires_grad for m in metas):
-        raise ThunderNotImplementedError(f"{name}: symbolic sizes computed by a call whose outputs require grad")
     replay = effect and requires_grad is None and any(m.requires_grad for m in metas)
+    if sized and replay:  # (its backward draws again from the state it returns last, where its sizes go)
+        raise ThunderNotImplementedError(f"{name}: symbolic sizes computed by a random call whose outputs require grad")
     if replay:
         state = _generator(args, kwargs).get_state()
         metas.append(output_meta(state.shape, state.dtype, state.device, False))

@@ -32,11 +32,17 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.proxies import TensorProxy
+from thunder_rs.core.lang.meta_errors import reads_values
 from thunder_rs.core.lang.recorder import current, paused_recording
 from thunder_rs.core.lang.symint import SymInt, wrap
 
 #: A symbol's source (``ConstantSource``); a ShapeEnv imports torch._dynamo when made anyway.
 _DYNAMO_SOURCES = LazyModule("torch._dynamo.source")
+
+
+#: What torch says of a kernel that cannot take fake tensors of symbolic sizes ("Cannot call
+#: numel() on tensor with symbolic sizes/strides").
+_SYMBOLIC_REFUSED = "with symbolic sizes/strides"
 
 
 class _Unfollowed(Exception):
@@ -199,37 +205,75 @@ def symbolic_metadata(func, args, kwargs, factory: bool, requires_grad=None):
             sizes.record_guards()
         except _DataSized:
             return FROM_VALUES
-        except Exception:  # noqa: BLE001 (unfollowed, or the op's own error: the static way raises it)
-            return None
+        except Exception as e:  # noqa: BLE001 (unfollowed, or the op's own error: the static way raises it)
+            # An op that reads its arguments' data, or whose kernel takes no symbolic sizes (a CPU
+            # kernel with no meta one: ``_pad_packed_sequence``) is sized by its values: the static
+            # way would specialise the inputs' sizes, which it cannot where they are counts.
+            return FROM_VALUES if reads_values(e) or _SYMBOLIC_REFUSED in str(e) else None
     return out, lambda t: shapes[id(t)]
 
 
 def _recurrent_outputs(func):
     """``func`` (``torch.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) with its outputs' metadata
-    given by its arguments over a padded batch: torch's decomposition steps through the sequence
-    in Python, which took a guard on its length (a compile per length). Its kernel's layout: the
-    output is computed time-major, a transposed view where ``batch_first``; the last hidden states
-    are ``hx``'s shapes (``(h, c)`` for an LSTM). A packed sequence (``batch_sizes`` second) or a
-    hidden state of another shape than the input's (torch's error) runs the decomposition."""
+    given by its arguments: torch's decomposition steps through the sequence in Python, which took
+    a guard on its length (a compile per length), and through a packed sequence's ``batch_sizes``
+    by their values (a data-dependent error: a compile per distinct packed sizes). Its kernel's
+    layout: the output is computed time-major, a transposed view where ``batch_first``; over a
+    packed sequence (``batch_sizes`` second) it has the packed data's rows; the last hidden states
+    are ``hx``'s shapes (``(h, c)`` for an LSTM). A hidden state of another shape than the input's
+    (torch's error) runs the decomposition."""
 
-    def outputs(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first=False):
+    def outputs(input, hx, params, *rest):
+        if isinstance(hx, torch.Tensor) and hx.dim() == 1 and not hx.is_floating_point():
+            return packed(input, hx, params, *rest)
+        return padded(input, hx, params, *rest)
+
+    def padded(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first=False):
         directions = 2 if bidirectional else 1
         batch = (input.shape[0 if batch_first else 1],) if input.dim() == 3 else ()
-        states = tuple(hx) if isinstance(hx, (list, tuple)) else (hx,)
-        if not isinstance(params, (list, tuple)) or any(
-            not isinstance(h, torch.Tensor) or tuple(h.shape[:-1]) != (num_layers * directions, *batch) for h in states
-        ):
+        states = _states(hx, num_layers * directions, batch)
+        if states is None or not isinstance(params, (list, tuple)):
             return func(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
         features = states[0].shape[-1] * directions
-        # (differentiable where the kernel's outputs are: the caller reads which outputs autograd tracks)
-        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *states, *params))
+        grads = _differentiable(input, states, params)
         if input.dim() == 3 and batch_first:
             steps = input.new_empty((input.shape[1], input.shape[0], features)).requires_grad_(grads).transpose(0, 1)
         else:
             steps = input.new_empty((*input.shape[:-1], features)).requires_grad_(grads)
         return (steps, *(h.new_empty(h.shape).requires_grad_(grads) for h in states))
 
+    def packed(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+        directions = 2 if bidirectional else 1
+        states = _states(hx, num_layers * directions, None)
+        if states is None or not isinstance(params, (list, tuple)) or data.dim() != 2:
+            return func(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional)
+        grads = _differentiable(data, states, params)
+        steps = data.new_empty((data.shape[0], states[0].shape[-1] * directions)).requires_grad_(grads)
+        return (steps, *(h.new_empty(h.shape).requires_grad_(grads) for h in states))
+
     return outputs
+
+
+def _states(hx, layers: int, batch: tuple | None) -> tuple | None:
+    """The hidden states ``hx`` (one tensor, or ``(h, c)``) where each is ``layers`` by ``batch``
+    (any one batch where None: a packed sequence's is its ``batch_sizes[0]``, a value) by features."""
+    states = tuple(hx) if isinstance(hx, (list, tuple)) else (hx,)
+    for h in states:
+        if (
+            not isinstance(h, torch.Tensor)
+            or h.shape[0] != layers
+            or h.dim() != (3 if batch is None else 2 + len(batch))
+        ):
+            return None
+        if batch is not None and tuple(h.shape[1:-1]) != batch:
+            return None
+    return states
+
+
+def _differentiable(input, states, params) -> bool:
+    """Whether the kernel's outputs are differentiable (the caller reads which outputs autograd
+    tracks)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (input, *states, *params))
 
 
 #: Calls whose outputs' symbolic metadata a rule gives instead of torch's fake kernel.

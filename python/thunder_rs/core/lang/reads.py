@@ -74,7 +74,22 @@ class Read:
         shapes: Any = self.value
         return tuple(tuple(groups.get((i, d), n) for d, n in enumerate(shape)) for i, shape in enumerate(shapes))
 
+    def constant_differs(self, value) -> bool:
+        """Whether ``value`` (shapes) has the ranks of this read's pattern of symbolic sizes and
+        differs from it at a size the pattern has constant."""
+        pattern = self.pattern
+        if self.reader is not _shapes or type(value) is not tuple or len(value) != len(pattern):
+            return False
+        if any(len(want) != len(shape) for want, shape in zip(pattern, value)):
+            return False
+        return any(type(w) is not tuple and w != n for want, shape in zip(pattern, value) for w, n in zip(want, shape))
+
     def describe(self, value) -> str:
+        if self.sizes and self.constant_differs(value):
+            return (
+                f"the sizes read by {self.what} at {self.where} were {_shown(value)}, where the compiled variant's "
+                f"pattern has a size constant that differs (traced at {_shown(self.value)})"
+            )
         if self.sizes:
             return (
                 f"the sizes read by {self.what} at {self.where} were {_shown(value)}, which the compiled variant's "

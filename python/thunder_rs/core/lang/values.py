@@ -56,6 +56,10 @@ from thunder_rs.core.base.userframe import PACKAGE_DIR, user_location
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError
 
 
+def _places(groups: tuple) -> set:
+    return {place for group in groups for place in group}
+
+
 class ValueReads:
     """The data-dependent reads of one acquisition. ``evaluate(snapshot, consts, inputs)`` runs a
     snapshot of the recording on the real inputs; ``forced`` are the reads a call's divergence
@@ -169,14 +173,16 @@ class ValueReads:
         size that changed since the last compile symbolic, every read of this compile whose sizes
         changed is, not only the one whose check failed."""
         count = self._seen[site] = self._seen.get(site, -1) + 1
-        if forced is not None or groups:
+        prior = self._prior.get((site, count))
+        if forced is not None or (groups and (prior is None or prior.reader is not _shapes)):
             return groups
         if site in self.widened:  # an earlier read there changed: so may this one
             return self.widened[site]
-        prior = self._prior.get((site, count))
-        wide = widened(prior, value) if prior is not None else None
-        if wide is None:
-            return ()
+        # (with the site's groups: a size they have constant that changed too, a packed sequence's
+        # longest length where its total was symbolic)
+        wide = widened(prior.answered(prior.value), value, groups) if prior is not None else None
+        if wide is None or _places(wide.sizes) == _places(groups):
+            return groups
         self.widened[site] = wide.sizes
         return wide.sizes
 

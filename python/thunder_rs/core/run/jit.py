@@ -52,6 +52,7 @@ from thunder_rs.core.base.lazy import LazyModule
 from thunder_rs.core.base.logs import checked_passes, log_compile, log_dynamic_off
 from thunder_rs._core import DictStamps
 from thunder_rs.core.state.modules import ModuleBinding, dict_stamp, hooks_version, write_epoch
+from thunder_rs.core.state.structures import KnownStructures, of_structure
 from thunder_rs.core.lang.recorder import active_recorder
 from thunder_rs.core.run.wrapped_module import (
     WRAPPED,
@@ -87,6 +88,7 @@ MISS_WARNING_THRESHOLD = 8
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 #: Entries a jitted callable keeps before evicting the least recently used (``jit(fn, cache=N)``).
 DEFAULT_CACHE_SIZE = 128
+STRUCTURE_CHANGED = "the module's structure (submodules, parameters, buffers or a forward set on one) changed"
 
 
 def _NO_STORES() -> int:
@@ -158,6 +160,7 @@ class ThunderFunction:
         self._last_key = None
         self._last_entry: Entry | None = None
         self._binding: ModuleBinding | None = None
+        self._structures = KnownStructures()
         self._epoch = -1
         #: the newest change stamp of the module tree's submodule stores, and the stamp before
         #: which they last matched the binding: a store written directly (``model._modules["act"]
@@ -271,15 +274,19 @@ class ThunderFunction:
         return tensors
 
     def _check_binding(self) -> None:
-        """Rebinds the module's slots when its structure changed; its entries then no longer apply."""
+        """Rebinds the module's slots when its structure changed: calls then find the entries of
+        the new structure, none if it is new (``structures``)."""
         with self._lock:
             epoch, stamp = write_epoch[0], dict_stamp()
             if self._binding is None or not self._binding.same_structure():
+                binding = ModuleBinding(self._module)
+                number, seen, dropped = self._structures.number(binding)
+                binding.metadata.structure = number
+                if dropped is not None:
+                    self._drop_entries(lambda key: of_structure(key, dropped))
                 if self._binding is not None:
-                    self._clear(
-                        "the module's structure (submodules, parameters, buffers or a forward set on one) changed"
-                    )
-                self._binding = ModuleBinding(self._module)
+                    self._cleared_because = None if seen else STRUCTURE_CHANGED
+                self._binding = binding
                 if DICT_STAMPS:  # (elsewhere a store written directly is not seen)
                     stores = [m.__dict__["_modules"] for m in self._binding.modules]
                     self._stores_newest = DictStamps(stores).newest
@@ -575,10 +582,7 @@ class ThunderFunction:
         """Drops the entries of keys whose identity objects died (a KV cache of an earlier
         ``generate``): their guards hold what those objects held."""
         self._dead_keys = False
-        self._int_classes.drop(has_dead)
-        for key in [k for k in self._variants if has_dead(k)]:
-            del self._variants[key]
-            self._cache.pop(key, None)
+        self._drop_entries(has_dead)
 
     def _evict(self) -> None:
         """Drops the least recently used entry."""
@@ -596,10 +600,19 @@ class ThunderFunction:
                 del self._cache[key]
         self._stats.evictions += 1
 
+    def _drop_entries(self, dropped) -> None:
+        """Drops the entries of the keys ``dropped(key)``, symbolic ones included."""
+        self._int_classes.drop(dropped)
+        for key in [k for k in self._variants if dropped(k)]:
+            del self._variants[key]
+            self._cache.pop(key, None)
+        self._symbolic = [s for s in self._symbolic if not dropped(s.key)]
+
     def _clear(self, reason: str) -> None:
         self._cache.clear()
         self._int_classes = IntClasses()
         self._variants.clear()
+        self._symbolic = []
         self._cleared_because = reason
 
     def _record_miss(self, key, names: list, start, stages, traces, backward_traces, guard_reason):

@@ -124,6 +124,12 @@ def _symbolic_answer(jfn, read: Read, value, tree: ValueTree | None, prefix: tup
     if not read.sizes:
         wide = widened(read, value, jfn._sized_sites.get((read.what, read.where), ()))
         return wide, [wide.key()] if wide is not None else []
+    if read.constant_differs(value):
+        # (a size the pattern has constant changed, a packed sequence's longest length with its
+        # total: symbolic too, with the read's symbolic ones, as a constant read's sizes widen)
+        known = (*read.sizes, *jfn._sized_sites.get((read.what, read.where), ()))
+        wide = widened(read.answered(read.value), value, known)
+        return wide, [wide.key()] if wide is not None else []
     keys = [read.side_key(side) for side in range(VALUE_VARIANT_LIMIT)]
     taken = [tree is not None and tree.get(prefix + (k,)) is not None for k in keys]
     free = taken.index(False) if False in taken else None

@@ -115,4 +115,6 @@ def _rebind_unsharded(jfn) -> None:
     is made again (the slots, and so the cache, are the same)."""
     binding = jfn._binding
     if binding is not None and any(id(store[name]) not in binding._index_of for store, name in binding.unique):
-        jfn._binding = type(binding)(jfn._module)
+        rebound = type(binding)(jfn._module)
+        rebound.metadata.structure = binding.metadata.structure  # (the same structure: its entries serve)
+        jfn._binding = rebound

@@ -35,13 +35,14 @@ _UNGUARDABLE = False
 
 
 class ParameterMetadata:
-    """``(dtype, device, requires_grad, shape)`` of each of a module's tensors, once per distinct tuple:
+    """``(dtype, device, requires_grad, shape)`` of each of a module's tensors, once per distinct tuple
+    and module structure (``structures``: the number of the structure the tensors were read in):
     keys holding it hash and compare by identity, at no cost per parameter."""
 
-    __slots__ = ("per_tensor", "__weakref__")
+    __slots__ = ("per_tensor", "structure", "__weakref__")
 
-    def __init__(self, per_tensor: tuple):
-        self.per_tensor = per_tensor
+    def __init__(self, per_tensor: tuple, structure: int = 0):
+        self.per_tensor, self.structure = per_tensor, structure
 
     def __repr__(self) -> str:
         return repr(self.per_tensor)
@@ -51,10 +52,12 @@ class ParameterMetadata:
 _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def interned(per_tensor: tuple) -> ParameterMetadata:
-    """The one ``ParameterMetadata`` of ``per_tensor``."""
-    found = _interned.get(per_tensor)
-    return found if found is not None else _interned.setdefault(per_tensor, ParameterMetadata(per_tensor))
+def interned(per_tensor: tuple, structure: int = 0) -> ParameterMetadata:
+    """The one ``ParameterMetadata`` of ``per_tensor`` read in the module structure ``structure``."""
+    found = _interned.get((structure, per_tensor))
+    if found is not None:
+        return found
+    return _interned.setdefault((structure, per_tensor), ParameterMetadata(per_tensor, structure))
 
 
 class MetadataCheck:
@@ -67,13 +70,15 @@ class MetadataCheck:
     and a nested or MKL-DNN tensor's impl aborts the process there. A tensor's impl kind cannot
     change under ``p.data = other`` (torch refuses incompatible impls), only by a new tensor."""
 
-    __slots__ = ("_last", "memory")
+    __slots__ = ("_last", "memory", "structure")
 
-    def __init__(self):
+    def __init__(self, structure: int = 0):
         #: (tensors, guards, metadata) of the last call; no tensors before the first
         self._last: tuple = (None, None, None)
         #: what ``acquisition.module_memory`` read of ``tensors`` (which memory they use), with them
         self.memory: tuple | None = None
+        #: the number of the module structure the tensors are read in (``structures``)
+        self.structure = structure
 
     @property
     def tensors(self) -> list | None:
@@ -94,7 +99,7 @@ class MetadataCheck:
             and (guards.check(*tensors) if _grad_enabled() or _mode_free[0] else _holds(guards, tensors))
         ):
             return last[2]
-        metadata = interned(_read(tensors))
+        metadata = interned(_read(tensors), self.structure)
         guards = (_UNGUARDABLE if last[1] is _UNGUARDABLE else _guards(tensors)) if same else None
         self._last = (tensors, guards, metadata)
         return metadata
