@@ -1,5 +1,6 @@
 """Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp; the
-grad rules of std and std_mean (eager's std backward) and of max/min of a whole tensor.
+grad rules of var, std, var_mean and std_mean (eager's var and std backward, for complex values
+too: the centred input times a real cotangent) and of max/min of a whole tensor.
 
 Each op canonicalises its dims once, reshapes a 0-dim input to one element (prims reduce only
 over dims that exist), calls the reduction prim and, for ``keepdim``, broadcasts the result
@@ -399,10 +400,8 @@ def var_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     """(the decomposition's VJP rounded the mean's sum before dividing, and the centred input
     before the cotangent multiplied, in half precision)"""
     out = ltorch.var(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     grad, _, _ = _var_input_grad(get_grad(out), input, dim, unbiased, keepdim, correction, "ltorch.var")
-    put_grad(input, grad)
+    put_grad(input, grad, complex_values=True)  # (the centred input times a real cotangent)
     return out
 
 
@@ -422,21 +421,31 @@ def logsumexp_grad(input, dim, keepdim=False):
 @register_grad(ltorch.std)
 def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     grad, _, _ = _std_input_grad(get_grad(out), out, input, dim, unbiased, keepdim, correction, "ltorch.std")
-    put_grad(input, grad)
+    put_grad(input, grad, complex_values=True)
     return out
+
+
+@register_grad(ltorch.var_mean)
+def var_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Eager's ``var_mean_backward``: var's backward plus the mean's cotangent spread and divided."""
+    var, mean = ltorch.var_mean(input, dim, unbiased, keepdim, correction=correction)
+    g_var, g_mean = get_grad(var), get_grad(mean)
+    grad, dims, count = _var_input_grad(g_var, input, dim, unbiased, keepdim, correction, "ltorch.var_mean")
+    put_grad(
+        input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)), complex_values=True
+    )
+    return var, mean
 
 
 @register_grad(ltorch.std_mean)
 def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     std, mean = ltorch.std_mean(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return std, mean  # the decomposition's VJP
     g_std, g_mean = get_grad(std), get_grad(mean)
     grad, dims, count = _std_input_grad(g_std, std, input, dim, unbiased, keepdim, correction, "ltorch.std_mean")
-    put_grad(input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)))
+    put_grad(
+        input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)), complex_values=True
+    )
     return std, mean
 
 
