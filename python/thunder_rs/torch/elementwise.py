@@ -627,17 +627,21 @@ def _tanh_backward_meta(grad_output, output):
 def tanh_backward(grad_output, output):
     """``g * (1 - y²)``: eager's kernel, one aten call on the torch executor (its vector code
     rounds ``1 - y²`` as one fused multiply-add, 1 ulp from the ops'), computed in float32 for
-    half precision (rounding after each op differs in a third of bfloat16 elements)."""
+    half precision (rounding after each op differs in a third of bfloat16 elements); of complex
+    values ``g * conj(1 - y²)``, as the kernel's complex loop computes it."""
     g, dtype = in_opmath(grad_output, output)
     y = upcast(output)
-    return rounded(g * (1.0 - y * y), dtype)
+    derivative = 1.0 - y * y
+    return rounded(g * (prims.conj(derivative) if derivative.dtype.is_complex else derivative), dtype)
 
 
 @register_grad(ltorch.tanh)
 def tanh_grad(input):
+    """Eager's ``tanh_backward`` kernel, complex values too (the prim's VJP rounded the complex
+    product otherwise than the kernel's vector loop: an ulp apart in some elements)."""
     out = ltorch.tanh(input)
-    if input.dtype.is_floating_point:
-        put_grad(input, tanh_backward(get_grad(out), out))
+    if input.dtype.is_floating_point or input.dtype.is_complex:
+        put_grad(input, tanh_backward(get_grad(out), out), complex_values=True)
     return out
 
 
