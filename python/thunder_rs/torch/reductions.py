@@ -449,6 +449,50 @@ def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=N
     return std, mean
 
 
+def _exclusive_products_grad(g, input, d: int):
+    """Eager's ``prod_safe_zeros_backward``: ``g`` times the conjugated product of the elements
+    before each along ``d`` (an exclusive cumulative product) and of those after it."""
+    n = input.shape[d]
+    if math.prod(input.shape) == 0:
+        return ltorch.expand_as(g, input)
+    if n == 1:
+        return g
+    ones = ltorch.ones(tuple(1 if i == d else s for i, s in enumerate(input.shape)), dtype=g.dtype, device=g.device)
+    before = ltorch.cumprod(ltorch.cat([ones, ltorch.narrow(input, d, 0, n - 1)], d), d)
+    rest = ltorch.flip(ltorch.narrow(input, d, 1, n - 1), (d,))
+    after = ltorch.flip(ltorch.cumprod(ltorch.cat([ones, rest], d), d), (d,))
+    return ltorch.mul(g, prims.conj(ltorch.mul(before, after)))
+
+
+@register_grad(ltorch.prod)
+def prod_grad(input, dim=None, keepdim=False, *, dtype=None):
+    """Eager's ``prod_backward`` for complex values: ``g * conj(out / input)`` where no element
+    is zero; with zeros (anywhere in the tensor, as eager decides) the exclusive products
+    (``prod_safe_zeros_backward``), and over every dim zeros where two or more are zero. Each
+    branch is computed and the zero count selects, so no value is decided when tracing. Real
+    values keep the prim's VJP."""
+    out = ltorch.prod(input, dim, keepdim, dtype=dtype)
+    if not input.dtype.is_complex or out.dtype != input.dtype:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.ndim == 0:
+        put_grad(input, g, complex_values=True)
+        return out
+    zeros = ltorch.sum(ltorch.eq(input, 0))
+    if dim is None:
+        plain = ltorch.mul(g, prims.conj(ltorch.true_divide(out, input)))
+        flat = ltorch.reshape(input, (-1,))  # (eager's ``contiguous().view(-1)``: the same elements)
+        safe = ltorch.reshape(_exclusive_products_grad(g, flat, 0), tuple(input.shape))
+        safe = ltorch.where(ltorch.eq(zeros, 1), safe, 0)
+    else:
+        d = _dims(input, dim, "ltorch.prod", sequences=False)[0]
+        g, kept_out = (g, out) if keepdim else (ltorch.unsqueeze(g, d), ltorch.unsqueeze(out, d))
+        plain = ltorch.mul(g, prims.conj(ltorch.true_divide(kept_out, input)))
+        safe = _exclusive_products_grad(g, input, d)
+    put_grad(input, ltorch.where(ltorch.eq(zeros, 0), plain, safe), complex_values=True)
+    return out
+
+
 def _evenly_distributed(g, x, value):
     """Eager's ``evenly_distribute_backward``: on the CPU new zeros filled with the share where
     ``x`` is the value (contiguous), elsewhere the mask times the share (the mask's layout, ``x``'s)."""
