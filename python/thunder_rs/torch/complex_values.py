@@ -256,6 +256,9 @@ def _mark_complex_grads() -> None:
     TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
     TORCH_TO_LTORCH[torch.nn.functional.pad].complex_grads = _constant_mode
     TORCH_TO_LTORCH[torch.prod].complex_grads = _contiguous_in_own_dtype
+    # (eager's ``pow_backward``, ``pow_backward_self`` and ``pow_backward_exponent`` conjugated)
+    for fn in (torch.pow, torch.Tensor.pow, torch.Tensor.__pow__):
+        TORCH_TO_LTORCH[fn].complex_grads = True
     # (without ``dtype=``; with it the symbol refuses complex values, and eager's op runs)
     # (matrix norms but the Frobenius norm refuse complex values in their symbols: eager's op)
     for fn in (torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.linalg.norm, torch.norm, torch.Tensor.norm):

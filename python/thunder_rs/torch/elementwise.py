@@ -10,6 +10,7 @@ from torch.torch_version import TorchVersion
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
+from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent, user_location
@@ -577,6 +578,13 @@ def pow_grad(input, exponent):
     if isinstance(exponent, torch.Tensor) and isinstance(input, torch.Tensor):
         return _pow_tensors_grad(input, exponent)
     out = ltorch.pow(input, exponent)
+    if type(exponent) in (int, float) and isinstance(input, torch.Tensor) and input.dtype.is_complex:
+        # eager's ``pow_backward`` of complex values: ``g * conj(exponent * input ** (exponent - 1))``
+        if input.requires_grad:
+            derivative = ltorch.mul(ltorch.pow(input, exponent - 1.0), float(exponent))
+            grad = ltorch.zeros_like(input) if exponent == 0 else ltorch.mul(get_grad(out), prims.conj(derivative))
+            put_grad(input, grad, complex_values=True)
+        return out
     if type(exponent) is not SymFloat or not (isinstance(input, torch.Tensor) and input.requires_grad):
         return out  # the decomposition's VJP
     g = get_grad(out)
@@ -604,19 +612,35 @@ def _pow_tensors_grad(input, exponent, out=None):
     where the decomposition's mask of the expanded exponent was a new contiguous tensor), then
     summed to each operand's shape and cast to its dtype as the autograd engine does."""
     out = ltorch.pow(input, exponent) if out is None else out
-    if not out.dtype.is_floating_point or not (input.requires_grad or exponent.requires_grad):
+    if not dtypes.is_inexact(out.dtype) or not (input.requires_grad or exponent.requires_grad):
         return out
     g = get_grad(out)
     zero = ltorch.zeros((), dtype=g.dtype, device=g.device)
+    complex_values = out.dtype.is_complex  # (each derivative conjugated; a real operand's grad is its real part)
+    conj = prims.conj if complex_values else (lambda t: t)
     if input.requires_grad:
-        grad = ltorch.mul(g, ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0))))
-        grad = ltorch.where(ltorch.eq(exponent, 0.0), zero, grad)
-        put_grad(input, cast(sum_to(grad, input.shape), input.dtype))
+        grad = ltorch.mul(g, conj(ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0)))))
+        grad = _real_part_for(input, ltorch.where(ltorch.eq(exponent, 0.0), zero, grad))
+        put_grad(input, cast(sum_to(grad, input.shape), input.dtype), complex_values=complex_values)
     if exponent.requires_grad:
-        at_zero = ltorch.logical_and(ltorch.eq(input, 0.0), ltorch.ge(exponent, 0.0))
-        grad = ltorch.mul(g, ltorch.where(at_zero, zero, ltorch.mul(out, ltorch.log(cast(input, out.dtype)))))
-        put_grad(exponent, cast(sum_to(grad, exponent.shape), exponent.dtype))
+        at_zero = ltorch.logical_and(ltorch.eq(input, 0.0), _real_nonnegative(exponent))
+        grad = ltorch.mul(g, ltorch.where(at_zero, zero, conj(ltorch.mul(out, ltorch.log(cast(input, out.dtype))))))
+        grad = _real_part_for(exponent, grad)
+        put_grad(exponent, cast(sum_to(grad, exponent.shape), exponent.dtype), complex_values=complex_values)
     return out
+
+
+def _real_part_for(x, grad):
+    """Eager's ``handle_r_to_c``: a complex gradient of a real ``x`` is its real part, a view of it
+    (strides of 2 elements, which the engine passes on where no broadcast is summed)."""
+    return prims.real(grad) if grad.dtype.is_complex and not x.dtype.is_complex else grad
+
+
+def _real_nonnegative(exponent):
+    """``exponent >= 0``, of complex values with no imaginary part (eager's ``is_real_exp``)."""
+    if not exponent.dtype.is_complex:
+        return ltorch.ge(exponent, 0.0)
+    return ltorch.logical_and(ltorch.eq(prims.imag(exponent), 0), ltorch.ge(prims.real(exponent), 0))
 
 
 def _tanh_backward_meta(grad_output, output):
