@@ -158,6 +158,8 @@ PROGRAMS = {
     "cumsum_scalar": (lambda z: z.cumsum(0), [()], None),
     "cumsum_noncontiguous": (lambda z: torch.cumsum(z, -1), [(5, 7)], _column_major),
     "cumsum_widened": (lambda z: z.cumsum(1, dtype=torch.complex128), [(4, 3)], None),
+    "cumulative_trapezoid": (lambda z: torch.cumulative_trapezoid(z, dx=0.3, dim=0), [(5, 7)], None),
+    "cumulative_trapezoid_noncontiguous": (torch.cumulative_trapezoid, [(5, 7)], _column_major),
     "prod": (lambda z: z.prod(), [(5, 7)], None),
     "prod_dim_one_zero": (lambda z: z.prod(1), [(5, 7)], _with_zero),
     "prod_one_zero": (lambda z: torch.prod(z), [(4, 3)], _with_zero),
@@ -206,6 +208,7 @@ EAGERS_OP = {
     "prod_dtype": (lambda z: z.prod(0, dtype=torch.complex128), [(5, 7)], None),
     "vector_norm_dtype": (lambda z: torch.linalg.vector_norm(z, dtype=torch.complex128), [(5, 7)], None),
     "nuclear_norm": (lambda z: torch.norm(z, "nuc"), [(5, 7)], None),
+    "cumulative_trapezoid_x": (lambda z, x: torch.cumulative_trapezoid(z, x), [(5, 7), (7,)], None),
     "baddbmm_complex_beta": (
         lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5j),
         [(3, 4, 5), (3, 4, 6), (3, 6, 5)],

@@ -256,6 +256,7 @@ def _mark_complex_grads() -> None:
     TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
     TORCH_TO_LTORCH[torch.nn.functional.pad].complex_grads = _constant_mode
     TORCH_TO_LTORCH[torch.prod].complex_grads = _contiguous_in_own_dtype
+    TORCH_TO_LTORCH[torch.cumulative_trapezoid].complex_grads = _evenly_spaced
     # (eager's ``pow_backward``, ``pow_backward_self`` and ``pow_backward_exponent`` conjugated)
     for fn in (torch.pow, torch.Tensor.pow, torch.Tensor.__pow__):
         TORCH_TO_LTORCH[fn].complex_grads = True
@@ -276,6 +277,12 @@ def _contiguous_in_own_dtype(args, kwargs) -> bool:
         return False
     # (a size-1 dim's stride too: the gradient's strides keep it, which autograd passes on)
     return all(map(identical, strides_of(x), contiguous_strides(x.shape)))
+
+
+def _evenly_spaced(args, kwargs) -> bool:
+    """Whether ``cumulative_trapezoid`` has no ``x`` (a number spacing): its sums are cumsum's,
+    traced; with sample points the complex quotient rounds otherwise (an ulp), eager's op."""
+    return (len(args) < 2 or args[1] is None) and kwargs.get("x") is None
 
 
 def _constant_mode(args, kwargs) -> bool:
