@@ -86,6 +86,8 @@ NATIVE_OPINFOS = {
     ("norm", "fro"): 3,
     ("pow", ""): 9,
     ("tanh", ""): 1,
+    ("addcmul", ""): 6,
+    ("lerp", ""): 6,
     ("nn.functional.tanhshrink", ""): 3,
 }
 _OPS = {(op.name, op.variant_test_name): op for op in op_db if (op.name, op.variant_test_name) in NATIVE_OPINFOS}
@@ -177,6 +179,10 @@ PROGRAMS = {
     "pow_zero": (lambda z: z.pow(0), [(5, 7)], None),
     "pow_broadcast": (torch.pow, [(5, 7), (7,)], None),
     "pow_scalar_exponent": (torch.pow, [(5, 7), ()], _with_zero),
+    "addcmul_broadcast": (lambda a, b, c: torch.addcmul(a, b, c, value=0.5), [(5, 7), (7,), (5, 1)], None),
+    "addcmul_noncontiguous": (torch.addcmul, [(5, 7), (5, 7), (5, 7)], _column_major),
+    "lerp_tensor_weight": (torch.lerp, [(5, 7), (5, 7), (7,)], _column_major),
+    "lerp_number_weight": (lambda a, b: torch.lerp(a, b, 0.3), [(5, 7), (1, 7)], None),
     "tanh_noncontiguous": (torch.tanh, [(4, 3)], _column_major),
     "tanh_scalar": (torch.tanh, [()], None),
 }

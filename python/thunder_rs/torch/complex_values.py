@@ -174,7 +174,7 @@ _MOVED_OR_SCALED = tuple(
         *("mean", "masked_fill", "diff", "outer", "ger", "kron", "repeat_interleave", "fill"),
         *("diag_embed", "diagflat", "diagonal_scatter", "cartesian_prod"),
         *("to", "double", "float", "half", "bfloat16", "mm", "addmm"),
-        *("var", "std", "var_mean", "std_mean", "bmm", "baddbmm", "mv", "dot", "cumsum"),
+        *("var", "std", "var_mean", "std_mean", "bmm", "baddbmm", "mv", "dot", "cumsum", "addcmul", "lerp"),
     )
     for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
     if f is not None

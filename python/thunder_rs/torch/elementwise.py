@@ -24,7 +24,7 @@ from thunder_rs.errors import (
     thunder_error_like,
 )
 from thunder_rs.torch import creation
-from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
+from thunder_rs.torch.common import LOW_PRECISION, cast, conj_for, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -617,7 +617,7 @@ def _pow_tensors_grad(input, exponent, out=None):
     g = get_grad(out)
     zero = ltorch.zeros((), dtype=g.dtype, device=g.device)
     complex_values = out.dtype.is_complex  # (each derivative conjugated; a real operand's grad is its real part)
-    conj = prims.conj if complex_values else (lambda t: t)
+    conj = conj_for(out)
     if input.requires_grad:
         grad = ltorch.mul(g, conj(ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0)))))
         grad = _real_part_for(input, ltorch.where(ltorch.eq(exponent, 0.0), zero, grad))
@@ -752,7 +752,7 @@ def put_operand_grads(operands, grads) -> None:
     cast to its dtype, as eager's engine does for broadcast or promoted inputs."""
     for x, grad in zip(operands, grads):
         if grad is not None and isinstance(x, torch.Tensor) and x.requires_grad:
-            put_grad(x, cast(sum_to(grad, x.shape), x.dtype))
+            put_grad(x, cast(sum_to(_real_part_for(x, grad), x.shape), x.dtype), complex_values=grad.dtype.is_complex)
 
 
 @register_grad(ltorch.clamp)
