@@ -149,6 +149,15 @@ def compute_dtype(dtype):
     return torch.float32 if dtype in LOW_PRECISION else dtype
 
 
+def conj_for(out):
+    """Eager's grad formulas' ``.conj()`` of a derivative, where the result ``out`` is complex."""
+    return prims.conj if out.dtype.is_complex else _unchanged
+
+
+def _unchanged(t):
+    return t
+
+
 def cast(a, dtype):
     """``a`` in ``dtype``, by a recorded ``ltorch.to`` only when it is not already."""
     return a if a.dtype == dtype else ltorch.to(a, dtype)

@@ -18,11 +18,12 @@ import torch
 from thunder_rs import clang, prims
 from thunder_rs.core.lang.fallback import user_fallback
 from thunder_rs.core.lang.langctx import PROPERTY_TO_LTORCH, TORCH_TO_LTORCH
+from thunder_rs.core.lang.symint import identical
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
 from thunder_rs.torch.common import require_tensor
 from thunder_rs.torch.indexing import is_basic, traced_bounds
 from thunder_rs.torch.storage_offsets import eager_offset
-from thunder_rs.torch.strides import FALLBACK_LAYOUTS, strides_of
+from thunder_rs.torch.strides import FALLBACK_LAYOUTS, contiguous_strides, strides_of
 from thunder_rs.torch.symbols import torchsymbol
 from thunder_rs.torch.views import opaque
 
@@ -173,6 +174,7 @@ _MOVED_OR_SCALED = tuple(
         *("mean", "masked_fill", "diff", "outer", "ger", "kron", "repeat_interleave", "fill"),
         *("diag_embed", "diagflat", "diagonal_scatter", "cartesian_prod"),
         *("to", "double", "float", "half", "bfloat16", "mm", "addmm"),
+        *("var", "std", "var_mean", "std_mean", "bmm", "baddbmm", "mv", "dot", "cumsum", "addcmul", "lerp"),
     )
     for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
     if f is not None
@@ -253,8 +255,34 @@ def _mark_complex_grads() -> None:
             symbol.complex_grads = True
     TORCH_TO_LTORCH[torch.Tensor.__getitem__].complex_grads = _basic_key
     TORCH_TO_LTORCH[torch.nn.functional.pad].complex_grads = _constant_mode
+    TORCH_TO_LTORCH[torch.prod].complex_grads = _contiguous_in_own_dtype
+    TORCH_TO_LTORCH[torch.cumulative_trapezoid].complex_grads = _evenly_spaced
+    # (eager's ``pow_backward``, ``pow_backward_self`` and ``pow_backward_exponent`` conjugated)
+    for fn in (torch.pow, torch.Tensor.pow, torch.Tensor.__pow__):
+        TORCH_TO_LTORCH[fn].complex_grads = True
+    # (without ``dtype=``; with it the symbol refuses complex values, and eager's op runs)
+    # (matrix norms but the Frobenius norm refuse complex values in their symbols: eager's op)
+    for fn in (torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.linalg.norm, torch.norm, torch.Tensor.norm):
+        TORCH_TO_LTORCH[fn].complex_grads = True
     for prop in ("T", "mT"):
         PROPERTY_TO_LTORCH[prop].complex_grads = True
+
+
+def _contiguous_in_own_dtype(args, kwargs) -> bool:
+    """Whether ``prod`` reduces a contiguous input in its own dtype, its grad rule's case. With a
+    zero, eager's gradient is a new contiguous tensor, without one laid out as the input, which a
+    rule cannot select by data for another layout; there, and for ``dtype=``, eager's op runs."""
+    x = args[0] if args else kwargs.get("input")
+    if kwargs.get("dtype") is not None or not isinstance(x, torch.Tensor):
+        return False
+    # (a size-1 dim's stride too: the gradient's strides keep it, which autograd passes on)
+    return all(map(identical, strides_of(x), contiguous_strides(x.shape)))
+
+
+def _evenly_spaced(args, kwargs) -> bool:
+    """Whether ``cumulative_trapezoid`` has no ``x`` (a number spacing): its sums are cumsum's,
+    traced; with sample points the complex quotient rounds otherwise (an ulp), eager's op."""
+    return (len(args) < 2 or args[1] is None) and kwargs.get("x") is None
 
 
 def _constant_mode(args, kwargs) -> bool:

@@ -10,6 +10,7 @@ from torch.torch_version import TorchVersion
 
 from thunder_rs import clang, prims
 from thunder_rs.clang import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT
+from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang import values
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH, refuse_data_dependent, user_location
@@ -23,7 +24,7 @@ from thunder_rs.errors import (
     thunder_error_like,
 )
 from thunder_rs.torch import creation
-from thunder_rs.torch.common import LOW_PRECISION, cast, in_opmath, is_number, rounded, sum_to, upcast
+from thunder_rs.torch.common import LOW_PRECISION, cast, conj_for, in_opmath, is_number, rounded, sum_to, upcast
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 
 T = torch.Tensor
@@ -577,6 +578,13 @@ def pow_grad(input, exponent):
     if isinstance(exponent, torch.Tensor) and isinstance(input, torch.Tensor):
         return _pow_tensors_grad(input, exponent)
     out = ltorch.pow(input, exponent)
+    if type(exponent) in (int, float) and isinstance(input, torch.Tensor) and input.dtype.is_complex:
+        # eager's ``pow_backward`` of complex values: ``g * conj(exponent * input ** (exponent - 1))``
+        if input.requires_grad:
+            derivative = ltorch.mul(ltorch.pow(input, exponent - 1.0), float(exponent))
+            grad = ltorch.zeros_like(input) if exponent == 0 else ltorch.mul(get_grad(out), prims.conj(derivative))
+            put_grad(input, grad, complex_values=True)
+        return out
     if type(exponent) is not SymFloat or not (isinstance(input, torch.Tensor) and input.requires_grad):
         return out  # the decomposition's VJP
     g = get_grad(out)
@@ -604,19 +612,35 @@ def _pow_tensors_grad(input, exponent, out=None):
     where the decomposition's mask of the expanded exponent was a new contiguous tensor), then
     summed to each operand's shape and cast to its dtype as the autograd engine does."""
     out = ltorch.pow(input, exponent) if out is None else out
-    if not out.dtype.is_floating_point or not (input.requires_grad or exponent.requires_grad):
+    if not dtypes.is_inexact(out.dtype) or not (input.requires_grad or exponent.requires_grad):
         return out
     g = get_grad(out)
     zero = ltorch.zeros((), dtype=g.dtype, device=g.device)
+    complex_values = out.dtype.is_complex  # (each derivative conjugated; a real operand's grad is its real part)
+    conj = conj_for(out)
     if input.requires_grad:
-        grad = ltorch.mul(g, ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0))))
-        grad = ltorch.where(ltorch.eq(exponent, 0.0), zero, grad)
-        put_grad(input, cast(sum_to(grad, input.shape), input.dtype))
+        grad = ltorch.mul(g, conj(ltorch.mul(exponent, ltorch.pow(input, ltorch.sub(exponent, 1.0)))))
+        grad = _real_part_for(input, ltorch.where(ltorch.eq(exponent, 0.0), zero, grad))
+        put_grad(input, cast(sum_to(grad, input.shape), input.dtype), complex_values=complex_values)
     if exponent.requires_grad:
-        at_zero = ltorch.logical_and(ltorch.eq(input, 0.0), ltorch.ge(exponent, 0.0))
-        grad = ltorch.mul(g, ltorch.where(at_zero, zero, ltorch.mul(out, ltorch.log(cast(input, out.dtype)))))
-        put_grad(exponent, cast(sum_to(grad, exponent.shape), exponent.dtype))
+        at_zero = ltorch.logical_and(ltorch.eq(input, 0.0), _real_nonnegative(exponent))
+        grad = ltorch.mul(g, ltorch.where(at_zero, zero, conj(ltorch.mul(out, ltorch.log(cast(input, out.dtype))))))
+        grad = _real_part_for(exponent, grad)
+        put_grad(exponent, cast(sum_to(grad, exponent.shape), exponent.dtype), complex_values=complex_values)
     return out
+
+
+def _real_part_for(x, grad):
+    """Eager's ``handle_r_to_c``: a complex gradient of a real ``x`` is its real part, a view of it
+    (strides of 2 elements, which the engine passes on where no broadcast is summed)."""
+    return prims.real(grad) if grad.dtype.is_complex and not x.dtype.is_complex else grad
+
+
+def _real_nonnegative(exponent):
+    """``exponent >= 0``, of complex values with no imaginary part (eager's ``is_real_exp``)."""
+    if not exponent.dtype.is_complex:
+        return ltorch.ge(exponent, 0.0)
+    return ltorch.logical_and(ltorch.eq(prims.imag(exponent), 0), ltorch.ge(prims.real(exponent), 0))
 
 
 def _tanh_backward_meta(grad_output, output):
@@ -627,17 +651,21 @@ def _tanh_backward_meta(grad_output, output):
 def tanh_backward(grad_output, output):
     """``g * (1 - y²)``: eager's kernel, one aten call on the torch executor (its vector code
     rounds ``1 - y²`` as one fused multiply-add, 1 ulp from the ops'), computed in float32 for
-    half precision (rounding after each op differs in a third of bfloat16 elements)."""
+    half precision (rounding after each op differs in a third of bfloat16 elements); of complex
+    values ``g * conj(1 - y²)``, as the kernel's complex loop computes it."""
     g, dtype = in_opmath(grad_output, output)
     y = upcast(output)
-    return rounded(g * (1.0 - y * y), dtype)
+    derivative = 1.0 - y * y
+    return rounded(g * (prims.conj(derivative) if derivative.dtype.is_complex else derivative), dtype)
 
 
 @register_grad(ltorch.tanh)
 def tanh_grad(input):
+    """Eager's ``tanh_backward`` kernel, complex values too (the prim's VJP rounded the complex
+    product otherwise than the kernel's vector loop: an ulp apart in some elements)."""
     out = ltorch.tanh(input)
-    if input.dtype.is_floating_point:
-        put_grad(input, tanh_backward(get_grad(out), out))
+    if input.dtype.is_floating_point or input.dtype.is_complex:
+        put_grad(input, tanh_backward(get_grad(out), out), complex_values=True)
     return out
 
 
@@ -724,7 +752,7 @@ def put_operand_grads(operands, grads) -> None:
     cast to its dtype, as eager's engine does for broadcast or promoted inputs."""
     for x, grad in zip(operands, grads):
         if grad is not None and isinstance(x, torch.Tensor) and x.requires_grad:
-            put_grad(x, cast(sum_to(grad, x.shape), x.dtype))
+            put_grad(x, cast(sum_to(_real_part_for(x, grad), x.shape), x.dtype), complex_values=grad.dtype.is_complex)
 
 
 @register_grad(ltorch.clamp)

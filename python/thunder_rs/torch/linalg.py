@@ -365,15 +365,72 @@ def baddbmm_grad(input, batch1, batch2, *, beta=1, alpha=1):
     product's gradient times ``alpha`` after the product (the decomposition's VJP scaled the
     cotangent first: Bloom's attention scores in bfloat16 were an ulp apart)."""
     out = ltorch.baddbmm(input, batch1, batch2, beta=beta, alpha=alpha)
-    if batch1.dtype.is_complex:
+    g = get_grad(out)
+    complex_values = batch1.dtype.is_complex  # (real ``alpha``/``beta``: a complex number is eager's call)
+    if input.requires_grad:
+        put_grad(input, sum_to(_scaled(g, beta), input.shape), complex_values=complex_values)
+    if batch1.requires_grad:
+        put_grad(batch1, _scaled(_bmm_first_grad(g, batch2), alpha), complex_values=complex_values)
+    if batch2.requires_grad:
+        put_grad(batch2, _scaled(_bmm_second_grad(g, batch1), alpha), complex_values=complex_values)
+    return out
+
+
+def _conj(t):
+    """``t`` conjugated where it is complex (eager's formulas' ``.conj()``, a no-op for real values)."""
+    return prims.conj(t) if t.dtype.is_complex else t
+
+
+def _bmm_first_grad(g, batch2):
+    """Eager's ``grad.bmm(mat2.transpose(1, 2).conj())``."""
+    return ltorch.bmm(g, ltorch.transpose(_conj(batch2), 1, 2))
+
+
+def _bmm_second_grad(g, batch1):
+    """Eager's ``self.transpose(1, 2).conj().bmm(grad)``."""
+    return ltorch.bmm(ltorch.transpose(_conj(batch1), 1, 2), g)
+
+
+@register_grad(ltorch.bmm)
+def bmm_grad(input, mat2):
+    """Eager's, for complex values (conjugate Wirtinger: each operand's gradient of the other
+    conjugated); real ones differentiate the decomposition."""
+    out = ltorch.bmm(input, mat2)
+    if not input.dtype.is_complex:
         return out  # the decomposition's VJP
     g = get_grad(out)
     if input.requires_grad:
-        put_grad(input, sum_to(_scaled(g, beta), input.shape))
-    if batch1.requires_grad:
-        put_grad(batch1, _scaled(ltorch.bmm(g, ltorch.transpose(batch2, 1, 2)), alpha))
-    if batch2.requires_grad:
-        put_grad(batch2, _scaled(ltorch.bmm(ltorch.transpose(batch1, 1, 2), g), alpha))
+        put_grad(input, _bmm_first_grad(g, mat2), complex_values=True)
+    if mat2.requires_grad:
+        put_grad(mat2, _bmm_second_grad(g, input), complex_values=True)
+    return out
+
+
+@register_grad(ltorch.mv)
+def mv_grad(input, vec):
+    """Eager's, for complex values: ``grad.ger(vec.conj())`` and ``self.conj().t().mv(grad)``."""
+    out = ltorch.mv(input, vec)
+    if not input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, ltorch.outer(g, prims.conj(vec)), complex_values=True)
+    if vec.requires_grad:
+        put_grad(vec, ltorch.mv(ltorch.t(prims.conj(input)), g), complex_values=True)
+    return out
+
+
+@register_grad(ltorch.dot)
+def dot_grad(input, tensor):
+    """Eager's, for complex values: ``grad * tensor.conj()`` and ``grad * self.conj()``."""
+    out = ltorch.dot(input, tensor)
+    if not input.dtype.is_complex:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.requires_grad:
+        put_grad(input, ltorch.mul(g, prims.conj(tensor)), complex_values=True)
+    if tensor.requires_grad:
+        put_grad(tensor, ltorch.mul(g, prims.conj(input)), complex_values=True)
     return out
 
 

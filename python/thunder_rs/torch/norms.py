@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from thunder_rs import clang
+from thunder_rs import clang, prims
 from thunder_rs.torch.symbols import ltorch
 from thunder_rs.core.base import dtypes
 from thunder_rs.errors import (
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 
-def _check_floating(op: str, x, name: str = "input", exc=ThunderNotImplementedError) -> None:
+def _check_floating(op: str, x, name: str = "input", exc=ThunderNotImplementedError, complex_values=False) -> None:
     require_tensor(op, x, name)
     check(
         dtypes.is_inexact(x.dtype),
@@ -57,7 +57,7 @@ def _check_floating(op: str, x, name: str = "input", exc=ThunderNotImplementedEr
         exc,
     )
     check(
-        not x.dtype.is_complex,
+        complex_values or not x.dtype.is_complex,
         op,
         f"complex inputs are not supported by thunder_rs (argument {name})",
         ThunderNotImplementedError,
@@ -97,7 +97,8 @@ def _check_ord(op: str, ord) -> float:
 @torchsymbol(LA.vector_norm)
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     op = "ltorch.linalg_vector_norm"
-    _check_floating(op, x, "x")
+    # (complex values without ``dtype=``: their magnitudes' norm, eager's kernel; with it, eager's op)
+    _check_floating(op, x, "x", complex_values=dtype is None)
     p = _check_ord(op, ord)
     dims = _dims(x, dim, op)
     if p < 0 or math.isinf(p):
@@ -152,7 +153,8 @@ def _singular_norm(A, ord, d0, d1, keepdim: bool):
 @torchsymbol(LA.matrix_norm)
 def linalg_matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None, out=None):
     op = "ltorch.linalg_matrix_norm"
-    _check_floating(op, A, "A")
+    # (complex values: the Frobenius norm, eager's vector 2-norm; the others are eager's op)
+    _check_floating(op, A, "A", complex_values=isinstance(ord, str) and ord == "fro" and dtype is None)
     d0, d1 = _matrix_dims(op, A, dim)
     if isinstance(ord, str):
         check(ord in ("fro", "nuc"), op, f"Order {ord} not supported.", ThunderRuntimeError)
@@ -380,23 +382,25 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
 
 
 def norm_backward(g, x, p: float, norm, dims):
-    """Eager's ``norm_backward`` for real ``x``: ``g`` and ``norm`` have ``x``'s rank."""
+    """Eager's ``norm_backward``: ``g`` and ``norm`` have ``x``'s rank; of complex ``x`` its
+    ``sgn`` where a real one's sign is (``norm`` and ``g`` are real, each product promoted)."""
+    sign = prims.sgn if x.dtype.is_complex else ltorch.sign
     if p == 0:
         return ltorch.zeros_like(x)
     if p == 1:
-        return ltorch.mul(ltorch.sign(x), g)
+        return ltorch.mul(sign(x), g)
     if p == 2:
         return ltorch.mul(g, ltorch.where(ltorch.eq(norm, 0), 0.0, ltorch.true_divide(x, norm)))
     if math.isinf(p):
         magnitude = ltorch.abs(x)
         attains = ltorch.bitwise_or(ltorch.eq(magnitude, norm), ltorch.ne(magnitude, magnitude))
         share = ltorch.true_divide(g, ltorch.sum(attains, dims, True))
-        return ltorch.mul(ltorch.sign(x), ltorch.where(attains, share, 0.0))
+        return ltorch.mul(sign(x), ltorch.where(attains, share, 0.0))
     if p < 1:
-        scaled = ltorch.where(ltorch.eq(x, 0), 0.0, ltorch.mul(ltorch.sign(x), ltorch.pow(ltorch.abs(x), p - 1)))
+        scaled = ltorch.where(ltorch.eq(x, 0), 0.0, ltorch.mul(sign(x), ltorch.pow(ltorch.abs(x), p - 1)))
         return ltorch.mul(ltorch.mul(scaled, g), ltorch.pow(norm, 1 - p))
     if p < 2:
-        scaled = ltorch.mul(ltorch.sign(x), ltorch.pow(ltorch.abs(x), p - 1))
+        scaled = ltorch.mul(sign(x), ltorch.pow(ltorch.abs(x), p - 1))
     else:
         scaled = ltorch.mul(x, ltorch.pow(ltorch.abs(x), p - 2))
     scale = ltorch.where(ltorch.eq(norm, 0), 0.0, ltorch.true_divide(g, ltorch.pow(norm, p - 1)))
@@ -413,6 +417,7 @@ def vector_norm_grad(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None)
     norm = result
     if not keepdim and x.ndim:
         g, norm = kept(g, x.shape, dims), kept(norm, x.shape, dims)
-    wide = ltorch.to(x, result.dtype)
-    put_grad(x, ltorch.to(norm_backward(g, wide, float(ord), norm, dims), x.dtype))
+    wide = x if x.dtype.is_complex else ltorch.to(x, result.dtype)  # (complex: no ``dtype=``, the symbol's case)
+    grad = norm_backward(g, wide, float(ord), norm, dims)
+    put_grad(x, grad if x.dtype.is_complex else ltorch.to(grad, x.dtype), complex_values=True)
     return result

@@ -1,5 +1,6 @@
 """Reductions: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std, all/any, logsumexp; the
-grad rules of std and std_mean (eager's std backward) and of max/min of a whole tensor.
+grad rules of var, std, var_mean and std_mean (eager's var and std backward, for complex values
+too: the centred input times a real cotangent) and of max/min of a whole tensor.
 
 Each op canonicalises its dims once, reshapes a 0-dim input to one element (prims reduce only
 over dims that exist), calls the reduction prim and, for ``keepdim``, broadcasts the result
@@ -399,10 +400,8 @@ def var_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     """(the decomposition's VJP rounded the mean's sum before dividing, and the centred input
     before the cotangent multiplied, in half precision)"""
     out = ltorch.var(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     grad, _, _ = _var_input_grad(get_grad(out), input, dim, unbiased, keepdim, correction, "ltorch.var")
-    put_grad(input, grad)
+    put_grad(input, grad, complex_values=True)  # (the centred input times a real cotangent)
     return out
 
 
@@ -422,22 +421,76 @@ def logsumexp_grad(input, dim, keepdim=False):
 @register_grad(ltorch.std)
 def std_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     out = ltorch.std(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return out  # the decomposition's VJP
     grad, _, _ = _std_input_grad(get_grad(out), out, input, dim, unbiased, keepdim, correction, "ltorch.std")
-    put_grad(input, grad)
+    put_grad(input, grad, complex_values=True)
     return out
+
+
+@register_grad(ltorch.var_mean)
+def var_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Eager's ``var_mean_backward``: var's backward plus the mean's cotangent spread and divided."""
+    var, mean = ltorch.var_mean(input, dim, unbiased, keepdim, correction=correction)
+    g_var, g_mean = get_grad(var), get_grad(mean)
+    grad, dims, count = _var_input_grad(g_var, input, dim, unbiased, keepdim, correction, "ltorch.var_mean")
+    put_grad(
+        input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)), complex_values=True
+    )
+    return var, mean
 
 
 @register_grad(ltorch.std_mean)
 def std_mean_grad(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     std, mean = ltorch.std_mean(input, dim, unbiased, keepdim, correction=correction)
-    if input.dtype.is_complex:
-        return std, mean  # the decomposition's VJP
     g_std, g_mean = get_grad(std), get_grad(mean)
     grad, dims, count = _std_input_grad(g_std, std, input, dim, unbiased, keepdim, correction, "ltorch.std_mean")
-    put_grad(input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)))
+    put_grad(
+        input, ltorch.add(grad, ltorch.true_divide(_kept(g_mean, input, dims, keepdim), count)), complex_values=True
+    )
     return std, mean
+
+
+def _exclusive_products_grad(g, input, d: int):
+    """Eager's ``prod_safe_zeros_backward``: ``g`` times the conjugated product of the elements
+    before each along ``d`` (an exclusive cumulative product) and of those after it."""
+    n = input.shape[d]
+    if math.prod(input.shape) == 0:
+        return ltorch.expand_as(g, input)
+    if n == 1:
+        return g
+    ones = ltorch.ones(tuple(1 if i == d else s for i, s in enumerate(input.shape)), dtype=g.dtype, device=g.device)
+    before = ltorch.cumprod(ltorch.cat([ones, ltorch.narrow(input, d, 0, n - 1)], d), d)
+    rest = ltorch.flip(ltorch.narrow(input, d, 1, n - 1), (d,))
+    after = ltorch.flip(ltorch.cumprod(ltorch.cat([ones, rest], d), d), (d,))
+    return ltorch.mul(g, prims.conj(ltorch.mul(before, after)))
+
+
+@register_grad(ltorch.prod)
+def prod_grad(input, dim=None, keepdim=False, *, dtype=None):
+    """Eager's ``prod_backward`` for complex values: ``g * conj(out / input)`` where no element
+    is zero; with zeros (anywhere in the tensor, as eager decides) the exclusive products
+    (``prod_safe_zeros_backward``), and over every dim zeros where two or more are zero. Each
+    branch is computed and the zero count selects, so no value is decided when tracing. Real
+    values keep the prim's VJP."""
+    out = ltorch.prod(input, dim, keepdim, dtype=dtype)
+    if not input.dtype.is_complex or out.dtype != input.dtype:
+        return out  # the decomposition's VJP
+    g = get_grad(out)
+    if input.ndim == 0:
+        put_grad(input, g, complex_values=True)
+        return out
+    zeros = ltorch.sum(ltorch.eq(input, 0))
+    if dim is None:
+        plain = ltorch.mul(g, prims.conj(ltorch.true_divide(out, input)))
+        flat = ltorch.reshape(input, (-1,))  # (eager's ``contiguous().view(-1)``: the same elements)
+        safe = ltorch.reshape(_exclusive_products_grad(g, flat, 0), tuple(input.shape))
+        safe = ltorch.where(ltorch.eq(zeros, 1), safe, 0)
+    else:
+        d = _dims(input, dim, "ltorch.prod", sequences=False)[0]
+        g, kept_out = (g, out) if keepdim else (ltorch.unsqueeze(g, d), ltorch.unsqueeze(out, d))
+        plain = ltorch.mul(g, prims.conj(ltorch.true_divide(kept_out, input)))
+        safe = _exclusive_products_grad(g, input, d)
+    put_grad(input, ltorch.where(ltorch.eq(zeros, 0), plain, safe), complex_values=True)
+    return out
 
 
 def _evenly_distributed(g, x, value):

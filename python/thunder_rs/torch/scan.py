@@ -34,6 +34,24 @@ def cumsum(input, dim, *, dtype=None, out=None):
     return _accumulate(prims.cumsum, "ltorch.cumsum", input, dim, dtype, out)
 
 
+@register_grad(cumsum)
+def cumsum_grad(input, dim, *, dtype=None, out=None):
+    """Eager's ``cumsum_backward(grad.to(input.dtype), dim)``: the cotangent cast to the input's
+    dtype first, then summed from the end (``grad`` itself where the dim holds one element); for
+    complex values too, a sum with no conjugation. (The prim's VJP summed in the result's dtype
+    and cast after.)"""
+    result = cumsum(input, dim, dtype=dtype, out=out)
+    if not dtypes.is_inexact(input.dtype):
+        return result
+    d = clang.canonicalize_dim(input.ndim, dim, "ltorch.cumsum")
+    g = clang.maybe_convert(get_grad(result), input.dtype)
+    size = input.shape[d] if input.ndim else 1
+    if type(size) is not int or size > 1:  # (a symbolic size sums: flipping one element is a copy)
+        g = ltorch.flip(ltorch.cumsum(ltorch.flip(g, (d,)), d), (d,))
+    put_grad(input, g, complex_values=True)
+    return result
+
+
 @torchsymbol(torch.cumprod, T.cumprod)
 def cumprod(input, dim, *, dtype=None, out=None):
     return _accumulate(prims.cumprod, "ltorch.cumprod", input, dim, dtype, out)

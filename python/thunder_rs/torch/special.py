@@ -21,7 +21,7 @@ from thunder_rs.core.base import dtypes
 from thunder_rs.core.lang.grad import get_grad, put_grad, register_grad
 from thunder_rs.core.lang.langctx import TORCH_TO_LTORCH
 from thunder_rs.errors import ThunderNotImplementedError, ThunderRuntimeError, ThunderTypeError, check
-from thunder_rs.torch.common import is_number
+from thunder_rs.torch.common import conj_for, is_number
 from thunder_rs.torch.creation import filled
 from thunder_rs.torch.elementwise import NAN_SELECTING_FMAX, SPLIT_TIES, put_operand_grads, sign, sub
 from thunder_rs.torch.symbols import ltorch, torchsymbol
@@ -671,13 +671,16 @@ def copysign_grad(input, other):
 
 @register_grad(ltorch.lerp)
 def lerp_grad(input, end, weight):
-    """``g * (1 - weight)``, ``g * weight`` and ``g * (end - input)`` (a number weight's ``1 -
-    weight`` computed in double, as eager's)."""
+    """``g * (1 - weight)``, ``g * weight`` and ``g * (end - input)``, conjugated for complex values
+    (a number weight's ``1 - weight`` computed in double, as eager's)."""
     out = ltorch.lerp(input, end, weight)
-    if not out.dtype.is_floating_point:
+    if not dtypes.is_inexact(out.dtype):
         return out
-    g = get_grad(out)
-    grads = (g * (1 - weight), g * weight, g * (end - input) if isinstance(weight, torch.Tensor) else None)
+    g, conj = get_grad(out), conj_for(out)
+    if isinstance(weight, torch.Tensor):
+        grads = (g * conj(1 - weight), g * conj(weight), g * conj(end - input))
+    else:
+        grads = (g * (1 - weight), g * weight, None)
     put_operand_grads((input, end, weight), grads)
     return out
 
@@ -704,12 +707,12 @@ def logaddexp2_grad(input, other):
 
 @register_grad(ltorch.addcmul)
 def addcmul_grad(input, tensor1, tensor2, *, value=1):
-    """``g``, ``g * (tensor2 * value)`` and ``g * (tensor1 * value)``."""
+    """``g``, ``g * (tensor2 * value)`` and ``g * (tensor1 * value)`` (conjugated, complex)."""
     out = ltorch.addcmul(input, tensor1, tensor2, value=value)
-    if not out.dtype.is_floating_point:
+    if not dtypes.is_inexact(out.dtype):
         return out
-    g = get_grad(out)
-    put_operand_grads((input, tensor1, tensor2), (g, g * (tensor2 * value), g * (tensor1 * value)))
+    g, conj = get_grad(out), conj_for(out)
+    put_operand_grads((input, tensor1, tensor2), (g, g * conj(tensor2 * value), g * conj(tensor1 * value)))
     return out
 
 

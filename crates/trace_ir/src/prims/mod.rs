@@ -299,8 +299,8 @@ impl Prim {
 
     /// Whether the VJP rule holds for complex values in torch's convention (see the `complex`
     /// family): the complex prims, the linear ones whose rule involves no conjugation (moving
-    /// elements, sums, `where`, conversions, the Fourier transforms), and `mul`, whose rule
-    /// conjugates. Others refuse
+    /// elements, sums and cumulative sums, `where`, conversions, the Fourier transforms), and
+    /// `mul`, whose rule conjugates. Others refuse
     /// complex inputs that require grad: eager's op runs them (`core.lang.complex_calls`).
     pub fn differentiates_complex(&self) -> bool {
         match self {
@@ -309,7 +309,9 @@ impl Prim {
             Prim::Binary(p) => matches!(p, Binary::Add | Binary::Sub | Binary::Mul | Binary::Div),
             Prim::Elementwise(p) => matches!(p, Elementwise::Where {} | Elementwise::ConvertElementType { .. }),
             Prim::Reduce(p) => matches!(p, Reduce::Sum { .. }),
-            Prim::Creation(_) | Prim::Scan(_) | Prim::Linalg(_) | Prim::Conv(_) | Prim::Index(_) => false,
+            // (a cumulative sum's rule is the reversed cumulative sum: linear, no conjugation)
+            Prim::Scan(p) => matches!(p, Scan::Cumsum { .. }),
+            Prim::Creation(_) | Prim::Linalg(_) | Prim::Conv(_) | Prim::Index(_) => false,
         }
     }
 
@@ -370,5 +372,14 @@ mod tests {
         assert_eq!(signature("add").map(|s| s.operands), Some(Operands::Fixed(2)));
         assert!(all_names().iter().all(|name| signature(name).is_some()));
         assert_eq!(signature("sinn"), None);
+    }
+
+    #[test]
+    fn a_cumulative_sum_differentiates_complex_values_and_a_cumulative_product_does_not() {
+        let prim =
+            |name: &str| Prim::from_call(name, vec![Arg::Value(ValueId(0)), Arg::Scalar(Scalar::Int(0))]).unwrap().0;
+        assert!(prim("cumsum").differentiates_complex());
+        assert!(!prim("cumprod").differentiates_complex());
+        assert!(!prim("logcumsumexp").differentiates_complex());
     }
 }
