@@ -1,0 +1,103 @@
+"""Compile costs cut in stop 65 (benchmarks/results/compile_costs_stop65.md), each pinned by what
+it no longer does, with the program's outputs against eager's."""
+
+import contextlib
+import inspect
+import json.decoder
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import thunder_rs
+import user_programs_round14_python as round14
+from thunder_rs.core.base import userframe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# -- which of the program's frames run inside a try body (``userframe.handling_frame``) ------------
+
+
+class _Guarded(nn.Module):
+    """An embedding call inside a ``with`` block and a ``try`` with only ``finally``, then one in a
+    ``try`` with a bare ``except:``, which catches an id past the vocabulary."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.closed = 0
+
+    def forward(self, ids, other):
+        with torch.enable_grad():
+            try:
+                e = self.emb(other)
+            finally:
+                self.closed += 1
+        try:
+            e = e + self.emb(ids)
+        except:  # noqa: E722 (the bare clause is what is tested)
+            e = e - 1
+        return e
+
+
+def _with_and_finally(emb, ids):
+    with torch.enable_grad():
+        try:
+            return emb(ids)
+        finally:
+            pass
+
+
+def test_a_with_block_and_a_try_without_except_parse_no_source(monkeypatch):
+    # Whether a frame's line is in a try body with except clauses is found by parsing its
+    # function (18 ms of the HF GPT-2 compile: transformers' wrappers and masks, which only have
+    # ``with`` blocks and ``finally``). Their bytecode has no except clause's opcodes: no parse.
+    parsed = []
+    function_node = userframe._function_node
+    monkeypatch.setattr(userframe, "_function_node", lambda code: parsed.append(code) or function_node(code))
+    emb = nn.Embedding(5, 3)
+    run = thunder_rs.jit(_with_and_finally)
+    for ids in ([1, 2], [4, 0]):
+        assert torch.equal(run(emb, torch.tensor(ids)), _with_and_finally(emb, torch.tensor(ids)))
+    assert _with_and_finally.__code__ not in parsed
+    assert not userframe._handles_exceptions(_with_and_finally.__code__)
+
+
+def test_a_bare_except_clause_is_still_found():
+    # (a bare ``except:`` names no class: no CHECK_EXC_MATCH, its handler pops the exception)
+    torch.manual_seed(0)
+    model = _Guarded()
+    run = thunder_rs.jit(model)
+    for ids in ([1, 2], [1, 7], [0, 4], [9, 9]):
+        other = torch.tensor([3, 1])
+        got, expected = run(torch.tensor(ids), other), model(torch.tensor(ids), other)
+        assert torch.equal(got, expected)
+    assert model.closed == 8
+
+
+def _functions(module):
+    codes = [f.__code__ for f in vars(module).values() if inspect.isfunction(f)]
+    codes += [c for f in vars(module).values() if inspect.isclass(f) for c in _method_codes(f)]
+    return codes + [c for code in list(codes) for c in code.co_consts if inspect.iscode(c)]
+
+
+def _method_codes(cls):
+    return [f.__code__ for f in vars(cls).values() if inspect.isfunction(f) and f.__module__ == cls.__module__]
+
+
+def test_the_bytecode_finds_every_function_with_a_try_body_its_source_has():
+    # (where the bytecode says no except clause, the function's own syntax tree has no try
+    # statement with handlers: over stdlib's, torch's, transformers' and the test programs' code)
+    import transformers.masking_utils
+    import transformers.utils.generic
+
+    modules = (json.decoder, contextlib, round14, sys.modules[__name__], torch.nn.modules.module)
+    modules += (transformers.utils.generic, transformers.masking_utils)
+    found = skipped = 0
+    for code in (c for m in modules for c in _functions(m)):
+        if userframe._parsed_try_bodies(code):
+            assert userframe._handles_exceptions(code), code
+            found += 1
+        skipped += not userframe._handles_exceptions(code) and bool(getattr(code, "co_exceptiontable", b""))
+    assert found > 10 and (skipped > 10 or sys.version_info < (3, 11))
