@@ -101,3 +101,43 @@ def test_the_bytecode_finds_every_function_with_a_try_body_its_source_has():
             found += 1
         skipped += not userframe._handles_exceptions(code) and bool(getattr(code, "co_exceptiontable", b""))
     assert found > 10 and (skipped > 10 or sys.version_info < (3, 11))
+
+
+# -- the whole backward of a call with several differentiable outputs -------------------------------
+
+
+def _loss_and_logits(w, x, y):
+    logits = torch.tanh(x @ w)
+    return torch.nn.functional.cross_entropy(logits, y), logits
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 3, requires_grad=True), torch.randn(5, 4), torch.tensor([0, 2, 1, 2, 0])
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["loss_only", "loss_and_logits"])
+def test_the_whole_backward_is_compiled_where_a_backward_runs_it(monkeypatch, both):
+    # ``loss.backward()`` of a call returning the loss and its logits runs the backward compiled
+    # for the logits' absent cotangent; the whole backward (4 ms of compile() for a GPT-2's
+    # source) was compiled with the forward and never ran. It is compiled at its first call. The
+    # gradients are eager's, from the loss alone and from both.
+    from thunder_rs.core.run import codes, generate
+
+    loaded = []
+    program = codes.program
+    monkeypatch.setattr(generate.codes, "program", lambda s, f: loaded.append(f) or program(s, f))
+    w, x, y = _inputs()
+    run = thunder_rs.jit(_loss_and_logits)
+    got, expected = [], []
+    for fn, grads in ((run, got), (_loss_and_logits, expected)):
+        loss, logits = fn(w, x, y)
+        (loss + logits.sum() if both else loss).backward()
+        grads.append(w.grad)
+        w.grad = None
+    assert torch.equal(got[0], expected[0])
+    backwards = [f for f in loaded if f.endswith(" backward")]
+    assert len(backwards) == 1, backwards
+    loss, logits = run(w, x, y)
+    (loss + logits.sum() if not both else loss).backward()  # (the other pattern: its own backward)
+    assert len([f for f in loaded if f.endswith(" backward")]) == 2
