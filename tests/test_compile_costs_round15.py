@@ -141,3 +141,60 @@ def test_the_whole_backward_is_compiled_where_a_backward_runs_it(monkeypatch, bo
     loss, logits = run(w, x, y)
     (loss + logits.sum() if not both else loss).backward()  # (the other pattern: its own backward)
     assert len([f for f in loaded if f.endswith(" backward")]) == 2
+
+
+# -- whether a guard's value changes in place, per builtin class ------------------------------------
+
+
+def test_whether_a_builtin_value_changes_in_place_is_found_once_per_class(monkeypatch):
+    # (each answer ran ``isinstance`` against the ABCs of ``items.MUTABLE``: ABCMeta's Python)
+    from thunder_rs.core.state import items
+
+    looked = []
+    wrapped = items.wrapped
+    monkeypatch.setattr(items, "wrapped", lambda v: looked.append(v) or wrapped(v))
+    values = [_inputs, _loss_and_logits, test_a_bare_except_clause_is_still_found, print, len]
+    assert [items.changes_in_place(v) for v in values] == [False] * 5
+    assert [items.changes_in_place(v) for v in ([1], {2: 3}, {4}, (5,), "6", 7.0)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert len(looked) <= 3  # (a Python function, a builtin one, a tuple: once each)
+
+
+def test_a_class_registered_with_an_abc_of_the_mutable_containers_changes_in_place():
+    # (``UserDict.register(int)`` makes ints instances of it, as ``isinstance`` answers: the
+    # answers kept per class are dropped when an ABC registers a class)
+    import collections
+
+    from thunder_rs.core.state import items
+
+    assert not items.changes_in_place(3)
+    collections.UserList.register(int)
+    try:
+        assert isinstance(3, collections.UserList) and items.changes_in_place(3)
+    finally:
+        collections.UserList._abc_registry_clear()  # (a debugging aid no program has: no new token)
+        collections.UserList._abc_caches_clear()
+        items._ANSWERS.clear()
+    assert not isinstance(3, collections.UserList) and not items.changes_in_place(3)
+
+
+_TABLE = {"scale": 2.0}
+
+
+def _scaled(x):
+    return x * _TABLE["scale"]
+
+
+def test_a_global_dict_changed_in_place_between_calls_gives_eagers_output():
+    run = thunder_rs.jit(_scaled)
+    x = torch.randn(3)
+    for scale in (2.0, 3.0, 0.5):
+        _TABLE["scale"] = scale
+        assert torch.equal(run(x), _scaled(x))
+    _TABLE["scale"] = 2.0
