@@ -155,14 +155,8 @@ def test_whether_a_builtin_value_changes_in_place_is_found_once_per_class(monkey
     monkeypatch.setattr(items, "wrapped", lambda v: looked.append(v) or wrapped(v))
     values = [_inputs, _loss_and_logits, test_a_bare_except_clause_is_still_found, print, len]
     assert [items.changes_in_place(v) for v in values] == [False] * 5
-    assert [items.changes_in_place(v) for v in ([1], {2: 3}, {4}, (5,), "6", 7.0)] == [
-        True,
-        True,
-        True,
-        False,
-        False,
-        False,
-    ]
+    containers = ([1], {2: 3}, {4}, (5,), "6", 7.0)
+    assert [items.changes_in_place(v) for v in containers] == [True, True, True, False, False, False]
     assert len(looked) <= 3  # (a Python function, a builtin one, a tuple: once each)
 
 
