@@ -192,3 +192,21 @@ def test_a_global_dict_changed_in_place_between_calls_gives_eagers_output():
         _TABLE["scale"] = scale
         assert torch.equal(run(x), _scaled(x))
     _TABLE["scale"] = 2.0
+
+
+# -- a proxy's metadata ------------------------------------------------------------------------------
+
+
+def test_a_proxys_shape_dtype_and_device_are_read_without_a_python_frame():
+    # (read thousands of times a compile: a property whose getter is Python runs a frame each)
+    from thunder_rs.core.base.proxies import make_proxy
+    from thunder_rs.core.base.dtypes import CODES
+
+    proxy = make_proxy(0, (2, 3), CODES[torch.float16], "cpu", False)
+    frames = []
+    sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        read = (proxy.shape, proxy.dtype, proxy.device)
+    finally:
+        sys.setprofile(None)
+    assert read == (torch.Size([2, 3]), torch.float16, torch.device("cpu")) and frames == []
