@@ -210,3 +210,30 @@ def test_a_proxys_shape_dtype_and_device_are_read_without_a_python_frame():
     finally:
         sys.setprofile(None)
     assert read == (torch.Size([2, 3]), torch.float16, torch.device("cpu")) and frames == []
+
+
+# -- ``len`` while a program is traced ------------------------------------------------------------
+
+
+def test_len_of_a_list_or_a_shape_while_tracing_asks_no_isinstance(monkeypatch):
+    # (``builtins.len`` is ``stdlib_state._len`` while a program is traced: thousands of calls a
+    # compile, most of them thunder_rs's own, each asked whether its argument is a tensor)
+    from thunder_rs.core.acquisition import stdlib_state
+
+    asked = []
+    monkeypatch.setattr(stdlib_state, "isinstance", lambda *a: asked.append(a) or isinstance(*a), raising=False)
+    for sized in ([1, 2], (3,), torch.Size([2, 5]), {"a": 1}, "abc"):
+        assert stdlib_state._len(sized) == len(sized)
+    assert asked == []
+
+
+def _lengths(x, items):
+    return x * len(items) + len(x), len(items)
+
+
+def test_len_of_a_tensor_and_of_a_list_in_the_program_gives_eagers_answers():
+    run = thunder_rs.jit(_lengths)
+    for n, items in ((3, [1, 2]), (4, [1, 2, 3]), (5, (1,))):
+        x = torch.randn(n, 2)
+        got, expected = run(x, items), _lengths(x, items)
+        assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
