@@ -95,6 +95,7 @@ from thunder_rs.core.acquisition.logged import end_filters, install_logged, note
 from thunder_rs.core.acquisition.stdlib_frames import site_of
 from thunder_rs.core.acquisition.stdlib_readers import put_back_readers, put_readers
 from thunder_rs.core.acquisition.stdlib_reads import install_reads
+from thunder_rs.core.base.proxies import SymbolicSize
 from thunder_rs.core.lang.symint import SymInt
 from thunder_rs.core.state.collector import keep_out
 from thunder_rs.core.state.handed_effects import passes_on
@@ -129,12 +130,21 @@ passes_on(_next)  # (a ``map`` of ``os.read`` it advances reads for the program)
 _builtin_len = builtins.len
 
 
+#: Classes no tensor is an instance of, whose instances cannot claim another class (a
+#: ``SymbolicSize`` claims ``torch.Size``): ``len`` of one is Python's, without ``isinstance``
+#: (which takes ~20 times a ``len``'s time; thousands of ``len`` calls a compile, most of them
+#: thunder_rs's own on shapes and bytecode).
+_NO_TENSORS = frozenset((list, tuple, dict, str, bytes, set, frozenset, range, torch.Size, SymbolicSize))
+
+
 def _len(obj):
     """``len(x)`` of a traced tensor in program code: its first size as ``x.shape[0]`` answers it,
     symbolic where that is (Python's ``len`` would take the size's ``__index__``, a guard on its
     value: a compile per length where the program only passes the length on to torch, as
     ``torch.arange(len(x))``). A decision on it, or a plain int taken of it, guards as for
     ``x.shape[0]``; anything else is Python's ``len``."""
+    if type(obj) in _NO_TENSORS:
+        return _builtin_len(obj)
     if isinstance(obj, torch.Tensor) and thread_state.observer is not None and not thread_state.inside:
         if is_program(sys._getframe(1)):
             n = obj.__len__()  # (a 0-dim tensor raises eager's TypeError)

@@ -220,15 +220,24 @@ def _try_bodies(code) -> tuple:
 
 
 _SETUP_FINALLY = dis.opmap.get("SETUP_FINALLY")  # (3.10's; later ones keep a table)
+#: 3.11 on: the opcodes only an ``except`` clause compiles to (one naming what it catches; an
+#: ``except*``), and a bare ``except:``'s first two (it pops the exception it handles; a ``with``'s
+#: handler goes on with ``WITH_EXCEPT_START``, a ``finally``'s with its body, a statement)
+_EXCEPT_OPS = bytes(dis.opmap[name] for name in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH") if name in dis.opmap)
+_BARE_EXCEPT = bytes((dis.opmap["PUSH_EXC_INFO"], dis.opmap["POP_TOP"])) if "PUSH_EXC_INFO" in dis.opmap else b""
 
 
 def _handles_exceptions(code) -> bool:
-    """Whether ``code`` may have a ``try`` statement, without parsing its file: a code without an
-    exception table (3.11 on: no ``try``, ``with`` or inlined comprehension) has none; on 3.10,
-    one with no ``SETUP_FINALLY`` (which every ``try`` starts with)."""
+    """Whether ``code`` may have a ``try`` statement with ``except`` clauses, without parsing its
+    file: from 3.11, one whose opcodes have an ``except`` clause's (a ``with``, a ``try`` with only
+    ``finally`` and a comprehension have handlers too, and need no parse); on 3.10, one with a
+    ``SETUP_FINALLY`` (which every ``try`` starts with)."""
     table = getattr(code, "co_exceptiontable", None)
     if table is not None:
-        return bool(table)
+        if not table:
+            return False
+        ops = code.co_code[::2]  # (each instruction's opcode; inline caches read as 0)
+        return any(op in ops for op in _EXCEPT_OPS) or _BARE_EXCEPT in ops
     raw = code.co_code
     return any(raw[i] == _SETUP_FINALLY for i in range(0, len(raw), 2))
 

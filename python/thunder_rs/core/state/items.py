@@ -2,6 +2,7 @@
 by identity, save tensors read per call and objects guarded through their own paths, which
 other tensors and other objects of the type may replace."""
 
+import abc
 import array
 import collections
 import copy
@@ -77,7 +78,33 @@ def wrapped(container) -> list | None:
 
 def changes_in_place(value) -> bool:
     """Whether ``value`` is a container whose guard checks its items every call (``MUTABLE``, a parser)."""
+    t = type(value)
+    if t not in _BUILTINS:
+        return _changes_in_place(value)
+    if _ANSWERS_TOKEN[0] != abc.get_cache_token():  # (an ABC of ``MUTABLE`` may have registered one)
+        _ANSWERS.clear()
+        _ANSWERS_TOKEN[0] = abc.get_cache_token()
+    found = _ANSWERS.get(t)
+    if found is None:
+        found = _ANSWERS[t] = _changes_in_place(value)
+    return found
+
+
+def _changes_in_place(value) -> bool:
     return isinstance(value, MUTABLE) or (not isinstance(value, (str, int, float)) and wrapped(value) is not None)
+
+
+#: Builtin classes whose instances cannot claim another class (``__class__``, which ``isinstance``
+#: reads) and which no program can change: ``changes_in_place`` of one of their instances is that
+#: of any other, while no ABC registers a class (``abc.get_cache_token``; ``UserDict.register(int)``
+#: would make ints one). Each ``isinstance`` of an ABC of ``MUTABLE`` runs Python (``ABCMeta``'s):
+#: 4 us a value, 300 values of a GPT-2 compile's guards (functions, flags, names, numbers).
+_BUILTINS = frozenset(
+    (bool, int, float, complex, str, bytes, type(None), type, tuple, frozenset, list, dict, set, range, slice)
+    + (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+)
+_ANSWERS: dict = {}
+_ANSWERS_TOKEN: list = [None]
 
 
 def has_item(container, key) -> bool:
