@@ -57,7 +57,10 @@ EVAL_COMPILES = {"fastspeech2_conformer": 2, "vits": 2}
 #: Under Dynamo with thunder_rs (``backend="eager"`` gives eager's, bit for bit; ``jit``'s run is
 #: eager's): parameters no gradient reaches, whose ``.grad`` eager leaves None, get one (zeros, for
 #: Mask2Former's 10: its pixel decoder's mask features, read by the masked attention only through
-#: ``sigmoid() < 0.5``; VITS: 158 gradients where eager has 76). Not fixed in this round.
+#: ``sigmoid() < 0.5`` in a later graph; VITS: 158 gradients where eager has 76). A graph's backward
+#: gives None to such an input, but autograd still calls the backward of the graph that made it,
+#: with a zero cotangent (a custom Function's gradients are materialized), where eager's built-in
+#: nodes give none: two jitted functions composed show it too. Not fixed in this round.
 UNREACHED_GRADS = pytest.mark.xfail(
     raises=AssertionError, strict=True, reason="parameters no gradient reaches get a .grad under Dynamo"
 )
@@ -69,7 +72,11 @@ EMBEDDING_GRAD = pytest.mark.xfail(
 #: Dynamo's own: the UNet's evaluation under ``backend="eager"`` differs from eager's too (its
 #: predicted noise an ulp apart; the cause not looked into).
 DYNAMO_EVAL = pytest.mark.xfail(raises=AssertionError, strict=True, reason="Dynamo's: backend='eager' differs too")
+#: Dynamo's own too: Idefics2's autocast step under ``backend="eager"`` gives other gradients than
+#: eager's (its outputs equal; under thunder_rs its patch embedding's gradient is the first that differs).
+DYNAMO_AUTOCAST = pytest.mark.xfail(raises=AssertionError, strict=True, reason="Dynamo's: backend='eager' differs too")
 COMPILE_XFAILS = {"mask2former": UNREACHED_GRADS, "vits": UNREACHED_GRADS, "fastspeech2_conformer": EMBEDDING_GRAD}
+AUTOCAST_XFAILS = {**COMPILE_XFAILS, "idefics2": DYNAMO_AUTOCAST}
 
 
 def _train_and_evaluate(name: str, mode: str, autocast: bool) -> None:
@@ -99,7 +106,9 @@ def test_family_trains_and_evaluates_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=False)
 
 
-@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK_AUTOCAST, COMPILE_XFAILS))
+@pytest.mark.parametrize(
+    "name,mode", _params(FAMILIES, QUICK_AUTOCAST, {**COMPILE_XFAILS, "idefics2": DYNAMO_AUTOCAST})
+)
 def test_family_takes_an_autocast_step_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=True)
 
