@@ -41,9 +41,6 @@ QUICK_AUTOCAST = {"qwen2_vl", "univnet"}
 #: LongCat-Flash routes tokens to its experts by ``torch.nonzero``: a variant per count seen.
 TRAIN_COMPILES = {"minimax_m2": 2, "qwen2_vl": 2, "qwen2_5_vl": 2, "longcat_flash": 2}
 EVAL_COMPILES = {"longcat_flash": 2}
-#: Families ``jit`` refuses: their sine position embedding is cached by ``functools.lru_cache``
-#: keyed by the pixel mask, a tensor the program makes (under Dynamo the cache is bypassed).
-SINE_CACHE = {"detr", "conditional_detr", "deformable_detr"}
 #: Qwen2.5-VL under Dynamo (``jit``'s run is eager's bit for bit): the gradients of its first vision
 #: block (windowed attention over ``cu_seqlens`` chunks; the second attends fully) and of the patch
 #: embedding are an ulp apart, every later one equal: the gradient reaching block 0's output is
@@ -73,7 +70,6 @@ def _params(names, quick, xfails=None):
         )
         for n in names
         for mode in MODES
-        if not (mode == "jit" and n in SINE_CACHE)
     ]
 
 
@@ -85,17 +81,6 @@ def test_family_trains_and_evaluates_as_eager(name, mode):
 @pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK_AUTOCAST))
 def test_family_takes_an_autocast_step_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SINE_CACHE))
-def test_jit_refuses_a_cache_keyed_by_a_tensor_the_program_makes_naming_the_line(name):
-    torch.manual_seed(0)
-    model = thunder_rs.jit(FAMILIES[name].build().train())
-    with pytest.raises(
-        thunder_rs.errors.ThunderNotImplementedError, match=r"SinePositionEmbedding.*lru_cache.*pytorch_utils\.py:\d+"
-    ):
-        model(**FAMILIES[name].batch(0))
 
 
 # -- what differed -------------------------------------------------------------------------------

@@ -76,9 +76,11 @@ class CachedCalls:
         self.counts: dict = {}  # (the calls with plain arguments made so far, by their key)
         self.watched: dict = {}
         self.codes = codes
+        self.misses: dict = {}  # (id -> the cache's misses when its code last ran: ``identity.cached_call``)
 
     def watch(self, cached, where: str) -> None:
         self.codes[getattr(cached.__wrapped__, "__code__", None)] = cached
+        self.misses.setdefault(id(cached), cached.cache_info().misses)
         if id(cached) not in self.watched:
             self.watched[id(cached)] = [cached, cached.cache_info().hits, 0, where]
 
@@ -94,6 +96,7 @@ class CachedReader:
     def __init__(self, cached, calls: CachedCalls):
         self.cached, self.calls = cached, calls
         functools.update_wrapper(self, cached)
+        del self.__wrapped__  # (read through ``__getattr__``: the function past the cache, as eager's)
 
     def __call__(self, *args, **kwargs):
         # (Called by a cached function's code that runs eagerly, or by another thread than the one

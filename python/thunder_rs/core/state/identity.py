@@ -418,13 +418,24 @@ def refuse_identity_uses(code, name: str, receiver, globals_: dict) -> None:
             )
 
 
-def cached_call(cached, frame, calls: list) -> None:
+def cached_call(cached, frame, calls: list, misses: dict) -> None:
     """A call of ``cached`` (a function cached by ``functools.lru_cache`` or ``functools.cache``)
     runs its code (``frame``) while traced: it missed the cache, which keeps what it returns under
     a key of its arguments. Arguments holding stand-ins (a traced tensor, a symbolic size) would stay
     in the key, returned to later calls, eager ones too: refused naming the caller's line, the cache
     cleared after tracing. Otherwise noted in ``calls`` as ``(cached, line, refused)``: a stand-in
-    the result holds is found after tracing (``escapes``), which names that line."""
+    the result holds is found after tracing (``escapes``), which names that line.
+
+    The cache counts a miss before it runs the code (``misses``: id -> its count when the code last
+    ran): code run with the count unchanged is the function called itself, past its cache (its
+    ``__wrapped__``; transformers' ``compile_compatible_method_lru_cache`` does so while
+    ``torch.compiler.is_compiling()``, as under Dynamo), which caches nothing and is traced as any
+    other function. A miss made where the hook does not see it leaves the count ahead: the next run
+    is taken as a miss, which errs on the side of refusing."""
+    count = cached.cache_info().misses
+    if misses.get(id(cached)) == count:
+        return
+    misses[id(cached)] = count
     caller = frame.f_back
     while caller is not None and caller.f_code in READER_CODES:
         caller = caller.f_back  # (the stand-in the program called, ``cached_reads``)

@@ -469,7 +469,7 @@ class Observer(AttributeReads):
         code = frame.f_code
         # (``in`` hashes the code object, all of its contents, even where nothing is cached)
         if self._cached and code in self._cached:
-            cached_call(self._cached[code], frame, self.state.containers.cached_calls)
+            cached_call(self._cached[code], frame, self.state.containers.cached_calls, self._cached_results.misses)
         refuse_handed_clocks(frame)
         if self.sizes_symbolic:  # (``int`` and ``float`` of sizes: ``PROGRAM_CALLS``)
             for note in PROGRAM_CALLS:
