@@ -54,16 +54,10 @@ QUICK_AUTOCAST = {"vivit", "unet"}
 #: that size symbolic, which serves every later one.
 TRAIN_COMPILES = {"superpoint": 2, "vits": 2}
 EVAL_COMPILES = {"fastspeech2_conformer": 2, "vits": 2}
-#: Under Dynamo with thunder_rs (``backend="eager"`` gives eager's, bit for bit; ``jit``'s run is
-#: eager's): parameters no gradient reaches, whose ``.grad`` eager leaves None, get one (zeros, for
-#: Mask2Former's 10: its pixel decoder's mask features, read by the masked attention only through
-#: ``sigmoid() < 0.5`` in a later graph; VITS: 158 gradients where eager has 76). A graph's backward
-#: gives None to such an input, but autograd still calls the backward of the graph that made it,
-#: with a zero cotangent (a custom Function's gradients are materialized), where eager's built-in
-#: nodes give none: two jitted functions composed show it too. Not fixed in this round.
-UNREACHED_GRADS = pytest.mark.xfail(
-    raises=AssertionError, strict=True, reason="parameters no gradient reaches get a .grad under Dynamo"
-)
+#: VITS under Dynamo: one of its graphs compiles twice (its sizes come from the predicted
+#: durations' values, as ``jit``'s two compiles), where this harness counts one per graph; its
+#: values and gradients are eager's (checked before the count).
+GRAPH_COMPILES = pytest.mark.xfail(raises=AssertionError, strict=True, reason="a VITS graph compiles twice")
 #: FastSpeech2 under Dynamo with thunder_rs (``backend="eager"`` gives eager's): its phoneme
 #: embedding's gradient differs from eager's in the last bits (20% of elements, 3e-9 at most).
 EMBEDDING_GRAD = pytest.mark.xfail(
@@ -75,7 +69,7 @@ DYNAMO_EVAL = pytest.mark.xfail(raises=AssertionError, strict=True, reason="Dyna
 #: Dynamo's own too: Idefics2's autocast step under ``backend="eager"`` gives other gradients than
 #: eager's (its outputs equal; under thunder_rs its patch embedding's gradient is the first that differs).
 DYNAMO_AUTOCAST = pytest.mark.xfail(raises=AssertionError, strict=True, reason="Dynamo's: backend='eager' differs too")
-COMPILE_XFAILS = {"mask2former": UNREACHED_GRADS, "vits": UNREACHED_GRADS, "fastspeech2_conformer": EMBEDDING_GRAD}
+COMPILE_XFAILS = {"fastspeech2_conformer": EMBEDDING_GRAD}
 AUTOCAST_XFAILS = {**COMPILE_XFAILS, "idefics2": DYNAMO_AUTOCAST}
 
 
@@ -101,7 +95,9 @@ def _params(names, quick, xfails):
     ]
 
 
-@pytest.mark.parametrize("name,mode", _params(FAMILIES, QUICK, {**COMPILE_XFAILS, "unet": DYNAMO_EVAL}))
+@pytest.mark.parametrize(
+    "name,mode", _params(FAMILIES, QUICK, {**COMPILE_XFAILS, "unet": DYNAMO_EVAL, "vits": GRAPH_COMPILES})
+)
 def test_family_trains_and_evaluates_as_eager(name, mode):
     _train_and_evaluate(name, mode, autocast=False)
 

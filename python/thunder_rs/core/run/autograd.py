@@ -363,10 +363,9 @@ def grad_function(
     list, which it empties as it unpacks them, so each residual is freed after its last use unless the graph is
     retained. ``grad_positions`` are the positions of the flat outputs that receive cotangents; the other tensor
     outputs, and ``non_differentiable`` ones (values written back without autograd), are marked non-differentiable
-    and get zeros (None at ``unread_cotangents``: cotangents the backward never reads). ``written`` pairs the inputs
-    the call writes after it runs with their values and eager's counts of their writes (``_keep_residuals``).
-    ``program`` (a ``DifferentiableProgram``) is what a backward with ``create_graph=True`` and torch.func
-    transforms run instead, torch's autograd differentiating it.
+    and get zeros (None at ``unread_cotangents``: cotangents the backward never reads). ``written``: the inputs the
+    call writes, their values, eager's counts of their writes (``_keep_residuals``). ``program``: what
+    ``create_graph=True`` and torch.func run instead (a ``DifferentiableProgram``, autograd differentiating it).
     ``reads`` (with several ``grad_positions``): per grad position, the inputs its output reads. A backward that
     reaches some outputs only (``loss.backward()`` of a call returning the loss and other tensors) gives no
     gradient, as eager's ``None``, to the inputs only the others read (with zeros, AdamW's weight decay and moments
@@ -375,8 +374,7 @@ def grad_function(
     those outputs raises the error, as eager's does, unless the call ran under saved-tensor hooks. ``viewable``: the
     outputs an executor may return as views (``_own_views``; None: any). ``made``: per output position, the node and
     version eager's error names for an output the program made that the caller writes (``_check_versions``).
-    ``landing``: reentrant checkpoints ran, whose backward may give an input several gradients that eager adds to
-    its ``.grad`` in turn (``_land_in_turn``). ``inner``, ``ranks``: ``output_hooks``; ``nodes``: ``saving_nodes``."""
+    ``landing``: (``_land_in_turn``). ``inner``, ``ranks``: ``output_hooks``; ``nodes``: ``saving_nodes``."""
     differentiable = frozenset(grad_positions) - non_differentiable
     outputs, made = made, _reachable(made, differentiable)  # (all named in errors; some checked)
     partial, unreached = len(differentiable) > 1 and bool(reads), _Unreached(reads, compile_backward)
@@ -404,6 +402,8 @@ def grad_function(
                 # (absent cotangents: the residuals the backward for their pattern reads are checked)
                 pattern = unreached.of(cotangents) if partial else None
                 read = _unfreed_read(ctx, pattern, nodes, len(grad_positions))
+                if pattern is None and cotangents[0] is None:  # (``_Outputs.mark``: nothing reached it)
+                    return (None,) * len(ctx.needs_input_grad)
                 if _is_grad_enabled():  # create_graph=True: a backward autograd records
                     return _differentiated(ctx, program, grads, outputs, pattern)
                 saved = _unpacked(ctx, saved, outputs, read, grads)
@@ -609,9 +609,10 @@ class _Outputs:
         self.kinds: tuple = ()
 
     def mark(self, ctx, flat: tuple) -> None:
-        """Marks the tensor outputs that carry no gradient non-differentiable (one differentiable
-        output always has a cotangent); written-back values get torch's zeros where the backward
-        reads their cotangents, else none (a launch each where eager launches nothing)."""
+        """Marks the tensor outputs that carry no gradient non-differentiable; written-back values
+        get torch's zeros where the backward reads their cotangents, else none (a launch each where
+        eager launches nothing). One grad output's cotangent is None where no gradient reached it:
+        the backward gives none on, as eager's nodes (zeros made a ``.grad`` AdamW then moved)."""
         if self.constant_positions is None:
             self.constant_positions = tuple(
                 i for i, o in enumerate(flat) if i not in self.differentiable and isinstance(o, torch.Tensor)
@@ -621,6 +622,8 @@ class _Outputs:
         if self.constant_positions:
             ctx.mark_non_differentiable(*[flat[i] for i in self.constant_positions])
             ctx._materialize_non_diff_grads = self.constants_read
+        if len(self.grad_positions) == 1 and not self.constants_read:
+            ctx.set_materialize_grads(False)
 
     def shapes(self, flat: tuple) -> list:
         """The grad outputs' shapes (with several grad outputs)."""
