@@ -3,7 +3,8 @@ kernel, and what oneDNN computes there that the decompositions do not.
 
 ``F.gelu`` runs oneDNN's ``eltwise_gelu_erf`` (``gelu_out_cpu`` and ``use_mkldnn`` in
 aten/src/ATen/native/Activation.cpp) for a contiguous CPU tensor of more than one element, float32,
-or bfloat16 where the CPU has oneDNN's bfloat16 support, while ``torch.backends.mkldnn.enabled``
+bfloat16 or float16 where the CPU has oneDNN's support of them (float16: AVX512-FP16 or AMX-FP16;
+a CPU without takes aten's kernel, which the value read below shows), while ``torch.backends.mkldnn.enabled``
 (on aarch64 its tanh approximation too). oneDNN's JIT kernel for AVX-512 gives NaN for +inf, where
 aten's own kernels (vectorized or not, and CUDA's) and the decomposition give inf: so eager's
 ``gelu(x)[i]`` at +inf depends on the tensor's layout and size, not on the element's position.
@@ -23,7 +24,7 @@ from thunder_rs.torch.strides import strides_of
 
 __all__ = ["gelu_at_inf", "gelu_may_differ_at_inf", "tensor_gelu_at_inf"]
 
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _read_switch() -> bool:
