@@ -9,6 +9,7 @@ import gc
 import weakref
 
 import pytest
+import torch
 import torch.nn as nn
 
 import thunder_rs
@@ -98,3 +99,31 @@ def test_a_forward_set_on_an_instance_and_removed_is_freed():
     gc.collect()
     assert gone() is None
     _step(model, jitted, 5)
+
+
+class _WithExtra(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3).double()
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y + self.extra if hasattr(self, "extra") else y
+
+
+def test_a_deleted_buffer_is_freed_though_its_structure_is_kept():
+    """The structure with the buffer is kept (its modules are all in the tree) but holds no tensor:
+    its binding had held the deleted buffer (the tensors of its last call)."""
+    model = _WithExtra()
+    jitted = thunder_rs.jit(model)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    assert torch.equal(jitted(x), model(x))
+    model.register_buffer("extra", torch.randn(3, dtype=torch.float64))
+    assert torch.equal(jitted(x), model(x))
+    gone = weakref.ref(model.extra)
+    del model.extra
+    assert torch.equal(jitted(x), model(x))
+    gc.collect()
+    assert gone() is None
+    model.register_buffer("extra", torch.randn(3, dtype=torch.float64))
+    assert torch.equal(jitted(x), model(x))

@@ -16,12 +16,13 @@ whose modules are not all in the new tree. So the structure a LoRA wrapper was p
 the wrapper is on (its modules are all in the tree still) and found when the wrapper is taken off,
 but the wrapper's own structure is dropped when the wrapper is taken off, and compiles again if it
 is put back. That is the price of freeing what eager frees: a module taken out of the tree (a
-classifier head replaced, ``resize_token_embeddings``' old embedding, a LoRA wrapper dropped) is
-held by no kept structure and no entry once the next call has bound the new structure, as before
+classifier head replaced, a LoRA wrapper dropped, a forward set on an instance and removed) is held
+by no kept structure and no entry once the next call has bound the new structure, as before
 structures were kept, where keeping the wrapper's entries would keep it alive with its parameters
 (the entries hold their modules strongly: guards, hooked modules, closures of their checks). The
 modules a kept structure holds are all in the tree, alive as in eager, so its ids are never another
-object's. At most ``STRUCTURES_KEPT`` are kept, the least recently bound one dropped with its
+object's; it holds no tensor (not its binding, whose last call's tensors would keep a deleted buffer
+alive). At most ``STRUCTURES_KEPT`` are kept, the least recently bound one dropped with its
 entries.
 """
 
