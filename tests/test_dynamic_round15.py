@@ -7,8 +7,10 @@ structure changed (a submodule set, a parameter or buffer registered or deleted,
 an instance), so changing it back (a LoRA wrapper put on a layer and taken off, a submodule
 swapped and swapped back) compiled again each time; torch.compile keeps its earlier entries. The
 structure's number is now in the key (``core.state.structures``): a structure the module had finds
-its entries, whose guards decide as ever (an attribute, a hook or a parameter changed meanwhile
-runs as eager). Clearing the entries had also left the symbolic ones: after a structure change
+its entries while its modules all stay in the tree (taking a LoRA wrapper off finds the base's;
+the wrapper's, dropped with the wrapper so that it is freed as in eager, compiles again), whose
+guards decide as ever (an attribute, a hook or a parameter changed meanwhile runs as eager).
+Clearing the entries had also left the symbolic ones: after a structure change
 (``model.act = nn.Tanh()``) or ``thunder_rs.reset()``, a symbolic entry of the old structure served
 calls whose sizes it takes, running the module as it was (ReLU for Tanh: silently not eager).
 
@@ -31,7 +33,6 @@ boxes (3); speech frames subsampled, masked, CTC-trained (2); a KV cache growing
 changing between sequences (4: the prompt and the step each static then batch-symbolic); varlen
 attention over ``cu_seqlens`` three ways (2 to 3); Inductor regions over batch and length (2).
 """
-
 
 import pytest
 import torch
