@@ -282,8 +282,8 @@ class ThunderFunction:
                 binding = ModuleBinding(self._module)
                 number, seen, dropped = self._structures.number(binding)
                 binding.metadata.structure = number
-                if dropped is not None:
-                    self._drop_entries(lambda key: of_structure(key, dropped))
+                if dropped:
+                    self._drop_entries(lambda key: any(of_structure(key, n) for n in dropped))
                 if self._binding is not None:
                     self._cleared_because = None if seen else STRUCTURE_CHANGED
                 self._binding = binding
@@ -601,10 +601,12 @@ class ThunderFunction:
         self._stats.evictions += 1
 
     def _drop_entries(self, dropped) -> None:
-        """Drops the entries of the keys ``dropped(key)``, symbolic ones included."""
+        """Drops the entries of the keys ``dropped(key)``, symbolic ones included (and the last
+        entry compiled, kept for miss reasons, if it is one: it holds what they hold)."""
         self._int_classes.drop(dropped)
         for key in [k for k in self._variants if dropped(k)]:
-            del self._variants[key]
+            if any(entry is self._last_entry for entry in self._variants.pop(key)):
+                self._last_entry = None
             self._cache.pop(key, None)
         self._symbolic = [s for s in self._symbolic if not dropped(s.key)]
 
