@@ -207,7 +207,7 @@ def _whole_backward(trace, filename: str, namespace: dict, regions, num_cotangen
     this one (compiling a GPT-2's source: 4 ms of each compile)."""
     if num_cotangents < 2:
         return _backward(trace, filename, namespace, regions, num_cotangents)
-    loaded = []
+    loaded: list = []  # (the compiled backward, once)
 
     def backward(*args):
         if not loaded:
