@@ -398,12 +398,7 @@ def bmm_grad(input, mat2):
     out = ltorch.bmm(input, mat2)
     if not input.dtype.is_complex:
         return out  # the decomposition's VJP
-    g = get_grad(out)
-    if input.requires_grad:
-        put_grad(input, _bmm_first_grad(g, mat2), complex_values=True)
-    if mat2.requires_grad:
-        put_grad(mat2, _bmm_second_grad(g, input), complex_values=True)
-    return out
+    return _conjugated_pair(out, input, mat2, lambda g: _bmm_first_grad(g, mat2), lambda g: _bmm_second_grad(g, input))
 
 
 @register_grad(ltorch.mv)
@@ -412,12 +407,9 @@ def mv_grad(input, vec):
     out = ltorch.mv(input, vec)
     if not input.dtype.is_complex:
         return out  # the decomposition's VJP
-    g = get_grad(out)
-    if input.requires_grad:
-        put_grad(input, ltorch.outer(g, prims.conj(vec)), complex_values=True)
-    if vec.requires_grad:
-        put_grad(vec, ltorch.mv(ltorch.t(prims.conj(input)), g), complex_values=True)
-    return out
+    return _conjugated_pair(
+        out, input, vec, lambda g: ltorch.outer(g, prims.conj(vec)), lambda g: ltorch.mv(ltorch.t(prims.conj(input)), g)
+    )
 
 
 @register_grad(ltorch.dot)
@@ -426,11 +418,19 @@ def dot_grad(input, tensor):
     out = ltorch.dot(input, tensor)
     if not input.dtype.is_complex:
         return out  # the decomposition's VJP
+    return _conjugated_pair(
+        out, input, tensor, lambda g: ltorch.mul(g, prims.conj(tensor)), lambda g: ltorch.mul(g, prims.conj(input))
+    )
+
+
+def _conjugated_pair(out, first, second, first_grad, second_grad):
+    """``out`` of a product of ``first`` and ``second``, each given ``*_grad(g)`` of the output's
+    gradient ``g`` where it requires grad (eager's complex formulas: ``bmm``, ``mv``, ``dot``)."""
     g = get_grad(out)
-    if input.requires_grad:
-        put_grad(input, ltorch.mul(g, prims.conj(tensor)), complex_values=True)
-    if tensor.requires_grad:
-        put_grad(tensor, ltorch.mul(g, prims.conj(input)), complex_values=True)
+    if first.requires_grad:
+        put_grad(first, first_grad(g), complex_values=True)
+    if second.requires_grad:
+        put_grad(second, second_grad(g), complex_values=True)
     return out
 
 
