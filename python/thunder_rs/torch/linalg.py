@@ -23,7 +23,7 @@ from thunder_rs.errors import (
     ThunderTypeError,
     check,
 )
-from thunder_rs.torch.common import require_tensor, sum_to
+from thunder_rs.torch.common import conj_for, require_tensor, sum_to
 from thunder_rs.torch.strides import strides_of
 from thunder_rs.torch.symbols import ltorch, torchsymbol
 from thunder_rs.core.lang.symint import identical, same_shape
@@ -376,19 +376,14 @@ def baddbmm_grad(input, batch1, batch2, *, beta=1, alpha=1):
     return out
 
 
-def _conj(t):
-    """``t`` conjugated where it is complex (eager's formulas' ``.conj()``, a no-op for real values)."""
-    return prims.conj(t) if t.dtype.is_complex else t
-
-
 def _bmm_first_grad(g, batch2):
     """Eager's ``grad.bmm(mat2.transpose(1, 2).conj())``."""
-    return ltorch.bmm(g, ltorch.transpose(_conj(batch2), 1, 2))
+    return ltorch.bmm(g, ltorch.transpose(conj_for(batch2)(batch2), 1, 2))
 
 
 def _bmm_second_grad(g, batch1):
     """Eager's ``self.transpose(1, 2).conj().bmm(grad)``."""
-    return ltorch.bmm(ltorch.transpose(_conj(batch1), 1, 2), g)
+    return ltorch.bmm(ltorch.transpose(conj_for(batch1)(batch1), 1, 2), g)
 
 
 @register_grad(ltorch.bmm)
